@@ -1,0 +1,125 @@
+"""`Context`: the device-side handle a kernel builds from its context array.
+
+    @triton.jit
+    def kernel(context_ptr, x_ptr, n, WORLD_SIZE: tl.constexpr, BLOCK: tl.constexpr):
+        ctx = Context.initialize(context_ptr, WORLD_SIZE)
+        peer = (ctx.rank + 1) % ctx.world_size
+        offs = tl.arange(0, BLOCK)
+        ctx.store(x_ptr + offs, ctx.rank + offs, to_rank=peer, mask=offs < n)
+
+`rank` is a run-time value read from the context, so one compiled kernel serves every
+device of a single-process SPMD program; `world_size` is a compile-time constant.
+Every method is a two-line wrapper over the free functions in `rma`.
+"""
+
+import triton
+import triton.language as tl
+
+from iris_core.device import rma
+from iris_core.device.rma import ACQ_REL, NO_MODIFIER, SYSTEM
+from iris_core.device.compat import aggregate
+from iris_core.device.tracing import DeviceTracing
+
+
+@aggregate
+class Context:
+    rank: tl.tensor
+    world_size: tl.constexpr
+    heap_bases: tl.tensor
+    tracing: DeviceTracing
+
+    @triton.constexpr_function
+    def __init__(self, rank, world_size, heap_bases, tracing):
+        self.rank = rank
+        self.world_size = tl.constexpr(world_size)
+        self.heap_bases = heap_bases
+        self.tracing = tracing
+
+    @staticmethod
+    @triton.jit
+    def initialize(context_ptr, world_size: tl.constexpr, tracing: tl.constexpr = False):
+        """Decodes the context array (int32-packed 64-bit words) passed to the kernel."""
+        words = context_ptr.to(tl.pointer_type(tl.uint64), bitcast=True)
+        rank = tl.load(words).to(tl.int32)
+        heap_bases = words + 2
+        return Context(rank, world_size, heap_bases, DeviceTracing(tracing, words + 2 + world_size))
+
+    @triton.jit
+    def translate(self, ptr, from_rank, to_rank, hint: tl.constexpr = None):
+        return rma.translate(ptr, from_rank, to_rank, self.heap_bases, hint)
+
+    @triton.jit
+    def load(self, ptr, from_rank, mask=None, other=None, cache_modifier: tl.constexpr = NO_MODIFIER,
+             volatile: tl.constexpr = False, hint: tl.constexpr = None):
+        return rma.load(ptr, from_rank, self.rank, self.heap_bases, mask, other, cache_modifier, volatile, hint)
+
+    @triton.jit
+    def store(self, ptr, value, to_rank, mask=None, cache_modifier: tl.constexpr = NO_MODIFIER, hint: tl.constexpr = None):
+        rma.store(ptr, value, to_rank, self.rank, self.heap_bases, mask, cache_modifier, hint)
+
+    @triton.jit
+    def get(self, from_ptr, to_ptr, from_rank, mask=None, other=None, load_cache_modifier: tl.constexpr = NO_MODIFIER,
+            store_cache_modifier: tl.constexpr = NO_MODIFIER, hint: tl.constexpr = None):
+        rma.get(from_ptr, to_ptr, from_rank, self.rank, self.heap_bases, mask, other, load_cache_modifier,
+                store_cache_modifier, hint)
+
+    @triton.jit
+    def put(self, from_ptr, to_ptr, to_rank, mask=None, other=None, load_cache_modifier: tl.constexpr = NO_MODIFIER,
+            store_cache_modifier: tl.constexpr = NO_MODIFIER, hint: tl.constexpr = None):
+        rma.put(from_ptr, to_ptr, to_rank, self.rank, self.heap_bases, mask, other, load_cache_modifier,
+                store_cache_modifier, hint)
+
+    @triton.jit
+    def copy(self, src_ptr, dst_ptr, from_rank, to_rank, mask=None, other=None,
+             load_cache_modifier: tl.constexpr = NO_MODIFIER, store_cache_modifier: tl.constexpr = NO_MODIFIER,
+             hint: tl.constexpr = None):
+        rma.copy(src_ptr, dst_ptr, from_rank, to_rank, self.rank, self.heap_bases, mask, other,
+                 load_cache_modifier, store_cache_modifier, hint)
+
+    @triton.jit
+    def atomic_add(self, ptr, val, to_rank, mask=None, sem: tl.constexpr = ACQ_REL, scope: tl.constexpr = SYSTEM,
+                   hint: tl.constexpr = None):
+        return rma.atomic_add(ptr, val, to_rank, self.rank, self.heap_bases, mask, sem, scope, hint)
+
+    @triton.jit
+    def atomic_sub(self, ptr, val, to_rank, mask=None, sem: tl.constexpr = ACQ_REL, scope: tl.constexpr = SYSTEM,
+                   hint: tl.constexpr = None):
+        return rma.atomic_sub(ptr, val, to_rank, self.rank, self.heap_bases, mask, sem, scope, hint)
+
+    @triton.jit
+    def atomic_xchg(self, ptr, val, to_rank, mask=None, sem: tl.constexpr = ACQ_REL, scope: tl.constexpr = SYSTEM,
+                    hint: tl.constexpr = None):
+        return rma.atomic_xchg(ptr, val, to_rank, self.rank, self.heap_bases, mask, sem, scope, hint)
+
+    @triton.jit
+    def atomic_xor(self, ptr, val, to_rank, mask=None, sem: tl.constexpr = ACQ_REL, scope: tl.constexpr = SYSTEM,
+                   hint: tl.constexpr = None):
+        return rma.atomic_xor(ptr, val, to_rank, self.rank, self.heap_bases, mask, sem, scope, hint)
+
+    @triton.jit
+    def atomic_and(self, ptr, val, to_rank, mask=None, sem: tl.constexpr = ACQ_REL, scope: tl.constexpr = SYSTEM,
+                   hint: tl.constexpr = None):
+        return rma.atomic_and(ptr, val, to_rank, self.rank, self.heap_bases, mask, sem, scope, hint)
+
+    @triton.jit
+    def atomic_or(self, ptr, val, to_rank, mask=None, sem: tl.constexpr = ACQ_REL, scope: tl.constexpr = SYSTEM,
+                  hint: tl.constexpr = None):
+        return rma.atomic_or(ptr, val, to_rank, self.rank, self.heap_bases, mask, sem, scope, hint)
+
+    @triton.jit
+    def atomic_min(self, ptr, val, to_rank, mask=None, sem: tl.constexpr = ACQ_REL, scope: tl.constexpr = SYSTEM,
+                   hint: tl.constexpr = None):
+        return rma.atomic_min(ptr, val, to_rank, self.rank, self.heap_bases, mask, sem, scope, hint)
+
+    @triton.jit
+    def atomic_max(self, ptr, val, to_rank, mask=None, sem: tl.constexpr = ACQ_REL, scope: tl.constexpr = SYSTEM,
+                   hint: tl.constexpr = None):
+        return rma.atomic_max(ptr, val, to_rank, self.rank, self.heap_bases, mask, sem, scope, hint)
+
+    @triton.jit
+    def atomic_cas(self, ptr, cmp, val, to_rank, sem: tl.constexpr = ACQ_REL, scope: tl.constexpr = SYSTEM,
+                   hint: tl.constexpr = None):
+        return rma.atomic_cas(ptr, cmp, val, to_rank, self.rank, self.heap_bases, sem, scope, hint)
+
+
+DeviceContext = Context

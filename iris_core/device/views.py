@@ -1,0 +1,76 @@
+"""Tile and tensor views used by tile-level collectives and fused kernels.
+
+`TensorView` describes a 2-D row-major-or-strided matrix; `TileView` a BLOCK_M x BLOCK_N
+tile position in it; `Tile` a TileView plus the tile's data.
+"""
+
+import triton
+import triton.language as tl
+
+from iris_core.device.compat import aggregate
+
+
+@aggregate
+class TileView:
+    pid_m: tl.tensor
+    pid_n: tl.tensor
+    block_m: tl.constexpr
+    block_n: tl.constexpr
+
+    @triton.constexpr_function
+    def __init__(self, pid_m, pid_n, block_m, block_n):
+        self.pid_m = pid_m
+        self.pid_n = pid_n
+        self.block_m = tl.constexpr(block_m)
+        self.block_n = tl.constexpr(block_n)
+
+
+@aggregate
+class Tile:
+    pid_m: tl.tensor
+    pid_n: tl.tensor
+    block_m: tl.constexpr
+    block_n: tl.constexpr
+    data: tl.tensor
+
+    @triton.constexpr_function
+    def __init__(self, pid_m, pid_n, block_m, block_n, data):
+        self.pid_m = pid_m
+        self.pid_n = pid_n
+        self.block_m = tl.constexpr(block_m)
+        self.block_n = tl.constexpr(block_n)
+        self.data = data
+
+
+@aggregate
+class TensorView:
+    ptr: tl.tensor
+    M: tl.tensor
+    N: tl.tensor
+    stride_m: tl.tensor
+    stride_n: tl.tensor
+
+    @triton.constexpr_function
+    def __init__(self, ptr, M, N, stride_m, stride_n):
+        self.ptr = ptr
+        self.M = M
+        self.N = N
+        self.stride_m = stride_m
+        self.stride_n = stride_n
+
+    @triton.jit
+    def tile_ptr(self, tile):
+        """(pointers, mask) of `tile`'s elements in this tensor."""
+        rm = tile.pid_m * tile.block_m + tl.arange(0, tile.block_m)
+        rn = tile.pid_n * tile.block_n + tl.arange(0, tile.block_n)
+        ptrs = self.ptr + rm[:, None] * self.stride_m + rn[None, :] * self.stride_n
+        mask = (rm[:, None] < self.M) & (rn[None, :] < self.N)
+        return ptrs, mask
+
+    @triton.jit
+    def offset_tile_ptr(self, tile, offset_m, offset_n, src_mask):
+        """Pointers of `tile` shifted by (offset_m, offset_n) rows/columns, with `src_mask`."""
+        rm = tile.pid_m * tile.block_m + tl.arange(0, tile.block_m) + offset_m
+        rn = tile.pid_n * tile.block_n + tl.arange(0, tile.block_n) + offset_n
+        ptrs = self.ptr + rm[:, None] * self.stride_m + rn[None, :] * self.stride_n
+        return ptrs, src_mask

@@ -1,0 +1,25 @@
+"""Exception types: one per kind of misuse, each message says how to fix it."""
+
+
+class IrisError(Exception):
+    """Base class of every error raised by iris."""
+
+
+class HeapExhaustedError(IrisError, MemoryError):
+    """The symmetric heap has no free block large enough for a request."""
+
+
+class NotOnHeapError(IrisError, ValueError):
+    """An array that must live on the symmetric heap does not."""
+
+
+class RankMismatchError(IrisError, ValueError):
+    """Ranks, devices or world sizes disagree between the caller and the runtime."""
+
+
+class PeerTimeoutError(IrisError, TimeoutError):
+    """A peer rank did not arrive within the configured timeout."""
+
+
+class SimulatedRankError(IrisError, RuntimeError):
+    """A simulated rank raised; the message carries that rank's traceback."""

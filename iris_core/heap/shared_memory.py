@@ -1,0 +1,104 @@
+"""Simulator backend: each rank's heap is a file in shared memory, mapped by every process.
+
+Segments are named `iris-<session>-r<rank>` under /dev/shm (or the temp directory where
+there is none). The owner unlinks its segment on close; `remove_session_segments` lets
+a launcher clean up after ranks that crashed.
+"""
+
+from __future__ import annotations
+
+import glob
+import mmap
+import os
+import tempfile
+from collections.abc import Sequence
+
+import numpy as np
+
+from iris_core.heap.rendezvous import KeyValueStore
+from iris_core.heap.symmetric import SymmetricHeap
+
+SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+
+
+def segment_path(session: str, rank: int) -> str:
+    return os.path.join(SHM_DIR, f"iris-{session}-r{rank}")
+
+
+def remove_session_segments(session: str) -> list[str]:
+    """Unlinks every segment of `session`; returns the paths removed."""
+    removed = []
+    for path in glob.glob(os.path.join(SHM_DIR, f"iris-{session}-r*")):
+        try:
+            os.unlink(path)
+            removed.append(path)
+        except FileNotFoundError:
+            pass
+    return removed
+
+
+class SharedMemoryHeap(SymmetricHeap):
+    """Heaps in named shared host memory (the CPU simulator's backend).
+
+    Args:
+      world_size, heap_size: as for every SymmetricHeap.
+      local_ranks: ranks whose segment this process creates and owns (may be empty for
+        a process that only attaches, such as a simulator worker).
+      session: names the segments; every process of one run passes the same value.
+      store: where owners announce that a segment is ready; attachers wait on it.
+    """
+
+    def __init__(self, world_size: int, heap_size: int, local_ranks: Sequence[int],
+                 session: str, store: KeyValueStore | None = None, timeout_s: float = 120.0):
+        self.session = session
+        self._maps: dict[int, mmap.mmap] = {}
+        self._arrays: dict[int, np.ndarray] = {}
+        super().__init__(world_size, heap_size, local_ranks)
+        try:
+            for rank in self.local_ranks:
+                path = segment_path(session, rank)
+                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+                try:
+                    os.ftruncate(fd, heap_size)
+                    self._maps[rank] = mmap.mmap(fd, heap_size)
+                finally:
+                    os.close(fd)
+                if store is not None:
+                    store.set(f"iris/{session}/heap/{rank}", path.encode())
+            for rank in range(world_size):
+                if rank not in self._maps:
+                    path = segment_path(session, rank)
+                    if store is not None:
+                        path = store.get(f"iris/{session}/heap/{rank}", timeout_s).decode()
+                    fd = os.open(path, os.O_RDWR)
+                    try:
+                        self._maps[rank] = mmap.mmap(fd, heap_size)
+                    finally:
+                        os.close(fd)
+            for rank in range(world_size):
+                self._arrays[rank] = np.frombuffer(self._maps[rank], dtype=np.uint8)
+            self.heap_bases = [int(self._arrays[r].ctypes.data) for r in range(world_size)]
+        except BaseException:
+            self._release()
+            raise
+
+    def host_view(self, rank: int, offset: int, shape, dtype) -> np.ndarray:
+        """A numpy view of rank's heap at `offset` (shared: writes are seen by all ranks)."""
+        dtype = np.dtype(dtype)
+        count = int(np.prod(shape, dtype=np.int64))
+        flat = self._arrays[rank][offset:offset + count * dtype.itemsize].view(dtype)
+        return flat.reshape(shape)
+
+    def _release(self) -> None:
+        self._arrays.clear()
+        for rank, m in self._maps.items():
+            try:
+                m.close()
+            except BufferError:
+                pass  # a view is still alive; the mapping goes away with it
+            if rank in self.local_ranks:
+                try:
+                    os.unlink(segment_path(self.session, rank))
+                except FileNotFoundError:
+                    pass
+        self._maps.clear()

@@ -1,0 +1,111 @@
+"""The symmetric heap: one allocation per rank, all of them addressable from here."""
+
+from __future__ import annotations
+
+import abc
+import weakref
+from collections.abc import Sequence
+
+import numpy as np
+
+from iris_core.heap.allocator import HeapAllocator, format_bytes
+from iris_core.heap.context_layout import encode_context
+
+DEFAULT_HEAP_SIZE = 1 << 30
+
+
+class SymmetricHeap(abc.ABC):
+    """World-wide view of the heaps as mapped in this process.
+
+    A process owns the memory of its `local_ranks` (all ranks in single-process runs, one
+    rank per process otherwise, none for a process that only attaches) and maps the other
+    ranks' heaps. `heap_bases[r]` is rank
+    r's heap as seen by this process; one allocator hands out offsets valid on every heap.
+    """
+
+    def __init__(self, world_size: int, heap_size: int, local_ranks: Sequence[int]):
+        if world_size < 1:
+            raise ValueError(f"world_size must be >= 1, got {world_size}")
+        bad = [r for r in local_ranks if not 0 <= r < world_size]
+        if bad:
+            raise ValueError(f"local ranks {list(local_ranks)} invalid for world size {world_size}")
+        self.world_size = world_size
+        self.heap_size = heap_size
+        self.local_ranks = tuple(local_ranks)
+        self.allocator = HeapAllocator(heap_size)
+        self.heap_bases: list[int] = []
+        self._closed = False
+
+    # -- memory ---------------------------------------------------------------
+    def allocate(self, nbytes: int) -> int:
+        """Reserves `nbytes` at one offset on every heap; returns the offset."""
+        return self.allocator.allocate(nbytes)
+
+    def free(self, offset: int) -> None:
+        self.allocator.free(offset)
+
+    def free_when_collected(self, owner: object, offset: int) -> None:
+        """Frees `offset` once `owner` is garbage-collected."""
+        weakref.finalize(owner, _free_if_open, weakref.ref(self), offset)
+
+    def address(self, rank: int, offset: int = 0) -> int:
+        """Address of `offset` in rank's heap, as mapped in this process."""
+        return self.heap_bases[rank] + offset
+
+    def locate(self, address: int) -> tuple[int, int] | None:
+        """(rank, offset) of an address inside one of the heaps, else None."""
+        for rank, base in enumerate(self.heap_bases):
+            if base <= address < base + self.heap_size:
+                return rank, address - base
+        return None
+
+    # -- context --------------------------------------------------------------
+    def context(self, rank: int, trace_words: Sequence[int] = ()) -> np.ndarray:
+        """The int32-packed context array of `rank` (see context_layout)."""
+        return encode_context(rank, self.heap_bases, trace_words)
+
+    # -- usage ----------------------------------------------------------------
+    @property
+    def used(self) -> int:
+        return self.allocator.used
+
+    @property
+    def free_bytes(self) -> int:
+        return self.allocator.free_bytes
+
+    @property
+    def largest_free_block(self) -> int:
+        return self.allocator.largest_free_block
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(world_size={self.world_size}, "
+            f"heap_size={format_bytes(self.heap_size)}, local_ranks={self.local_ranks}, "
+            f"used={format_bytes(self.used)})"
+        )
+
+    # -- lifetime -------------------------------------------------------------
+    def close(self) -> None:
+        """Releases this process's mappings and owned memory (idempotent)."""
+        if not self._closed:
+            self._closed = True
+            self._release()
+
+    @abc.abstractmethod
+    def _release(self) -> None: ...
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _free_if_open(heap_ref, offset: int) -> None:
+    heap = heap_ref()
+    if heap is not None and not heap.closed:
+        heap.free(offset)

@@ -1,0 +1,109 @@
+"""Runs a Triton kernel under the interpreter on raw host addresses.
+
+Triton's own GridExecutor copies every tensor argument's whole storage to a host copy
+and back; with heaps in shared memory that would copy a heap over itself and race with
+peers writing into it. Here pointer arguments are plain addresses (`Pointer`), so the
+kernel reads and writes the memory itself. Relies on triton 3.6 interpreter internals.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from collections.abc import Sequence
+
+import numpy as np
+
+
+class Pointer:
+    """A typed raw address, accepted wherever a kernel expects a tensor argument."""
+
+    def __init__(self, address: int, dtype):
+        self.address = int(address)
+        self.dtype = _dtype_name(dtype)
+
+    def data_ptr(self) -> int:
+        return self.address
+
+    def __repr__(self):
+        return f"Pointer(0x{self.address:x}, {self.dtype})"
+
+
+def _dtype_name(dtype) -> str:
+    if not isinstance(dtype, str):
+        try:
+            return np.dtype(dtype).name  # numpy and ml_dtypes (bfloat16) types
+        except TypeError:
+            dtype = str(dtype)  # torch.float32 and friends
+    return dtype.split(".")[-1]
+
+
+def as_interpreted(kernel):
+    """The kernel as an InterpretedFunction (kernels defined before interpret mode was on,
+    or unpickled from a process that was not interpreting, arrive as JITFunctions)."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    if isinstance(kernel, InterpretedFunction):
+        return kernel
+    fn = getattr(kernel, "fn", None)
+    while fn is not None and not inspect.isfunction(fn):  # autotuner / heuristics wrappers
+        fn = getattr(fn, "fn", None)
+    if fn is None:
+        raise TypeError(f"expected a @triton.jit kernel, got {type(kernel).__name__}")
+    cache = _INTERPRETED
+    if fn not in cache:
+        cache[fn] = InterpretedFunction(fn)
+    return cache[fn]
+
+
+_INTERPRETED: dict = {}
+
+
+def run_kernel(kernel, grid: Sequence[int], args: Sequence, constexprs: dict | None = None) -> None:
+    """Runs `kernel[grid](*args, **constexprs)` under the interpreter, in this thread.
+
+    Pointer arguments must be `Pointer`s (or anything with data_ptr() and dtype); Python
+    scalars pass as scalars. Not thread-safe: the interpreter patches global state.
+    """
+    from triton.runtime import interpreter as ti
+
+    kernel = as_interpreted(kernel)
+    fn = kernel.rewrite()
+    constexprs = dict(constexprs or {})
+    sig = inspect.signature(kernel.fn)
+    names = list(sig.parameters)
+    annotations = {k: str(v) for k, v in kernel.fn.__annotations__.items()}
+    is_constexpr = {n for n in names if "constexpr" in annotations.get(n, "")}
+    bound = dict(zip(names, args))
+    bound.update(constexprs)
+    for name, param in sig.parameters.items():
+        if name not in bound:
+            if param.default is inspect.Parameter.empty:
+                raise TypeError(f"kernel {kernel.fn.__name__} is missing argument {name!r}")
+            bound[name] = param.default
+    call_args = {n: v if n in is_constexpr else ti._implicit_cvt(v) for n, v in bound.items()}
+    grid = tuple(int(g) for g in grid) + (1,) * (3 - len(grid))
+    patch_scope = ti._patch_lang(kernel.fn)
+    try:
+        ti.interpreter_builder.set_grid_dim(*grid)
+        for x in range(grid[0]):
+            for y in range(grid[1]):
+                for z in range(grid[2]):
+                    ti.interpreter_builder.set_grid_idx(x, y, z)
+                    fn(**call_args)
+    finally:
+        patch_scope.restore()
+
+
+def enable_interpreter() -> None:
+    """Turns on Triton's interpreter for kernels defined from now on in this process."""
+    os.environ["TRITON_INTERPRET"] = "1"
+    import triton
+
+    knobs = getattr(triton, "knobs", None)
+    if knobs is not None:
+        knobs.runtime.interpret = True
+
+
+def pointer_to(array: np.ndarray) -> Pointer:
+    return Pointer(array.ctypes.data, array.dtype)
