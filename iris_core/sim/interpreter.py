@@ -107,3 +107,9 @@ def enable_interpreter() -> None:
 
 def pointer_to(array: np.ndarray) -> Pointer:
     return Pointer(array.ctypes.data, array.dtype)
+
+
+def launch(kernel, grid: Sequence[int], *args, **constexprs) -> None:
+    """`kernel[grid](*args, **constexprs)` on host memory: numpy arrays pass as pointers."""
+    converted = [pointer_to(a) if isinstance(a, np.ndarray) else a for a in args]
+    run_kernel(kernel, grid, converted, constexprs)

@@ -1,0 +1,5 @@
+import sys
+
+from iris_core.sim.launcher import main
+
+sys.exit(main())

@@ -1,0 +1,87 @@
+"""`python -m iris_core.sim -n N script.py [args]`: run a script as N simulated ranks.
+
+Each rank is a process running the script with IRIS_SIM_RANK / IRIS_SIM_WORLD_SIZE /
+IRIS_SIM_SESSION / IRIS_SIM_STORE set and Triton's interpreter on; iris picks these up
+and maps every rank's heap. Output lines are prefixed with the rank. If a rank fails,
+the others are stopped and the launcher exits with that rank's status; shared-memory
+segments of the run are removed in every case.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+
+from iris_core.heap.shared_memory import remove_session_segments
+
+
+def _pump(stream, prefix: str, out) -> None:
+    for line in iter(stream.readline, b""):
+        out.write(prefix + line.decode(errors="replace"))
+        out.flush()
+
+
+def launch_script(argv: list[str], world_size: int, timeout_s: float | None = None) -> int:
+    """Runs `python argv...` as `world_size` ranks; returns the first failing exit code or 0."""
+    session = uuid.uuid4().hex[:10]
+    store = tempfile.mkdtemp(prefix=f"iris-{session}-")
+    procs, pumps = [], []
+    try:
+        for rank in range(world_size):
+            env = dict(os.environ, IRIS_SIM_RANK=str(rank), IRIS_SIM_WORLD_SIZE=str(world_size),
+                       IRIS_SIM_SESSION=session, IRIS_SIM_STORE=store, TRITON_INTERPRET="1",
+                       JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
+            p = subprocess.Popen([sys.executable, *argv], env=env, stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, start_new_session=True)
+            procs.append(p)
+            t = threading.Thread(target=_pump, args=(p.stdout, f"[rank {rank}] ", sys.stdout), daemon=True)
+            t.start()
+            pumps.append(t)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        status = 0
+        while any(p.poll() is None for p in procs):
+            failed = [(r, p.returncode) for r, p in enumerate(procs) if p.returncode not in (None, 0)]
+            if failed:
+                rank, status = failed[0]
+                print(f"[iris.sim] rank {rank} exited with status {status}; stopping the others",
+                      file=sys.stderr)
+                break
+            if deadline is not None and time.monotonic() > deadline:
+                hung = [r for r, p in enumerate(procs) if p.poll() is None]
+                print(f"[iris.sim] timeout after {timeout_s:.0f} s; ranks still running: {hung}",
+                      file=sys.stderr)
+                status = 124
+                break
+            time.sleep(0.05)
+        else:
+            status = next((p.returncode for p in procs if p.returncode != 0), 0)
+        return status
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, 9)
+                except ProcessLookupError:
+                    pass
+            p.wait()
+        for t in pumps:
+            t.join(timeout=2)
+        remove_session_segments(session)
+        shutil.rmtree(store, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m iris_core.sim", description=__doc__.splitlines()[0])
+    parser.add_argument("-n", "--world-size", type=int, default=2, help="number of simulated ranks")
+    parser.add_argument("--timeout", type=float, default=None, help="seconds before all ranks are stopped")
+    parser.add_argument("script", help="Python script to run on every rank")
+    parser.add_argument("args", nargs=argparse.REMAINDER)
+    opts = parser.parse_args(argv)
+    return launch_script([opts.script, *opts.args], opts.world_size, opts.timeout)

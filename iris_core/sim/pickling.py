@@ -1,0 +1,59 @@
+"""Pickling for work sent to simulated ranks: cloudpickle plus Triton kernels.
+
+A JITFunction holds locks and compiled state and does not pickle. A kernel travels as
+its module, name and Python function; the receiving process takes its own copy of the
+module's kernel (built under the interpreter there) or re-decorates the function.
+"""
+
+from __future__ import annotations
+
+import importlib
+import io
+
+import cloudpickle
+import triton
+from triton.runtime.jit import JITFunction
+
+_KERNEL_TYPES: tuple = (JITFunction,)
+try:
+    from triton.runtime.interpreter import InterpretedFunction
+
+    _KERNEL_TYPES += (InterpretedFunction,)
+except ImportError:  # pragma: no cover
+    pass
+
+_REBUILT: dict = {}
+
+
+def _rebuild_kernel(module: str, qualname: str, fn):
+    key = (module, qualname, fn)
+    if key not in _REBUILT:
+        kernel = None
+        if module != "__main__":
+            try:
+                kernel = importlib.import_module(module)
+                for part in qualname.split("."):
+                    kernel = getattr(kernel, part)
+            except (ImportError, AttributeError):
+                kernel = None
+        if not isinstance(kernel, _KERNEL_TYPES):
+            kernel = triton.jit(fn)
+        _REBUILT[key] = kernel
+    return _REBUILT[key]
+
+
+class _Pickler(cloudpickle.CloudPickler):
+    def reducer_override(self, obj):
+        if isinstance(obj, _KERNEL_TYPES):
+            fn = obj.fn
+            return _rebuild_kernel, (fn.__module__, fn.__qualname__, fn)
+        return super().reducer_override(obj)
+
+
+def dumps(obj) -> bytes:
+    buffer = io.BytesIO()
+    _Pickler(buffer, protocol=5).dump(obj)
+    return buffer.getvalue()
+
+
+loads = cloudpickle.loads

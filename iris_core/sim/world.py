@@ -1,0 +1,256 @@
+"""Simulated ranks: one worker process per rank, all mapping the same shared-memory heaps.
+
+The Triton interpreter patches global state and runs a launch's programs one after the
+other, so concurrent ranks need processes. A `SimWorld` keeps its workers alive across
+calls (tests reuse them); `run` executes a function on every rank at once and returns
+the results, `call` runs one on a single rank (the JAX CPU lowering feeds each
+device's kernels to its rank this way). A rank that raises or outlives the timeout
+fails the call with that rank's traceback; the workers are then restarted.
+"""
+
+from __future__ import annotations
+
+import atexit
+import multiprocessing as mp
+import os
+import threading
+import time
+import traceback
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from iris_core.sim import pickling
+
+from iris_core.errors import PeerTimeoutError, SimulatedRankError
+from iris_core.heap.shared_memory import SharedMemoryHeap
+
+DEFAULT_TIMEOUT_S = float(os.environ.get("IRIS_SIM_TIMEOUT", "120"))
+_WORKER_ENV = {"TRITON_INTERPRET": "1", "JAX_PLATFORMS": "cpu"}
+_ENV_LOCK = threading.Lock()
+
+
+@dataclass
+class RankState:
+    """What a function running on a simulated rank sees (its first argument)."""
+
+    rank: int
+    world_size: int
+    heaps: dict = field(default_factory=dict)  # session -> SharedMemoryHeap (attached)
+    cache: dict = field(default_factory=dict)  # free for callers: kernels, staging maps, ...
+
+    def heap(self, session: str | None = None):
+        if session is None:
+            if len(self.heaps) != 1:
+                raise RuntimeError(f"rank {self.rank} has {len(self.heaps)} heaps attached; name one")
+            return next(iter(self.heaps.values()))
+        return self.heaps[session]
+
+
+def _worker_main(rank: int, world_size: int, conn) -> None:
+    from iris_core.sim.interpreter import enable_interpreter
+
+    enable_interpreter()
+    state = RankState(rank, world_size)
+    while True:
+        try:
+            message = conn.recv_bytes()
+        except EOFError:
+            return
+        try:
+            fn, args = pickling.loads(message)
+            result = fn(state, *args)
+            reply = pickling.dumps(("ok", result))
+        except BaseException as e:  # report everything, including KeyboardInterrupt
+            reply = pickling.dumps(("err", f"{type(e).__name__}: {e}", traceback.format_exc()))
+        conn.send_bytes(reply)
+
+
+class _Worker:
+    def __init__(self, ctx, rank: int, world_size: int):
+        self.conn, child = ctx.Pipe()
+        self.process = ctx.Process(target=_worker_main, args=(rank, world_size, child), daemon=True,
+                                   name=f"iris-sim-rank{rank}")
+        # The child re-imports the parent's __main__ before _worker_main runs: kernels
+        # defined there must already see interpreter mode, so it goes in the environment.
+        with _ENV_LOCK:
+            saved = {k: os.environ.get(k) for k in _WORKER_ENV}
+            os.environ.update(_WORKER_ENV)
+            try:
+                self.process.start()
+            finally:
+                for k, v in saved.items():
+                    if v is None:
+                        os.environ.pop(k, None)
+                    else:
+                        os.environ[k] = v
+        child.close()
+        self.lock = threading.Lock()
+
+    def kill(self):
+        if self.process.is_alive():
+            self.process.kill()
+        self.process.join(timeout=5)
+        self.conn.close()
+
+
+class SimWorld:
+    """`world_size` simulated ranks, each a worker process running Triton's interpreter."""
+
+    def __init__(self, world_size: int, timeout_s: float = DEFAULT_TIMEOUT_S):
+        if world_size < 1:
+            raise ValueError(f"world_size must be >= 1, got {world_size}")
+        self.world_size = world_size
+        self.timeout_s = timeout_s
+        self._ctx = mp.get_context("spawn")
+        self._workers: list[_Worker] | None = None
+        self._attached: dict[str, tuple] = {}  # session -> (world_size, heap_size)
+        self._lock = threading.Lock()
+        self.id = uuid.uuid4().hex[:8]
+
+    # -- lifetime -------------------------------------------------------------
+    def _ensure_workers(self) -> list[_Worker]:
+        with self._lock:
+            if self._workers is None:
+                self._workers = [_Worker(self._ctx, r, self.world_size) for r in range(self.world_size)]
+                attached, self._attached = self._attached, {}
+            else:
+                attached = {}
+        for session, (world_size, heap_size) in attached.items():
+            self.attach_heaps(session, world_size, heap_size)
+        return self._workers
+
+    def restart(self) -> None:
+        """Kills every worker (e.g. after a hang); they restart on the next call."""
+        with self._lock:
+            workers, self._workers = self._workers, None
+        for w in workers or ():
+            w.kill()
+
+    def close(self) -> None:
+        self.restart()
+        self._attached.clear()
+
+    # -- heaps ----------------------------------------------------------------
+    def attach_heaps(self, session: str, world_size: int, heap_size: int) -> None:
+        """Maps the shared-memory heaps of `session` in every worker (again after restarts)."""
+        self._attached[session] = (world_size, heap_size)
+        if self._workers is not None:
+            self.run(_attach, session, world_size, heap_size)
+
+    def detach_heaps(self, session: str) -> None:
+        if self._attached.pop(session, None) is not None and self._workers is not None:
+            self.run(_detach, session)
+
+    def create_heaps(self, heap_size: int) -> SharedMemoryHeap:
+        """Creates one heap per rank, owned by this process and mapped by every worker.
+
+        Close the returned heap (or use it as a context manager) to unmap and remove it.
+        """
+        session = f"{self.id}-{uuid.uuid4().hex[:6]}"
+        heap = _WorldHeap(self, self.world_size, heap_size, range(self.world_size), session)
+        self.attach_heaps(session, self.world_size, heap_size)
+        return heap
+
+    # -- calls ----------------------------------------------------------------
+    def run(self, fn: Callable, *args, timeout_s: float | None = None) -> list:
+        """Runs `fn(state, *args)` on every rank concurrently; returns the results by rank."""
+        workers = self._ensure_workers()
+        payload = pickling.dumps((fn, args))
+        for w in workers:
+            w.lock.acquire()
+        try:
+            for w in workers:
+                w.conn.send_bytes(payload)
+            return self._collect(list(range(self.world_size)), timeout_s)
+        finally:
+            for w in workers:
+                w.lock.release()
+
+    def call(self, rank: int, fn: Callable, *args, timeout_s: float | None = None):
+        """Runs `fn(state, *args)` on one rank and waits for its result."""
+        workers = self._ensure_workers()
+        w = workers[rank]
+        with w.lock:
+            w.conn.send_bytes(pickling.dumps((fn, args)))
+            return self._collect([rank], timeout_s)[0]
+
+    def _collect(self, ranks: list[int], timeout_s: float | None) -> list:
+        workers = self._workers
+        deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
+        results: dict[int, object] = {}
+        pending = set(ranks)
+        while pending:
+            ready = mp.connection.wait([workers[r].conn for r in pending],
+                                       timeout=max(0.0, deadline - time.monotonic()))
+            if not ready:
+                missing = sorted(pending)
+                self.restart()
+                raise PeerTimeoutError(
+                    f"simulated rank(s) {missing} did not finish within "
+                    f"{self.timeout_s if timeout_s is None else timeout_s:.0f} s (a wait on a peer "
+                    "that never arrives?); the workers were restarted. Raise the limit with "
+                    "IRIS_SIM_TIMEOUT or the timeout argument."
+                )
+            for conn in ready:
+                rank = next(r for r in pending if workers[r].conn is conn)
+                pending.discard(rank)
+                try:
+                    reply = pickling.loads(conn.recv_bytes())
+                except (EOFError, OSError):
+                    code = workers[rank].process.exitcode
+                    self.restart()
+                    raise SimulatedRankError(
+                        f"simulated rank {rank} died (exit code {code})") from None
+                if reply[0] == "err":
+                    # peers may be blocked waiting for this rank: restart everything
+                    if pending:
+                        self.restart()
+                    raise SimulatedRankError(
+                        f"simulated rank {rank} raised {reply[1]}\n--- rank {rank} traceback ---\n{reply[2]}")
+                results[rank] = reply[1]
+        return [results[r] for r in ranks]
+
+
+def _attach(state: RankState, session: str, world_size: int, heap_size: int) -> None:
+    if session not in state.heaps:
+        state.heaps[session] = SharedMemoryHeap(world_size, heap_size, (), session)
+
+
+def _detach(state: RankState, session: str) -> None:
+    heap = state.heaps.pop(session, None)
+    if heap is not None:
+        heap.close()
+
+
+class _WorldHeap(SharedMemoryHeap):
+    """A SharedMemoryHeap whose workers detach when it closes."""
+
+    def __init__(self, world: SimWorld, *args):
+        self._world = world
+        super().__init__(*args)
+
+    def _release(self) -> None:
+        try:
+            self._world.detach_heaps(self.session)
+        except Exception:  # workers already gone: nothing left to detach
+            pass
+        super()._release()
+
+
+_WORLDS: dict[int, SimWorld] = {}
+_WORLDS_LOCK = threading.Lock()
+
+
+def get_world(world_size: int) -> SimWorld:
+    """A process-wide SimWorld of `world_size` ranks, created on first use and reused."""
+    with _WORLDS_LOCK:
+        if world_size not in _WORLDS:
+            _WORLDS[world_size] = SimWorld(world_size)
+        return _WORLDS[world_size]
+
+
+@atexit.register
+def _close_worlds() -> None:
+    for world in _WORLDS.values():
+        world.close()
