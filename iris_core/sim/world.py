@@ -11,14 +11,18 @@ fails the call with that rank's traceback; the workers are then restarted.
 from __future__ import annotations
 
 import atexit
-import multiprocessing as mp
+import multiprocessing.connection
 import os
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 import traceback
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from multiprocessing.connection import Listener
 
 from iris_core.sim import pickling
 
@@ -26,8 +30,6 @@ from iris_core.errors import PeerTimeoutError, SimulatedRankError
 from iris_core.heap.shared_memory import SharedMemoryHeap
 
 DEFAULT_TIMEOUT_S = float(os.environ.get("IRIS_SIM_TIMEOUT", "120"))
-_WORKER_ENV = {"TRITON_INTERPRET": "1", "JAX_PLATFORMS": "cpu"}
-_ENV_LOCK = threading.Lock()
 
 
 @dataclass
@@ -47,50 +49,46 @@ class RankState:
         return self.heaps[session]
 
 
-def _worker_main(rank: int, world_size: int, conn) -> None:
-    from iris_core.sim.interpreter import enable_interpreter
-
-    enable_interpreter()
+def _serve(rank: int, world_size: int, conn) -> None:
+    """A worker's loop: run each function sent, reply with its result or traceback."""
     state = RankState(rank, world_size)
     while True:
         try:
             message = conn.recv_bytes()
-        except EOFError:
+        except (EOFError, OSError):
             return
         try:
             fn, args = pickling.loads(message)
-            result = fn(state, *args)
-            reply = pickling.dumps(("ok", result))
+            reply = pickling.dumps(("ok", fn(state, *args)))
         except BaseException as e:  # report everything, including KeyboardInterrupt
             reply = pickling.dumps(("err", f"{type(e).__name__}: {e}", traceback.format_exc()))
         conn.send_bytes(reply)
 
 
 class _Worker:
-    def __init__(self, ctx, rank: int, world_size: int):
-        self.conn, child = ctx.Pipe()
-        self.process = ctx.Process(target=_worker_main, args=(rank, world_size, child), daemon=True,
-                                   name=f"iris-sim-rank{rank}")
-        # The child re-imports the parent's __main__ before _worker_main runs: kernels
-        # defined there must already see interpreter mode, so it goes in the environment.
-        with _ENV_LOCK:
-            saved = {k: os.environ.get(k) for k in _WORKER_ENV}
-            os.environ.update(_WORKER_ENV)
-            try:
-                self.process.start()
-            finally:
-                for k, v in saved.items():
-                    if v is None:
-                        os.environ.pop(k, None)
-                    else:
-                        os.environ[k] = v
-        child.close()
+    """A rank process started as `python -m iris_core.sim.worker` (a fresh interpreter:
+    the parent's __main__ is not re-imported, and interpreter mode is on from the start)."""
+
+    def __init__(self, rank: int, world_size: int):
+        authkey = os.urandom(16)
+        address = os.path.join(tempfile.gettempdir(), f"iris-w{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        listener = Listener(address, family="AF_UNIX", authkey=authkey)
+        env = dict(os.environ, TRITON_INTERPRET="1", JAX_PLATFORMS="cpu", IRIS_SIM_WORKER_AUTH=authkey.hex())
+        env.pop("IRIS_SIM_RANK", None)
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "iris_core.sim.worker", address, str(rank), str(world_size)],
+                env=env, start_new_session=True)
+            listener._listener._socket.settimeout(60)
+            self.conn = listener.accept()
+        finally:
+            listener.close()
         self.lock = threading.Lock()
 
     def kill(self):
-        if self.process.is_alive():
+        if self.process.poll() is None:
             self.process.kill()
-        self.process.join(timeout=5)
+        self.process.wait(timeout=10)
         self.conn.close()
 
 
@@ -102,7 +100,6 @@ class SimWorld:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
         self.world_size = world_size
         self.timeout_s = timeout_s
-        self._ctx = mp.get_context("spawn")
         self._workers: list[_Worker] | None = None
         self._attached: dict[str, tuple] = {}  # session -> (world_size, heap_size)
         self._lock = threading.Lock()
@@ -112,13 +109,10 @@ class SimWorld:
     def _ensure_workers(self) -> list[_Worker]:
         with self._lock:
             if self._workers is None:
-                self._workers = [_Worker(self._ctx, r, self.world_size) for r in range(self.world_size)]
-                attached, self._attached = self._attached, {}
-            else:
-                attached = {}
-        for session, (world_size, heap_size) in attached.items():
-            self.attach_heaps(session, world_size, heap_size)
-        return self._workers
+                self._workers = [_Worker(r, self.world_size) for r in range(self.world_size)]
+                for session, (world_size, heap_size) in self._attached.items():
+                    self._run(self._workers, _attach, (session, world_size, heap_size), None)
+            return self._workers
 
     def restart(self) -> None:
         """Kills every worker (e.g. after a hang); they restart on the next call."""
@@ -155,14 +149,16 @@ class SimWorld:
     # -- calls ----------------------------------------------------------------
     def run(self, fn: Callable, *args, timeout_s: float | None = None) -> list:
         """Runs `fn(state, *args)` on every rank concurrently; returns the results by rank."""
-        workers = self._ensure_workers()
+        return self._run(self._ensure_workers(), fn, args, timeout_s)
+
+    def _run(self, workers: list[_Worker], fn: Callable, args: tuple, timeout_s: float | None) -> list:
         payload = pickling.dumps((fn, args))
         for w in workers:
             w.lock.acquire()
         try:
             for w in workers:
                 w.conn.send_bytes(payload)
-            return self._collect(list(range(self.world_size)), timeout_s)
+            return self._collect(workers, list(range(self.world_size)), timeout_s)
         finally:
             for w in workers:
                 w.lock.release()
@@ -173,15 +169,14 @@ class SimWorld:
         w = workers[rank]
         with w.lock:
             w.conn.send_bytes(pickling.dumps((fn, args)))
-            return self._collect([rank], timeout_s)[0]
+            return self._collect(workers, [rank], timeout_s)[0]
 
-    def _collect(self, ranks: list[int], timeout_s: float | None) -> list:
-        workers = self._workers
+    def _collect(self, workers: list[_Worker], ranks: list[int], timeout_s: float | None) -> list:
         deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
         results: dict[int, object] = {}
         pending = set(ranks)
         while pending:
-            ready = mp.connection.wait([workers[r].conn for r in pending],
+            ready = multiprocessing.connection.wait([workers[r].conn for r in pending],
                                        timeout=max(0.0, deadline - time.monotonic()))
             if not ready:
                 missing = sorted(pending)
@@ -198,7 +193,7 @@ class SimWorld:
                 try:
                     reply = pickling.loads(conn.recv_bytes())
                 except (EOFError, OSError):
-                    code = workers[rank].process.exitcode
+                    code = workers[rank].process.poll()
                     self.restart()
                     raise SimulatedRankError(
                         f"simulated rank {rank} died (exit code {code})") from None

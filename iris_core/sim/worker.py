@@ -1,0 +1,21 @@
+"""Entry point of a simulated rank's worker process (started by SimWorld)."""
+
+import os
+import sys
+
+
+def main() -> None:
+    from iris_core.sim.interpreter import enable_interpreter
+
+    enable_interpreter()  # before any kernel is defined in this process
+    from multiprocessing.connection import Client
+
+    from iris_core.sim.world import _serve
+
+    address, rank, world_size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    conn = Client(address, family="AF_UNIX", authkey=bytes.fromhex(os.environ["IRIS_SIM_WORKER_AUTH"]))
+    _serve(rank, world_size, conn)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,26 @@
+"""iris_jax: symmetric-heap multi-GPU programming from JAX (GPUs, or the CPU simulator)."""
+
+from iris_jax._triton_env import import_jax_triton
+
+import_jax_triton()
+
+from iris_core.device import Context, DeviceContext  # noqa: E402
+from iris_core.errors import (  # noqa: E402
+    HeapExhaustedError, IrisError, NotOnHeapError, PeerTimeoutError, RankMismatchError,
+)
+from iris_jax import cpu_lowering as _cpu_lowering  # noqa: E402
+from iris_jax.arrays import (  # noqa: E402
+    arange, empty, empty_like, full, full_like, heap_offset, is_symmetric, ones, ones_like, rand,
+    randn, to_heap, zeros, zeros_like,
+)
+from iris_jax.call import triton_call  # noqa: E402
+from iris_jax.runtime import Runtime, init, is_initialized, runtime, shutdown  # noqa: E402
+
+_cpu_lowering.register()
+
+__all__ = [
+    "Context", "DeviceContext", "HeapExhaustedError", "IrisError", "NotOnHeapError", "PeerTimeoutError",
+    "RankMismatchError", "Runtime", "arange", "empty", "empty_like", "full", "full_like", "heap_offset",
+    "init", "is_initialized", "is_symmetric", "ones", "ones_like", "rand", "randn", "runtime", "shutdown",
+    "to_heap", "triton_call", "zeros", "zeros_like",
+]

@@ -1,0 +1,185 @@
+"""Arrays on the symmetric heap: ordinary jax.Arrays whose device buffers are heap memory.
+
+Every shard of a heap array sits at the same heap offset on its device, so a kernel can
+reach a peer's shard by translating its own pointer. Heap memory returns to the heap
+when the array (all of its shards) is garbage-collected.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Sharding, SingleDeviceSharding
+
+from iris_core.errors import NotOnHeapError
+from iris_jax import runtime as runtime_lib
+
+
+class _Allocation:
+    """Owns one heap offset; every shard's buffer keeps it alive."""
+
+    def __init__(self, heap, offset: int):
+        self.offset = offset
+        heap.free_when_collected(self, offset)
+
+
+class _HostBytes:
+    """`nbytes` of host memory as a numpy-compatible object that keeps `owner` alive."""
+
+    def __init__(self, address: int, nbytes: int, owner):
+        self.owner = owner
+        self.__array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (address, False),
+                                    "version": 3}
+
+
+def _sharding_for(sharding: Sharding | None, device: jax.Device | None) -> Sharding:
+    if sharding is not None and device is not None:
+        raise ValueError("pass either sharding= or device=, not both")
+    if sharding is not None:
+        return sharding
+    return SingleDeviceSharding(device if device is not None else runtime_lib.runtime().devices[0])
+
+
+def _place(values: jax.Array | None, shape, dtype, sharding: Sharding) -> jax.Array:
+    """A heap array of `shape`/`dtype` with `sharding`, holding `values` (None: uninitialized)."""
+    rt = runtime_lib.runtime()
+    dtype = np.dtype(dtype)
+    shard_shape = sharding.shard_shape(tuple(shape))
+    nbytes = int(np.prod(shard_shape, dtype=np.int64)) * dtype.itemsize
+    devices = sorted(sharding.addressable_devices, key=lambda d: d.id)
+    for d in devices:
+        rt.rank_of(d)  # raises for devices without a heap, before anything is allocated
+    owner = _Allocation(rt.heap, rt.heap.allocate(nbytes))
+    source = {s.device: s.data for s in values.addressable_shards} if values is not None else {}
+    buffers = [_wrap(rt, rt.rank_of(d), owner, shard_shape, dtype, d, source.get(d)) for d in devices]
+    if rt.mode.startswith("gpu"):
+        import torch
+
+        torch.cuda.synchronize()
+    return jax.make_array_from_single_device_arrays(tuple(shape), sharding, buffers)
+
+
+def _wrap(rt, rank, owner, shape, dtype, device, value):
+    address = rt.heap.address(rank, owner.offset)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if rt.mode.startswith("gpu"):
+        import torch
+
+        tensor = rt.heap.torch_tensor(rank, owner.offset, (max(nbytes, 1),), torch.uint8)[:nbytes]
+        tensor._iris_owner = owner  # freed with the last reference
+        if value is not None and nbytes:
+            value.block_until_ready()
+            tensor.copy_(torch.from_dlpack(value).reshape(-1).view(torch.uint8))
+        with torch.cuda.device(tensor.device):
+            array = jax.dlpack.from_dlpack(tensor.view(_torch_dtype(dtype)).view(shape) if nbytes else tensor)
+        if nbytes == 0:
+            array = jnp.zeros(shape, dtype, device=device)
+    else:
+        raw = np.asarray(_HostBytes(address, max(nbytes, 1), owner))[:nbytes]
+        host = raw.view(dtype).reshape(shape)
+        if value is not None:
+            host[...] = np.asarray(value)
+        array = jax.device_put(host, device)
+    if nbytes and array.unsafe_buffer_pointer() != address:
+        raise RuntimeError(f"heap placement was not zero-copy on {device} (internal error)")
+    return array
+
+
+def _torch_dtype(dtype):
+    import torch
+
+    return {np.dtype(jnp.bfloat16): torch.bfloat16}.get(dtype) or getattr(torch, dtype.name)
+
+
+# -- constructors ------------------------------------------------------------------------
+def empty(shape, dtype=jnp.float32, *, sharding: Sharding | None = None, device=None) -> jax.Array:
+    """An uninitialized heap array (contents are whatever the heap held)."""
+    return _place(None, shape, dtype, _sharding_for(sharding, device))
+
+
+def full(shape, fill_value, dtype=None, *, sharding: Sharding | None = None, device=None) -> jax.Array:
+    dtype = dtype or jnp.result_type(fill_value)
+    s = _sharding_for(sharding, device)
+    return _place(jnp.full(shape, fill_value, dtype, device=s), shape, dtype, s)
+
+
+def zeros(shape, dtype=jnp.float32, *, sharding=None, device=None) -> jax.Array:
+    return full(shape, 0, dtype, sharding=sharding, device=device)
+
+
+def ones(shape, dtype=jnp.float32, *, sharding=None, device=None) -> jax.Array:
+    return full(shape, 1, dtype, sharding=sharding, device=device)
+
+
+def arange(start, stop=None, step=1, dtype=None, *, sharding=None, device=None) -> jax.Array:
+    values = jnp.arange(start, stop, step, dtype=dtype)
+    return to_heap(values, sharding=_sharding_for(sharding, device))
+
+
+def rand(key, shape, dtype=jnp.float32, *, sharding=None, device=None) -> jax.Array:
+    """Uniform [0, 1) samples from `key`, on the heap."""
+    return to_heap(jax.random.uniform(key, shape, dtype), sharding=_sharding_for(sharding, device))
+
+
+def randn(key, shape, dtype=jnp.float32, *, sharding=None, device=None) -> jax.Array:
+    """Standard normal samples from `key`, on the heap."""
+    return to_heap(jax.random.normal(key, shape, dtype), sharding=_sharding_for(sharding, device))
+
+
+def empty_like(x, dtype=None, *, sharding=None) -> jax.Array:
+    return empty(x.shape, dtype or x.dtype, sharding=sharding or x.sharding)
+
+
+def zeros_like(x, dtype=None, *, sharding=None) -> jax.Array:
+    return zeros(x.shape, dtype or x.dtype, sharding=sharding or x.sharding)
+
+
+def ones_like(x, dtype=None, *, sharding=None) -> jax.Array:
+    return ones(x.shape, dtype or x.dtype, sharding=sharding or x.sharding)
+
+
+def full_like(x, fill_value, dtype=None, *, sharding=None) -> jax.Array:
+    return full(x.shape, fill_value, dtype or x.dtype, sharding=sharding or x.sharding)
+
+
+def to_heap(x, *, sharding: Sharding | None = None) -> jax.Array:
+    """A copy of `x` on the heap, with `x`'s sharding (or `sharding`)."""
+    x = jnp.asarray(x)
+    sharding = sharding or x.sharding
+    x = jax.device_put(x, sharding)
+    return _place(x, x.shape, x.dtype, sharding)
+
+
+# -- queries ------------------------------------------------------------------------------
+def heap_offset(x: jax.Array) -> int | None:
+    """The common heap offset of every shard of `x`, or None if `x` is not symmetric."""
+    if not runtime_lib.is_initialized() or not isinstance(x, jax.Array):
+        return None
+    rt = runtime_lib.runtime()
+    offsets = set()
+    for shard in x.addressable_shards:
+        try:
+            rank = rt.rank_of(shard.device)
+        except Exception:
+            return None
+        if shard.data.size == 0:
+            continue
+        where = rt.heap.locate(shard.data.unsafe_buffer_pointer())
+        if where is None or where[0] != rank:
+            return None
+        offsets.add(where[1])
+    return offsets.pop() if len(offsets) == 1 else None
+
+
+def is_symmetric(x) -> bool:
+    """True when every shard of `x` lies on its device's heap at one common offset."""
+    return heap_offset(x) is not None
+
+
+def require_symmetric(x, what: str = "array", rt=None) -> None:
+    if not is_symmetric(x):
+        raise NotOnHeapError(
+            f"{what} must be on the symmetric heap, got an ordinary array of shape {x.shape} "
+            f"on {sorted(d.id for d in x.devices())}; create it with iris_jax.zeros/empty/... or "
+            "copy it with iris_jax.to_heap(x)")

@@ -1,0 +1,207 @@
+"""`triton_call`: jax-triton's kernel call, with the device's iris context as first argument.
+
+    out = iris_jax.triton_call(x, kernel=my_kernel, out_shape=x, grid=(4,), BLOCK=256)
+
+runs `my_kernel(context_ptr, x_ptr, out_ptr, BLOCK=256)` where `context_ptr` is the
+context of the device the call runs on, so the kernel can do
+`ctx = Context.initialize(context_ptr, WORLD_SIZE)` and reach every rank's heap.
+
+How the context gets there: at trace time we bind `iris_triton_call` with the device's
+linear index in the mesh (`axis_index` over every manual axis, or 0 outside shard_map).
+At lowering the concrete devices are known, so the context table (one row per device, in
+mesh order) becomes a constant and the row is selected in-graph. The primitive carries an
+effect, so a kernel whose only output is a remote write is not removed, and its outputs
+vary over the same mesh axes as that index, so `check_vma=True` programs type-check.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax, tree_util
+from jax._src import core, effects
+from jax.extend.core import Primitive
+from jax.interpreters import mlir
+
+from iris_core.errors import IrisError
+from iris_jax import runtime as runtime_lib
+
+
+class IrisKernelEffect(effects.Effect):
+    """The kernel may read or write memory outside its operands (peers' heaps)."""
+
+    def __str__(self):
+        return "IrisKernel"
+
+
+iris_kernel_effect = IrisKernelEffect()
+for _effect_set in (effects.lowerable_effects, effects.control_flow_allowed_effects,
+                    effects.custom_derivatives_allowed_effects, effects.remat_allowed_effects):
+    _effect_set.add_type(IrisKernelEffect)
+
+iris_triton_call_p = Primitive("iris_triton_call")
+iris_triton_call_p.multiple_results = True
+
+
+@iris_triton_call_p.def_effectful_abstract_eval
+def _abstract_eval(device_index, *args, out_shapes, **_):
+    index_aval = device_index
+    outs = [_like(index_aval, s.shape, s.dtype) for s in out_shapes]
+    return outs, {iris_kernel_effect}
+
+
+def _like(aval, shape, dtype):
+    """An aval of `shape`/`dtype` that varies over the same manual axes as `aval`."""
+    sharding = getattr(aval, "sharding", None)
+    kwargs = dict(shape=tuple(shape), dtype=np.dtype(dtype), weak_type=False)
+    if sharding is not None and hasattr(sharding, "mesh"):
+        kwargs["sharding"] = jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec())
+    return aval.update(**kwargs)
+
+
+iris_triton_call_p.def_impl(lambda *args, **params: jax.jit(
+    lambda *a: iris_triton_call_p.bind(*a, **params))(*args))
+
+
+def _manual_axes() -> tuple[str, ...]:
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh is None or mesh.empty:
+        return ()
+    manual = getattr(mesh, "manual_axes", ())
+    names = tuple(mesh.axis_names)
+    if manual and set(manual) != set(names):
+        raise IrisError(
+            f"iris kernels need every mesh axis manual inside shard_map (manual: {tuple(manual)}, "
+            f"mesh: {names}); put all axes in the shard_map (axis_names=...)")
+    return names if manual else ()
+
+
+def triton_call(*args: Any, kernel, out_shape, grid, name: str = "",
+                custom_call_target_name: str = "triton_kernel_call", num_warps: int | None = None,
+                num_stages: int | None = None, num_ctas: int = 1, compute_capability: int | None = None,
+                enable_fp_fusion: bool = True, input_output_aliases: dict[int, int] | None = None,
+                zeroed_outputs: Sequence[int] | Callable = (), debug: bool = False,
+                serialized_metadata: bytes = b"", symmetric: Sequence[int] = (), **metaparams: Any):
+    """Calls a Triton kernel whose first parameter receives the iris context.
+
+    Same arguments as `jax_triton.triton_call` (the context is not among `args`; indices
+    in `input_output_aliases` count `args` only), plus:
+
+    Args:
+      symmetric: indices of `args` that must be arrays on the symmetric heap (the kernel
+        translates their pointers to peers). A concrete array that is not raises
+        NotOnHeapError before anything runs; the simulator also checks inside jit.
+    """
+    rt = runtime_lib.runtime()
+    out_shape = tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), out_shape)
+    flat_args, _ = tree_util.tree_flatten(args)
+    flat_out_shapes, out_tree = tree_util.tree_flatten(out_shape)
+    _check_symmetric(rt, flat_args, symmetric)
+
+    array_args, scalar_args = [], []
+    for i, arg in enumerate(flat_args):
+        if isinstance(arg, (bool, int, float, np.float32)):
+            from jax_triton.triton_lib import get_triton_type
+
+            scalar_args.append((i + 1, get_triton_type(arg), float(arg) if isinstance(arg, np.float32) else arg))
+        else:
+            array_args.append(arg)
+
+    positions = [i for i, a in enumerate(flat_args) if not isinstance(a, (bool, int, float, np.float32))]
+    symmetric_operands = tuple(sorted(positions.index(i) for i in symmetric))
+    axes = _manual_axes()
+    device_index = lax.axis_index(axes) if axes else jnp.zeros((), jnp.int32)
+    if axes:
+        array_args = [_vary(a, axes) for a in array_args]
+    out_flat = iris_triton_call_p.bind(
+        device_index, *array_args,
+        fn=kernel, scalar_args=tuple(scalar_args), name=name,
+        custom_call_target_name=custom_call_target_name, out_shapes=tuple(flat_out_shapes), grid=grid,
+        num_warps=num_warps, num_stages=num_stages, num_ctas=num_ctas,
+        compute_capability=compute_capability, enable_fp_fusion=enable_fp_fusion,
+        input_output_aliases=tuple((i + 1, o) for i, o in (input_output_aliases or {}).items()),
+        zeroed_outputs=zeroed_outputs, debug=debug, serialized_metadata=serialized_metadata,
+        symmetric=symmetric_operands, **metaparams)
+    return tree_util.tree_unflatten(out_tree, out_flat)
+
+
+def _vary(x, axes):
+    """`x` marked as varying over `axes` (no-op for what already varies)."""
+    vma = getattr(core.typeof(x), "vma", None)
+    if vma is None:
+        mat = getattr(core.typeof(x), "manual_axis_type", None)
+        vma = getattr(mat, "varying", frozenset())
+    missing = tuple(a for a in axes if a not in vma)
+    return lax.pcast(x, missing, to="varying") if missing else x
+
+
+def _check_symmetric(rt, flat_args, symmetric):
+    from iris_jax.arrays import require_symmetric
+
+    for i in symmetric:
+        if not 0 <= i < len(flat_args):
+            raise IndexError(f"symmetric index {i} out of range for {len(flat_args)} arguments")
+        if isinstance(flat_args[i], jax.Array) and not isinstance(flat_args[i], core.Tracer):
+            require_symmetric(flat_args[i], f"argument {i}", rt)
+
+
+# -- lowering -------------------------------------------------------------------------
+def devices_of(ctx) -> list:
+    """The devices of the computation being lowered, in partition (mesh) order."""
+    from jax._src.sharding_impls import SPMDAxisContext, ShardingContext
+
+    axis_context = ctx.module_context.axis_context
+    if isinstance(axis_context, SPMDAxisContext):
+        return list(axis_context.mesh.devices.flat)
+    if isinstance(axis_context, ShardingContext):
+        assignment = axis_context.device_assignment
+        if axis_context.num_devices == 1:
+            return [assignment[0] if assignment else runtime_lib.runtime().devices[0]]
+        raise IrisError(
+            f"an iris kernel in a computation over {axis_context.num_devices} devices must run "
+            "inside jax.shard_map (each device needs its own context)")
+    raise IrisError(f"cannot place an iris kernel in axis context {type(axis_context).__name__}")
+
+
+def context_operand(ctx):
+    """Lowers the selection of this device's context row from the per-device table.
+
+    The table is a constant in partition order; the row is picked by `partition_id`, which
+    in a fully manual shard_map is the device's linear position in the mesh.
+    """
+    from jax._src.lib.mlir.dialects import hlo
+
+    table = runtime_lib.runtime().context_table(devices_of(ctx))
+    if table.shape[0] == 1:
+        return mlir.ir_constant(table[0])
+    index = hlo.convert(mlir.ir.RankedTensorType.get([], mlir.ir.IntegerType.get_signless(32)),
+                        hlo.partition_id())
+    row_aval = core.ShapedArray(table.shape[1:], np.int32)
+    sub = ctx.replace(primitive=None, avals_in=[core.ShapedArray((), np.int32)], avals_out=[row_aval])
+    (row,) = mlir.lower_fun(lambda i: (jnp.asarray(table)[i],), multiple_results=True)(sub, index)
+    return row
+
+
+def context_aval() -> core.ShapedArray:
+    return core.ShapedArray(runtime_lib.runtime().context(0).shape, np.int32)
+
+
+def _gpu_lowering(ctx, device_index, *args, fn, symmetric, **params):
+    from jax_triton import triton_lib
+
+    del device_index  # carries the outputs' varying axes; the row comes from partition_id
+    row = context_operand(ctx)
+    kernel_ctx = ctx.replace(avals_in=[context_aval(), *ctx.avals_in[1:]])
+    results = triton_lib.triton_kernel_call_lowering(
+        triton_lib.get_cuda_backend, kernel_ctx, row, *args, fn=fn, **params)
+    op = results[0].owner if results else None
+    if op is not None:
+        op.attributes["has_side_effect"] = mlir.ir.BoolAttr.get(True)
+    return results
+
+
+mlir.register_lowering(iris_triton_call_p, _gpu_lowering, platform="cuda")

@@ -1,0 +1,255 @@
+"""CPU lowering of Triton kernel calls: run them under Triton's interpreter.
+
+Registered for both `iris_triton_call` and jax-triton's own `triton_kernel_call`, so a
+plain `jax_triton.triton_call` kernel also runs on CPU. Each call site becomes an FFI
+custom call (see _ffi) that XLA invokes on the device's thread with buffer pointers; its
+first operand is the device's context row, which names the rank.
+
+* simulator worker mode (one process, N CPU devices): the kernel runs in its rank's
+  worker process. Heap buffers travel as (rank, offset), since the worker maps the heaps
+  at other addresses; XLA's buffers are staged through a per-rank shared-memory area.
+* launched mode (one rank per process): the kernel runs here, on the real pointers.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import threading
+import uuid
+from dataclasses import dataclass
+
+import jax
+import numpy as np
+from jax.interpreters import mlir
+
+from iris_core.errors import NotOnHeapError
+from iris_core.heap.shared_memory import SHM_DIR
+from iris_core.sim.interpreter import Pointer, run_kernel
+from iris_jax import runtime as runtime_lib
+from iris_jax._ffi import register_cpu_target
+from iris_jax.call import context_aval, context_operand, iris_triton_call_p
+
+_CALL_PARAMS = {"name", "custom_call_target_name", "num_warps", "num_stages", "num_ctas",
+                "compute_capability", "enable_fp_fusion", "debug", "serialized_metadata"}
+_interpreter_lock = threading.Lock()
+_ALIGN = 256
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """What the executor needs about one call site besides the buffer pointers."""
+
+    kernel: object
+    grid: tuple
+    scalars: tuple  # (position among the kernel's arguments, value), ascending
+    constexprs: dict
+    operand_dtypes: tuple  # array operands after the context row
+    operand_nbytes: tuple
+    result_dtypes: tuple
+    result_nbytes: tuple
+    zeroed: tuple  # result indices to zero before the launch
+    symmetric: tuple  # operand indices that must lie on this rank's heap
+    pass_context: bool  # the kernel's first argument is the context
+
+
+def _lower(ctx, operands, avals_in, *, pass_context, fn, scalar_args, out_shapes, grid,
+           input_output_aliases, zeroed_outputs, symmetric=(), **params):
+    from jax_triton.triton_lib import normalize_grid
+
+    metaparams = {k: v for k, v in params.items() if k not in _CALL_PARAMS}
+    zeroed = zeroed_outputs(metaparams) if callable(zeroed_outputs) else zeroed_outputs
+    spec = KernelSpec(
+        kernel=fn, grid=tuple(normalize_grid(grid, metaparams)),
+        scalars=tuple(sorted((i, v) for i, _, v in scalar_args)), constexprs=metaparams,
+        operand_dtypes=tuple(np.dtype(a.dtype) for a in avals_in),
+        operand_nbytes=tuple(_nbytes(a) for a in avals_in),
+        result_dtypes=tuple(np.dtype(s.dtype) for s in out_shapes),
+        result_nbytes=tuple(_nbytes(s) for s in out_shapes),
+        zeroed=tuple(zeroed), symmetric=tuple(symmetric), pass_context=pass_context)
+    name = register_cpu_target("iris_cpu_kernel", lambda ins, outs: execute(spec, ins, outs))
+    row = context_operand(ctx)
+    # operand 0 of the custom call is the context row; aliases count it
+    offset = 0 if pass_context else 1
+    aliases = {i + offset: o for i, o in input_output_aliases}
+    call_ctx = ctx.replace(avals_in=[context_aval(), *avals_in])
+    return jax.ffi.ffi_lowering(name, operand_output_aliases=aliases, has_side_effect=True)(
+        call_ctx, row, *operands)
+
+
+def _nbytes(aval) -> int:
+    return int(np.dtype(aval.dtype).itemsize * np.prod(aval.shape, dtype=np.int64))
+
+
+def _iris_lowering(ctx, device_index, *args, fn, **params):
+    del device_index  # carries the outputs' varying axes; the row comes from partition_id
+    return _lower(ctx, args, ctx.avals_in[1:], pass_context=True, fn=fn, **params)
+
+
+def _jax_triton_lowering(ctx, *args, fn, **params):
+    return _lower(ctx, args, ctx.avals_in, pass_context=False, fn=fn, **params)
+
+
+def register() -> None:
+    """Registers the CPU lowerings (idempotent; done on import of iris_jax)."""
+    from jax_triton.triton_lib import triton_kernel_call_p
+
+    mlir.register_lowering(iris_triton_call_p, _iris_lowering, platform="cpu")
+    mlir.register_lowering(triton_kernel_call_p, _jax_triton_lowering, platform="cpu")
+
+
+# -- execution --------------------------------------------------------------------------
+def execute(spec: KernelSpec, ins: list[int], outs: list[int]) -> None:
+    rt = runtime_lib.runtime()
+    row_ptr, operand_ptrs = ins[0], ins[1:]
+    rank = ctypes.c_int64.from_address(row_ptr).value
+    for j in spec.symmetric:
+        where = rt.heap.locate(operand_ptrs[j])
+        if where is None or where[0] != rank or where[1] + spec.operand_nbytes[j] > rt.heap_size:
+            raise NotOnHeapError(
+                f"operand {j} of kernel {_kernel_name(spec)} is declared symmetric but is not on "
+                f"rank {rank}'s heap (inside jit it was copied or computed); pass an array made by "
+                "iris_jax (zeros, to_heap, ...) straight into the jitted function. Nothing was run.")
+    if rt.mode == runtime_lib.SIM_WORKERS:
+        _execute_in_worker(rt, rank, spec, row_ptr, operand_ptrs, outs)
+    else:
+        _execute_here(spec, row_ptr, operand_ptrs, outs)
+
+
+def _kernel_name(spec) -> str:
+    return getattr(getattr(spec.kernel, "fn", None), "__name__", str(spec.kernel))
+
+
+def _kernel_args(spec: KernelSpec, context, operands: list, results: list) -> list:
+    args = ([context] if spec.pass_context else []) + operands
+    for position, value in spec.scalars:
+        args.insert(position, value)
+    return args + results
+
+
+def _execute_here(spec, row_ptr, operand_ptrs, outs):
+    for i in spec.zeroed:
+        ctypes.memset(outs[i], 0, spec.result_nbytes[i])
+    operands = [Pointer(p, d) for p, d in zip(operand_ptrs, spec.operand_dtypes)]
+    results = [Pointer(p, d) for p, d in zip(outs, spec.result_dtypes)]
+    with _interpreter_lock:
+        run_kernel(spec.kernel, spec.grid, _kernel_args(spec, Pointer(row_ptr, np.int32), operands, results),
+                   spec.constexprs)
+
+
+def _execute_in_worker(rt, rank, spec, row_ptr, operand_ptrs, outs):
+    staging = rt.service("cpu_staging", lambda _: StagingAreas()).for_rank(rank)
+    with staging.lock:
+        layout: dict[int, int] = {}  # pointer -> staged offset
+        needed = 0
+
+        def place(ptr, nbytes):
+            nonlocal needed
+            if ptr not in layout:
+                layout[ptr] = needed
+                needed += (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
+            return layout[ptr]
+
+        def describe(ptr, nbytes, dtype, copy_in):
+            where = rt.heap.locate(ptr) if nbytes else None
+            if where is not None:
+                return ("heap", where[0], where[1], dtype)
+            return ("staged", place(ptr, nbytes), dtype, copy_in)
+
+        operands = [describe(p, n, d, True) for p, n, d in
+                    zip(operand_ptrs, spec.operand_nbytes, spec.operand_dtypes)]
+        results = [describe(p, n, d, False) for p, n, d in zip(outs, spec.result_nbytes, spec.result_dtypes)]
+        area = staging.ensure(needed)
+        for desc, ptr, nbytes in zip(operands, operand_ptrs, spec.operand_nbytes):
+            if desc[0] == "staged" and nbytes:
+                ctypes.memmove(area.address + desc[1], ptr, nbytes)
+        for i in spec.zeroed:
+            ctypes.memset(area.address + results[i][1], 0, spec.result_nbytes[i])
+        args = _kernel_args(spec, ("context",), operands, results)
+        rt.sim_world.call(rank, _run_in_worker, rt.heap.session, area.path, area.size, spec.kernel,
+                          spec.grid, args, spec.constexprs, rank)
+        for desc, ptr, nbytes in zip(results, outs, spec.result_nbytes):
+            if nbytes:
+                ctypes.memmove(ptr, area.address + desc[1], nbytes)
+
+
+def _run_in_worker(state, session, area_path, area_size, kernel, grid, args, constexprs, rank):
+    heap = state.heaps[session]
+    areas = state.cache.setdefault("staging", {})
+    if areas.get(rank, (None,))[0] != area_path:
+        fd = os.open(area_path, os.O_RDWR)
+        try:
+            mapping = mmap.mmap(fd, area_size)
+        finally:
+            os.close(fd)
+        buffer = np.frombuffer(mapping, np.uint8)
+        areas[rank] = (area_path, mapping, buffer)
+    base = int(areas[rank][2].ctypes.data)
+    context = heap.context(rank)
+
+    def resolve(arg):
+        if not isinstance(arg, tuple):
+            return arg
+        if arg[0] == "context":
+            return Pointer(context.ctypes.data, np.int32)
+        if arg[0] == "heap":
+            return Pointer(heap.address(arg[1], arg[2]), arg[3])
+        return Pointer(base + arg[1], arg[2])
+
+    run_kernel(kernel, grid, [resolve(a) for a in args], constexprs)
+
+
+class _Area:
+    def __init__(self, size: int):
+        self.size = size
+        self.path = os.path.join(SHM_DIR, f"iris-staging-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        try:
+            os.ftruncate(fd, size)
+            self.mapping = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        self.buffer = np.frombuffer(self.mapping, np.uint8)
+        self.address = int(self.buffer.ctypes.data)
+
+    def close(self):
+        self.buffer = None
+        try:
+            self.mapping.close()
+        except BufferError:
+            pass
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+
+class _RankStaging:
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.area: _Area | None = None
+
+    def ensure(self, nbytes: int) -> _Area:
+        if self.area is None or self.area.size < nbytes:
+            if self.area is not None:
+                self.area.close()
+            self.area = _Area(max(1 << 20, 1 << max(nbytes - 1, 1).bit_length()))
+        return self.area
+
+
+class StagingAreas:
+    """Per-rank shared-memory areas through which XLA's buffers reach the workers."""
+
+    def __init__(self):
+        self._ranks: dict[int, _RankStaging] = {}
+        self._lock = threading.Lock()
+
+    def for_rank(self, rank: int) -> _RankStaging:
+        with self._lock:
+            return self._ranks.setdefault(rank, _RankStaging())
+
+    def close(self):
+        for staging in self._ranks.values():
+            if staging.area is not None:
+                staging.area.close()

@@ -1,0 +1,234 @@
+"""The iris runtime: one symmetric heap per participating device, in every execution model.
+
+`init()` picks the model from what it finds, without the user choosing:
+
+* launched by `python -m iris_core.sim`: a simulated rank; kernels run in this process
+  under Triton's interpreter, heaps in shared memory;
+* several JAX processes (`jax.distributed.initialize`) on GPUs: one heap per GPU, peers'
+  heaps mapped through CUDA IPC, handles exchanged through JAX's key-value store;
+* one process, GPUs: one heap per GPU, peer access between all pairs;
+* one process, CPU devices only: the CPU simulator, one rank per CPU device (use
+  XLA_FLAGS=--xla_force_host_platform_device_count=N for N ranks); each device's kernels
+  run in a worker process of its rank.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+
+from iris_core.errors import IrisError, RankMismatchError
+from iris_core.heap.allocator import format_bytes
+from iris_core.heap.symmetric import SymmetricHeap
+
+DEFAULT_HEAP_SIZE = int(os.environ.get("IRIS_HEAP_SIZE", 1 << 30))
+DEFAULT_SIM_HEAP_SIZE = int(os.environ.get("IRIS_HEAP_SIZE", 64 << 20))
+
+SIM_LAUNCHED = "sim-launched"
+SIM_WORKERS = "sim-workers"
+GPU_SINGLE = "gpu-single-process"
+GPU_MULTI = "gpu-multi-process"
+
+
+class _DistributedStore:
+    """KeyValueStore over JAX's distributed client."""
+
+    def __init__(self, client):
+        self.client = client
+
+    def set(self, key: str, value: bytes) -> None:
+        self.client.key_value_set_bytes(key, value)
+
+    def get(self, key: str, timeout_s: float) -> bytes:
+        return self.client.blocking_key_value_get_bytes(key, int(timeout_s * 1000))
+
+
+class Runtime:
+    """Heaps, ranks and contexts of the participating devices.
+
+    Attributes:
+      mode: which execution model (one of the module constants).
+      devices: the JAX devices of this process that own a heap, in rank order.
+      world_size: ranks in total (all processes).
+      heap: the SymmetricHeap (bases of every rank as mapped in this process).
+    """
+
+    def __init__(self, heap_size: int | None = None, devices: Sequence[jax.Device] | None = None):
+        from iris_core.sim.env import launched_rank
+
+        launched = launched_rank()
+        self.sim_world = None
+        if launched is not None:
+            self._init_launched_sim(launched, heap_size or DEFAULT_SIM_HEAP_SIZE, devices)
+        elif jax.process_count() > 1:
+            self._init_gpu_multi(heap_size or DEFAULT_HEAP_SIZE, devices)
+        else:
+            local = list(devices) if devices is not None else jax.local_devices()
+            platforms = {d.platform for d in local}
+            if len(platforms) != 1:
+                raise RankMismatchError(f"devices span several platforms {platforms}; pass devices of one kind")
+            if platforms == {"cpu"}:
+                self._init_sim_workers(heap_size or DEFAULT_SIM_HEAP_SIZE, local)
+            else:
+                self._init_gpu_single(heap_size or DEFAULT_HEAP_SIZE, local)
+        self.heap_size = self.heap.heap_size
+        self._rank_of = {d.id: r for d, r in self._device_ranks.items()}
+        self._lock = threading.Lock()
+        self._services: dict[str, object] = {}
+
+    # -- execution models --------------------------------------------------------
+    def _init_launched_sim(self, launched, heap_size, devices):
+        from iris_core.heap.rendezvous import FileStore
+        from iris_core.heap.shared_memory import SharedMemoryHeap
+
+        local = list(devices) if devices is not None else jax.local_devices()
+        if len(local) != 1:
+            raise RankMismatchError(
+                f"a launched simulated rank owns exactly one device, got {len(local)}; do not set "
+                "xla_force_host_platform_device_count under `python -m iris_core.sim`")
+        self.mode = SIM_LAUNCHED
+        self.world_size = launched.world_size
+        self.heap = SharedMemoryHeap(launched.world_size, heap_size, [launched.rank], launched.session,
+                                     FileStore(launched.store_path))
+        self._device_ranks = {local[0]: launched.rank}
+        self.store = FileStore(launched.store_path)
+
+    def _init_sim_workers(self, heap_size, local):
+        from iris_core.sim.world import get_world
+
+        self.mode = SIM_WORKERS
+        self.world_size = len(local)
+        self.sim_world = get_world(self.world_size)
+        self.heap = self.sim_world.create_heaps(heap_size)
+        self._device_ranks = {d: r for r, d in enumerate(local)}
+        self.store = None
+
+    def _init_gpu_single(self, heap_size, local):
+        from iris_core.heap.cuda import CudaHeap
+
+        self.mode = GPU_SINGLE
+        self.world_size = len(local)
+        self.heap = CudaHeap(len(local), heap_size, list(range(len(local))),
+                             [d.local_hardware_id for d in local])
+        self._device_ranks = {d: r for r, d in enumerate(local)}
+        self.store = None
+
+    def _init_gpu_multi(self, heap_size, devices):
+        from jax._src import distributed
+
+        from iris_core.heap.cuda import CudaHeap
+
+        everyone = sorted(jax.devices(), key=lambda d: d.id)
+        local = list(devices) if devices is not None else jax.local_devices()
+        if len(local) != 1:
+            raise RankMismatchError(
+                f"one process per GPU is required for multi-process runs; this process has {len(local)}")
+        rank = everyone.index(local[0])
+        client = distributed.global_state.client
+        if client is None:
+            raise IrisError("jax.process_count() > 1 but no distributed client; call jax.distributed.initialize()")
+        self.mode = GPU_MULTI
+        self.world_size = len(everyone)
+        self.store = _DistributedStore(client)
+        self.heap = CudaHeap(len(everyone), heap_size, [rank], [local[0].local_hardware_id],
+                             store=self.store, session="iris-jax")
+        self._device_ranks = {local[0]: rank}
+
+    # -- ranks and contexts ------------------------------------------------------
+    @property
+    def devices(self) -> list[jax.Device]:
+        return list(self._device_ranks)
+
+    def rank_of(self, device: jax.Device) -> int:
+        try:
+            return self._rank_of[device.id]
+        except KeyError:
+            raise RankMismatchError(
+                f"device {device} has no iris heap; the runtime covers {self.devices}. Run on those "
+                "devices or call iris_jax.init(devices=...) with the devices you use") from None
+
+    def context(self, rank: int) -> np.ndarray:
+        """Rank's context array (int32-packed words)."""
+        return self.heap.context(rank, self.trace_words())
+
+    def context_table(self, devices: Sequence[jax.Device]) -> np.ndarray:
+        """One context row per device, in the given order (e.g. a mesh's flat order)."""
+        return np.stack([self.context(self.rank_of(d)) for d in devices])
+
+    def trace_words(self) -> Sequence[int]:
+        return ()
+
+    def service(self, name: str, factory):
+        """Per-runtime singleton (workspaces, barrier state), created on first use."""
+        with self._lock:
+            if name not in self._services:
+                self._services[name] = factory(self)
+            return self._services[name]
+
+    # -- lifetime -----------------------------------------------------------------
+    def close(self) -> None:
+        for service in self._services.values():
+            close = getattr(service, "close", None)
+            if close is not None:
+                close()
+        self._services.clear()
+        self.heap.close()
+
+    def __repr__(self) -> str:
+        return (f"Runtime(mode={self.mode!r}, world_size={self.world_size}, "
+                f"heap_size={format_bytes(self.heap_size)}, devices={self.devices})")
+
+
+_runtime: Runtime | None = None
+_runtime_lock = threading.Lock()
+
+
+def init(heap_size: int | None = None, devices: Sequence[jax.Device] | None = None) -> Runtime:
+    """Sets up one symmetric heap per participating device and returns the runtime.
+
+    Args:
+      heap_size: bytes per device heap (default 1 GiB on GPUs, 64 MiB on the simulator;
+        environment IRIS_HEAP_SIZE).
+      devices: the devices that get a heap (default: every local device).
+
+    Raises:
+      IrisError: when a runtime with different settings already exists (call shutdown()).
+    """
+    global _runtime
+    with _runtime_lock:
+        if _runtime is not None:
+            if heap_size is not None and heap_size != _runtime.heap_size:
+                raise IrisError(
+                    f"iris is already initialized with heap_size={_runtime.heap_size}; "
+                    f"init(heap_size={heap_size}) conflicts. Call iris_jax.shutdown() first.")
+            if devices is not None and [d.id for d in devices] != [d.id for d in _runtime.devices]:
+                raise IrisError(
+                    f"iris is already initialized on devices {_runtime.devices}; init(devices="
+                    f"{list(devices)}) conflicts. Call iris_jax.shutdown() first.")
+            return _runtime
+        _runtime = Runtime(heap_size, devices)
+        return _runtime
+
+
+def runtime() -> Runtime:
+    """The current runtime, created with default settings on first use."""
+    return _runtime if _runtime is not None else init()
+
+
+def is_initialized() -> bool:
+    return _runtime is not None
+
+
+@atexit.register
+def shutdown() -> None:
+    """Releases every heap and worker mapping; a later call re-initializes."""
+    global _runtime
+    with _runtime_lock:
+        if _runtime is not None:
+            rt, _runtime = _runtime, None
+            rt.close()
