@@ -14,13 +14,14 @@ from iris_jax.arrays import (  # noqa: E402
     randn, to_heap, zeros, zeros_like,
 )
 from iris_jax.call import triton_call  # noqa: E402
-from iris_jax.runtime import Runtime, init, is_initialized, runtime, shutdown  # noqa: E402
+from iris_jax._runtime import Runtime, init, is_initialized, runtime, shutdown  # noqa: E402
+from iris_jax.sync import barrier, check_barrier, device_barrier  # noqa: E402
 
 _cpu_lowering.register()
 
 __all__ = [
     "Context", "DeviceContext", "HeapExhaustedError", "IrisError", "NotOnHeapError", "PeerTimeoutError",
-    "RankMismatchError", "Runtime", "arange", "empty", "empty_like", "full", "full_like", "heap_offset",
+    "RankMismatchError", "Runtime", "arange", "barrier", "check_barrier", "device_barrier", "empty", "empty_like", "full", "full_like", "heap_offset",
     "init", "is_initialized", "is_symmetric", "ones", "ones_like", "rand", "randn", "runtime", "shutdown",
     "to_heap", "triton_call", "zeros", "zeros_like",
 ]

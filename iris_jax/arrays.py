@@ -13,7 +13,7 @@ import numpy as np
 from jax.sharding import Sharding, SingleDeviceSharding
 
 from iris_core.errors import NotOnHeapError
-from iris_jax import runtime as runtime_lib
+from iris_jax import _runtime as runtime_lib
 
 
 class _Allocation:

@@ -28,7 +28,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import mlir
 
 from iris_core.errors import IrisError
-from iris_jax import runtime as runtime_lib
+from iris_jax import _runtime as runtime_lib
 
 
 class IrisKernelEffect(effects.Effect):

@@ -27,7 +27,7 @@ from jax.interpreters import mlir
 from iris_core.errors import NotOnHeapError
 from iris_core.heap.shared_memory import SHM_DIR
 from iris_core.sim.interpreter import Pointer, run_kernel
-from iris_jax import runtime as runtime_lib
+from iris_jax import _runtime as runtime_lib
 from iris_jax._ffi import register_cpu_target
 from iris_jax.call import context_aval, context_operand, iris_triton_call_p
 

@@ -74,6 +74,12 @@ def run_kernel(kernel, grid: Sequence[int], args: Sequence, constexprs: dict | N
     names = list(sig.parameters)
     annotations = {k: str(v) for k, v in kernel.fn.__annotations__.items()}
     is_constexpr = {n for n in names if "constexpr" in annotations.get(n, "")}
+    positional = names[:len(args)]
+    if is_constexpr & set(positional):
+        raise TypeError(
+            f"kernel {kernel.fn.__name__}: constexpr parameters {sorted(is_constexpr & set(positional))} come "
+            "before array or scalar parameters; put them last (jax-triton passes arrays, scalars and "
+            "outputs positionally, constexprs by name)")
     bound = dict(zip(names, args))
     bound.update(constexprs)
     for name, param in sig.parameters.items():

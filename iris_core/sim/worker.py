@@ -12,6 +12,9 @@ def main() -> None:
 
     from iris_core.sim.world import _serve
 
+    # the parent's import path (pytest's rootdirs, sys.path edits): modules whose functions
+    # arrive pickled by reference must import here too
+    sys.path.extend(p for p in os.environ.get("IRIS_SIM_SYS_PATH", "").split(os.pathsep) if p and p not in sys.path)
     address, rank, world_size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     conn = Client(address, family="AF_UNIX", authkey=bytes.fromhex(os.environ["IRIS_SIM_WORKER_AUTH"]))
     _serve(rank, world_size, conn)

@@ -73,7 +73,8 @@ class _Worker:
         authkey = os.urandom(16)
         address = os.path.join(tempfile.gettempdir(), f"iris-w{os.getpid()}-{uuid.uuid4().hex[:8]}")
         listener = Listener(address, family="AF_UNIX", authkey=authkey)
-        env = dict(os.environ, TRITON_INTERPRET="1", JAX_PLATFORMS="cpu", IRIS_SIM_WORKER_AUTH=authkey.hex())
+        env = dict(os.environ, TRITON_INTERPRET="1", JAX_PLATFORMS="cpu", IRIS_SIM_WORKER_AUTH=authkey.hex(),
+                   IRIS_SIM_SYS_PATH=os.pathsep.join(sys.path))  # so functions pickled by reference import
         env.pop("IRIS_SIM_RANK", None)
         try:
             self.process = subprocess.Popen(

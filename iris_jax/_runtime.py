@@ -42,10 +42,10 @@ class _DistributedStore:
         self.client = client
 
     def set(self, key: str, value: bytes) -> None:
-        self.client.key_value_set_bytes(key, value)
+        self.client.key_value_set(key, value.hex())
 
     def get(self, key: str, timeout_s: float) -> bytes:
-        return self.client.blocking_key_value_get_bytes(key, int(timeout_s * 1000))
+        return bytes.fromhex(self.client.blocking_key_value_get(key, int(timeout_s * 1000)))
 
 
 class Runtime:
@@ -78,6 +78,8 @@ class Runtime:
                 self._init_gpu_single(heap_size or DEFAULT_HEAP_SIZE, local)
         self.heap_size = self.heap.heap_size
         self._rank_of = {d.id: r for d, r in self._device_ranks.items()}
+        if self.mode == GPU_MULTI:  # every process's device, for the context tables of global meshes
+            self._rank_of = {d.id: r for r, d in enumerate(sorted(jax.devices(), key=lambda d: d.id))}
         self._lock = threading.Lock()
         self._services: dict[str, object] = {}
 

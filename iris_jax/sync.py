@@ -1,0 +1,101 @@
+"""Synchronization: `barrier()` on the host, `device_barrier(...)` inside jit.
+
+The device barrier uses a small block of every heap (W + 1 int64 slots, one cache line
+each): slot p on my heap holds the last epoch rank p announced to me; slot W my own
+epoch. A call bumps my epoch, publishes it on every peer (release), then waits until
+every peer's slot on my heap reached it (acquire). Epochs only grow, so back-to-back
+barriers need no reset and no host sync. The wait is bounded: past the timeout the
+kernel stops waiting and reports the missing rank.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import triton
+import triton.language as tl
+
+from iris_core.device import Context, global_timer
+from iris_core.errors import PeerTimeoutError
+from iris_jax import _runtime as runtime_lib
+from iris_jax.call import triton_call
+
+SLOT = 16  # int64 words per slot: one 128-byte line each
+DEFAULT_TIMEOUT_S = 60.0
+
+
+class _BarrierArea:
+    def __init__(self, rt):
+        self.offset = rt.heap.allocate((rt.world_size + 1) * SLOT * 8)
+
+
+@triton.jit
+def _device_barrier(context_ptr, after_ptr, status_ptr, AREA_OFFSET: tl.constexpr, TIMEOUT_NS: tl.constexpr,
+                    W: tl.constexpr):
+    ctx = Context.initialize(context_ptr, W)
+    base = tl.load(ctx.heap_bases + ctx.rank)
+    slots = tl.cast(base + AREA_OFFSET, tl.pointer_type(tl.int64))
+    epoch = tl.load(slots + W * SLOT) + 1
+    tl.store(slots + W * SLOT, epoch)
+    for peer in range(W):
+        ctx.atomic_max(slots + ctx.rank * SLOT, epoch, to_rank=peer, sem="release", scope="sys")
+    start = global_timer()
+    missing = tl.full((), -1, tl.int32)
+    for peer in range(W):
+        seen = tl.atomic_add(slots + peer * SLOT, 0, sem="acquire", scope="sys")
+        while (seen < epoch) & (missing < 0):
+            if global_timer() - start > TIMEOUT_NS:
+                missing = peer
+            seen = tl.atomic_add(slots + peer * SLOT, 0, sem="acquire", scope="sys")
+    tl.store(status_ptr, missing)
+
+
+def device_barrier(*arrays, timeout_s: float = DEFAULT_TIMEOUT_S):
+    """Waits, on the devices, until every rank reached this point; returns `arrays` unchanged.
+
+    Use inside `jax.jit(jax.shard_map(...))` between kernels: consumers of the returned
+    arrays run after the barrier. Returns (status, *arrays) where status is -1, or the
+    rank that did not arrive within `timeout_s` (check it with `check_barrier`).
+    """
+    rt = runtime_lib.runtime()
+    area = rt.service("device_barrier", _BarrierArea)
+    # `after` becomes available only once every input is computed: the barrier runs after them
+    after, *arrays = jax.lax.optimization_barrier((jnp.zeros((1,), jnp.int32), *arrays))
+    status = triton_call(after, kernel=_device_barrier, out_shape=jax.ShapeDtypeStruct((1,), jnp.int32),
+                         grid=(1,), AREA_OFFSET=area.offset, TIMEOUT_NS=int(timeout_s * 1e9), W=rt.world_size)
+    return jax.lax.optimization_barrier((status, *arrays))
+
+
+def check_barrier(status) -> None:
+    """Raises PeerTimeoutError if a device barrier's status names a missing rank."""
+    values = np.asarray(status).reshape(-1)
+    missing = sorted({int(v) for v in values if v >= 0})
+    if missing:
+        raise PeerTimeoutError(f"device barrier timed out waiting for rank(s) {missing}")
+
+
+def barrier() -> None:
+    """Host barrier: waits for this process's device work, then for every process."""
+    rt = runtime_lib.runtime()
+    if rt.mode.startswith("gpu"):
+        import torch
+
+        for d in rt.devices:
+            torch.cuda.synchronize(d.local_hardware_id)
+    jax.effects_barrier()
+    if rt.mode == runtime_lib.GPU_MULTI:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices("iris_jax.barrier")
+    elif rt.mode == runtime_lib.SIM_LAUNCHED:
+        _store_barrier(rt)
+
+
+def _store_barrier(rt) -> None:
+    generation = rt.service("host_barrier", lambda _: [0])
+    generation[0] += 1
+    rank = rt.rank_of(rt.devices[0])
+    rt.store.set(f"iris/barrier/{generation[0]}/{rank}", b"1")
+    for peer in range(rt.world_size):
+        rt.store.get(f"iris/barrier/{generation[0]}/{peer}", DEFAULT_TIMEOUT_S)

@@ -1,0 +1,59 @@
+"""Kernels shared by the GPU tests (each also runs on the simulator)."""
+
+import triton
+import triton.language as tl
+
+from iris_core.device import Context
+
+
+@triton.jit
+def ring_store(context_ptr, buf_ptr, x_ptr, n, out_ptr, W: tl.constexpr, BLOCK: tl.constexpr, HINT: tl.constexpr):
+    """Stores x into the next rank's buf; out = local x * 2 + rank."""
+    ctx = Context.initialize(context_ptr, W)
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    x = tl.load(x_ptr + offs, mask=m)
+    ctx.store(buf_ptr + offs, x, to_rank=(ctx.rank + 1) % W, mask=m, hint=HINT)
+    tl.store(out_ptr + offs, x * 2 + ctx.rank, mask=m)
+
+
+@triton.jit
+def ring_load(context_ptr, buf_ptr, n, out_ptr, W: tl.constexpr, BLOCK: tl.constexpr):
+    """out = the previous rank's buf."""
+    ctx = Context.initialize(context_ptr, W)
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    tl.store(out_ptr + offs, ctx.load(buf_ptr + offs, from_rank=(ctx.rank + W - 1) % W, mask=m, other=0), mask=m)
+
+
+@triton.jit
+def read_local(context_ptr, buf_ptr, n, out_ptr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    tl.store(out_ptr + offs, tl.load(buf_ptr + offs, mask=m, volatile=True), mask=m)
+
+
+@triton.jit
+def hammer(context_ptr, counter_ptr, out_ptr, ITERS: tl.constexpr, W: tl.constexpr):
+    """Every program of every rank adds 1 to rank 0's counter ITERS times."""
+    ctx = Context.initialize(context_ptr, W)
+    for _ in range(ITERS):
+        ctx.atomic_add(counter_ptr, 1, to_rank=0, sem="relaxed")
+    tl.store(out_ptr + tl.program_id(0), ctx.rank)
+
+
+@triton.jit
+def ping_pong(context_ptr, flag_ptr, data_ptr, out_ptr, ROUNDS: tl.constexpr, W: tl.constexpr):
+    """Rank 0 and 1 pass a counter back and forth ROUNDS times through flags."""
+    ctx = Context.initialize(context_ptr, W)
+    peer = 1 - ctx.rank
+    value = 0
+    for r in range(ROUNDS):
+        if (r % 2) == ctx.rank:  # my turn to send
+            ctx.store(data_ptr + r, value + 1, to_rank=peer)
+            ctx.atomic_xchg(flag_ptr + r, 1, to_rank=peer, sem="release")
+        else:
+            while tl.atomic_add(flag_ptr + r, 0, sem="acquire", scope="sys") == 0:
+                pass
+            value = tl.load(data_ptr + r, volatile=True)
+    tl.store(out_ptr, value)

@@ -1,0 +1,69 @@
+"""One process per GPU: run by test_gpu_multiprocess.py as `python mp_script.py PROCESS_ID PORT`."""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+def main():
+    import jax
+
+    process_id, port = int(sys.argv[1]), sys.argv[2]
+    jax.distributed.initialize(f"localhost:{port}", num_processes=2, process_id=process_id,
+                               local_device_ids=[process_id])
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    import iris_jax
+    from tests.gpu.kernels import hammer, ping_pong, read_local, ring_store
+
+    rt = iris_jax.init(heap_size=1 << 28)
+    assert rt.mode == "gpu-multi-process", rt.mode
+    W = rt.world_size
+    mesh = jax.make_mesh((W,), ("i",))
+    sh = NamedSharding(mesh, P("i"))
+
+    def smap(f, n_in):
+        return jax.jit(jax.shard_map(f, mesh=mesh, in_specs=(P("i"),) * n_in, out_specs=P("i")))
+
+    def local_values(a):
+        return np.asarray(a.addressable_shards[0].data)
+
+    n = 4097
+    buf = iris_jax.full((W * n,), -7.0, jnp.float32, sharding=sh)
+    assert iris_jax.is_symmetric(buf)
+    x = jax.make_array_from_callback((W * n,), sh, lambda idx: np.arange(W * n, dtype=np.float32)[idx])
+    out_t = jax.ShapeDtypeStruct((n,), jnp.float32)
+    out = smap(lambda b, x: iris_jax.triton_call(b, x, n, kernel=ring_store, out_shape=out_t, grid=(5,), W=W,
+                                                  BLOCK=1024, HINT=16, symmetric=(0,)), 2)(buf, x)
+    me = process_id
+    mine = np.arange(W * n, dtype=np.float32).reshape(W, n)
+    np.testing.assert_allclose(local_values(out), mine[me] * 2 + me)
+    iris_jax.barrier()
+    got = smap(lambda b: iris_jax.triton_call(b, n, kernel=read_local, out_shape=out_t, grid=(5,), BLOCK=1024), 1)(buf)
+    np.testing.assert_array_equal(local_values(got), mine[(me - 1) % W])
+
+    counter = iris_jax.zeros((W * 64,), jnp.int32, sharding=sh)
+    smap(lambda c: iris_jax.triton_call(c, kernel=hammer, out_shape=jax.ShapeDtypeStruct((132,), jnp.int32),
+                                         grid=(132,), ITERS=100, W=W, symmetric=(0,)), 1)(counter).block_until_ready()
+    iris_jax.barrier()
+    total = smap(lambda b: iris_jax.triton_call(b, 64, kernel=read_local, out_shape=jax.ShapeDtypeStruct((64,), jnp.int32),
+                                                 grid=(1,), BLOCK=64), 1)(counter)
+    if me == 0:
+        assert int(local_values(total)[0]) == W * 132 * 100, local_values(total)[0]
+
+    flags = iris_jax.zeros((W * 128,), jnp.int32, sharding=sh)
+    data = iris_jax.zeros((W * 128,), jnp.int32, sharding=sh)
+    res = smap(lambda f, d: iris_jax.triton_call(f, d, kernel=ping_pong, out_shape=jax.ShapeDtypeStruct((1,), jnp.int32),
+                                                  grid=(1,), ROUNDS=101, W=W, symmetric=(0, 1)), 2)(flags, data)
+    assert int(local_values(res)[0]) == (101 if me == 0 else 100), local_values(res)
+    iris_jax.barrier()
+    print(f"process {me}: OK")
+    iris_jax.shutdown()
+
+
+if __name__ == "__main__":
+    main()
