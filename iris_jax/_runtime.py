@@ -95,8 +95,10 @@ class Runtime:
                 "xla_force_host_platform_device_count under `python -m iris_core.sim`")
         self.mode = SIM_LAUNCHED
         self.world_size = launched.world_size
+        # seconds to wait for every peer's heap (environment IRIS_RENDEZVOUS_TIMEOUT, default 120)
+        timeout_s = float(os.environ.get("IRIS_RENDEZVOUS_TIMEOUT", 120))
         self.heap = SharedMemoryHeap(launched.world_size, heap_size, [launched.rank], launched.session,
-                                     FileStore(launched.store_path))
+                                     FileStore(launched.store_path), timeout_s=timeout_s)
         self._device_ranks = {local[0]: launched.rank}
         self.store = FileStore(launched.store_path)
 

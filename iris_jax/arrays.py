@@ -76,7 +76,10 @@ def _wrap(rt, rank, owner, shape, dtype, device, value):
         if nbytes == 0:
             array = jnp.zeros(shape, dtype, device=device)
     else:
-        raw = np.asarray(_HostBytes(address, max(nbytes, 1), owner))[:nbytes]
+        # the view exports the heap's mapping, which then outlives heap.close() (shutdown) as
+        # long as this array does; a bare address would dangle once the heap is unmapped
+        mapped = rt.heap.host_view(rank, owner.offset, (max(nbytes, 1),), np.uint8)
+        raw = np.asarray(_HostBytes(address, max(nbytes, 1), (owner, mapped)))[:nbytes]
         host = raw.view(dtype).reshape(shape)
         if value is not None:
             host[...] = np.asarray(value)

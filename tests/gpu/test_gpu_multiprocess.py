@@ -10,16 +10,33 @@ import pytest
 pytestmark = pytest.mark.gpu
 
 
-def test_two_processes():
+def test_two_processes(tmp_path):
     with socket.socket() as s:
         s.bind(("localhost", 0))
         port = s.getsockname()[1]
     script = os.path.join(os.path.dirname(__file__), "mp_script.py")
-    env = dict(os.environ, IRIS_TEST_GPU="1")
-    env.pop("JAX_PLATFORMS", None)
-    procs = [subprocess.Popen([sys.executable, script, str(i), str(port)], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for i in range(2)]
-    outputs = [p.communicate(timeout=300)[0] for p in procs]
+    procs, logs = [], []
+    for i in range(2):
+        # one GPU per process: each sees its GPU as device 0; peers' heaps arrive through CUDA IPC
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(i), XLA_PYTHON_CLIENT_MEM_FRACTION="0.5")
+        env.pop("JAX_PLATFORMS", None)
+        log = open(tmp_path / f"process{i}.log", "w+")
+        logs.append(log)
+        procs.append(subprocess.Popen([sys.executable, script, str(i), str(port)], env=env, stdout=log,
+                                      stderr=subprocess.STDOUT, text=True))
+    try:
+        for p in procs:
+            p.wait(timeout=240)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    outputs = []
+    for log in logs:
+        log.seek(0)
+        outputs.append(log.read())
+        log.close()
     for i, (p, out) in enumerate(zip(procs, outputs)):
-        assert p.returncode == 0, f"process {i} failed:\n{out[-4000:]}"
+        assert p.returncode == 0, f"process {i} failed (exit {p.returncode}):\n{out[-6000:]}"
         assert f"process {i}: OK" in out

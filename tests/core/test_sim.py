@@ -1,0 +1,303 @@
+"""The CPU simulator: SimWorld failure handling and recovery, and the script launcher."""
+
+import glob
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+import triton
+import triton.language as tl
+
+from iris_core.device import Context
+from iris_core.errors import PeerTimeoutError, SimulatedRankError
+from iris_core.heap.shared_memory import SHM_DIR
+from iris_core.sim import get_world, launch
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+# -- rank-side functions and kernels ------------------------------------------------
+
+
+def rank_and_size(state):
+    return state.rank, state.world_size
+
+
+def raise_on(state, bad_rank):
+    if state.rank == bad_rank:
+        raise ValueError(f"boom from rank {state.rank}")
+    return state.rank
+
+
+def exit_on(state, bad_rank):
+    if state.rank == bad_rank:
+        os._exit(3)
+    return state.rank
+
+
+@triton.jit
+def wait_for_flag_kernel(flag_ptr):
+    while tl.atomic_add(flag_ptr, 0, sem="acquire", scope="sys") == 0:
+        pass
+
+
+def wait_for_flag_or_raise(state, session, flag_off, bad_rank):
+    """Every rank but `bad_rank` waits for a flag that only `bad_rank` would set; it raises."""
+    if state.rank == bad_rank:
+        time.sleep(0.5)  # let the others start spinning
+        raise RuntimeError("failed before setting the flag")
+    heap = state.heap(session)
+    launch(wait_for_flag_kernel, (1,), heap.host_view(state.rank, flag_off, (1,), np.int32))
+
+
+def hang_on(state, session, flag_off, hung_rank):
+    """`hung_rank` spins on its own flag, which no one sets; the others return."""
+    if state.rank == hung_rank:
+        heap = state.heap(session)
+        launch(wait_for_flag_kernel, (1,), heap.host_view(state.rank, flag_off, (1,), np.int32))
+    return state.rank
+
+
+def read_heap(state, session, offset, count):
+    heap = state.heap(session)
+    return [heap.host_view(r, offset, (count,), np.int32).copy() for r in range(state.world_size)]
+
+
+def attached_sessions(state):
+    return sorted(state.heaps)
+
+
+def default_heap_or_error(state):
+    try:
+        state.heap()
+    except RuntimeError as e:
+        return str(e)
+    return None
+
+
+# -- SimWorld -------------------------------------------------------------------------
+
+
+def test_run_returns_results_by_rank_and_call_runs_one_rank():
+    world = get_world(3)
+    assert world.run(rank_and_size) == [(0, 3), (1, 3), (2, 3)]
+    assert world.call(2, rank_and_size) == (2, 3)
+    assert world.call(0, raise_on, 1) == 0
+
+
+def test_rank_error_names_the_rank_and_its_traceback_then_world_recovers():
+    world = get_world(3)
+    with pytest.raises(SimulatedRankError) as info:
+        world.run(raise_on, 1)
+    message = str(info.value)
+    assert "simulated rank 1 raised ValueError: boom from rank 1" in message
+    assert "--- rank 1 traceback ---" in message
+    assert "Traceback (most recent call last)" in message
+    assert "in raise_on" in message and __file__ in message
+    assert world.run(rank_and_size) == [(0, 3), (1, 3), (2, 3)]
+    with pytest.raises(SimulatedRankError, match="simulated rank 0 raised ValueError"):
+        world.call(0, raise_on, 0)
+    assert world.run(raise_on, -1) == [0, 1, 2]
+
+
+def test_rank_error_releases_peers_blocked_on_it(sim_heap):
+    world = get_world(3)
+    heap = sim_heap(3, 1 << 16)
+    flag_off = heap.allocate(4)
+    for r in range(3):
+        heap.host_view(r, flag_off, (1,), np.int32)[:] = 0
+    start = time.monotonic()
+    with pytest.raises(SimulatedRankError, match="simulated rank 2 raised RuntimeError: failed before setting"):
+        world.run(wait_for_flag_or_raise, heap.session, flag_off, 2, timeout_s=60)
+    assert time.monotonic() - start < 30  # reported at once, not at the timeout
+    assert world.run(rank_and_size) == [(0, 3), (1, 3), (2, 3)]
+
+
+def test_dead_rank_is_reported_and_world_recovers():
+    world = get_world(2)
+    with pytest.raises(SimulatedRankError, match=r"simulated rank 1 died \(exit code 3\)"):
+        world.run(exit_on, 1)
+    assert world.run(rank_and_size) == [(0, 2), (1, 2)]
+
+
+def test_hung_rank_times_out_and_world_recovers_with_its_heaps(sim_heap):
+    world = get_world(3)
+    heap = sim_heap(3, 1 << 16)
+    flag_off, data_off = heap.allocate(4), heap.allocate(16)
+    for r in range(3):
+        heap.host_view(r, flag_off, (1,), np.int32)[:] = 0
+        heap.host_view(r, data_off, (4,), np.int32)[:] = np.arange(4) + 10 * r
+    start = time.monotonic()
+    with pytest.raises(PeerTimeoutError) as info:
+        world.run(hang_on, heap.session, flag_off, 1, timeout_s=5)
+    elapsed = time.monotonic() - start
+    assert 5 <= elapsed < 30
+    assert "simulated rank(s) [1] did not finish within 5 s" in str(info.value)
+    # fresh workers, the heap mapped again: they see what the parent wrote
+    views = world.run(read_heap, heap.session, data_off, 4)
+    for seen in views:
+        for r in range(3):
+            np.testing.assert_array_equal(seen[r], np.arange(4) + 10 * r)
+    assert world.run(hang_on, heap.session, flag_off, -1, timeout_s=60) == [0, 1, 2]
+
+
+def test_closing_a_heap_detaches_it_everywhere_and_removes_its_segments():
+    world = get_world(2)
+    heap = world.create_heaps(1 << 16)
+    paths = [os.path.join(SHM_DIR, f"iris-{heap.session}-r{r}") for r in range(2)]
+    assert all(os.path.exists(p) for p in paths)
+    assert all(heap.session in sessions for sessions in world.run(attached_sessions))
+    heap.close()
+    assert heap.closed
+    assert not any(os.path.exists(p) for p in paths)
+    assert not any(heap.session in sessions for sessions in world.run(attached_sessions))
+    heap.close()  # idempotent
+
+
+def test_rank_state_needs_a_session_name_with_several_heaps():
+    world = get_world(2)
+    with world.create_heaps(1 << 16), world.create_heaps(1 << 16):
+        messages = world.run(default_heap_or_error)
+    assert all(m is not None and "heaps attached; name one" in m for m in messages)
+
+
+# -- the launcher ---------------------------------------------------------------------
+
+
+def run_launcher(tmp_path, script: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    path = tmp_path / "script.py"
+    path.write_text(textwrap.dedent(script))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+    return subprocess.run([sys.executable, "-m", "iris_core.sim", *args, str(path)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_launcher_runs_every_rank_and_prefixes_output(tmp_path):
+    result = run_launcher(tmp_path, """
+        import os
+        print(f"hello from {os.environ['IRIS_SIM_RANK']} of {os.environ['IRIS_SIM_WORLD_SIZE']}"
+              f" session={os.environ['IRIS_SIM_SESSION']} interpret={os.environ['TRITON_INTERPRET']}")
+    """, "-n", "3")
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert len(lines) == 3
+    sessions = set()
+    for rank in range(3):
+        line = next(line for line in lines if line.startswith(f"[rank {rank}] "))
+        assert f"hello from {rank} of 3" in line and "interpret=1" in line
+        sessions.add(line.split("session=")[1].split()[0])
+    assert len(sessions) == 1
+
+
+FAILING_SCRIPT = """
+    import os, sys, time
+    from iris_core.heap.rendezvous import FileStore
+    from iris_core.heap.shared_memory import SharedMemoryHeap, segment_path
+    from iris_core.sim.env import launched_rank
+
+    me = launched_rank()
+    heap = SharedMemoryHeap(me.world_size, 1 << 16, [me.rank], me.session, FileStore(me.store_path))
+    with open(f"pid{me.rank}.tmp", "w") as f:
+        f.write(str(os.getpid()))
+    os.replace(f"pid{me.rank}.tmp", f"pid{me.rank}")
+    print("segment", segment_path(me.session, me.rank), "store", me.store_path, flush=True)
+    if me.rank == 1:
+        while not all(os.path.exists(f"pid{r}") for r in range(me.world_size)):
+            time.sleep(0.01)  # every rank is up, its segment made, before the failure
+        raise RuntimeError("rank 1 fails on purpose")
+    time.sleep(600)
+"""
+
+
+def test_launcher_stops_every_rank_and_cleans_up_when_one_fails(tmp_path):
+    before = set(os.listdir(SHM_DIR))
+    start = time.monotonic()
+    result = run_launcher(tmp_path, FAILING_SCRIPT, "-n", "3")
+    assert time.monotonic() - start < 60
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output
+    assert "[rank 1] RuntimeError: rank 1 fails on purpose" in result.stdout
+    assert "[iris.sim] rank 1 exited with status 1; stopping the others" in result.stderr
+    segments = [line.split()[2] for line in result.stdout.splitlines() if " segment " in line]
+    stores = {line.split()[4] for line in result.stdout.splitlines() if " segment " in line}
+    assert len(segments) == 3 and len(stores) == 1, output
+    # the other ranks were stopped ...
+    for rank in (0, 2):
+        pid = int((tmp_path / f"pid{rank}").read_text())
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    # ... and nothing of the run is left: segments (rank 0 and 2 never closed theirs), store
+    assert not any(os.path.exists(p) for p in segments)
+    assert not os.path.exists(stores.pop())
+    left = {name for name in set(os.listdir(SHM_DIR)) - before if name.startswith("iris-")}
+    session_prefix = os.path.basename(segments[0]).rsplit("-r", 1)[0]
+    assert not [name for name in left if name.startswith(session_prefix)]
+
+
+def test_launcher_timeout_stops_a_hung_run(tmp_path):
+    start = time.monotonic()
+    result = run_launcher(tmp_path, "import time\ntime.sleep(600)\n", "-n", "2", "--timeout", "3")
+    assert result.returncode == 124
+    assert "[iris.sim] timeout after 3 s; ranks still running: [0, 1]" in result.stderr
+    assert time.monotonic() - start < 60
+
+
+CROSS_RANK_SCRIPT = """
+    import sys
+    import numpy as np
+    import triton
+    import triton.language as tl
+    from iris_core.device import Context
+    from iris_core.heap.rendezvous import FileStore
+    from iris_core.heap.shared_memory import SharedMemoryHeap
+    from iris_core.sim import launch
+    from iris_core.sim.env import launched_rank
+
+    BLOCK, N = 16, 11
+
+    @triton.jit
+    def to_next_rank(context_ptr, x_ptr, flag_ptr, n, W: tl.constexpr, BLOCK: tl.constexpr):
+        ctx = Context.initialize(context_ptr, W)
+        offs = tl.arange(0, BLOCK)
+        ctx.store(x_ptr + offs, ctx.rank * 1000 + offs, (ctx.rank + 1) % W, mask=offs < n)
+        ctx.atomic_add(flag_ptr, 1, (ctx.rank + 1) % W, sem="release")
+        while tl.atomic_add(flag_ptr, 0, sem="acquire", scope="sys") == 0:
+            pass
+
+    def barrier(store, me, name):
+        store.set(f"{name}/{me.rank}", b"1")
+        for r in range(me.world_size):
+            store.get(f"{name}/{r}", 60)
+
+    me = launched_rank()
+    store = FileStore(me.store_path)
+    with SharedMemoryHeap(me.world_size, 1 << 16, [me.rank], me.session, store) as heap:
+        x_off, flag_off = heap.allocate(BLOCK * 4), heap.allocate(4)  # same order: same offsets everywhere
+        x = heap.host_view(me.rank, x_off, (BLOCK,), np.int32)
+        flag = heap.host_view(me.rank, flag_off, (1,), np.int32)
+        x[:] = -1
+        flag[:] = 0
+        barrier(store, me, "poisoned")  # no peer writes into my heap before I poisoned it
+        launch(to_next_rank, (1,), heap.context(me.rank), x, flag, N, W=me.world_size, BLOCK=BLOCK)
+        prev = (me.rank - 1) % me.world_size
+        expected = np.where(np.arange(BLOCK) < N, prev * 1000 + np.arange(BLOCK), -1)
+        ok = np.array_equal(x, expected) and flag[0] == 1
+        print(f"received {x.tolist()} from rank {prev}: {'ok' if ok else 'WRONG'}")
+        barrier(store, me, "done")
+    sys.exit(0 if ok else 1)
+"""
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_launched_ranks_share_heaps_and_store_across_ranks(tmp_path, world_size):
+    result = run_launcher(tmp_path, CROSS_RANK_SCRIPT, "-n", str(world_size))
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    for rank in range(world_size):
+        prev = (rank - 1) % world_size
+        values = [prev * 1000 + i if i < 11 else -1 for i in range(16)]
+        assert f"[rank {rank}] received {values} from rank {prev}: ok" in result.stdout, output

@@ -1,0 +1,92 @@
+"""The global runtime: init/shutdown/runtime, lazy creation, execution models, peer timeouts."""
+
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import iris_jax
+from tests.jax.helpers import TEST_HEAP, run_python, use_runtime
+
+
+def test_init_twice_returns_the_same_runtime():
+    rt = use_runtime(2)
+    assert iris_jax.is_initialized()
+    assert iris_jax.init() is rt
+    assert iris_jax.init(heap_size=TEST_HEAP) is rt
+    assert iris_jax.init(devices=jax.devices()[:2]) is rt
+    assert iris_jax.init(heap_size=TEST_HEAP, devices=jax.devices()[:2]) is rt
+    assert iris_jax.runtime() is rt
+
+
+def test_runtime_describes_the_simulator():
+    rt = use_runtime(2)
+    assert rt.mode == "sim-workers"
+    assert rt.world_size == 2 and rt.heap_size == TEST_HEAP
+    assert rt.devices == jax.devices()[:2]
+    assert [rt.rank_of(d) for d in jax.devices()[:2]] == [0, 1]
+    assert rt.heap.world_size == 2 and len(rt.heap.heap_bases) == 2
+    with pytest.raises(iris_jax.RankMismatchError):
+        rt.rank_of(jax.devices()[2])
+    assert "sim-workers" in repr(rt)
+
+
+def test_conflicting_init_raises_and_names_shutdown():
+    rt = use_runtime(2)
+    with pytest.raises(iris_jax.IrisError, match=r"shutdown\(\)") as info:
+        iris_jax.init(heap_size=TEST_HEAP * 2)
+    assert str(TEST_HEAP) in str(info.value)
+    with pytest.raises(iris_jax.IrisError, match=r"shutdown\(\)"):
+        iris_jax.init(devices=jax.devices()[:3])
+    assert iris_jax.runtime() is rt  # still the same, still usable
+    assert iris_jax.is_symmetric(iris_jax.zeros((3,), device=jax.devices()[1]))
+
+
+def test_shutdown_then_init_with_other_settings():
+    rt = use_runtime(2)
+    iris_jax.shutdown()
+    assert not iris_jax.is_initialized()
+    assert rt.heap.closed
+    iris_jax.shutdown()  # idempotent
+    rt2 = iris_jax.init(heap_size=TEST_HEAP * 2, devices=jax.devices()[:2])
+    assert rt2 is not rt and rt2.heap_size == TEST_HEAP * 2
+    a = iris_jax.arange(6, dtype=jnp.int32, device=jax.devices()[1])
+    assert iris_jax.is_symmetric(a)
+    np.testing.assert_array_equal(np.asarray(a), np.arange(6))
+    iris_jax.shutdown()
+    rt3 = use_runtime(2)
+    assert rt3.heap_size == TEST_HEAP and rt3 is iris_jax.runtime()
+
+
+def test_arrays_survive_shutdown_of_their_runtime():
+    use_runtime(2)
+    a = iris_jax.full((5,), 3.0, jnp.float32, device=jax.devices()[0])
+    iris_jax.shutdown()
+    np.testing.assert_array_equal(np.asarray(a), np.full(5, 3.0))  # the mapping lives with the array
+    assert not iris_jax.is_symmetric(a)  # no runtime: nothing is symmetric
+    del a
+
+
+def test_lazy_default_runtime():
+    """A triton_call without init() creates the default runtime (fresh process, 2 devices)."""
+    result = run_python(["tests/jax/lazy_runtime.py"], timeout=180,
+                        XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    assert result.returncode == 0, result.stdout
+    assert "OK lazy runtime" in result.stdout
+
+
+@pytest.mark.parametrize("mode", ["init", "lazy"])
+def test_missing_peer_times_out(mode):
+    """A launched rank whose peer never initializes fails with PeerTimeoutError, in bounded time."""
+    start = time.monotonic()
+    result = run_python(["-m", "iris_core.sim", "-n", "2", "tests/jax/launched_peer_missing.py", mode], timeout=120,
+                        IRIS_RENDEZVOUS_TIMEOUT="2")
+    elapsed = time.monotonic() - start
+    assert result.returncode != 0, result.stdout
+    assert "PeerTimeoutError" in result.stdout, result.stdout
+    assert "not published within 2 s" in result.stdout, result.stdout
+    assert "did not start or did not initialize its heap" in result.stdout
+    assert "unexpected" not in result.stdout
+    assert elapsed < 60, elapsed
