@@ -25,7 +25,8 @@ def have_gpus() -> bool:
 def setup(cpu_devices: int = 4) -> None:
     """Picks GPUs or the CPU simulator; call before `import jax`."""
     if not have_gpus():
-        os.environ.setdefault("JAX_PLATFORMS", "cpu")
+        if not os.environ.get("JAX_PLATFORMS"):
+            os.environ["JAX_PLATFORMS"] = "cpu"
         flags = os.environ.get("XLA_FLAGS", "")
         if "xla_force_host_platform_device_count" not in flags:
             os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={cpu_devices}".strip()

@@ -14,12 +14,16 @@ from iris_jax.arrays import (  # noqa: E402
     randn, to_heap, zeros, zeros_like,
 )
 from iris_jax.call import triton_call  # noqa: E402
+from iris_jax.collectives import (  # noqa: E402
+    all_gather, all_reduce, all_to_all, broadcast, pmax, pmin, ppermute, psum, psum_scatter,
+)
 from iris_jax._runtime import Runtime, init, is_initialized, runtime, shutdown  # noqa: E402
 from iris_jax.sync import barrier, check_barrier, device_barrier  # noqa: E402
 
 _cpu_lowering.register()
 
 __all__ = [
+    "all_gather", "all_reduce", "all_to_all", "broadcast", "pmax", "pmin", "ppermute", "psum", "psum_scatter",
     "Context", "DeviceContext", "HeapExhaustedError", "IrisError", "NotOnHeapError", "PeerTimeoutError",
     "RankMismatchError", "Runtime", "arange", "barrier", "check_barrier", "device_barrier", "empty", "empty_like", "full", "full_like", "heap_offset",
     "init", "is_initialized", "is_symmetric", "ones", "ones_like", "rand", "randn", "runtime", "shutdown",

@@ -85,7 +85,9 @@ def triton_call(*args: Any, kernel, out_shape, grid, name: str = "",
                 num_stages: int | None = None, num_ctas: int = 1, compute_capability: int | None = None,
                 enable_fp_fusion: bool = True, input_output_aliases: dict[int, int] | None = None,
                 zeroed_outputs: Sequence[int] | Callable = (), debug: bool = False,
-                serialized_metadata: bytes = b"", symmetric: Sequence[int] = (), **metaparams: Any):
+                serialized_metadata: bytes = b"", symmetric: Sequence[int] = (),
+                group_axes: tuple[str, ...] | None = None, out_varying: tuple[str, ...] | None = None,
+                **metaparams: Any):
     """Calls a Triton kernel whose first parameter receives the iris context.
 
     Same arguments as `jax_triton.triton_call` (the context is not among `args`; indices
@@ -95,6 +97,11 @@ def triton_call(*args: Any, kernel, out_shape, grid, name: str = "",
       symmetric: indices of `args` that must be arrays on the symmetric heap (the kernel
         translates their pointers to peers). A concrete array that is not raises
         NotOnHeapError before anything runs; the simulator also checks inside jit.
+      group_axes: mesh axes forming a communication group; the kernel then receives, right
+        after the context, an int32 array [my index in the group, global rank of member 0,
+        ..., member G-1] (members in the order of `lax.axis_index(group_axes)`).
+      out_varying: mesh axes the outputs vary over (default: every manual axis); a
+        collective whose result is the same across an axis leaves that axis out.
     """
     rt = runtime_lib.runtime()
     out_shape = tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), out_shape)
@@ -114,9 +121,9 @@ def triton_call(*args: Any, kernel, out_shape, grid, name: str = "",
     positions = [i for i, a in enumerate(flat_args) if not isinstance(a, (bool, int, float, np.float32))]
     symmetric_operands = tuple(sorted(positions.index(i) for i in symmetric))
     axes = _manual_axes()
-    device_index = lax.axis_index(axes) if axes else jnp.zeros((), jnp.int32)
-    if axes:
-        array_args = [_vary(a, axes) for a in array_args]
+    varying = axes if out_varying is None else tuple(a for a in axes if a in out_varying)
+    # the outputs' avals are derived from this operand's, so it carries their varying axes
+    device_index = _vary(jnp.zeros((), jnp.int32), varying) if varying else jnp.zeros((), jnp.int32)
     out_flat = iris_triton_call_p.bind(
         device_index, *array_args,
         fn=kernel, scalar_args=tuple(scalar_args), name=name,
@@ -125,7 +132,7 @@ def triton_call(*args: Any, kernel, out_shape, grid, name: str = "",
         compute_capability=compute_capability, enable_fp_fusion=enable_fp_fusion,
         input_output_aliases=tuple((i + 1, o) for i, o in (input_output_aliases or {}).items()),
         zeroed_outputs=zeroed_outputs, debug=debug, serialized_metadata=serialized_metadata,
-        symmetric=symmetric_operands, **metaparams)
+        symmetric=symmetric_operands, group_axes=tuple(group_axes) if group_axes else None, **metaparams)
     return tree_util.tree_unflatten(out_tree, out_flat)
 
 
@@ -167,17 +174,16 @@ def devices_of(ctx) -> list:
     raise IrisError(f"cannot place an iris kernel in axis context {type(axis_context).__name__}")
 
 
-def context_operand(ctx):
-    """Lowers the selection of this device's context row from the per-device table.
+def per_device_operand(ctx, table: np.ndarray):
+    """Lowers `table[partition_id]`: one int32 row per device of the computation.
 
-    The table is a constant in partition order; the row is picked by `partition_id`, which
-    in a fully manual shard_map is the device's linear position in the mesh.
+    In a fully manual shard_map the partition id is the device's linear position in the
+    mesh; a single-device computation uses the one row as a constant.
     """
     from jax._src.lib.mlir.dialects import hlo
 
-    table = runtime_lib.runtime().context_table(devices_of(ctx))
     if table.shape[0] == 1:
-        return mlir.ir_constant(table[0])
+        return mlir.ir_constant(np.ascontiguousarray(table[0]))
     index = hlo.convert(mlir.ir.RankedTensorType.get([], mlir.ir.IntegerType.get_signless(32)),
                         hlo.partition_id())
     row_aval = core.ShapedArray(table.shape[1:], np.int32)
@@ -186,18 +192,66 @@ def context_operand(ctx):
     return row
 
 
+def context_operand(ctx):
+    """This device's context row (see per_device_operand)."""
+    return per_device_operand(ctx, runtime_lib.runtime().context_table(devices_of(ctx)))
+
+
+def group_table(ctx, group_axes: tuple[str, ...]) -> np.ndarray:
+    """Per device: [index in its group over `group_axes`, global ranks of the group's members]."""
+    from jax._src.sharding_impls import SPMDAxisContext
+
+    rt = runtime_lib.runtime()
+    axis_context = ctx.module_context.axis_context
+    if not isinstance(axis_context, SPMDAxisContext):
+        raise IrisError(f"collectives over {group_axes} must run inside jax.shard_map")
+    mesh = axis_context.mesh
+    names = list(mesh.axis_names)
+    for a in group_axes:
+        if a not in names:
+            raise NameError(f"unbound axis name: {a} (mesh axes: {tuple(names)})")
+    devices = mesh.devices
+    order = [names.index(a) for a in group_axes]
+    rows = []
+    for position in np.ndindex(devices.shape):
+        members = []
+        for member in np.ndindex(*[devices.shape[i] for i in order]):
+            p = list(position)
+            for axis, coord in zip(order, member):
+                p[axis] = coord
+            members.append(rt.rank_of(devices[tuple(p)]))
+        index = int(np.ravel_multi_index([position[i] for i in order], [devices.shape[i] for i in order]))
+        rows.append([index, *members])
+    return np.asarray(rows, np.int32)
+
+
+def extra_operands(ctx, group_axes):
+    """Operands prepended to the kernel's arguments: the context row, then the group row."""
+    operands = [context_operand(ctx)]
+    avals = [context_aval()]
+    if group_axes:
+        table = group_table(ctx, group_axes)
+        operands.append(per_device_operand(ctx, table))
+        avals.append(core.ShapedArray(table.shape[1:], np.int32))
+    return operands, avals
+
+
 def context_aval() -> core.ShapedArray:
     return core.ShapedArray(runtime_lib.runtime().context(0).shape, np.int32)
 
 
-def _gpu_lowering(ctx, device_index, *args, fn, symmetric, **params):
+def _gpu_lowering(ctx, device_index, *args, fn, symmetric, group_axes, scalar_args, input_output_aliases,
+                  **params):
     from jax_triton import triton_lib
 
-    del device_index  # carries the outputs' varying axes; the row comes from partition_id
-    row = context_operand(ctx)
-    kernel_ctx = ctx.replace(avals_in=[context_aval(), *ctx.avals_in[1:]])
+    del device_index, symmetric  # device_index carries the outputs' varying axes only
+    extra, extra_avals = extra_operands(ctx, group_axes)
+    shift = len(extra) - 1  # user arguments were numbered after the context only
+    kernel_ctx = ctx.replace(avals_in=[*extra_avals, *ctx.avals_in[1:]])
     results = triton_lib.triton_kernel_call_lowering(
-        triton_lib.get_cuda_backend, kernel_ctx, row, *args, fn=fn, **params)
+        triton_lib.get_cuda_backend, kernel_ctx, *extra, *args, fn=fn,
+        scalar_args=tuple((i + shift, t, v) for i, t, v in scalar_args),
+        input_output_aliases=tuple((i + shift, o) for i, o in input_output_aliases), **params)
     op = results[0].owner if results else None
     if op is not None:
         op.attributes["has_side_effect"] = mlir.ir.BoolAttr.get(True)

@@ -14,6 +14,7 @@ first operand is the device's context row, which names the rank.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import mmap
 import os
 import threading
@@ -29,7 +30,7 @@ from iris_core.heap.shared_memory import SHM_DIR
 from iris_core.sim.interpreter import Pointer, run_kernel
 from iris_jax import _runtime as runtime_lib
 from iris_jax._ffi import register_cpu_target
-from iris_jax.call import context_aval, context_operand, iris_triton_call_p
+from iris_jax.call import extra_operands, iris_triton_call_p
 
 _CALL_PARAMS = {"name", "custom_call_target_name", "num_warps", "num_stages", "num_ctas",
                 "compute_capability", "enable_fp_fusion", "debug", "serialized_metadata"}
@@ -52,30 +53,38 @@ class KernelSpec:
     zeroed: tuple  # result indices to zero before the launch
     symmetric: tuple  # operand indices that must lie on this rank's heap
     pass_context: bool  # the kernel's first argument is the context
+    group_nbytes: int = 0  # >0: the kernel's second argument is the group row (collectives)
+
+    @property
+    def group(self) -> bool:
+        return self.group_nbytes > 0
 
 
 def _lower(ctx, operands, avals_in, *, pass_context, fn, scalar_args, out_shapes, grid,
-           input_output_aliases, zeroed_outputs, symmetric=(), **params):
+           input_output_aliases, zeroed_outputs, symmetric=(), group_axes=None, **params):
     from jax_triton.triton_lib import normalize_grid
 
     metaparams = {k: v for k, v in params.items() if k not in _CALL_PARAMS}
     zeroed = zeroed_outputs(metaparams) if callable(zeroed_outputs) else zeroed_outputs
+    group = 1 if group_axes else 0
     spec = KernelSpec(
         kernel=fn, grid=tuple(normalize_grid(grid, metaparams)),
-        scalars=tuple(sorted((i, v) for i, _, v in scalar_args)), constexprs=metaparams,
+        scalars=tuple(sorted((i + group, v) for i, _, v in scalar_args)), constexprs=metaparams,
         operand_dtypes=tuple(np.dtype(a.dtype) for a in avals_in),
         operand_nbytes=tuple(_nbytes(a) for a in avals_in),
         result_dtypes=tuple(np.dtype(s.dtype) for s in out_shapes),
         result_nbytes=tuple(_nbytes(s) for s in out_shapes),
         zeroed=tuple(zeroed), symmetric=tuple(symmetric), pass_context=pass_context)
+    extra, extra_avals = extra_operands(ctx, group_axes)
+    if group_axes:
+        spec = dataclasses.replace(spec, group_nbytes=_nbytes(extra_avals[1]))
     name = register_cpu_target("iris_cpu_kernel", lambda ins, outs: execute(spec, ins, outs))
-    row = context_operand(ctx)
-    # operand 0 of the custom call is the context row; aliases count it
-    offset = 0 if pass_context else 1
+    # the custom call's operands are [context row, group row?, *operands]; aliases count them
+    offset = len(extra) - (1 if pass_context else 0)
     aliases = {i + offset: o for i, o in input_output_aliases}
-    call_ctx = ctx.replace(avals_in=[context_aval(), *avals_in])
+    call_ctx = ctx.replace(avals_in=[*extra_avals, *avals_in])
     return jax.ffi.ffi_lowering(name, operand_output_aliases=aliases, has_side_effect=True)(
-        call_ctx, row, *operands)
+        call_ctx, *extra, *operands)
 
 
 def _nbytes(aval) -> int:
@@ -102,7 +111,9 @@ def register() -> None:
 # -- execution --------------------------------------------------------------------------
 def execute(spec: KernelSpec, ins: list[int], outs: list[int]) -> None:
     rt = runtime_lib.runtime()
-    row_ptr, operand_ptrs = ins[0], ins[1:]
+    row_ptr = ins[0]
+    group_ptr = ins[1] if spec.group else None
+    operand_ptrs = ins[1 + spec.group:]
     rank = ctypes.c_int64.from_address(row_ptr).value
     for j in spec.symmetric:
         where = rt.heap.locate(operand_ptrs[j])
@@ -112,33 +123,34 @@ def execute(spec: KernelSpec, ins: list[int], outs: list[int]) -> None:
                 f"rank {rank}'s heap (inside jit it was copied or computed); pass an array made by "
                 "iris_jax (zeros, to_heap, ...) straight into the jitted function. Nothing was run.")
     if rt.mode == runtime_lib.SIM_WORKERS:
-        _execute_in_worker(rt, rank, spec, row_ptr, operand_ptrs, outs)
+        _execute_in_worker(rt, rank, spec, group_ptr, operand_ptrs, outs)
     else:
-        _execute_here(spec, row_ptr, operand_ptrs, outs)
+        _execute_here(spec, row_ptr, group_ptr, operand_ptrs, outs)
 
 
 def _kernel_name(spec) -> str:
     return getattr(getattr(spec.kernel, "fn", None), "__name__", str(spec.kernel))
 
 
-def _kernel_args(spec: KernelSpec, context, operands: list, results: list) -> list:
-    args = ([context] if spec.pass_context else []) + operands
+def _kernel_args(spec: KernelSpec, context, group, operands: list, results: list) -> list:
+    args = ([context] if spec.pass_context else []) + ([group] if spec.group else []) + operands
     for position, value in spec.scalars:
         args.insert(position, value)
     return args + results
 
 
-def _execute_here(spec, row_ptr, operand_ptrs, outs):
+def _execute_here(spec, row_ptr, group_ptr, operand_ptrs, outs):
     for i in spec.zeroed:
         ctypes.memset(outs[i], 0, spec.result_nbytes[i])
     operands = [Pointer(p, d) for p, d in zip(operand_ptrs, spec.operand_dtypes)]
     results = [Pointer(p, d) for p, d in zip(outs, spec.result_dtypes)]
     with _interpreter_lock:
-        run_kernel(spec.kernel, spec.grid, _kernel_args(spec, Pointer(row_ptr, np.int32), operands, results),
-                   spec.constexprs)
+        group = Pointer(group_ptr, np.int32) if spec.group else None
+        run_kernel(spec.kernel, spec.grid,
+                   _kernel_args(spec, Pointer(row_ptr, np.int32), group, operands, results), spec.constexprs)
 
 
-def _execute_in_worker(rt, rank, spec, row_ptr, operand_ptrs, outs):
+def _execute_in_worker(rt, rank, spec, group_ptr, operand_ptrs, outs):
     staging = rt.service("cpu_staging", lambda _: StagingAreas()).for_rank(rank)
     with staging.lock:
         layout: dict[int, int] = {}  # pointer -> staged offset
@@ -160,13 +172,16 @@ def _execute_in_worker(rt, rank, spec, row_ptr, operand_ptrs, outs):
         operands = [describe(p, n, d, True) for p, n, d in
                     zip(operand_ptrs, spec.operand_nbytes, spec.operand_dtypes)]
         results = [describe(p, n, d, False) for p, n, d in zip(outs, spec.result_nbytes, spec.result_dtypes)]
+        group = describe(group_ptr, spec.group_nbytes, np.dtype(np.int32), True) if spec.group else None
         area = staging.ensure(needed)
+        if group is not None:
+            ctypes.memmove(area.address + group[1], group_ptr, spec.group_nbytes)
         for desc, ptr, nbytes in zip(operands, operand_ptrs, spec.operand_nbytes):
             if desc[0] == "staged" and nbytes:
                 ctypes.memmove(area.address + desc[1], ptr, nbytes)
         for i in spec.zeroed:
             ctypes.memset(area.address + results[i][1], 0, spec.result_nbytes[i])
-        args = _kernel_args(spec, ("context",), operands, results)
+        args = _kernel_args(spec, ("context",), group, operands, results)
         rt.sim_world.call(rank, _run_in_worker, rt.heap.session, area.path, area.size, spec.kernel,
                           spec.grid, args, spec.constexprs, rank)
         for desc, ptr, nbytes in zip(results, outs, spec.result_nbytes):

@@ -13,6 +13,11 @@ from iris_core.device.compat import interpreting
 
 if interpreting():
 
+    def peer_timeout(what, rank):
+        from iris_core.errors import PeerTimeoutError
+
+        raise PeerTimeoutError(f"iris {what}: timed out waiting for rank {int(rank)} (it never arrived)")
+
     def sm_id():
         return tl.program_id(0)
 
@@ -20,6 +25,12 @@ if interpreting():
         return tl.full((), time.time_ns(), tl.int64)
 
 else:
+
+    @triton.jit
+    def peer_timeout(what: tl.constexpr, rank):
+        """Reports a peer that never arrived and aborts the kernel (the launch fails)."""
+        tl.device_print("iris: timed out waiting for a peer rank in", rank)
+        tl.inline_asm_elementwise("trap;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
 
     @triton.jit
     def sm_id():

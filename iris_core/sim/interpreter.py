@@ -89,6 +89,7 @@ def run_kernel(kernel, grid: Sequence[int], args: Sequence, constexprs: dict | N
             bound[name] = param.default
     call_args = {n: v if n in is_constexpr else ti._implicit_cvt(v) for n, v in bound.items()}
     grid = tuple(int(g) for g in grid) + (1,) * (3 - len(grid))
+    _fix_scalar_index(ti)
     patch_scope = ti._patch_lang(kernel.fn)
     try:
         ti.interpreter_builder.set_grid_dim(*grid)
@@ -99,6 +100,25 @@ def run_kernel(kernel, grid: Sequence[int], args: Sequence, constexprs: dict | N
                     fn(**call_args)
     finally:
         patch_scope.restore()
+
+
+def _fix_scalar_index(ti) -> None:
+    """triton 3.6's interpreter holds scalars as 1-element arrays and converts them with int(),
+    which numpy >= 2.4 refuses for arrays that are not 0-d: `range(0, n, BLOCK)` over a
+    scalar argument fails. Wrap its language patching so __index__ takes the element."""
+    if getattr(ti._patch_lang, "_iris_fixed", False):
+        return
+    original = ti._patch_lang
+
+    def patch_lang(fn):
+        scope = original(fn)
+        import triton.language as tl
+
+        scope.set_attr(tl.core.tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+        return scope
+
+    patch_lang._iris_fixed = True
+    ti._patch_lang = patch_lang
 
 
 def enable_interpreter() -> None:

@@ -46,7 +46,7 @@ def launch_script(argv: list[str], world_size: int, timeout_s: float | None = No
             pumps.append(t)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         status = 0
-        while any(p.poll() is None for p in procs):
+        while any([p.poll() is None for p in procs]):  # a list: poll every rank, not up to the first running one
             failed = [(r, p.returncode) for r, p in enumerate(procs) if p.returncode not in (None, 0)]
             if failed:
                 rank, status = failed[0]

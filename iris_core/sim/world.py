@@ -194,7 +194,10 @@ class SimWorld:
                 try:
                     reply = pickling.loads(conn.recv_bytes())
                 except (EOFError, OSError):
-                    code = workers[rank].process.poll()
+                    try:  # the connection closes before the exit can be reaped: poll() may say None
+                        code = workers[rank].process.wait(timeout=5)
+                    except subprocess.TimeoutExpired:
+                        code = None
                     self.restart()
                     raise SimulatedRankError(
                         f"simulated rank {rank} died (exit code {code})") from None

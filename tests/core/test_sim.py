@@ -213,17 +213,30 @@ FAILING_SCRIPT = """
 """
 
 
+def kill_ranks_left_behind(tmp_path):
+    """Should the launcher itself hang, its ranks (own sessions) outlive it: stop them by pid."""
+    for path in tmp_path.glob("pid?"):
+        try:
+            os.kill(int(path.read_text()), 9)
+        except (ProcessLookupError, ValueError):
+            pass
+
+
 def test_launcher_stops_every_rank_and_cleans_up_when_one_fails(tmp_path):
     before = set(os.listdir(SHM_DIR))
     start = time.monotonic()
-    result = run_launcher(tmp_path, FAILING_SCRIPT, "-n", "3")
+    try:
+        result = run_launcher(tmp_path, FAILING_SCRIPT, "-n", "3", timeout=60)
+    except subprocess.TimeoutExpired:
+        kill_ranks_left_behind(tmp_path)
+        pytest.fail("the launcher did not stop the other ranks after rank 1 failed")
     assert time.monotonic() - start < 60
     output = result.stdout + result.stderr
     assert result.returncode == 1, output
     assert "[rank 1] RuntimeError: rank 1 fails on purpose" in result.stdout
     assert "[iris.sim] rank 1 exited with status 1; stopping the others" in result.stderr
-    segments = [line.split()[2] for line in result.stdout.splitlines() if " segment " in line]
-    stores = {line.split()[4] for line in result.stdout.splitlines() if " segment " in line}
+    segments = [line.split()[3] for line in result.stdout.splitlines() if " segment " in line]
+    stores = {line.split()[5] for line in result.stdout.splitlines() if " segment " in line}
     assert len(segments) == 3 and len(stores) == 1, output
     # the other ranks were stopped ...
     for rank in (0, 2):

@@ -40,12 +40,17 @@ def smap(mesh, f, in_specs, out_specs, **kwargs):
 
 def child_env(**extra) -> dict:
     """Environment for a child Python process: this checkout importable, no forced device
-    count (a launched rank has exactly one CPU device), no launcher variables."""
+    count (a launched rank has exactly one CPU device), no launcher variables; `extra`
+    sets variables (None removes one)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("IRIS_SIM_")}
     env.pop("XLA_FLAGS", None)
     env["JAX_PLATFORMS"] = "cpu"
     env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH", "")) if p)
-    env.update(extra)
+    for key, value in extra.items():  # value None: remove the variable
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
     return env
 
 

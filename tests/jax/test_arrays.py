@@ -109,7 +109,8 @@ def test_constructor(rt, name, dtype, place_name):
 def test_like_constructors_take_dtype_and_sharding(rt):
     x = jnp.ones(SHAPE, jnp.float32)  # single device, not on the heap
     sharding = placement("sharded4")["sharding"]
-    for make, fill in [(iris_jax.zeros_like, 0), (iris_jax.ones_like, 1), (lambda x, **kw: iris_jax.full_like(x, 9, **kw), 9)]:
+    nines_like = lambda x, **kw: iris_jax.full_like(x, 9, **kw)
+    for make, fill in [(iris_jax.zeros_like, 0), (iris_jax.ones_like, 1), (nines_like, 9)]:
         a = make(x, dtype=jnp.int32, sharding=sharding)
         assert a.dtype == jnp.int32 and a.sharding == sharding
         np.testing.assert_array_equal(np.asarray(a), np.full(SHAPE, fill, np.int32))

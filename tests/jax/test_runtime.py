@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import iris_jax
+from tests.jax import kernels
 from tests.jax.helpers import TEST_HEAP, run_python, use_runtime
 
 
@@ -69,8 +70,25 @@ def test_arrays_survive_shutdown_of_their_runtime():
     del a
 
 
+def test_lazy_default_runtime_in_this_process():
+    """Tracing a triton_call with no runtime creates the default one (every local device)."""
+    iris_jax.shutdown()
+    assert not iris_jax.is_initialized()
+    try:
+        out = jax.eval_shape(lambda: iris_jax.triton_call(kernel=kernels.write_rank, grid=(1,), W=1,
+                                                          out_shape=jax.ShapeDtypeStruct((1,), jnp.int32)))
+        assert out.shape == (1,) and out.dtype == jnp.int32
+        assert iris_jax.is_initialized()
+        rt = iris_jax.runtime()
+        assert rt.mode == "sim-workers"
+        assert rt.devices == jax.local_devices() and rt.world_size == jax.local_device_count()
+    finally:
+        iris_jax.shutdown()  # no kernel ran: the simulator never started workers for it
+
+
 def test_lazy_default_runtime():
-    """A triton_call without init() creates the default runtime (fresh process, 2 devices)."""
+    """A jitted triton_call without init() creates the default runtime and runs (fresh
+    process with 2 devices)."""
     result = run_python(["tests/jax/lazy_runtime.py"], timeout=180,
                         XLA_FLAGS="--xla_force_host_platform_device_count=2")
     assert result.returncode == 0, result.stdout

@@ -1,0 +1,44 @@
+"""Layout of the fixed collective workspace that every rank keeps at one heap offset.
+
+    epochs  [MAX_PROGRAMS]                  local call counter of each program (one line each)
+    flags   [2 phases][MAX_PROGRAMS][W]     flag p of program k on my heap: epoch rank p reached
+    data    [2 buffers][data_bytes]         staged inputs (buffer = epoch parity)
+    data2   [2 buffers][data_bytes]         two-shot: each rank's reduced share
+
+Every flag sits on its own 128-byte line. Epochs only grow and buffers alternate with the
+epoch's parity, so back-to-back calls need no reset and no host synchronization: a rank can
+overwrite a buffer only after every peer signalled the call that followed its last read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+LINE_BYTES = 128
+MAX_PROGRAMS = 256
+
+
+@dataclass(frozen=True)
+class WorkspaceLayout:
+    world_size: int
+    data_bytes: int
+
+    @property
+    def epochs(self) -> int:
+        return 0
+
+    @property
+    def flags(self) -> int:
+        return MAX_PROGRAMS * LINE_BYTES
+
+    @property
+    def data(self) -> int:
+        return self.flags + 2 * MAX_PROGRAMS * self.world_size * LINE_BYTES
+
+    @property
+    def data2(self) -> int:
+        return self.data + 2 * self.data_bytes
+
+    @property
+    def total_bytes(self) -> int:
+        return self.data2 + 2 * self.data_bytes

@@ -1,0 +1,356 @@
+"""Drop-in replacements for JAX's collectives, on the symmetric heap.
+
+Inside `jax.shard_map`, `iris_jax.psum(x, "i")` returns what `lax.psum(x, "i")` returns.
+Every call runs one persistent Triton kernel (iris_core.collectives.kernels): the input
+is read by the kernel and staged into a fixed heap workspace, peers are signalled through
+flags with epochs, and each rank pulls what it needs from its peers' workspaces.
+`axis_name` may be any mesh axis or a tuple of axes, as in lax.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax, tree_util
+from jax._src import core
+
+from iris_core.collectives import kernels as K
+from iris_core.collectives.workspace import MAX_PROGRAMS, WorkspaceLayout
+from iris_core.errors import IrisError
+from iris_jax import _runtime as runtime_lib
+from iris_jax.call import triton_call
+
+SUPPORTED_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16, jnp.int32)
+VARIANTS = ("auto", "one_shot", "two_shot", "ring", "atomic", "spinlock")
+_OPS = {"sum": K.SUM, "max": K.MAX, "min": K.MIN}
+DEFAULT_TIMEOUT_S = float(os.environ.get("IRIS_COLLECTIVE_TIMEOUT", "60"))
+# `auto` uses two-shot from this many bytes per rank (measured on 2 x H200, see benchmarks/RESULTS.md)
+TWO_SHOT_FROM_BYTES = 1 << 62
+
+
+class Workspace:
+    """The fixed heap region the collectives stage through (one offset on every heap).
+
+    Size: 4 x data_bytes + flags; data_bytes defaults to 64 MiB on GPUs and 256 KiB on the
+    simulator (environment IRIS_WORKSPACE_BYTES). Larger arrays are processed in chunks.
+    """
+
+    def __init__(self, rt):
+        default = (256 << 10) if rt.mode.startswith("sim") else (64 << 20)
+        data_bytes = int(os.environ.get("IRIS_WORKSPACE_BYTES", default))
+        self.layout = WorkspaceLayout(rt.world_size, data_bytes)
+        self.offset = rt.heap.allocate(self.layout.total_bytes)
+        self.simulated = rt.mode.startswith("sim")
+
+
+def _workspace() -> Workspace:
+    rt = runtime_lib.runtime()
+    return rt.service("collectives", Workspace)
+
+
+def _axes(axis_name) -> tuple[str, ...]:
+    axes = tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
+    mesh = jax.sharding.get_abstract_mesh()
+    names = tuple(mesh.axis_names) if mesh is not None and not mesh.empty else ()
+    for a in axes:
+        if a not in names:
+            raise NameError(f"unbound axis name: {a!r}; iris collectives run inside jax.shard_map over a mesh "
+                            f"with that axis (mesh axes here: {names})")
+    return axes
+
+
+def _group_size(axes) -> int:
+    mesh = jax.sharding.get_abstract_mesh()
+    return math.prod(mesh.shape[a] for a in axes)
+
+
+def _vma(x) -> frozenset:
+    aval = core.typeof(x)
+    vma = getattr(aval, "vma", None)
+    if vma is None:
+        vma = getattr(getattr(aval, "manual_axis_type", None), "varying", frozenset())
+    return frozenset(vma)
+
+
+def _check_dtype(x, what):
+    if x.dtype not in [jnp.dtype(d) for d in SUPPORTED_DTYPES]:
+        raise TypeError(f"iris_jax.{what}: unsupported dtype {x.dtype}; supported: "
+                        f"{', '.join(jnp.dtype(d).name for d in SUPPORTED_DTYPES)}")
+
+
+def _launch(kind: int, x2d, axes, out_blocks: int, *, op=K.SUM, variant=K.ONE_SHOT, sources=None,
+            out_invariant=False, what="collective", timeout_s=None):
+    """Runs the collective kernel on x viewed as [XB, m]; returns the output as [OB, m]."""
+    rt = runtime_lib.runtime()
+    ws = _workspace()
+    G = _group_size(axes)
+    XB, m = x2d.shape
+    itemsize = x2d.dtype.itemsize
+    block = 256 if ws.simulated else 2048
+    chunk = max(block, ws.layout.data_bytes // (XB * itemsize) // block * block)
+    tiles = math.ceil(min(m, chunk) / block)
+    programs = min(tiles, 2 if ws.simulated else 132, MAX_PROGRAMS)
+    acc = "fp32" if jnp.issubdtype(x2d.dtype, jnp.floating) else "int32"
+    import triton.language as tl
+
+    out = triton_call(
+        x2d, m, kernel=K.collective_kernel, out_shape=jax.ShapeDtypeStruct((out_blocks, m), x2d.dtype),
+        grid=(programs,), num_warps=8 if not ws.simulated else 4, group_axes=axes,
+        out_varying=tuple(a for a in _vma(x2d) | set(axes) if not (out_invariant and a in axes)),
+        KIND=kind, OP=op, VARIANT=variant, G=G, WORLD=rt.world_size, XB=XB, OB=out_blocks,
+        SOURCES=tuple(sources) if sources is not None else tuple([-1] * G),
+        ACC=tl.float32 if acc == "fp32" else tl.int32, BLOCK=block, CHUNK=chunk, WS_OFFSET=ws.offset,
+        DATA=ws.layout.data, DATA2=ws.layout.data2, DATA_BYTES=ws.layout.data_bytes,
+        MAX_PROGRAMS=MAX_PROGRAMS, TIMEOUT_NS=int((timeout_s or DEFAULT_TIMEOUT_S) * 1e9), WHAT=what)
+    return out
+
+
+# -- all-reduce family ------------------------------------------------------------------------
+def _choose_variant(variant: str, nbytes: int, group_size: int) -> int:
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown all_reduce variant {variant!r}; choose one of {VARIANTS}")
+    if variant in ("ring", "atomic", "spinlock"):
+        raise NotImplementedError(
+            f"all_reduce variant {variant!r} is not implemented yet (available: auto, one_shot, two_shot); "
+            "iris never falls back to XLA silently")
+    if variant == "auto":
+        return K.TWO_SHOT if nbytes >= TWO_SHOT_FROM_BYTES and group_size > 1 else K.ONE_SHOT
+    return K.ONE_SHOT if variant == "one_shot" else K.TWO_SHOT
+
+
+def _all_reduce_leaf(x, axes, op: str, variant: str, timeout_s):
+    _check_dtype(x, "all_reduce")
+    if op not in _OPS:
+        raise ValueError(f"unknown reduction {op!r}; choose one of {tuple(_OPS)}")
+    if x.size == 0:
+        return x
+    chosen = _choose_variant(variant, x.size * x.dtype.itemsize, _group_size(axes))
+    out = _launch(K.ALL_REDUCE, x.reshape(1, -1), axes, 1, op=_OPS[op], variant=chosen, out_invariant=True,
+                  what=f"all_reduce({op})", timeout_s=timeout_s)
+    return out.reshape(x.shape)
+
+
+def all_reduce(x, axis_name, op: str = "sum", variant: str = "auto", *, timeout_s: float | None = None):
+    """Reduces `x` (a pytree) over `axis_name` with `op` ("sum", "max", "min").
+
+    Args:
+      variant: "one_shot" (every rank reads every peer's input), "two_shot" (reduce-scatter
+        then all-gather), or "auto" (by size, from measured thresholds).
+      timeout_s: how long to wait for a peer before failing (default IRIS_COLLECTIVE_TIMEOUT or 60).
+    """
+    axes = _axes(axis_name)
+    return tree_util.tree_map(lambda leaf: _all_reduce_leaf(leaf, axes, op, variant, timeout_s), x)
+
+
+def psum(x, axis_name, *, variant: str = "auto"):
+    """Like `lax.psum`: the sum of `x` (a pytree) over `axis_name`."""
+    axes = _axes(axis_name)
+    return tree_util.tree_map(lambda leaf: _psum(leaf, axes, variant), x)
+
+
+def _psum(x, axes, variant):
+    @jax.custom_vjp
+    def f(x):
+        return _all_reduce_leaf(x, axes, "sum", variant, None)
+
+    def fwd(x):
+        return f(x), None
+
+    def bwd(_, ct):
+        # lax.psum's transpose: with varying-axes checks, a (free) cast back to varying;
+        # without them, another psum.
+        if _check_vma():
+            return (_pvary(ct, axes),)
+        return (_all_reduce_leaf(ct, axes, "sum", variant, None),)
+
+    f.defvjp(fwd, bwd)
+    return f(x)
+
+
+def _check_vma() -> bool:
+    from jax._src import config
+
+    return bool(config._check_vma.value)
+
+
+def _pvary(x, axes):
+    missing = tuple(a for a in axes if a not in _vma(x))
+    return lax.pcast(x, missing, to="varying") if missing else x
+
+
+def pmax(x, axis_name):
+    """Like `lax.pmax`."""
+    return all_reduce(x, axis_name, op="max", variant="one_shot")
+
+
+def pmin(x, axis_name):
+    """Like `lax.pmin`."""
+    return all_reduce(x, axis_name, op="min", variant="one_shot")
+
+
+# -- gather / scatter / permute ---------------------------------------------------------------
+def _all_gather_leaf(x, axes, axis: int, tiled: bool):
+    _check_dtype(x, "all_gather")
+    G = _group_size(axes)
+    axis = axis % (x.ndim + (0 if tiled else 1)) if x.ndim or not tiled else 0
+    if x.size == 0:
+        out = jnp.zeros((G, *x.shape), x.dtype)
+    else:
+        out = _launch(K.ALL_GATHER, x.reshape(1, -1), axes, G, what="all_gather").reshape(G, *x.shape)
+    if tiled:
+        out = jnp.moveaxis(out, 0, axis)
+        return out.reshape(*x.shape[:axis], G * x.shape[axis], *x.shape[axis + 1:])
+    return jnp.moveaxis(out, 0, axis)
+
+
+def all_gather(x, axis_name, *, axis: int = 0, tiled: bool = False):
+    """Like `lax.all_gather`."""
+    axes = _axes(axis_name)
+
+    def leaf(v):
+        @jax.custom_vjp
+        def f(v):
+            return _all_gather_leaf(v, axes, axis, tiled)
+
+        f.defvjp(lambda v: (f(v), None),
+                 lambda _, ct: (_psum_scatter_leaf(ct, axes, axis, tiled),))
+        return f(v)
+
+    return tree_util.tree_map(leaf, x)
+
+
+def _psum_scatter_leaf(x, axes, scatter_dimension: int, tiled: bool):
+    _check_dtype(x, "psum_scatter")
+    G = _group_size(axes)
+    d = scatter_dimension % x.ndim
+    size = x.shape[d]
+    if tiled and size % G:
+        raise ValueError(f"psum_scatter: dimension {d} of size {size} is not divisible by the axis size {G}")
+    if not tiled and size != G:
+        raise ValueError(f"psum_scatter: dimension {d} has size {size}, must equal the axis size {G} "
+                         "(or pass tiled=True)")
+    moved = jnp.moveaxis(x, d, 0)
+    block_shape = (size // G, *moved.shape[1:]) if tiled else moved.shape[1:]
+    if x.size == 0:
+        out = jnp.zeros(block_shape, x.dtype)
+    else:
+        out = _launch(K.REDUCE_SCATTER, moved.reshape(G, -1), axes, 1, what="psum_scatter").reshape(block_shape)
+    return jnp.moveaxis(out, 0, d) if tiled else out
+
+
+def psum_scatter(x, axis_name, *, scatter_dimension: int = 0, tiled: bool = False):
+    """Like `lax.psum_scatter`."""
+    axes = _axes(axis_name)
+
+    def leaf(v):
+        @jax.custom_vjp
+        def f(v):
+            return _psum_scatter_leaf(v, axes, scatter_dimension, tiled)
+
+        f.defvjp(lambda v: (f(v), None),
+                 lambda _, ct: (_all_gather_leaf(ct, axes, scatter_dimension, tiled),))
+        return f(v)
+
+    return tree_util.tree_map(leaf, x)
+
+
+def _all_to_all_leaf(x, axes, split_axis: int, concat_axis: int, tiled: bool):
+    _check_dtype(x, "all_to_all")
+    G = _group_size(axes)
+    s, c = split_axis % x.ndim, concat_axis % x.ndim
+    size = x.shape[s]
+    if tiled and size % G:
+        raise ValueError(f"all_to_all: split dimension {s} of size {size} is not divisible by the axis size {G}")
+    if not tiled and size != G:
+        raise ValueError(f"all_to_all: split dimension {s} has size {size}, must equal the axis size {G} "
+                         "(or pass tiled=True)")
+    moved = jnp.moveaxis(x, s, 0)  # [size, ...rest]
+    chunk = moved.reshape(G, size // G, *moved.shape[1:])  # chunk i goes to member i
+    if x.size == 0:
+        received = chunk
+    else:
+        received = _launch(K.ALL_TO_ALL, chunk.reshape(G, -1), axes, G, what="all_to_all").reshape(chunk.shape)
+    # received[i] came from member i; put it back where the split dim was, then concatenate
+    pieces = jnp.moveaxis(received, 1, s + 1)  # [G, ...x.shape with size//G at s]
+    pieces = pieces.reshape(G, *x.shape[:s], size // G, *x.shape[s + 1:])
+    if not tiled:
+        pieces = pieces.reshape(G, *x.shape[:s], *x.shape[s + 1:])
+        return jnp.moveaxis(pieces, 0, c)
+    out = jnp.moveaxis(pieces, 0, c)
+    shape = list(pieces.shape[1:])
+    shape[c] *= G
+    return out.reshape(shape)
+
+
+def all_to_all(x, axis_name, split_axis: int, concat_axis: int, *, tiled: bool = False):
+    """Like `lax.all_to_all`."""
+    axes = _axes(axis_name)
+
+    def leaf(v):
+        @jax.custom_vjp
+        def f(v):
+            return _all_to_all_leaf(v, axes, split_axis, concat_axis, tiled)
+
+        f.defvjp(lambda v: (f(v), None),
+                 lambda _, ct: (_all_to_all_leaf(ct, axes, concat_axis, split_axis, tiled),))
+        return f(v)
+
+    return tree_util.tree_map(leaf, x)
+
+
+def _ppermute_leaf(x, axes, perm):
+    _check_dtype(x, "ppermute")
+    G = _group_size(axes)
+    sources = [-1] * G
+    for src, dst in perm:
+        if not (0 <= src < G and 0 <= dst < G):
+            raise ValueError(f"ppermute: pair ({src}, {dst}) out of range for axis size {G}")
+        if sources[dst] != -1:
+            raise ValueError(f"ppermute: destination {dst} appears twice in perm {perm}")
+        sources[dst] = src
+    if len({s for s, _ in perm}) != len(perm):
+        raise ValueError(f"ppermute: a source appears twice in perm {perm}")
+    if x.size == 0:
+        return x
+    out = _launch(K.PPERMUTE, x.reshape(1, -1), axes, 1, sources=sources, what="ppermute")
+    return out.reshape(x.shape)
+
+
+def ppermute(x, axis_name, perm: Sequence[tuple[int, int]]):
+    """Like `lax.ppermute`: member `dst` receives `src`'s value for each (src, dst); others get zeros."""
+    axes = _axes(axis_name)
+    perm = tuple((int(s), int(d)) for s, d in perm)
+    inverse = tuple((d, s) for s, d in perm)
+
+    def leaf(v):
+        @jax.custom_vjp
+        def f(v):
+            return _ppermute_leaf(v, axes, perm)
+
+        f.defvjp(lambda v: (f(v), None), lambda _, ct: (_ppermute_leaf(ct, axes, inverse),))
+        return f(v)
+
+    return tree_util.tree_map(leaf, x)
+
+
+def broadcast(x, axis_name, root: int = 0):
+    """Every member of the group gets member `root`'s `x`."""
+    axes = _axes(axis_name)
+
+    def leaf(v):
+        _check_dtype(v, "broadcast")
+        G = _group_size(axes)
+        if not 0 <= root < G:
+            raise ValueError(f"broadcast: root {root} out of range for axis size {G}")
+        if v.size == 0:
+            return v
+        out = _launch(K.BROADCAST, v.reshape(1, -1), axes, 1, sources=[root] * G, out_invariant=True,
+                      what="broadcast")
+        return out.reshape(v.shape)
+
+    return tree_util.tree_map(leaf, x)

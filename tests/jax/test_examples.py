@@ -1,0 +1,32 @@
+"""Every example runs to completion on the CPU simulator (4 simulated devices)."""
+
+import pytest
+
+from tests.jax.helpers import run_python
+
+EXAMPLES = ["00_load_store.py", "01_put_get.py", "02_atomics.py", "03_message_passing.py"]
+
+
+@pytest.mark.parametrize("example", EXAMPLES)
+def test_example(example):
+    result = run_python([f"examples/{example}"], timeout=300, XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    assert result.returncode == 0, result.stdout
+    assert "OK" in result.stdout, result.stdout
+    assert "4 ranks (sim-workers)" in result.stdout, result.stdout
+
+
+def test_example_falls_back_to_the_simulator_by_itself():
+    """Without JAX_PLATFORMS / XLA_FLAGS the example picks its platform (CPU: 4 simulated ranks)."""
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples"))
+    try:
+        import _common
+    finally:
+        sys.path.pop(0)
+    result = run_python(["examples/00_load_store.py"], timeout=300, JAX_PLATFORMS=None)
+    assert result.returncode == 0, result.stdout
+    assert "OK" in result.stdout, result.stdout
+    if not _common.have_gpus():
+        assert "4 ranks (sim-workers)" in result.stdout, result.stdout
