@@ -21,13 +21,14 @@ from iris_core.errors import PeerTimeoutError
 from iris_jax import _runtime as runtime_lib
 from iris_jax.call import triton_call
 
-SLOT = 16  # int64 words per slot: one 128-byte line each
+SLOT_WORDS = 16  # int64 words per slot: one 128-byte line each
+SLOT = tl.constexpr(SLOT_WORDS)
 DEFAULT_TIMEOUT_S = 60.0
 
 
 class _BarrierArea:
     def __init__(self, rt):
-        self.offset = rt.heap.allocate((rt.world_size + 1) * SLOT * 8)
+        self.offset = rt.heap.allocate((rt.world_size + 1) * SLOT_WORDS * 8)
 
 
 @triton.jit

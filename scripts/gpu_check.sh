@@ -10,6 +10,6 @@ fi
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi topo -m > "$OUT/topo.txt" 2>&1
 python3 -c "import jax, triton, torch; print('jax', jax.__version__, 'triton', triton.__version__, 'torch', torch.__version__, jax.devices())"
-python3 -m pytest -m gpu -x -q -p no:cacheprovider tests/gpu "$@" 2>&1 | tee "$OUT/gpu_tests.log"
+python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu "$@" 2>&1 | tee "$OUT/gpu_tests.log"
 echo "pytest exit: ${PIPESTATUS[0]}"
 python3 benchmarks/rma.py --mib 256 2>&1 | tee "$OUT/rma.log"

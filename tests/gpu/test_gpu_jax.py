@@ -138,3 +138,22 @@ def test_fori_loop_check_vma(setup):
     # acc <- (2 acc + rank) / 2 = acc + rank/2, ten times
     expected = 1 + 10 * np.arange(W)[:, None] / 2 * np.ones((1, n))
     np.testing.assert_allclose(np.asarray(out).reshape(W, n), expected, rtol=1e-6)
+
+
+def test_device_barrier(setup):
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    import iris_jax
+
+    rt, mesh = setup
+    W = len(rt.devices)
+    x = jax.device_put(jnp.arange(W * 3.0), NamedSharding(mesh, P("i")))
+    f = jax.jit(jax.shard_map(lambda v: iris_jax.device_barrier(v * 2), mesh=mesh, in_specs=P("i"),
+                              out_specs=(P("i"), P("i"))))
+    for _ in range(100):
+        status, y = f(x)
+    iris_jax.check_barrier(status)
+    np.testing.assert_array_equal(np.asarray(y), np.arange(W * 3.0) * 2)

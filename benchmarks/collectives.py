@@ -1,0 +1,218 @@
+"""iris collectives vs XLA's (NCCL) in one run: latency, bus bandwidth, ratio.
+
+    python benchmarks/collectives.py [--sizes 1K,4K,...,1G] [--dtypes float32,bfloat16] [--ops psum,...]
+
+Method (../shared/DESIGN.md): inside one jit, K data-dependent calls back to back (each call
+followed by the same cheap elementwise op for both libraries), time per call = median wall
+time of the jit / K. Every point is first checked against the lax op. Bus bandwidth follows
+nccl-tests: all-reduce 2(W-1)/W * S / t, all-gather and reduce-scatter (W-1)/W * S_total / t,
+all-to-all (W-1)/W * S / t, ppermute and broadcast S / t, with S the bytes per device.
+
+Writes benchmarks/out/collectives.json and .md (and PNG plots with --plot). On a machine
+without GPUs it runs a tiny correctness-only pass on the CPU simulator and says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+SIZES = "1K,4K,16K,64K,256K,1M,4M,16M,64M,256M,1G"
+OPS = "psum,psum:one_shot,psum:two_shot,all_gather,psum_scatter,all_to_all,ppermute,broadcast"
+
+
+def parse_size(s: str) -> int:
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    return int(s[:-1]) * units[s[-1]] if s[-1] in units else int(s)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default=SIZES)
+    parser.add_argument("--dtypes", default="float32")
+    parser.add_argument("--ops", default=OPS)
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "out"))
+    parser.add_argument("--plot", action="store_true")
+    opts = parser.parse_args()
+
+    gpu = _has_gpu()
+    if not gpu:
+        os.environ.setdefault("JAX_PLATFORMS", "cpu")
+        os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
+        print("No GPU here: running a tiny correctness-only pass on the CPU simulator (no timings).")
+        opts.sizes = "1K,4K"
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax import lax
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    import iris_jax
+
+    rt = iris_jax.init()
+    W = len(rt.devices)
+    mesh = jax.make_mesh((W,), ("i",), devices=rt.devices)
+    sharded = NamedSharding(mesh, P("i"))
+    rows = []
+    for dtype_name in opts.dtypes.split(","):
+        dtype = jnp.dtype(dtype_name)
+        for size_name in opts.sizes.split(","):
+            nbytes = parse_size(size_name)
+            n = max(W, nbytes // dtype.itemsize // W * W)
+            x = jax.device_put(jax.random.normal(jax.random.key(n), (W * n,), jnp.float32).astype(dtype), sharded)
+            for op_name in opts.ops.split(","):
+                op, _, variant = op_name.partition(":")
+                iris_op, lax_op, out_spec, busbw_factor = _ops(op, variant or "auto", W, iris_jax, lax, jnp)
+                single = {}
+                for lib, fn in (("iris", iris_op), ("lax", lax_op)):
+                    single[lib] = jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=P("i"), out_specs=out_spec))
+                got, want = single["iris"](x), single["lax"](x)
+                tol = 1e-5 if dtype == jnp.float32 else 2e-2
+                ok = bool(np.allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), rtol=tol, atol=tol * W))
+                row = {"op": op_name, "dtype": dtype_name, "bytes": n * dtype.itemsize, "correct": ok}
+                if gpu:
+                    for lib, fn in (("iris", iris_op), ("lax", lax_op)):
+                        row[f"{lib}_us"] = _time_per_call(fn, x, mesh, n, dtype, jax, jnp, P) * 1e6
+                    row["ratio"] = row["lax_us"] / row["iris_us"]
+                    row["iris_busbw"] = busbw_factor * row["bytes"] / row["iris_us"] / 1e3
+                    row["lax_busbw"] = busbw_factor * row["bytes"] / row["lax_us"] / 1e3
+                rows.append(row)
+                print(_format_row(row, gpu), flush=True)
+    os.makedirs(opts.out, exist_ok=True)
+    with open(os.path.join(opts.out, "collectives.json"), "w") as f:
+        json.dump({"world_size": W, "gpu": gpu, "rows": rows}, f, indent=1)
+    table = _markdown(rows, gpu)
+    with open(os.path.join(opts.out, "collectives.md"), "w") as f:
+        f.write(table)
+    print(table)
+    if opts.plot and gpu:
+        plot(os.path.join(opts.out, "collectives.json"), opts.out)
+    if not all(r["correct"] for r in rows):
+        sys.exit("some results differ from lax")
+
+
+def _ops(op, variant, W, iris_jax, lax, jnp):
+    """(iris fn, lax fn, out_spec, busbw factor) for one op on per-device input v."""
+    from jax.sharding import PartitionSpec as P
+
+    if op == "psum":
+        return (lambda v: iris_jax.all_reduce(v, "i", variant=variant), lambda v: lax.psum(v, "i"), P(),
+                2 * (W - 1) / W)
+    if op == "all_gather":
+        return (lambda v: iris_jax.all_gather(v, "i", tiled=True), lambda v: lax.all_gather(v, "i", tiled=True),
+                P("i"), (W - 1))
+    if op == "psum_scatter":
+        return (lambda v: iris_jax.psum_scatter(v, "i", tiled=True), lambda v: lax.psum_scatter(v, "i", tiled=True),
+                P("i"), (W - 1) / W)
+    if op == "all_to_all":
+        return (lambda v: iris_jax.all_to_all(v, "i", 0, 0, tiled=True), lambda v: lax.all_to_all(v, "i", 0, 0, tiled=True),
+                P("i"), (W - 1) / W)
+    if op == "ppermute":
+        perm = [(i, (i + 1) % W) for i in range(W)]
+        return (lambda v: iris_jax.ppermute(v, "i", perm), lambda v: lax.ppermute(v, "i", perm), P("i"), 1.0)
+    if op == "broadcast":
+        # lax has no broadcast collective: the XLA way is a one-hot psum
+        def lax_broadcast(v):
+            keep = (lax.axis_index("i") == 0).astype(v.dtype)
+            return lax.psum(v * keep, "i")
+
+        return (lambda v: iris_jax.broadcast(v, "i", 0), lax_broadcast, P(), 1.0)
+    raise ValueError(op)
+
+
+def _time_per_call(fn, x, mesh, n, dtype, jax, jnp, P):
+    """Median time of one call: K data-dependent calls in one jit, divided by K."""
+    nbytes = n * dtype.itemsize
+    K = 20 if nbytes <= (4 << 20) else 5 if nbytes <= (256 << 20) else 2
+
+    def chain(v):
+        for _ in range(K):
+            y = fn(v)
+            v = (y.reshape(-1)[:n] * 0.5).astype(dtype)  # same cheap elementwise op for both libraries
+        return v
+
+    f = jax.jit(jax.shard_map(chain, mesh=mesh, in_specs=P("i"), out_specs=P("i"), check_vma=False))
+    f(x).block_until_ready()
+    times = []
+    for _ in range(7):
+        start = time.perf_counter()
+        f(x).block_until_ready()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) / K
+
+
+def _format_row(r, gpu):
+    head = f"{r['op']:>16} {r['dtype']:>8} {r['bytes']:>11} B  correct={r['correct']}"
+    if not gpu:
+        return head
+    return head + f"  iris {r['iris_us']:9.1f} us  lax {r['lax_us']:9.1f} us  x{r['ratio']:.2f}"
+
+
+def _markdown(rows, gpu):
+    if not gpu:
+        lines = ["| op | dtype | bytes/device | correct |", "|---|---|---|---|"]
+        lines += [f"| {r['op']} | {r['dtype']} | {r['bytes']} | {r['correct']} |" for r in rows]
+        return "\n".join(lines) + "\n"
+    lines = ["| op | dtype | bytes/device | iris (us) | lax (us) | lax/iris | iris busbw (GB/s) | lax busbw (GB/s) | correct |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['op']} | {r['dtype']} | {_human(r['bytes'])} | {r['iris_us']:.1f} | {r['lax_us']:.1f} | "
+                     f"{r['ratio']:.2f} | {r['iris_busbw']:.1f} | {r['lax_busbw']:.1f} | {r['correct']} |")
+    return "\n".join(lines) + "\n"
+
+
+def _human(n):
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024:
+            return f"{n:g} {unit}"
+        n /= 1024
+    return f"{n:g} TiB"
+
+
+def plot(json_path, out_dir):
+    """Latency and bus-bandwidth plots (log axes), one line per op/variant and its lax twin."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    data = json.load(open(json_path))
+    for dtype in sorted({r["dtype"] for r in data["rows"]}):
+        fig, (lat, bw) = plt.subplots(1, 2, figsize=(14, 5.5))
+        rows = [r for r in data["rows"] if r["dtype"] == dtype]
+        for i, op in enumerate(dict.fromkeys(r["op"] for r in rows)):
+            pts = [r for r in rows if r["op"] == op]
+            sizes = [r["bytes"] for r in pts]
+            color = f"C{i}"
+            lat.plot(sizes, [r["iris_us"] for r in pts], "-o", color=color, label=f"iris {op}", ms=3)
+            lat.plot(sizes, [r["lax_us"] for r in pts], "--", color=color, label=f"lax {op}", alpha=0.6)
+            bw.plot(sizes, [r["iris_busbw"] for r in pts], "-o", color=color, label=f"iris {op}", ms=3)
+            bw.plot(sizes, [r["lax_busbw"] for r in pts], "--", color=color, alpha=0.6)
+        for ax, label in ((lat, "time per call (us)"), (bw, "bus bandwidth (GB/s)")):
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xlabel("bytes per device")
+            ax.set_ylabel(label)
+            ax.grid(True, which="both", alpha=0.3)
+        lat.legend(fontsize=7, ncol=2)
+        fig.suptitle(f"iris vs XLA collectives, {data['world_size']} GPUs, {dtype}")
+        fig.tight_layout()
+        fig.savefig(os.path.join(out_dir, f"collectives_{dtype}.png"), dpi=110)
+
+
+def _has_gpu() -> bool:
+    import shutil
+    import subprocess
+
+    if os.environ.get("JAX_PLATFORMS") == "cpu" or not shutil.which("nvidia-smi"):
+        return False
+    return subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode == 0
+
+
+if __name__ == "__main__":
+    main()
