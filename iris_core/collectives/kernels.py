@@ -50,7 +50,7 @@ def _flag(ws_base, PHASE: tl.constexpr, pid, member, MAX_PROGRAMS: tl.constexpr,
 def _signal(ctx, group_ptr, ws_base, PHASE: tl.constexpr, pid, me, epoch, G: tl.constexpr,
             MAX_PROGRAMS: tl.constexpr, WORLD: tl.constexpr):
     tl.debug_barrier()  # every thread's staged stores precede the release
-    flag = _flag(ws_base, PHASE, pid, me, MAX_PROGRAMS, WORLD)
+    flag = _flag(ws_base, PHASE, pid, ctx.rank, MAX_PROGRAMS, WORLD)  # my global rank's flag
     for i in tl.static_range(G):
         ctx.atomic_xchg(flag, epoch, to_rank=tl.load(group_ptr + 1 + i), sem="release", scope="sys")
 
@@ -60,7 +60,7 @@ def _wait(group_ptr, ws_base, PHASE: tl.constexpr, pid, epoch, G: tl.constexpr, 
           WORLD: tl.constexpr, TIMEOUT_NS: tl.constexpr, WHAT: tl.constexpr):
     start = global_timer()
     for i in tl.static_range(G):
-        flag = _flag(ws_base, PHASE, pid, i, MAX_PROGRAMS, WORLD)
+        flag = _flag(ws_base, PHASE, pid, tl.load(group_ptr + 1 + i), MAX_PROGRAMS, WORLD)
         seen = tl.load(flag, volatile=True)
         while seen < epoch:
             if global_timer() - start > TIMEOUT_NS:
@@ -84,7 +84,10 @@ def collective_kernel(context_ptr, group_ptr, x_ptr, m, out_ptr,
     programs = tl.num_programs(0)
     me = tl.load(group_ptr)
     ws_base = tl.load(ctx.heap_bases + ctx.rank) + WS_OFFSET
+    # The epoch lives in a register for the whole call: re-reading it through the (incoherent)
+    # L1 in a later chunk could give threads of one program different epochs.
     epoch_ptr = tl.cast(ws_base + pid * LINE, tl.pointer_type(tl.int64))
+    epoch = tl.load(epoch_ptr, volatile=True)
     source = tl.full((), -1, tl.int32)
     for i in tl.static_range(G):
         source = tl.where(me == i, SOURCES[i], source)
@@ -95,8 +98,7 @@ def collective_kernel(context_ptr, group_ptr, x_ptr, m, out_ptr,
     for c0 in range(0, m, CHUNK):
         width = tl.minimum(m - c0, CHUNK)
         tiles = tl.cdiv(width, BLOCK)
-        epoch = tl.load(epoch_ptr) + 1
-        tl.store(epoch_ptr, epoch)
+        epoch += 1
         parity = (epoch % 2).to(tl.uint64)
         ws = tl.cast(ws_base + DATA + parity * DATA_BYTES, x_ptr.dtype)
         ws2 = tl.cast(ws_base + DATA2 + parity * DATA_BYTES, x_ptr.dtype)
@@ -117,26 +119,26 @@ def collective_kernel(context_ptr, group_ptr, x_ptr, m, out_ptr,
             dst = out_ptr + (c0 + cols).to(tl.int64)
             if KIND == 0 or KIND == 2:  # ALL_REDUCE, REDUCE_SCATTER
                 if VARIANT == 0 or KIND == 2:
-                    acc = ctx.load(src, from_rank=tl.load(group_ptr + 1), mask=mask).to(ACC)
+                    acc = ctx.load(src, from_rank=tl.load(group_ptr + 1), mask=mask, cache_modifier=".cg").to(ACC)
                     for i in tl.static_range(1, G):
-                        value = ctx.load(src, from_rank=tl.load(group_ptr + 1 + i), mask=mask)
+                        value = ctx.load(src, from_rank=tl.load(group_ptr + 1 + i), mask=mask, cache_modifier=".cg")
                         acc = _combine(acc, value.to(ACC), OP)
                     tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=mask)
                 elif t % G == me:  # two-shot, phase 1: reduce the tiles I own
-                    acc = ctx.load(src, from_rank=tl.load(group_ptr + 1), mask=mask).to(ACC)
+                    acc = ctx.load(src, from_rank=tl.load(group_ptr + 1), mask=mask, cache_modifier=".cg").to(ACC)
                     for i in tl.static_range(1, G):
-                        value = ctx.load(src, from_rank=tl.load(group_ptr + 1 + i), mask=mask)
+                        value = ctx.load(src, from_rank=tl.load(group_ptr + 1 + i), mask=mask, cache_modifier=".cg")
                         acc = _combine(acc, value.to(ACC), OP)
                     result = acc.to(out_ptr.dtype.element_ty)
                     tl.store(ws2 + cols, result, mask=mask)
                     tl.store(dst, result, mask=mask)
             elif KIND == 1 or KIND == 3:  # ALL_GATHER, ALL_TO_ALL
                 for i in tl.static_range(G):
-                    value = ctx.load(src, from_rank=tl.load(group_ptr + 1 + i), mask=mask)
+                    value = ctx.load(src, from_rank=tl.load(group_ptr + 1 + i), mask=mask, cache_modifier=".cg")
                     tl.store(dst + i * m, value, mask=mask)
             else:  # PPERMUTE, BROADCAST
                 if source >= 0:
-                    value = ctx.load(src, from_rank=tl.load(group_ptr + 1 + source), mask=mask)
+                    value = ctx.load(src, from_rank=tl.load(group_ptr + 1 + source), mask=mask, cache_modifier=".cg")
                 else:
                     value = tl.zeros([BLOCK], out_ptr.dtype.element_ty)
                 tl.store(dst, value, mask=mask)
@@ -149,5 +151,7 @@ def collective_kernel(context_ptr, group_ptr, x_ptr, m, out_ptr,
                 if owner != me:
                     cols = t * BLOCK + lanes
                     mask = cols < width
-                    value = ctx.load(ws2 + cols, from_rank=tl.load(group_ptr + 1 + owner), mask=mask)
+                    value = ctx.load(ws2 + cols, from_rank=tl.load(group_ptr + 1 + owner), mask=mask, cache_modifier=".cg")
                     tl.store(out_ptr + (c0 + cols).to(tl.int64), value, mask=mask)
+    tl.debug_barrier()  # every thread is done with the epoch before it is published locally
+    tl.store(epoch_ptr, epoch)

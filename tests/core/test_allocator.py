@@ -41,7 +41,7 @@ def test_every_offset_is_aligned():
     rng = random.Random(1)
     a = HeapAllocator(4096 * UNIT)
     live = []
-    for step in range(600):
+    for _ in range(600):
         if live and rng.random() < 0.4:
             a.free(live.pop(rng.randrange(len(live))))
         else:

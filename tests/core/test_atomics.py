@@ -309,7 +309,7 @@ LOCK_ITERS = 30
 def spinlock_kernel(context_ptr, lock_ptr, counter_ptr, W: tl.constexpr, ITERS: tl.constexpr):
     """A cas spinlock on rank 0 guards a plain (non-atomic) read-modify-write of its counter."""
     ctx = Context.initialize(context_ptr, W)
-    for i in range(ITERS):
+    for _ in range(ITERS):
         while ctx.atomic_cas(lock_ptr, 0, 1, 0, sem="acquire") != 0:
             pass
         count = ctx.load(counter_ptr, 0, volatile=True)
@@ -319,9 +319,10 @@ def spinlock_kernel(context_ptr, lock_ptr, counter_ptr, W: tl.constexpr, ITERS: 
 
 def spinlock_rank(state, session, lock_off, counter_off):
     heap = state.heap(session)
-    launch(spinlock_kernel, (HAMMER_PROGRAMS,), heap.context(state.rank),
-           heap.host_view(state.rank, lock_off, (1,), np.int32), heap.host_view(state.rank, counter_off, (1,), np.int64),
-           W=state.world_size, ITERS=LOCK_ITERS)
+    lock = heap.host_view(state.rank, lock_off, (1,), np.int32)
+    counter = heap.host_view(state.rank, counter_off, (1,), np.int64)
+    launch(spinlock_kernel, (HAMMER_PROGRAMS,), heap.context(state.rank), lock, counter, W=state.world_size,
+           ITERS=LOCK_ITERS)
 
 
 @pytest.mark.parametrize("world_size", [2, 4])

@@ -7,7 +7,13 @@ import triton.language as tl
 
 from iris_core.device import Context
 from iris_core.heap.context_layout import (
-    HEADER_WORDS, TRACE_FIELDS, TRACE_WORDS, context_words, decode_context, encode_context, trace_offset,
+    HEADER_WORDS,
+    TRACE_FIELDS,
+    TRACE_WORDS,
+    context_words,
+    decode_context,
+    encode_context,
+    trace_offset,
 )
 from iris_core.sim import get_world, launch
 
@@ -46,7 +52,7 @@ def test_word_layout(world_size):
     assert trace_offset(world_size) == 2 + world_size
     # little-endian int32 pairs: low word first
     low, high = array[0::2].view(np.uint32), array[1::2].view(np.uint32)
-    words = [int(lo) | int(hi) << 32 for lo, hi in zip(low, high)]
+    words = [int(lo) | int(hi) << 32 for lo, hi in zip(low, high, strict=True)]
     assert words[:2] == [world_size - 1, world_size]
     assert words[2:2 + world_size] == bases
     assert words[trace_offset(world_size):] == [7, 9] + [0] * (TRACE_WORDS - 2)
@@ -107,7 +113,7 @@ def test_kernel_decodes_what_the_host_encoded(sim_heap, world_size):
     synthetic_trace = [1, 64, 0xDEAD_BEEF_0000, 0xFFFF_FFFF_FFFF_FFFF, 42]
     results = get_world(world_size).run(decode_rank, heap.session, MAX_WORLD, synthetic_trace)
     for rank, per_rank in enumerate(results):
-        for context, seen, worker_bases in per_rank:
+        for context, seen, _ in per_rank:
             host = decode_context(context)
             expected = [host["rank"], host["world_size"], *host["heap_bases"], *host["trace"]]
             assert seen.view(np.uint64).tolist() == expected, f"rank {rank}"

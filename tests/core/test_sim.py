@@ -1,6 +1,5 @@
 """The CPU simulator: SimWorld failure handling and recovery, and the script launcher."""
 
-import glob
 import os
 import subprocess
 import sys
@@ -12,7 +11,6 @@ import pytest
 import triton
 import triton.language as tl
 
-from iris_core.device import Context
 from iris_core.errors import PeerTimeoutError, SimulatedRankError
 from iris_core.heap.shared_memory import SHM_DIR
 from iris_core.sim import get_world, launch
@@ -149,9 +147,11 @@ def test_closing_a_heap_detaches_it_everywhere_and_removes_its_segments():
     world = get_world(2)
     heap = world.create_heaps(1 << 16)
     paths = [os.path.join(SHM_DIR, f"iris-{heap.session}-r{r}") for r in range(2)]
-    assert all(os.path.exists(p) for p in paths)
-    assert all(heap.session in sessions for sessions in world.run(attached_sessions))
-    heap.close()
+    try:
+        assert all(os.path.exists(p) for p in paths)
+        assert all(heap.session in sessions for sessions in world.run(attached_sessions))
+    finally:
+        heap.close()
     assert heap.closed
     assert not any(os.path.exists(p) for p in paths)
     assert not any(heap.session in sessions for sessions in world.run(attached_sessions))

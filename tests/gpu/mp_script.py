@@ -19,7 +19,9 @@ def main():
     import iris_jax
     from tests.gpu.kernels import hammer, ping_pong, read_local, ring_store
 
+    print(f"process {process_id}: distributed up, {jax.devices()}", flush=True)
     rt = iris_jax.init(heap_size=1 << 28)
+    print(f"process {process_id}: heaps mapped {rt}", flush=True)
     assert rt.mode == "gpu-multi-process", rt.mode
     W = rt.world_size
     mesh = jax.make_mesh((W,), ("i",))
@@ -36,6 +38,7 @@ def main():
     assert iris_jax.is_symmetric(buf)
     x = jax.make_array_from_callback((W * n,), sh, lambda idx: np.arange(W * n, dtype=np.float32)[idx])
     out_t = jax.ShapeDtypeStruct((n,), jnp.float32)
+    print(f"process {process_id}: arrays ready", flush=True)
     out = smap(lambda b, x: iris_jax.triton_call(b, x, n, kernel=ring_store, out_shape=out_t, grid=(5,), W=W,
                                                   BLOCK=1024, HINT=16, symmetric=(0,)), 2)(buf, x)
     me = process_id

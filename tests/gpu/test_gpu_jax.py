@@ -14,7 +14,7 @@ def setup():
         pytest.fail("the gpu tests need at least 2 GPUs (they never skip)")
     import iris_jax
 
-    rt = iris_jax.init(heap_size=1 << 28)
+    rt = iris_jax.init()
     assert rt.mode == "gpu-single-process"
     mesh = jax.make_mesh((len(rt.devices),), ("i",), devices=rt.devices)
     return rt, mesh

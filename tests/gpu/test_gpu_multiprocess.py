@@ -18,15 +18,18 @@ def test_two_processes(tmp_path):
     procs, logs = [], []
     for i in range(2):
         # one GPU per process: each sees its GPU as device 0; peers' heaps arrive through CUDA IPC
-        env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(i), XLA_PYTHON_CLIENT_MEM_FRACTION="0.5")
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(i), XLA_PYTHON_CLIENT_MEM_FRACTION="0.5", PYTHONUNBUFFERED="1")
         env.pop("JAX_PLATFORMS", None)
         log = open(tmp_path / f"process{i}.log", "w+")
         logs.append(log)
         procs.append(subprocess.Popen([sys.executable, script, str(i), str(port)], env=env, stdout=log,
                                       stderr=subprocess.STDOUT, text=True))
+    timed_out = False
     try:
         for p in procs:
-            p.wait(timeout=240)
+            p.wait(timeout=100)
+    except subprocess.TimeoutExpired:
+        timed_out = True
     finally:
         for p in procs:
             if p.poll() is None:
@@ -37,6 +40,8 @@ def test_two_processes(tmp_path):
         log.seek(0)
         outputs.append(log.read())
         log.close()
+    assert not timed_out, "timed out after 100 s:\n" + "\n".join(f"--- process {i}:\n{o[-3000:]}" for i, o in
+                                                              enumerate(outputs))
     for i, (p, out) in enumerate(zip(procs, outputs)):
         assert p.returncode == 0, f"process {i} failed (exit {p.returncode}):\n{out[-6000:]}"
         assert f"process {i}: OK" in out
