@@ -56,7 +56,8 @@ def _place(values: jax.Array | None, shape, dtype, sharding: Sharding) -> jax.Ar
     if rt.mode.startswith("gpu"):
         import torch
 
-        torch.cuda.synchronize()
+        for d in devices:
+            torch.cuda.synchronize(d.local_hardware_id)
     return jax.make_array_from_single_device_arrays(tuple(shape), sharding, buffers)
 
 

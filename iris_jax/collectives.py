@@ -127,9 +127,9 @@ def _all_reduce_leaf(x, axes, op: str, variant: str, timeout_s):
     _check_dtype(x, "all_reduce")
     if op not in _OPS:
         raise ValueError(f"unknown reduction {op!r}; choose one of {tuple(_OPS)}")
-    if x.size == 0:
-        return x
     chosen = _choose_variant(variant, x.size * x.dtype.itemsize, _group_size(axes))
+    if x.size == 0:
+        return _empty(x.shape, x.dtype, _vma(x) - set(axes))
     out = _launch(K.ALL_REDUCE, x.reshape(1, -1), axes, 1, op=_OPS[op], variant=chosen, out_invariant=True,
                   what=f"all_reduce({op})", timeout_s=timeout_s)
     return out.reshape(x.shape)
@@ -183,6 +183,12 @@ def _pvary(x, axes):
     return lax.pcast(x, missing, to="varying") if missing else x
 
 
+def _empty(shape, dtype, varying):
+    """The result of a collective on a zero-size input (no kernel runs), typed like the
+    kernel's output: varying over exactly `varying`, as lax's result is."""
+    return _pvary(jnp.zeros(shape, dtype), tuple(sorted(varying)))
+
+
 def pmax(x, axis_name):
     """Like `lax.pmax`."""
     return all_reduce(x, axis_name, op="max", variant="one_shot")
@@ -199,7 +205,7 @@ def _all_gather_leaf(x, axes, axis: int, tiled: bool):
     G = _group_size(axes)
     axis = axis % (x.ndim + (0 if tiled else 1)) if x.ndim or not tiled else 0
     if x.size == 0:
-        out = jnp.zeros((G, *x.shape), x.dtype)
+        out = _empty((G, *x.shape), x.dtype, _vma(x) | set(axes))
     else:
         out = _launch(K.ALL_GATHER, x.reshape(1, -1), axes, G, what="all_gather").reshape(G, *x.shape)
     if tiled:
@@ -237,7 +243,7 @@ def _psum_scatter_leaf(x, axes, scatter_dimension: int, tiled: bool):
     moved = jnp.moveaxis(x, d, 0)
     block_shape = (size // G, *moved.shape[1:]) if tiled else moved.shape[1:]
     if x.size == 0:
-        out = jnp.zeros(block_shape, x.dtype)
+        out = _empty(block_shape, x.dtype, _vma(x) | set(axes))
     else:
         out = _launch(K.REDUCE_SCATTER, moved.reshape(G, -1), axes, 1, what="psum_scatter").reshape(block_shape)
     return jnp.moveaxis(out, 0, d) if tiled else out
@@ -272,7 +278,7 @@ def _all_to_all_leaf(x, axes, split_axis: int, concat_axis: int, tiled: bool):
     moved = jnp.moveaxis(x, s, 0)  # [size, ...rest]
     chunk = moved.reshape(G, size // G, *moved.shape[1:])  # chunk i goes to member i
     if x.size == 0:
-        received = chunk
+        received = _pvary(chunk, axes)
     else:
         received = _launch(K.ALL_TO_ALL, chunk.reshape(G, -1), axes, G, what="all_to_all").reshape(chunk.shape)
     # received[i] came from member i; put it back where the split dim was, then concatenate
@@ -316,7 +322,7 @@ def _ppermute_leaf(x, axes, perm):
     if len({s for s, _ in perm}) != len(perm):
         raise ValueError(f"ppermute: a source appears twice in perm {perm}")
     if x.size == 0:
-        return x
+        return _pvary(x, axes)
     out = _launch(K.PPERMUTE, x.reshape(1, -1), axes, 1, sources=sources, what="ppermute")
     return out.reshape(x.shape)
 
@@ -348,7 +354,7 @@ def broadcast(x, axis_name, root: int = 0):
         if not 0 <= root < G:
             raise ValueError(f"broadcast: root {root} out of range for axis size {G}")
         if v.size == 0:
-            return v
+            return _empty(v.shape, v.dtype, _vma(v) - set(axes))
         out = _launch(K.BROADCAST, v.reshape(1, -1), axes, 1, sources=[root] * G, out_invariant=True,
                       what="broadcast")
         return out.reshape(v.shape)

@@ -38,6 +38,7 @@ def _device_barrier(context_ptr, after_ptr, status_ptr, AREA_OFFSET: tl.constexp
     base = tl.load(ctx.heap_bases + ctx.rank)
     slots = tl.cast(base + AREA_OFFSET, tl.pointer_type(tl.int64))
     epoch = tl.load(slots + W * SLOT, volatile=True) + 1
+    tl.debug_barrier()  # every thread has read the old epoch before one of them stores the new one
     tl.store(slots + W * SLOT, epoch)
     for peer in range(W):
         ctx.atomic_max(slots + ctx.rank * SLOT, epoch, to_rank=peer, sem="release", scope="sys")

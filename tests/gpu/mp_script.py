@@ -10,7 +10,8 @@ def main():
     import jax
 
     process_id, port = int(sys.argv[1]), sys.argv[2]
-    jax.distributed.initialize(f"localhost:{port}", num_processes=2, process_id=process_id)
+    jax.distributed.initialize(f"localhost:{port}", num_processes=2, process_id=process_id,
+                               local_device_ids=[process_id])
     import jax.numpy as jnp
     import numpy as np
     from jax.sharding import NamedSharding

@@ -17,8 +17,9 @@ def test_two_processes(tmp_path):
     script = os.path.join(os.path.dirname(__file__), "mp_script.py")
     procs, logs = [], []
     for i in range(2):
-        # one GPU per process: each sees its GPU as device 0; peers' heaps arrive through CUDA IPC
-        env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(i), XLA_PYTHON_CLIENT_MEM_FRACTION="0.5", PYTHONUNBUFFERED="1")
+        # one GPU per process (local_device_ids in mp_script); both GPUs stay visible so that the
+        # IPC-mapped peer heap is reachable over NVLink; peers' heaps arrive through CUDA IPC
+        env = dict(os.environ, XLA_PYTHON_CLIENT_MEM_FRACTION="0.4", PYTHONUNBUFFERED="1")
         env.pop("JAX_PLATFORMS", None)
         log = open(tmp_path / f"process{i}.log", "w+")
         logs.append(log)

@@ -1,0 +1,350 @@
+"""iris_jax collectives against the lax ops, on the CPU simulator.
+
+Every collective, every implemented all-reduce variant and op, for groups of 2, 3, 4 and 8
+ranks on 1-D meshes and over each axis and each tuple of axes of 2x2 and 2x4 meshes, in
+float32, bfloat16, float16 and int32, on odd shapes (scalars, 1, 37, (3, 5), zero-size,
+shapes that are not multiples of the simulator's 256-element block nor of the group size)
+and with axis / scatter_dimension / split_axis / concat_axis other than 0, tiled and not.
+
+One jit per (mesh, axes, dtype) computes every case with iris and with lax side by side,
+so each comparison also checks, at trace time, that the iris result varies over the same
+mesh axes as lax's (the `check_vma` type). Inputs are random and never zero; before each
+run the simulator's staging areas and the collective workspace are filled with a poison
+pattern, so an output element a kernel forgets to write cannot pass as a zero or a stale
+value.
+
+The helpers here (run_cases, mesh_of, rand) are shared by the other test_collectives_*
+modules.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import iris_jax
+from iris_jax import collectives as C
+from tests.jax.helpers import use_runtime
+
+F32, BF16, F16, I32 = jnp.float32, jnp.bfloat16, jnp.float16, jnp.int32
+SIXTEEN_BIT = (jnp.dtype(BF16), jnp.dtype(F16))
+# reductions of 16-bit inputs: iris accumulates in float32 and rounds once, so it must be
+# within about one ulp of the float32 reduction rounded to the dtype
+REDUCE_TOL = {jnp.dtype(F32): 1e-5, jnp.dtype(BF16): 1e-2, jnp.dtype(F16): 2e-3, jnp.dtype(I32): 0}
+POISON_BYTE = 0x7F  # float32/bfloat16 ~3.4e38, float16 NaN, int32 2139062143
+
+
+# -- helpers shared by the collectives test modules ---------------------------------------
+def mesh_of(shape, names):
+    """A mesh over the first prod(shape) devices, with the runtime over exactly those.
+
+    (A mesh over a subset of the runtime's devices is not supported by the collectives:
+    see test_collectives_errors.py::test_mesh_over_a_subset_of_the_runtime.)"""
+    n = math.prod(shape)
+    use_runtime(n)
+    return jax.make_mesh(tuple(shape), tuple(names), devices=jax.devices()[:n])
+
+
+def rand(rng, shape, dtype):
+    """Random values, never zero: ints in +-[1, 999], floats ~N(0, 1) with |x| >= 1e-2."""
+    dtype = jnp.dtype(dtype)
+    if dtype == jnp.dtype(I32):
+        v = rng.integers(1, 1000, shape) * rng.choice([-1, 1], shape)
+        return np.asarray(v, np.int32)
+    v = rng.standard_normal(shape).astype(np.float32)
+    v = np.where(np.abs(v) < 1e-2, np.float32(0.5), v)
+    return np.asarray(v).astype(dtype)
+
+
+def shard(mesh, array, spec=None):
+    return jax.device_put(array, NamedSharding(mesh, P(*mesh.axis_names) if spec is None else spec))
+
+
+def poison():
+    """Fills every rank's staging area (XLA buffers pass through it to the workers) and the
+    collective workspace's data buffers with POISON_BYTE; flags and epochs are left alone."""
+    from iris_jax.cpu_lowering import StagingAreas
+
+    rt = iris_jax.runtime()
+    ws = C._workspace()
+    staging = rt.service("cpu_staging", lambda _: StagingAreas())
+    for rank in range(rt.world_size):
+        area = staging.for_rank(rank)
+        with area.lock:
+            area.ensure(1 << 20).buffer[:] = POISON_BYTE
+        data = rt.heap.host_view(rank, ws.offset + ws.layout.data, (4 * ws.layout.data_bytes,), np.uint8)
+        data[:] = POISON_BYTE
+        del data
+
+
+@dataclass
+class Case:
+    """One comparison: `iris(v)` against `ref(v)` on a per-device input of `shape`."""
+
+    name: str
+    shape: tuple
+    iris: Callable
+    ref: Callable
+    reduces: bool = False  # 16-bit: ref in float32, rounded; compared within REDUCE_TOL
+    check_vma: bool = True  # the iris result's varying axes equal the ref's
+
+
+def run_cases(mesh, cases, dtype, rng, *, check_vma=True):
+    """Runs every case in one jit over `mesh` (inputs split over every mesh axis, one block
+    of case.shape per device) and compares every device's result."""
+    names = tuple(mesh.axis_names)
+    lead = tuple(mesh.shape[a] for a in names)
+    dtype = jnp.dtype(dtype)
+    inputs = [shard(mesh, rand(rng, lead + tuple(c.shape), dtype)) for c in cases]
+    vmas = {}
+
+    def body(*xs):
+        outs = []
+        for c, x in zip(cases, xs):
+            v = x.reshape(c.shape)
+            got = c.iris(v)
+            if c.reduces and dtype in SIXTEEN_BIT:
+                want = c.ref(v.astype(F32)).astype(dtype)
+            else:
+                want = c.ref(v)
+            vmas[c.name] = (C._vma(got), C._vma(want))
+            outs.append((got.reshape((1,) * len(names) + got.shape), want.reshape((1,) * len(names) + want.shape)))
+        return outs
+
+    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=tuple(P(*names) for _ in cases), out_specs=P(*names),
+                              check_vma=check_vma))
+    traced = f.trace(*inputs)  # trace first: the poison must not be overwritten by a lazy start
+    compiled = traced.lower().compile()
+    poison()
+    results = jax.device_get(compiled(*inputs))
+    failures = []
+    for c, (got, want) in zip(cases, results):
+        if check_vma and c.check_vma and vmas[c.name][0] != vmas[c.name][1]:
+            failures.append(f"{c.name}: iris varies over {sorted(vmas[c.name][0])}, lax over "
+                            f"{sorted(vmas[c.name][1])}")
+        if got.shape != want.shape or got.dtype != want.dtype:
+            failures.append(f"{c.name}: iris gives {got.dtype}{list(got.shape)}, lax {want.dtype}{list(want.shape)}")
+            continue
+        tol = REDUCE_TOL[dtype] if c.reduces else 0
+        try:
+            np.testing.assert_allclose(np.asarray(got, np.float64), np.asarray(want, np.float64), rtol=tol, atol=tol,
+                                       err_msg=c.name)
+        except AssertionError as e:
+            failures.append(str(e))
+    assert not failures, f"{len(failures)} of {len(cases)} cases differ ({dtype}):\n" + "\n".join(failures)
+    return vmas
+
+
+# -- the cases ------------------------------------------------------------------------------
+def _index(axes):
+    return lax.axis_index(axes)
+
+
+def reduction_cases(axes, G, full):
+    ax = axes
+    cases = [
+        Case("psum(37)", (37,), lambda v: iris_jax.psum(v, ax), lambda v: lax.psum(v, ax), True),
+        Case("psum(3,5)", (3, 5), lambda v: iris_jax.psum(v, ax), lambda v: lax.psum(v, ax), True),
+        Case("psum(scalar)", (), lambda v: iris_jax.psum(v, ax), lambda v: lax.psum(v, ax), True),
+        Case("psum(0)", (0,), lambda v: iris_jax.psum(v, ax), lambda v: lax.psum(v, ax), True),
+        Case("all_reduce(517, sum, two_shot)", (517,), lambda v: iris_jax.all_reduce(v, ax, variant="two_shot"),
+             lambda v: lax.psum(v, ax), True),
+        Case("pmax(37)", (37,), lambda v: iris_jax.pmax(v, ax), lambda v: lax.pmax(v, ax)),
+        Case("pmin(3,5)", (3, 5), lambda v: iris_jax.pmin(v, ax), lambda v: lax.pmin(v, ax)),
+        Case("all_reduce(517, max, two_shot)", (517,), lambda v: iris_jax.all_reduce(v, ax, "max", "two_shot"),
+             lambda v: lax.pmax(v, ax)),
+    ]
+    if full:
+        cases += [
+            Case("psum(1)", (1,), lambda v: iris_jax.psum(v, ax), lambda v: lax.psum(v, ax), True),
+            Case("psum(2,0)", (2, 0), lambda v: iris_jax.psum(v, ax), lambda v: lax.psum(v, ax), True),
+            Case("psum(2,3,4)", (2, 3, 4), lambda v: iris_jax.psum(v, ax), lambda v: lax.psum(v, ax), True),
+            Case("psum(517)", (517,), lambda v: iris_jax.psum(v, ax), lambda v: lax.psum(v, ax), True),
+            Case("all_reduce(517, sum, one_shot)", (517,), lambda v: iris_jax.all_reduce(v, ax, variant="one_shot"),
+                 lambda v: lax.psum(v, ax), True),
+            Case("all_reduce(37, sum, two_shot)", (37,), lambda v: iris_jax.all_reduce(v, ax, variant="two_shot"),
+                 lambda v: lax.psum(v, ax), True),
+            Case("all_reduce(3,5, sum, auto)", (3, 5), lambda v: iris_jax.all_reduce(v, ax, "sum", "auto"),
+                 lambda v: lax.psum(v, ax), True),
+            Case("all_reduce(0, sum, two_shot)", (0,), lambda v: iris_jax.all_reduce(v, ax, variant="two_shot"),
+                 lambda v: lax.psum(v, ax), True),
+            Case("pmax(scalar)", (), lambda v: iris_jax.pmax(v, ax), lambda v: lax.pmax(v, ax)),
+            Case("pmin(1)", (1,), lambda v: iris_jax.pmin(v, ax), lambda v: lax.pmin(v, ax)),
+            Case("pmax(0)", (0,), lambda v: iris_jax.pmax(v, ax), lambda v: lax.pmax(v, ax)),
+            Case("all_reduce(300, min, two_shot)", (300,), lambda v: iris_jax.all_reduce(v, ax, "min", "two_shot"),
+                 lambda v: lax.pmin(v, ax)),
+            Case("all_reduce(517, min, one_shot)", (517,), lambda v: iris_jax.all_reduce(v, ax, "min", "one_shot"),
+                 lambda v: lax.pmin(v, ax)),
+            Case("all_reduce(3,5, max, auto)", (3, 5), lambda v: iris_jax.all_reduce(v, ax, "max", "auto"),
+                 lambda v: lax.pmax(v, ax)),
+        ]
+    return cases
+
+
+def movement_cases(axes, G, full):
+    """all_gather, psum_scatter, all_to_all, ppermute, broadcast (psum_scatter reduces)."""
+    ax = axes
+    shift = [(i, (i + 1) % G) for i in range(G)]
+    partial = [(i, i + 1) for i in range(G - 1)]  # member 0 receives nothing: zeros
+
+    def ag(shape, axis, tiled):
+        return Case(f"all_gather({shape}, axis={axis}, tiled={tiled})", shape,
+                    lambda v: iris_jax.all_gather(v, ax, axis=axis, tiled=tiled),
+                    lambda v: lax.all_gather(v, ax, axis=axis, tiled=tiled))
+
+    def ps(shape, dim, tiled):
+        return Case(f"psum_scatter({shape}, dim={dim}, tiled={tiled})", shape,
+                    lambda v: iris_jax.psum_scatter(v, ax, scatter_dimension=dim, tiled=tiled),
+                    lambda v: lax.psum_scatter(v, ax, scatter_dimension=dim, tiled=tiled), True)
+
+    def a2a(shape, split, concat, tiled):
+        return Case(f"all_to_all({shape}, split={split}, concat={concat}, tiled={tiled})", shape,
+                    lambda v: iris_jax.all_to_all(v, ax, split, concat, tiled=tiled),
+                    lambda v: lax.all_to_all(v, ax, split, concat, tiled=tiled))
+
+    def pp(shape, perm, label):
+        return Case(f"ppermute({shape}, {label})", shape, lambda v: iris_jax.ppermute(v, ax, perm),
+                    lambda v: lax.ppermute(v, ax, perm))
+
+    def bc(shape, root):
+        # lax has no broadcast: the root's value, summed with zeros (exact), is invariant like iris's
+        return Case(f"broadcast({shape}, root={root})", shape, lambda v: iris_jax.broadcast(v, ax, root),
+                    lambda v: lax.psum(jnp.where(_index(ax) == root, v, jnp.zeros_like(v)), ax))
+
+    cases = [
+        ag((37,), 0, False), ag((3, 5), 1, True),
+        ps((3, 2 * G), 1, True),
+        a2a((2 * G, 3), 0, 1, True), a2a((2, G, 3), 1, 2, False),
+        pp((3, 5), partial, "partial: member 0 receives nothing"),
+        bc((37,), G - 1),
+    ]
+    if full:
+        cases += [
+            ag((37,), 0, True), ag((3, 5), 1, False), ag((3, 5), 0, True), ag((2, 3, 4), 2, False),
+            ag((2, 3, 4), 2, True), ag((), 0, False), ag((1,), 0, True), ag((0,), 0, False), ag((2, 0), 0, True),
+            ag((2, 0), 1, False), ag((3, 5), -1, False), ag((3, 5), -1, True), ag((300,), 0, True),
+            # lax cannot lower a tiled gather along a zero-size dimension; iris returns (2, 0)
+            Case("all_gather((2, 0), axis=1, tiled=True)", (2, 0),
+                 lambda v: iris_jax.all_gather(v, ax, axis=1, tiled=True),
+                 lambda v: lax.all_gather(v, ax, axis=0, tiled=True).reshape(2, 0)),
+            ps((3 * G,), 0, True), ps((G, 5), 0, False), ps((5, G), 1, False), ps((2, G, 3), 1, False),
+            ps((37 * G,), 0, True), ps((G, 0), 0, False), ps((0, G), 1, False),
+            # lax cannot lower a negative scatter_dimension; iris counts it from the end
+            Case("psum_scatter((2, 2G, 3), dim=-2, tiled=True)", (2, 2 * G, 3),
+                 lambda v: iris_jax.psum_scatter(v, ax, scatter_dimension=-2, tiled=True),
+                 lambda v: lax.psum_scatter(v, ax, scatter_dimension=1, tiled=True), True),
+            a2a((G, 5), 0, 1, False), a2a((3, G), 1, 0, False), a2a((3, 2 * G), 1, 0, True),
+            a2a((3 * G, 5), 0, 0, True), a2a((2, G, 3), 1, 1, True), a2a((G, 300), 0, 1, False),
+            a2a((G, 0), 0, 1, False),
+            pp((37,), shift, "shift by one"), pp((), [(0, G - 1)], "one pair"),
+            pp((300,), [(i, G - 1 - i) for i in range(G)], "reverse"), pp((0,), shift, "shift, zero-size"),
+            pp((1,), [], "empty perm: zeros"),
+            bc((3, 5), 0), bc((), G // 2), bc((0,), 0), bc((517,), 1),
+        ]
+    return cases
+
+
+# -- the tests --------------------------------------------------------------------------------
+ONE_D = [(G, dtype, full) for G in (2, 3, 4, 8)
+         for dtype, full in ((F32, True), (I32, True), (BF16, False), (F16, False))]
+
+
+@pytest.mark.parametrize("G,dtype,full", ONE_D,
+                         ids=[f"G{G}-{jnp.dtype(d).name}" for G, d, _ in ONE_D])
+def test_1d_mesh_matches_lax(G, dtype, full, rng):
+    mesh = mesh_of((G,), ("i",))
+    run_cases(mesh, reduction_cases("i", G, full) + movement_cases("i", G, full), dtype, rng)
+
+
+# 2-D meshes: over each axis and each tuple of axes (both orders), several groupings in one
+# program, so consecutive calls of a device go to different peers
+TWO_D = [((2, 2), axes, dtype, full)
+         for axes, dtype, full in (("x", F32, True), ("y", F32, True), (("x", "y"), F32, True),
+                                   (("y", "x"), F32, False), (("x", "y"), BF16, False), ("y", I32, False))]
+TWO_D += [((2, 4), axes, dtype, full)
+          for axes, dtype, full in (("x", F32, False), ("y", F32, True), (("x", "y"), F32, False),
+                                    (("y", "x"), F32, False), ("y", F16, False), (("x", "y"), I32, False))]
+
+
+def _axes_id(axes):
+    return axes if isinstance(axes, str) else "+".join(axes)
+
+
+@pytest.mark.parametrize("shape,axes,dtype,full", TWO_D,
+                         ids=[f"{s[0]}x{s[1]}-{_axes_id(a)}-{jnp.dtype(d).name}" for s, a, d, _ in TWO_D])
+def test_2d_mesh_matches_lax(shape, axes, dtype, full, rng):
+    mesh = mesh_of(shape, ("x", "y"))
+    G = math.prod(mesh.shape[a] for a in ((axes,) if isinstance(axes, str) else axes))
+    run_cases(mesh, reduction_cases(axes, G, full) + movement_cases(axes, G, full), dtype, rng)
+
+
+def test_2d_mesh_alternating_axes_with_a_late_rank(rng):
+    """Regression: flags were indexed by the member's index in its group, so on a 2x2 mesh a
+    peer of another group (same index, next call) could satisfy a wait early and then have
+    its signal overwritten: wrong data, then a hang. Rank 1 arrives 1 s late here, which made
+    that happen every time; flags are now indexed by global rank."""
+    import time
+
+    from jax.experimental import io_callback
+
+    mesh = mesh_of((2, 2), ("x", "y"))
+    x = shard(mesh, rand(rng, (2, 2 * 5), F32))
+
+    def late(v):
+        return io_callback(lambda a: (time.sleep(1.0), a)[1], jax.ShapeDtypeStruct(v.shape, v.dtype), v)
+
+    def program(ps):
+        def body(v):
+            rank = lax.axis_index("x") * 2 + lax.axis_index("y")
+            a = ps(v, "x")
+            a = lax.cond(rank == 1, late, lambda a: a, a)
+            b = ps(a * 2 + 1, "y")
+            c = ps(b * 3 + rank.astype(v.dtype), "x")
+            return ps(c, ("x", "y"))
+
+        return np.asarray(jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x", "y"), out_specs=P("x", "y"),
+                                                check_vma=False))(x))
+
+    want = program(lax.psum)
+    got = program(lambda v, a: iris_jax.all_reduce(v, a, timeout_s=10))
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_invariant_input_is_summed_like_lax(rng):
+    """psum / pmax of a value replicated over the axis (in_specs P()): lax multiplies."""
+    mesh = mesh_of((3,), ("i",))
+    x = shard(mesh, rand(rng, (7,), F32), P())
+    f = jax.jit(jax.shard_map(lambda v: (iris_jax.psum(v, "i"), lax.psum(v, "i"), iris_jax.pmax(v, "i"),
+                                         lax.pmax(v, "i")), mesh=mesh, in_specs=P(), out_specs=P()))
+    a, b, c, d = f(x)
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6)
+    np.testing.assert_array_equal(np.asarray(c), np.asarray(d))
+
+
+def test_check_vma_false(rng):
+    """The same collectives with check_vma=False (no varying-axes types)."""
+    mesh = mesh_of((3,), ("i",))
+    cases = [c for c in reduction_cases("i", 3, False) + movement_cases("i", 3, False)]
+    cases += [Case("psum(0) unchecked", (0,), lambda v: iris_jax.psum(v, "i"), lambda v: lax.psum(v, "i")),
+              Case("all_gather(2,0) unchecked", (2, 0), lambda v: iris_jax.all_gather(v, "i", axis=1),
+                   lambda v: lax.all_gather(v, "i", axis=1))]
+    run_cases(mesh, cases, F32, rng, check_vma=False)
+
+
+def test_broadcast_from_every_root(rng):
+    mesh = mesh_of((4,), ("i",))
+    x = rand(rng, (4, 6), F32)
+    f = jax.jit(jax.shard_map(lambda v: [iris_jax.broadcast(v, "i", r)[None] for r in range(4)], mesh=mesh,
+                              in_specs=P("i"), out_specs=P("i")))
+    outs = f(shard(mesh, x))
+    for r, out in enumerate(outs):
+        np.testing.assert_array_equal(np.asarray(out), np.broadcast_to(x[r], (4, 6)))
