@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from iris_core.device import rma
+from iris_core.device import tile_collectives as tiles
 from iris_core.device.rma import ACQ_REL, NO_MODIFIER, SYSTEM
 from iris_core.device.compat import aggregate
 from iris_core.device.tracing import DeviceTracing
@@ -120,6 +121,39 @@ class Context:
     def atomic_cas(self, ptr, cmp, val, to_rank, sem: tl.constexpr = ACQ_REL, scope: tl.constexpr = SYSTEM,
                    hint: tl.constexpr = None):
         return rma.atomic_cas(ptr, cmp, val, to_rank, self.rank, self.heap_bases, sem, scope, hint)
+
+    # -- tile-level collectives (see tile_collectives) ------------------------------
+    @triton.jit
+    def all_reduce_atomic(self, tile, dst_view):
+        tiles.all_reduce_atomic(self, tile, dst_view)
+
+    @triton.jit
+    def all_reduce_spinlock(self, tile, dst_view, locks):
+        tiles.all_reduce_spinlock(self, tile, dst_view, locks)
+
+    @triton.jit
+    def all_reduce_one_shot(self, tile, src_view, dst_view, locks):
+        tiles.all_reduce_one_shot(self, tile, src_view, dst_view, locks)
+
+    @triton.jit
+    def all_reduce_two_shot(self, tile, src_view, dst_view, locks):
+        tiles.all_reduce_two_shot(self, tile, src_view, dst_view, locks)
+
+    @triton.jit
+    def reduce_scatter(self, tile, src_view, dst_view, locks):
+        tiles.reduce_scatter(self, tile, src_view, dst_view, locks)
+
+    @triton.jit
+    def all_gather(self, tile, dst_view, DIM: tl.constexpr):
+        tiles.all_gather(self, tile, dst_view, DIM)
+
+    @triton.jit
+    def gather(self, tile, src_view, source_rank, hint: tl.constexpr = None):
+        return tiles.gather(self, tile, src_view, source_rank, hint)
+
+    @triton.jit
+    def all_to_all(self, tile, src_view, dst_view, N_PER_RANK: tl.constexpr):
+        tiles.all_to_all(self, tile, src_view, dst_view, N_PER_RANK)
 
 
 DeviceContext = Context

@@ -42,21 +42,28 @@ class Tile:
         self.data = data
 
 
+@triton.constexpr_function
+def _field(value):
+    """Sizes and strides may be tensors or compile-time constants (jax-triton turns a scalar
+    argument equal to 1 into a constant)."""
+    return value if isinstance(value, tl.tensor) else tl.constexpr(value)
+
+
 @aggregate
 class TensorView:
     ptr: tl.tensor
-    M: tl.tensor
-    N: tl.tensor
-    stride_m: tl.tensor
-    stride_n: tl.tensor
+    M: tl.tensor | tl.constexpr
+    N: tl.tensor | tl.constexpr
+    stride_m: tl.tensor | tl.constexpr
+    stride_n: tl.tensor | tl.constexpr
 
     @triton.constexpr_function
     def __init__(self, ptr, M, N, stride_m, stride_n):
         self.ptr = ptr
-        self.M = M
-        self.N = N
-        self.stride_m = stride_m
-        self.stride_n = stride_n
+        self.M = _field(M)
+        self.N = _field(N)
+        self.stride_m = _field(stride_m)
+        self.stride_n = _field(stride_n)
 
     @triton.jit
     def tile_ptr(self, tile):

@@ -1,0 +1,75 @@
+"""Tile-level Context collectives across simulated ranks, against numpy."""
+
+import numpy as np
+import pytest
+
+from iris_core.sim import get_world, launch
+from tests.core import tile_kernels as K
+
+M, BM, BN = 5, 4, 4  # odd rows: partial tiles
+
+
+def _run_op(state, session, offsets, op, N):
+    heap = state.heap(session)
+    W, me = state.world_size, state.rank
+    x_off, src_off, dst_off, lock_off = offsets
+    x = heap.host_view(me, x_off, (M, N), np.float32)
+    x[...] = np.arange(M * N, dtype=np.float32).reshape(M, N) * (me + 1) + me / 10
+    dst_shape = (W * M, N) if op == K.ALL_GATHER_ROWS else (M, W * N) if op == K.ALL_GATHER_COLS else (M, N)
+    dst = heap.host_view(me, dst_off, dst_shape, np.float32)
+    dst[...] = 0.0 if op in (K.ATOMIC, K.SPINLOCK) else -7.0
+    heap.host_view(me, lock_off, (64,), np.int32)[...] = 0
+    return dst_shape
+
+
+def _launch_op(state, session, offsets, op, N, npr, dst_shape):
+    heap = state.heap(session)
+    W, me = state.world_size, state.rank
+    x_off, src_off, dst_off, lock_off = offsets
+    views = [heap.host_view(me, o, s, d) for o, s, d in
+             [(x_off, (M, N), np.float32), (src_off, (M, N), np.float32), (dst_off, dst_shape, np.float32),
+              (lock_off, (64,), np.int32)]]
+    launch(K.tile_collective, (-(-M // BM), -(-N // BN)), heap.context(me), *views, M, N, 1,
+           OP=op, W=W, BM=BM, BN=BN, NPR=npr)
+
+
+def _read(state, session, offsets, dst_shape):
+    heap = state.heap(session)
+    return heap.host_view(state.rank, offsets[2], dst_shape, np.float32).copy()
+
+
+@pytest.mark.parametrize("W", [2, 3])
+@pytest.mark.parametrize("op", [K.ATOMIC, K.SPINLOCK, K.ONE_SHOT, K.TWO_SHOT, K.REDUCE_SCATTER,
+                                K.ALL_GATHER_ROWS, K.ALL_GATHER_COLS, K.GATHER, K.ALL_TO_ALL])
+def test_tile_collective(sim_heap, W, op):
+    world, heap = get_world(W), sim_heap(W, 1 << 16)
+    offsets = [heap.allocate(4 * W * M * 16) for _ in range(3)] + [heap.allocate(256)]
+    # all_to_all sends column block j (N_PER_RANK = BN wide) to rank j: N = W * BN
+    N, npr = (W * BN, BN) if op == K.ALL_TO_ALL else (7, BN)
+    shapes = world.run(_run_op, heap.session, offsets, op, N)
+    world.run(_launch_op, heap.session, offsets, op, N, npr, shapes[0])
+    got = world.run(_read, heap.session, offsets, shapes[0])
+    xs = [np.arange(M * N, dtype=np.float32).reshape(M, N) * (r + 1) + r / 10 for r in range(W)]
+    total = sum(xs)
+    tiles_m, tiles_n = -(-M // BM), -(-N // BN)
+    per_rank = -(-(tiles_m * tiles_n) // W)
+    for r in range(W):
+        if op in (K.ATOMIC, K.SPINLOCK, K.ONE_SHOT, K.TWO_SHOT):
+            np.testing.assert_allclose(got[r], total, rtol=1e-6)
+        elif op == K.REDUCE_SCATTER:
+            expected = np.full((M, N), -7.0, np.float32)
+            for t in range(tiles_m * tiles_n):
+                if t // per_rank == r:
+                    pm, pn = divmod(t, tiles_n)
+                    sl = np.s_[pm * BM:(pm + 1) * BM, pn * BN:(pn + 1) * BN]
+                    expected[sl] = total[sl]
+            np.testing.assert_allclose(got[r], expected, rtol=1e-6)
+        elif op == K.ALL_GATHER_ROWS:
+            np.testing.assert_allclose(got[r], np.concatenate(xs, axis=0), rtol=1e-6)
+        elif op == K.ALL_GATHER_COLS:
+            np.testing.assert_allclose(got[r], np.concatenate(xs, axis=1), rtol=1e-6)
+        elif op == K.GATHER:
+            np.testing.assert_allclose(got[r], xs[(r + 1) % W], rtol=1e-6)
+        else:
+            expected = np.concatenate([xs[j][:, r * npr:(r + 1) * npr] for j in range(W)], axis=1)
+            np.testing.assert_allclose(got[r], expected, rtol=1e-6)
