@@ -29,6 +29,7 @@ from jax.interpreters import mlir
 
 from iris_core.errors import IrisError
 from iris_jax import _runtime as runtime_lib
+from iris_jax.workspace import workspaces
 
 
 class IrisKernelEffect(effects.Effect):
@@ -99,7 +100,8 @@ def triton_call(*args: Any, kernel, out_shape, grid, name: str = "",
         NotOnHeapError before anything runs; the simulator also checks inside jit.
       group_axes: mesh axes forming a communication group; the kernel then receives, right
         after the context, an int32 array [my index in the group, global rank of member 0,
-        ..., member G-1] (members in the order of `lax.axis_index(group_axes)`).
+        ..., member G-1, workspace offset low, high] (members in the order of
+        `lax.axis_index(group_axes)`; the workspace: see iris_jax.workspace).
       out_varying: mesh axes the outputs vary over (default: every manual axis); a
         collective whose result is the same across an axis leaves that axis out.
     """
@@ -198,7 +200,8 @@ def context_operand(ctx):
 
 
 def group_table(ctx, group_axes: tuple[str, ...]) -> np.ndarray:
-    """Per device: [index in its group over `group_axes`, global ranks of the group's members]."""
+    """Per device: [index in its group over `group_axes`, global ranks of the group's members,
+    heap offset of the partition's workspace as two int32 words (low, high)]."""
     from jax._src.sharding_impls import SPMDAxisContext
 
     rt = runtime_lib.runtime()
@@ -222,7 +225,8 @@ def group_table(ctx, group_axes: tuple[str, ...]) -> np.ndarray:
             members.append(rt.rank_of(devices[tuple(p)]))
         index = int(np.ravel_multi_index([position[i] for i in order], [devices.shape[i] for i in order]))
         rows.append([index, *members])
-    return np.asarray(rows, np.int32)
+    offset = workspaces(rt).offset_for(row[1:] for row in rows)
+    return np.asarray([[*row, offset & 0xFFFFFFFF, offset >> 32] for row in rows], np.int64).astype(np.int32)
 
 
 def extra_operands(ctx, group_axes):

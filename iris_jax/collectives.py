@@ -20,10 +20,11 @@ from jax import lax, tree_util
 from jax._src import core
 
 from iris_core.collectives import kernels as K
-from iris_core.collectives.workspace import MAX_PROGRAMS, WorkspaceLayout
+from iris_core.collectives.workspace import MAX_PROGRAMS
 from iris_core.errors import IrisError
 from iris_jax import _runtime as runtime_lib
 from iris_jax.call import triton_call
+from iris_jax.workspace import workspaces
 
 SUPPORTED_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16, jnp.int32)
 VARIANTS = ("auto", "one_shot", "two_shot", "ring", "atomic", "spinlock")
@@ -31,26 +32,6 @@ _OPS = {"sum": K.SUM, "max": K.MAX, "min": K.MIN}
 DEFAULT_TIMEOUT_S = float(os.environ.get("IRIS_COLLECTIVE_TIMEOUT", "60"))
 # `auto` uses two-shot from this many bytes per rank (measured on 2 x H200, see benchmarks/RESULTS.md)
 TWO_SHOT_FROM_BYTES = 1 << 62
-
-
-class Workspace:
-    """The fixed heap region the collectives stage through (one offset on every heap).
-
-    Size: 4 x data_bytes + flags; data_bytes defaults to 64 MiB on GPUs and 256 KiB on the
-    simulator (environment IRIS_WORKSPACE_BYTES). Larger arrays are processed in chunks.
-    """
-
-    def __init__(self, rt):
-        default = (256 << 10) if rt.mode.startswith("sim") else (64 << 20)
-        data_bytes = int(os.environ.get("IRIS_WORKSPACE_BYTES", default))
-        self.layout = WorkspaceLayout(rt.world_size, data_bytes)
-        self.offset = rt.heap.allocate(self.layout.total_bytes)
-        self.simulated = rt.mode.startswith("sim")
-
-
-def _workspace() -> Workspace:
-    rt = runtime_lib.runtime()
-    return rt.service("collectives", Workspace)
 
 
 def _axes(axis_name) -> tuple[str, ...]:
@@ -87,7 +68,7 @@ def _launch(kind: int, x2d, axes, out_blocks: int, *, op=K.SUM, variant=K.ONE_SH
             out_invariant=False, what="collective", timeout_s=None):
     """Runs the collective kernel on x viewed as [XB, m]; returns the output as [OB, m]."""
     rt = runtime_lib.runtime()
-    ws = _workspace()
+    ws = workspaces(rt)
     G = _group_size(axes)
     XB, m = x2d.shape
     itemsize = x2d.dtype.itemsize
@@ -104,8 +85,7 @@ def _launch(kind: int, x2d, axes, out_blocks: int, *, op=K.SUM, variant=K.ONE_SH
         out_varying=tuple(a for a in _vma(x2d) | set(axes) if not (out_invariant and a in axes)),
         KIND=kind, OP=op, VARIANT=variant, G=G, WORLD=rt.world_size, XB=XB, OB=out_blocks,
         SOURCES=tuple(sources) if sources is not None else tuple([-1] * G),
-        ACC=tl.float32 if acc == "fp32" else tl.int32, BLOCK=block, CHUNK=chunk, WS_OFFSET=ws.offset,
-        DATA=ws.layout.data, DATA2=ws.layout.data2, DATA_BYTES=ws.layout.data_bytes,
+        ACC=tl.float32 if acc == "fp32" else tl.int32, BLOCK=block, CHUNK=chunk, DATA=ws.layout.data, DATA2=ws.layout.data2, DATA_BYTES=ws.layout.data_bytes,
         MAX_PROGRAMS=MAX_PROGRAMS, TIMEOUT_NS=int((timeout_s or DEFAULT_TIMEOUT_S) * 1e9), WHAT=what)
     return out
 
@@ -114,20 +94,27 @@ def _launch(kind: int, x2d, axes, out_blocks: int, *, op=K.SUM, variant=K.ONE_SH
 def _choose_variant(variant: str, nbytes: int, group_size: int) -> int:
     if variant not in VARIANTS:
         raise ValueError(f"unknown all_reduce variant {variant!r}; choose one of {VARIANTS}")
-    if variant in ("ring", "atomic", "spinlock"):
-        raise NotImplementedError(
-            f"all_reduce variant {variant!r} is not implemented yet (available: auto, one_shot, two_shot); "
-            "iris never falls back to XLA silently")
     if variant == "auto":
         return K.TWO_SHOT if nbytes >= TWO_SHOT_FROM_BYTES and group_size > 1 else K.ONE_SHOT
-    return K.ONE_SHOT if variant == "one_shot" else K.TWO_SHOT
+    return {"one_shot": K.ONE_SHOT, "two_shot": K.TWO_SHOT, "ring": K.RING, "atomic": K.ATOMIC,
+            "spinlock": K.SPINLOCK}[variant]
 
 
 def _all_reduce_leaf(x, axes, op: str, variant: str, timeout_s):
     _check_dtype(x, "all_reduce")
     if op not in _OPS:
         raise ValueError(f"unknown reduction {op!r}; choose one of {tuple(_OPS)}")
-    chosen = _choose_variant(variant, x.size * x.dtype.itemsize, _group_size(axes))
+    group_size = _group_size(axes)
+    chosen = _choose_variant(variant, x.size * x.dtype.itemsize, group_size)
+    if chosen in (K.ATOMIC, K.SPINLOCK) and op != "sum":
+        raise ValueError(f"all_reduce variant {variant!r} only sums; use one_shot, two_shot or ring for op={op!r}")
+    if chosen == K.ATOMIC and x.dtype not in (jnp.float32, jnp.int32):
+        raise TypeError(f"all_reduce variant 'atomic' needs float32 or int32 (got {x.dtype}); use 'spinlock' "
+                        "or another variant")
+    if chosen == K.RING and group_size > 32:
+        raise ValueError(f"all_reduce variant 'ring' supports groups of up to 32 ranks (got {group_size})")
+    if chosen == K.RING and group_size == 1:
+        chosen = K.ONE_SHOT  # a ring of one: nothing to pass around
     if x.size == 0:
         return _empty(x.shape, x.dtype, _vma(x) - set(axes))
     out = _launch(K.ALL_REDUCE, x.reshape(1, -1), axes, 1, op=_OPS[op], variant=chosen, out_invariant=True,
@@ -140,7 +127,9 @@ def all_reduce(x, axis_name, op: str = "sum", variant: str = "auto", *, timeout_
 
     Args:
       variant: "one_shot" (every rank reads every peer's input), "two_shot" (reduce-scatter
-        then all-gather), or "auto" (by size, from measured thresholds).
+        then all-gather), "ring" (2(G-1) neighbour steps), "atomic" (remote atomic adds into
+        every rank's accumulator; float32/int32 sums), "spinlock" (read-add-write under a
+        per-tile lock on every rank; sums), or "auto" (by size, from measured thresholds).
       timeout_s: how long to wait for a peer before failing (default IRIS_COLLECTIVE_TIMEOUT or 60).
     """
     axes = _axes(axis_name)

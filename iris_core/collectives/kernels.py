@@ -1,5 +1,8 @@
 """One persistent kernel for every whole-array collective: stage, signal, wait, gather.
 
+The kernel's second argument is the group row [my index, member ranks..., workspace offset]
+(iris_jax.call.group_table); the workspace layout is iris_core.collectives.workspace.
+
 Each rank stages its input into its workspace buffer, signals every peer of its group,
 waits for their signals, then reads what it needs from the peers' workspaces (pulls):
 
@@ -25,8 +28,9 @@ from iris_core.device.nvidia import peer_timeout
 
 ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL, PPERMUTE, BROADCAST = range(6)
 SUM, MAX, MIN = range(3)
-ONE_SHOT, TWO_SHOT = range(2)
+ONE_SHOT, TWO_SHOT, ATOMIC, SPINLOCK, RING = range(5)
 LINE: tl.constexpr = tl.constexpr(128)
+STEPS: tl.constexpr = tl.constexpr(64)  # flag rounds per call (ring: 2G - 1), so G <= 32
 
 
 @triton.jit
@@ -40,42 +44,220 @@ def _combine(acc, value, OP: tl.constexpr):
 
 
 @triton.jit
-def _flag(ws_base, PHASE: tl.constexpr, pid, member, MAX_PROGRAMS: tl.constexpr, WORLD: tl.constexpr):
-    """Pointer (in my heap) to the flag of `member` for program `pid` in `PHASE`."""
-    line = MAX_PROGRAMS + (PHASE * MAX_PROGRAMS + pid) * WORLD + member
+def _flag(ws_base, pid, member, MAX_PROGRAMS: tl.constexpr, WORLD: tl.constexpr):
+    """Pointer (in my heap) to the flag `member` raises for program `pid`."""
+    line = MAX_PROGRAMS + pid * WORLD + member
     return tl.cast(ws_base + line * LINE, tl.pointer_type(tl.int64))
 
 
 @triton.jit
-def _signal(ctx, group_ptr, ws_base, PHASE: tl.constexpr, pid, me, epoch, G: tl.constexpr,
-            MAX_PROGRAMS: tl.constexpr, WORLD: tl.constexpr):
-    tl.debug_barrier()  # every thread's staged stores precede the release
-    flag = _flag(ws_base, PHASE, pid, ctx.rank, MAX_PROGRAMS, WORLD)  # my global rank's flag
+def _signal(ctx, group_ptr, ws_base, pid, me, stamp, G: tl.constexpr, MAX_PROGRAMS: tl.constexpr,
+            WORLD: tl.constexpr):
+    """Raises my flag to `stamp` on every member (release: my earlier writes are visible first)."""
+    tl.debug_barrier()  # every thread's stores precede the release
+    flag = _flag(ws_base, pid, me, MAX_PROGRAMS, WORLD)
     for i in tl.static_range(G):
-        ctx.atomic_xchg(flag, epoch, to_rank=tl.load(group_ptr + 1 + i), sem="release", scope="sys")
+        ctx.atomic_xchg(flag, stamp, to_rank=tl.load(group_ptr + 1 + i), sem="release", scope="sys")
 
 
 @triton.jit
-def _wait(group_ptr, ws_base, PHASE: tl.constexpr, pid, epoch, G: tl.constexpr, MAX_PROGRAMS: tl.constexpr,
-          WORLD: tl.constexpr, TIMEOUT_NS: tl.constexpr, WHAT: tl.constexpr):
+def _wait_member(group_ptr, ws_base, pid, member, stamp, start, MAX_PROGRAMS: tl.constexpr, WORLD: tl.constexpr,
+                 TIMEOUT_NS: tl.constexpr, WHAT: tl.constexpr):
+    """Spins until `member`'s flag reached `stamp` (acquire), or fails after the timeout."""
+    flag = _flag(ws_base, pid, member, MAX_PROGRAMS, WORLD)
+    seen = tl.load(flag, volatile=True)
+    while seen < stamp:
+        if global_timer() - start > TIMEOUT_NS:
+            peer_timeout(WHAT, tl.load(group_ptr + 1 + member))
+        seen = tl.load(flag, volatile=True)
+    tl.atomic_add(flag, 0, sem="acquire", scope="sys")
+
+
+@triton.jit
+def _wait(group_ptr, ws_base, pid, stamp, G: tl.constexpr, MAX_PROGRAMS: tl.constexpr, WORLD: tl.constexpr,
+          TIMEOUT_NS: tl.constexpr, WHAT: tl.constexpr):
+    """Waits until every member's flag reached `stamp`."""
     start = global_timer()
     for i in tl.static_range(G):
-        flag = _flag(ws_base, PHASE, pid, tl.load(group_ptr + 1 + i), MAX_PROGRAMS, WORLD)
-        seen = tl.load(flag, volatile=True)
-        while seen < epoch:
-            if global_timer() - start > TIMEOUT_NS:
-                peer_timeout(WHAT, tl.load(group_ptr + 1 + i))
-            seen = tl.load(flag, volatile=True)
-        tl.atomic_add(flag, 0, sem="acquire", scope="sys")
+        _wait_member(group_ptr, ws_base, pid, i, stamp, start, MAX_PROGRAMS, WORLD, TIMEOUT_NS, WHAT)
     tl.debug_barrier()
+
+
+@triton.jit
+def _rank(group_ptr, member):
+    """Global rank of group member `member` (group row: [me, ranks..., offset lo, hi])."""
+    return tl.load(group_ptr + 1 + member)
+
+
+@triton.jit
+def _workspace_offset(group_ptr, G: tl.constexpr):
+    """Heap offset of this group's workspace (see iris_jax.workspace)."""
+    low = tl.load(group_ptr + 1 + G).to(tl.uint32).to(tl.uint64)
+    high = tl.load(group_ptr + 2 + G).to(tl.uint32).to(tl.uint64)
+    return low | (high << 32)
+
+
+@triton.jit
+def _all_reduce_push(ctx, group_ptr, x_ptr, out_ptr, ws, locks, ws_base, c0, m, width, tiles, pid, programs, me,
+                     stamp, LOCKED: tl.constexpr, G: tl.constexpr, ACC: tl.constexpr, BLOCK: tl.constexpr,
+                     MAX_PROGRAMS: tl.constexpr, WORLD: tl.constexpr, TIMEOUT_NS: tl.constexpr,
+                     WHAT: tl.constexpr):
+    """Atomic / spinlock all-reduce of one chunk: every rank adds its input into every rank's
+    zeroed workspace (atomically, or read-add-write under a per-tile lock), then reads its own."""
+    lanes = tl.arange(0, BLOCK)
+    for t in range(pid, tiles, programs):  # 1. zero my accumulator (and my locks)
+        cols = t * BLOCK + lanes
+        tl.store(ws + cols, tl.zeros([BLOCK], ws.dtype.element_ty), mask=cols < width)
+        if LOCKED:
+            tl.store(locks + t, 0)
+    _signal(ctx, group_ptr, ws_base, pid, me, stamp, G, MAX_PROGRAMS, WORLD)
+    _wait(group_ptr, ws_base, pid, stamp, G, MAX_PROGRAMS, WORLD, TIMEOUT_NS, WHAT)
+    for t in range(pid, tiles, programs):  # 2. add my input into every rank's accumulator
+        cols = t * BLOCK + lanes
+        mask = cols < width
+        value = tl.load(x_ptr + (c0 + cols).to(tl.int64), mask=mask)
+        for i in tl.static_range(G):
+            if LOCKED:
+                start = global_timer()
+                while ctx.atomic_cas(locks + t, 0, 1, to_rank=_rank(group_ptr, i), sem="acquire", scope="sys") != 0:
+                    if global_timer() - start > TIMEOUT_NS:
+                        peer_timeout(WHAT, _rank(group_ptr, i))
+                current = ctx.load(ws + cols, from_rank=_rank(group_ptr, i), mask=mask, cache_modifier=".cg")
+                total = (current.to(ACC) + value.to(ACC)).to(ws.dtype.element_ty)
+                ctx.store(ws + cols, total, to_rank=_rank(group_ptr, i), mask=mask)
+                tl.debug_barrier()
+                ctx.atomic_xchg(locks + t, 0, to_rank=_rank(group_ptr, i), sem="release", scope="sys")
+            else:
+                ctx.atomic_add(ws + cols, value, to_rank=_rank(group_ptr, i), mask=mask, sem="relaxed", scope="sys")
+    _signal(ctx, group_ptr, ws_base, pid, me, stamp + 1, G, MAX_PROGRAMS, WORLD)
+    _wait(group_ptr, ws_base, pid, stamp + 1, G, MAX_PROGRAMS, WORLD, TIMEOUT_NS, WHAT)
+    for t in range(pid, tiles, programs):  # 3. my accumulator holds the sum
+        cols = t * BLOCK + lanes
+        mask = cols < width
+        tl.store(out_ptr + (c0 + cols).to(tl.int64), tl.load(ws + cols, mask=mask, cache_modifier=".cg"), mask=mask)
+
+
+@triton.jit
+def _all_reduce_ring(ctx, group_ptr, out_ptr, ws, ws2, ws_base, c0, width, tiles, pid, programs, me, stamp,
+                     OP: tl.constexpr, G: tl.constexpr, ACC: tl.constexpr, BLOCK: tl.constexpr,
+                     MAX_PROGRAMS: tl.constexpr, WORLD: tl.constexpr, TIMEOUT_NS: tl.constexpr,
+                     WHAT: tl.constexpr):
+    """Ring all-reduce of one staged chunk (my input is in `ws`, flag at `stamp`).
+
+    Tiles are split into G segments (tile t in segment t % G). Reduce-scatter, steps
+    k = 1..G-1: add my input to the predecessor's partial of segment me - k (its staged input
+    for k = 1) into my `ws2`. I then hold segment me + 1 in full. All-gather, steps
+    j = 1..G-1: copy the predecessor's full segment me - j + 1 into my `ws2` and output; before
+    overwriting that slot, wait until the successor has read it (its step j).
+    """
+    lanes = tl.arange(0, BLOCK)
+    pred = (me + G - 1) % G
+    succ = (me + 1) % G
+    for k in tl.static_range(1, G):
+        start = global_timer()
+        _wait_member(group_ptr, ws_base, pid, pred, stamp + k - 1, start, MAX_PROGRAMS, WORLD, TIMEOUT_NS, WHAT)
+        tl.debug_barrier()
+        segment = (me + G - k) % G
+        for t in range(pid, tiles, programs):
+            if t % G == segment:
+                cols = t * BLOCK + lanes
+                mask = cols < width
+                if k == 1:
+                    partial = ctx.load(ws + cols, from_rank=_rank(group_ptr, pred), mask=mask, cache_modifier=".cg")
+                else:
+                    partial = ctx.load(ws2 + cols, from_rank=_rank(group_ptr, pred), mask=mask, cache_modifier=".cg")
+                mine = tl.load(ws + cols, mask=mask)
+                tl.store(ws2 + cols, _combine(partial.to(ACC), mine.to(ACC), OP).to(ws.dtype.element_ty), mask=mask)
+        _signal(ctx, group_ptr, ws_base, pid, me, stamp + k, G, MAX_PROGRAMS, WORLD)
+    for t in range(pid, tiles, programs):  # my fully reduced segment
+        if t % G == succ:
+            cols = t * BLOCK + lanes
+            mask = cols < width
+            tl.store(out_ptr + (c0 + cols).to(tl.int64), tl.load(ws2 + cols, mask=mask), mask=mask)
+    for j in tl.static_range(1, G):
+        start = global_timer()
+        _wait_member(group_ptr, ws_base, pid, pred, stamp + G - 2 + j, start, MAX_PROGRAMS, WORLD, TIMEOUT_NS, WHAT)
+        _wait_member(group_ptr, ws_base, pid, succ, stamp + j, start, MAX_PROGRAMS, WORLD, TIMEOUT_NS, WHAT)
+        tl.debug_barrier()
+        segment = (me + G - j + 1) % G
+        for t in range(pid, tiles, programs):
+            if t % G == segment:
+                cols = t * BLOCK + lanes
+                mask = cols < width
+                value = ctx.load(ws2 + cols, from_rank=_rank(group_ptr, pred), mask=mask, cache_modifier=".cg")
+                tl.store(ws2 + cols, value, mask=mask)
+                tl.store(out_ptr + (c0 + cols).to(tl.int64), value, mask=mask)
+        _signal(ctx, group_ptr, ws_base, pid, me, stamp + G - 1 + j, G, MAX_PROGRAMS, WORLD)
+
+
+@triton.jit
+def _stage(x_ptr, ws, m, c0, width, tiles, pid, programs, XB: tl.constexpr, CHUNK: tl.constexpr,
+           BLOCK: tl.constexpr):
+    """Copies my columns [c0, c0 + width) of every input block into my workspace."""
+    lanes = tl.arange(0, BLOCK)
+    for t in range(pid, tiles, programs):
+        cols = t * BLOCK + lanes
+        mask = cols < width
+        for b in tl.static_range(XB):
+            value = tl.load(x_ptr + (b * m + c0 + cols).to(tl.int64), mask=mask)
+            tl.store(ws + b * CHUNK + cols, value, mask=mask)
+
+
+@triton.jit
+def _pull(ctx, group_ptr, out_ptr, ws, ws2, m, c0, width, tiles, pid, programs, me, block_in, source,
+          KIND: tl.constexpr, OP: tl.constexpr, VARIANT: tl.constexpr, G: tl.constexpr, ACC: tl.constexpr,
+          BLOCK: tl.constexpr, CHUNK: tl.constexpr):
+    """Reads what this rank needs from the members' staged workspaces (table in the module doc)."""
+    lanes = tl.arange(0, BLOCK)
+    for t in range(pid, tiles, programs):
+        cols = t * BLOCK + lanes
+        mask = cols < width
+        src = ws + block_in * CHUNK + cols
+        dst = out_ptr + (c0 + cols).to(tl.int64)
+        if KIND == 0 or KIND == 2:  # ALL_REDUCE (one-shot; two-shot: owned tiles), REDUCE_SCATTER
+            mine = t % G == me
+            if VARIANT != 1 or KIND == 2:
+                mine = t >= 0
+            if mine:
+                acc = ctx.load(src, from_rank=_rank(group_ptr, 0), mask=mask, cache_modifier=".cg").to(ACC)
+                for i in tl.static_range(1, G):
+                    value = ctx.load(src, from_rank=_rank(group_ptr, i), mask=mask, cache_modifier=".cg")
+                    acc = _combine(acc, value.to(ACC), OP)
+                result = acc.to(out_ptr.dtype.element_ty)
+                tl.store(dst, result, mask=mask)
+                if VARIANT == 1:
+                    tl.store(ws2 + cols, result, mask=mask)  # two-shot: the owners' results
+        elif KIND == 1 or KIND == 3:  # ALL_GATHER, ALL_TO_ALL
+            for i in tl.static_range(G):
+                value = ctx.load(src, from_rank=_rank(group_ptr, i), mask=mask, cache_modifier=".cg")
+                tl.store(dst + i * m, value, mask=mask)
+        else:  # PPERMUTE, BROADCAST
+            if source >= 0:
+                value = ctx.load(src, from_rank=_rank(group_ptr, source), mask=mask, cache_modifier=".cg")
+            else:
+                value = tl.zeros([BLOCK], out_ptr.dtype.element_ty)
+            tl.store(dst, value, mask=mask)
+
+
+@triton.jit
+def _two_shot_gather(ctx, group_ptr, out_ptr, ws2, c0, width, tiles, pid, programs, me, G: tl.constexpr,
+                     BLOCK: tl.constexpr):
+    """Two-shot, second half: every tile I do not own comes from its owner's `ws2`."""
+    lanes = tl.arange(0, BLOCK)
+    for t in range(pid, tiles, programs):
+        owner = t % G
+        if owner != me:
+            cols = t * BLOCK + lanes
+            mask = cols < width
+            value = ctx.load(ws2 + cols, from_rank=_rank(group_ptr, owner), mask=mask, cache_modifier=".cg")
+            tl.store(out_ptr + (c0 + cols).to(tl.int64), value, mask=mask)
 
 
 @triton.jit
 def collective_kernel(context_ptr, group_ptr, x_ptr, m, out_ptr,
                       KIND: tl.constexpr, OP: tl.constexpr, VARIANT: tl.constexpr, G: tl.constexpr,
                       WORLD: tl.constexpr, XB: tl.constexpr, OB: tl.constexpr, SOURCES: tl.constexpr,
-                      ACC: tl.constexpr, BLOCK: tl.constexpr, CHUNK: tl.constexpr, WS_OFFSET: tl.constexpr,
-                      DATA: tl.constexpr, DATA2: tl.constexpr, DATA_BYTES: tl.constexpr,
+                      ACC: tl.constexpr, BLOCK: tl.constexpr, CHUNK: tl.constexpr, DATA: tl.constexpr, DATA2: tl.constexpr, DATA_BYTES: tl.constexpr,
                       MAX_PROGRAMS: tl.constexpr, TIMEOUT_NS: tl.constexpr, WHAT: tl.constexpr):
     """See the module docstring. `m` is the column count; SOURCES[i] is member i's source
     (PPERMUTE/BROADCAST; -1: none, output zeros)."""
@@ -83,7 +265,7 @@ def collective_kernel(context_ptr, group_ptr, x_ptr, m, out_ptr,
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
     me = tl.load(group_ptr)
-    ws_base = tl.load(ctx.heap_bases + ctx.rank) + WS_OFFSET
+    ws_base = tl.load(ctx.heap_bases + ctx.rank) + _workspace_offset(group_ptr, G)
     # The epoch lives in a register for the whole call: re-reading it through the (incoherent)
     # L1 in a later chunk could give threads of one program different epochs.
     epoch_ptr = tl.cast(ws_base + pid * LINE, tl.pointer_type(tl.int64))
@@ -94,64 +276,31 @@ def collective_kernel(context_ptr, group_ptr, x_ptr, m, out_ptr,
     block_in = 0
     if XB > 1:
         block_in = me
-    lanes = tl.arange(0, BLOCK)
     for c0 in range(0, m, CHUNK):
         width = tl.minimum(m - c0, CHUNK)
         tiles = tl.cdiv(width, BLOCK)
         epoch += 1
+        stamp = epoch * STEPS  # flag values: STEPS slots per call, one per round trip
         parity = (epoch % 2).to(tl.uint64)
         ws = tl.cast(ws_base + DATA + parity * DATA_BYTES, x_ptr.dtype)
         ws2 = tl.cast(ws_base + DATA2 + parity * DATA_BYTES, x_ptr.dtype)
-        # 1. stage my columns of every input block into my workspace
-        for t in range(pid, tiles, programs):
-            cols = t * BLOCK + lanes
-            mask = cols < width
-            for b in tl.static_range(XB):
-                value = tl.load(x_ptr + (b * m + c0 + cols).to(tl.int64), mask=mask)
-                tl.store(ws + b * CHUNK + cols, value, mask=mask)
-        _signal(ctx, group_ptr, ws_base, 0, pid, me, epoch, G, MAX_PROGRAMS, WORLD)
-        _wait(group_ptr, ws_base, 0, pid, epoch, G, MAX_PROGRAMS, WORLD, TIMEOUT_NS, WHAT)
-        # 2. read the peers' workspaces
-        for t in range(pid, tiles, programs):
-            cols = t * BLOCK + lanes
-            mask = cols < width
-            src = ws + block_in * CHUNK + cols
-            dst = out_ptr + (c0 + cols).to(tl.int64)
-            if KIND == 0 or KIND == 2:  # ALL_REDUCE, REDUCE_SCATTER
-                if VARIANT == 0 or KIND == 2:
-                    acc = ctx.load(src, from_rank=tl.load(group_ptr + 1), mask=mask, cache_modifier=".cg").to(ACC)
-                    for i in tl.static_range(1, G):
-                        value = ctx.load(src, from_rank=tl.load(group_ptr + 1 + i), mask=mask, cache_modifier=".cg")
-                        acc = _combine(acc, value.to(ACC), OP)
-                    tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=mask)
-                elif t % G == me:  # two-shot, phase 1: reduce the tiles I own
-                    acc = ctx.load(src, from_rank=tl.load(group_ptr + 1), mask=mask, cache_modifier=".cg").to(ACC)
-                    for i in tl.static_range(1, G):
-                        value = ctx.load(src, from_rank=tl.load(group_ptr + 1 + i), mask=mask, cache_modifier=".cg")
-                        acc = _combine(acc, value.to(ACC), OP)
-                    result = acc.to(out_ptr.dtype.element_ty)
-                    tl.store(ws2 + cols, result, mask=mask)
-                    tl.store(dst, result, mask=mask)
-            elif KIND == 1 or KIND == 3:  # ALL_GATHER, ALL_TO_ALL
-                for i in tl.static_range(G):
-                    value = ctx.load(src, from_rank=tl.load(group_ptr + 1 + i), mask=mask, cache_modifier=".cg")
-                    tl.store(dst + i * m, value, mask=mask)
-            else:  # PPERMUTE, BROADCAST
-                if source >= 0:
-                    value = ctx.load(src, from_rank=tl.load(group_ptr + 1 + source), mask=mask, cache_modifier=".cg")
-                else:
-                    value = tl.zeros([BLOCK], out_ptr.dtype.element_ty)
-                tl.store(dst, value, mask=mask)
-        if KIND == 0 and VARIANT == 1:
-            # two-shot, phase 2: fetch every other tile from the rank that reduced it
-            _signal(ctx, group_ptr, ws_base, 1, pid, me, epoch, G, MAX_PROGRAMS, WORLD)
-            _wait(group_ptr, ws_base, 1, pid, epoch, G, MAX_PROGRAMS, WORLD, TIMEOUT_NS, WHAT)
-            for t in range(pid, tiles, programs):
-                owner = t % G
-                if owner != me:
-                    cols = t * BLOCK + lanes
-                    mask = cols < width
-                    value = ctx.load(ws2 + cols, from_rank=tl.load(group_ptr + 1 + owner), mask=mask, cache_modifier=".cg")
-                    tl.store(out_ptr + (c0 + cols).to(tl.int64), value, mask=mask)
+        if KIND == 0 and (VARIANT == 2 or VARIANT == 3):  # atomic, spinlock
+            locks = tl.cast(ws_base + DATA2 + parity * DATA_BYTES, tl.pointer_type(tl.int32))
+            _all_reduce_push(ctx, group_ptr, x_ptr, out_ptr, ws, locks, ws_base, c0, m, width, tiles, pid, programs,
+                             me, stamp, VARIANT == 3, G, ACC, BLOCK, MAX_PROGRAMS, WORLD, TIMEOUT_NS, WHAT)
+        else:
+            _stage(x_ptr, ws, m, c0, width, tiles, pid, programs, XB, CHUNK, BLOCK)
+            _signal(ctx, group_ptr, ws_base, pid, me, stamp, G, MAX_PROGRAMS, WORLD)
+            if KIND == 0 and VARIANT == 4:
+                _all_reduce_ring(ctx, group_ptr, out_ptr, ws, ws2, ws_base, c0, width, tiles, pid, programs, me,
+                                 stamp, OP, G, ACC, BLOCK, MAX_PROGRAMS, WORLD, TIMEOUT_NS, WHAT)
+            else:
+                _wait(group_ptr, ws_base, pid, stamp, G, MAX_PROGRAMS, WORLD, TIMEOUT_NS, WHAT)
+                _pull(ctx, group_ptr, out_ptr, ws, ws2, m, c0, width, tiles, pid, programs, me, block_in, source,
+                      KIND, OP, VARIANT, G, ACC, BLOCK, CHUNK)
+                if KIND == 0 and VARIANT == 1:
+                    _signal(ctx, group_ptr, ws_base, pid, me, stamp + 1, G, MAX_PROGRAMS, WORLD)
+                    _wait(group_ptr, ws_base, pid, stamp + 1, G, MAX_PROGRAMS, WORLD, TIMEOUT_NS, WHAT)
+                    _two_shot_gather(ctx, group_ptr, out_ptr, ws2, c0, width, tiles, pid, programs, me, G, BLOCK)
     tl.debug_barrier()  # every thread is done with the epoch before it is published locally
     tl.store(epoch_ptr, epoch)

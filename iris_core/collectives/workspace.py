@@ -1,13 +1,14 @@
 """Layout of the fixed collective workspace that every rank keeps at one heap offset.
 
-    epochs  [MAX_PROGRAMS]                  local call counter of each program (one line each)
-    flags   [2 phases][MAX_PROGRAMS][W]     flag p of program k on my heap: epoch rank p reached
-    data    [2 buffers][data_bytes]         staged inputs (buffer = epoch parity)
-    data2   [2 buffers][data_bytes]         two-shot: each rank's reduced share
+    epochs  [MAX_PROGRAMS]              local call counter of each program (one line each)
+    flags   [MAX_PROGRAMS][W]           flag p of program k on my heap: the last stamp rank p raised
+    data    [2 buffers][data_bytes]     staged inputs / accumulators (buffer = epoch parity)
+    data2   [2 buffers][data_bytes]     two-shot results, ring partials, spinlock locks
 
-Every flag sits on its own 128-byte line. Epochs only grow and buffers alternate with the
-epoch's parity, so back-to-back calls need no reset and no host synchronization: a rank can
-overwrite a buffer only after every peer signalled the call that followed its last read.
+Every flag sits on its own 128-byte line. A call's flags carry stamps epoch * STEPS + round,
+so they only grow; buffers alternate with the epoch's parity, so back-to-back calls need no
+reset and no host synchronization: a rank overwrites a buffer only after every peer that
+reads it has signalled a later round.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ class WorkspaceLayout:
 
     @property
     def data(self) -> int:
-        return self.flags + 2 * MAX_PROGRAMS * self.world_size * LINE_BYTES
+        return self.flags + MAX_PROGRAMS * self.world_size * LINE_BYTES
 
     @property
     def data2(self) -> int:

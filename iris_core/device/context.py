@@ -9,7 +9,9 @@
 
 `rank` is a run-time value read from the context, so one compiled kernel serves every
 device of a single-process SPMD program; `world_size` is a compile-time constant.
-Every method is a two-line wrapper over the free functions in `rma`.
+Every RMA method wraps the free function of the same name in `rma`; built with
+`tracing=True` it also records one event per call in `ctx.tracing` (see `tracing`),
+built without, it compiles to exactly the free function.
 """
 
 import triton
@@ -19,7 +21,11 @@ from iris_core.device import rma
 from iris_core.device import tile_collectives as tiles
 from iris_core.device.rma import ACQ_REL, NO_MODIFIER, SYSTEM
 from iris_core.device.compat import aggregate
-from iris_core.device.tracing import DeviceTracing
+from iris_core.device.tracing import (
+    EVENT_ATOMIC_ADD, EVENT_ATOMIC_AND, EVENT_ATOMIC_CAS, EVENT_ATOMIC_MAX, EVENT_ATOMIC_MIN, EVENT_ATOMIC_OR,
+    EVENT_ATOMIC_SUB, EVENT_ATOMIC_XCHG, EVENT_ATOMIC_XOR, EVENT_COPY, EVENT_GET, EVENT_LOAD, EVENT_PUT, EVENT_STORE,
+    DeviceTracing,
+)
 
 
 @aggregate
@@ -43,84 +49,123 @@ class Context:
         words = context_ptr.to(tl.pointer_type(tl.uint64), bitcast=True)
         rank = tl.load(words).to(tl.int32)
         heap_bases = words + 2
-        return Context(rank, world_size, heap_bases, DeviceTracing(tracing, words + 2 + world_size))
+        return Context(rank, world_size, heap_bases, DeviceTracing(tracing, words + 2 + world_size, rank, heap_bases))
 
     @triton.jit
     def translate(self, ptr, from_rank, to_rank, hint: tl.constexpr = None):
         return rma.translate(ptr, from_rank, to_rank, self.heap_bases, hint)
 
+    # RMA ops: with tracing=True each records one event (rank = the peer, address = my pointer)
     @triton.jit
     def load(self, ptr, from_rank, mask=None, other=None, cache_modifier: tl.constexpr = NO_MODIFIER,
              volatile: tl.constexpr = False, hint: tl.constexpr = None):
-        return rma.load(ptr, from_rank, self.rank, self.heap_bases, mask, other, cache_modifier, volatile, hint)
+        event = self.tracing.record_event_start(EVENT_LOAD, from_rank, ptr, mask=mask)
+        value = rma.load(ptr, from_rank, self.rank, self.heap_bases, mask, other, cache_modifier, volatile, hint)
+        self.tracing.record_event_end(event)
+        return value
 
     @triton.jit
     def store(self, ptr, value, to_rank, mask=None, cache_modifier: tl.constexpr = NO_MODIFIER, hint: tl.constexpr = None):
+        event = self.tracing.record_event_start(EVENT_STORE, to_rank, ptr, mask=mask)
         rma.store(ptr, value, to_rank, self.rank, self.heap_bases, mask, cache_modifier, hint)
+        self.tracing.record_event_end(event)
 
     @triton.jit
     def get(self, from_ptr, to_ptr, from_rank, mask=None, other=None, load_cache_modifier: tl.constexpr = NO_MODIFIER,
             store_cache_modifier: tl.constexpr = NO_MODIFIER, hint: tl.constexpr = None):
+        event = self.tracing.record_event_start(EVENT_GET, from_rank, from_ptr, mask=mask)
         rma.get(from_ptr, to_ptr, from_rank, self.rank, self.heap_bases, mask, other, load_cache_modifier,
                 store_cache_modifier, hint)
+        self.tracing.record_event_end(event)
 
     @triton.jit
     def put(self, from_ptr, to_ptr, to_rank, mask=None, other=None, load_cache_modifier: tl.constexpr = NO_MODIFIER,
             store_cache_modifier: tl.constexpr = NO_MODIFIER, hint: tl.constexpr = None):
+        event = self.tracing.record_event_start(EVENT_PUT, to_rank, to_ptr, mask=mask)
         rma.put(from_ptr, to_ptr, to_rank, self.rank, self.heap_bases, mask, other, load_cache_modifier,
                 store_cache_modifier, hint)
+        self.tracing.record_event_end(event)
 
     @triton.jit
     def copy(self, src_ptr, dst_ptr, from_rank, to_rank, mask=None, other=None,
              load_cache_modifier: tl.constexpr = NO_MODIFIER, store_cache_modifier: tl.constexpr = NO_MODIFIER,
              hint: tl.constexpr = None):
+        event = self.tracing.record_event_start(EVENT_COPY, to_rank, dst_ptr, mask=mask)
         rma.copy(src_ptr, dst_ptr, from_rank, to_rank, self.rank, self.heap_bases, mask, other,
                  load_cache_modifier, store_cache_modifier, hint)
+        self.tracing.record_event_end(event)
 
     @triton.jit
     def atomic_add(self, ptr, val, to_rank, mask=None, sem: tl.constexpr = ACQ_REL, scope: tl.constexpr = SYSTEM,
                    hint: tl.constexpr = None):
-        return rma.atomic_add(ptr, val, to_rank, self.rank, self.heap_bases, mask, sem, scope, hint)
+        event = self.tracing.record_event_start(EVENT_ATOMIC_ADD, to_rank, ptr, mask=mask)
+        old = rma.atomic_add(ptr, val, to_rank, self.rank, self.heap_bases, mask, sem, scope, hint)
+        self.tracing.record_event_end(event)
+        return old
 
     @triton.jit
     def atomic_sub(self, ptr, val, to_rank, mask=None, sem: tl.constexpr = ACQ_REL, scope: tl.constexpr = SYSTEM,
                    hint: tl.constexpr = None):
-        return rma.atomic_sub(ptr, val, to_rank, self.rank, self.heap_bases, mask, sem, scope, hint)
+        event = self.tracing.record_event_start(EVENT_ATOMIC_SUB, to_rank, ptr, mask=mask)
+        old = rma.atomic_sub(ptr, val, to_rank, self.rank, self.heap_bases, mask, sem, scope, hint)
+        self.tracing.record_event_end(event)
+        return old
 
     @triton.jit
     def atomic_xchg(self, ptr, val, to_rank, mask=None, sem: tl.constexpr = ACQ_REL, scope: tl.constexpr = SYSTEM,
-                    hint: tl.constexpr = None):
-        return rma.atomic_xchg(ptr, val, to_rank, self.rank, self.heap_bases, mask, sem, scope, hint)
+                   hint: tl.constexpr = None):
+        event = self.tracing.record_event_start(EVENT_ATOMIC_XCHG, to_rank, ptr, mask=mask)
+        old = rma.atomic_xchg(ptr, val, to_rank, self.rank, self.heap_bases, mask, sem, scope, hint)
+        self.tracing.record_event_end(event)
+        return old
 
     @triton.jit
     def atomic_xor(self, ptr, val, to_rank, mask=None, sem: tl.constexpr = ACQ_REL, scope: tl.constexpr = SYSTEM,
                    hint: tl.constexpr = None):
-        return rma.atomic_xor(ptr, val, to_rank, self.rank, self.heap_bases, mask, sem, scope, hint)
+        event = self.tracing.record_event_start(EVENT_ATOMIC_XOR, to_rank, ptr, mask=mask)
+        old = rma.atomic_xor(ptr, val, to_rank, self.rank, self.heap_bases, mask, sem, scope, hint)
+        self.tracing.record_event_end(event)
+        return old
 
     @triton.jit
     def atomic_and(self, ptr, val, to_rank, mask=None, sem: tl.constexpr = ACQ_REL, scope: tl.constexpr = SYSTEM,
                    hint: tl.constexpr = None):
-        return rma.atomic_and(ptr, val, to_rank, self.rank, self.heap_bases, mask, sem, scope, hint)
+        event = self.tracing.record_event_start(EVENT_ATOMIC_AND, to_rank, ptr, mask=mask)
+        old = rma.atomic_and(ptr, val, to_rank, self.rank, self.heap_bases, mask, sem, scope, hint)
+        self.tracing.record_event_end(event)
+        return old
 
     @triton.jit
     def atomic_or(self, ptr, val, to_rank, mask=None, sem: tl.constexpr = ACQ_REL, scope: tl.constexpr = SYSTEM,
-                  hint: tl.constexpr = None):
-        return rma.atomic_or(ptr, val, to_rank, self.rank, self.heap_bases, mask, sem, scope, hint)
+                   hint: tl.constexpr = None):
+        event = self.tracing.record_event_start(EVENT_ATOMIC_OR, to_rank, ptr, mask=mask)
+        old = rma.atomic_or(ptr, val, to_rank, self.rank, self.heap_bases, mask, sem, scope, hint)
+        self.tracing.record_event_end(event)
+        return old
 
     @triton.jit
     def atomic_min(self, ptr, val, to_rank, mask=None, sem: tl.constexpr = ACQ_REL, scope: tl.constexpr = SYSTEM,
                    hint: tl.constexpr = None):
-        return rma.atomic_min(ptr, val, to_rank, self.rank, self.heap_bases, mask, sem, scope, hint)
+        event = self.tracing.record_event_start(EVENT_ATOMIC_MIN, to_rank, ptr, mask=mask)
+        old = rma.atomic_min(ptr, val, to_rank, self.rank, self.heap_bases, mask, sem, scope, hint)
+        self.tracing.record_event_end(event)
+        return old
 
     @triton.jit
     def atomic_max(self, ptr, val, to_rank, mask=None, sem: tl.constexpr = ACQ_REL, scope: tl.constexpr = SYSTEM,
                    hint: tl.constexpr = None):
-        return rma.atomic_max(ptr, val, to_rank, self.rank, self.heap_bases, mask, sem, scope, hint)
+        event = self.tracing.record_event_start(EVENT_ATOMIC_MAX, to_rank, ptr, mask=mask)
+        old = rma.atomic_max(ptr, val, to_rank, self.rank, self.heap_bases, mask, sem, scope, hint)
+        self.tracing.record_event_end(event)
+        return old
 
     @triton.jit
     def atomic_cas(self, ptr, cmp, val, to_rank, sem: tl.constexpr = ACQ_REL, scope: tl.constexpr = SYSTEM,
                    hint: tl.constexpr = None):
-        return rma.atomic_cas(ptr, cmp, val, to_rank, self.rank, self.heap_bases, sem, scope, hint)
+        event = self.tracing.record_event_start(EVENT_ATOMIC_CAS, to_rank, ptr)
+        old = rma.atomic_cas(ptr, cmp, val, to_rank, self.rank, self.heap_bases, sem, scope, hint)
+        self.tracing.record_event_end(event)
+        return old
 
     # -- tile-level collectives (see tile_collectives) ------------------------------
     @triton.jit

@@ -1,0 +1,51 @@
+"""Heap workspaces for communicating kernels, one per *partition* of the ranks into groups.
+
+A collective over mesh axes splits the mesh's devices into disjoint groups (a partition).
+Every group of a partition runs the same sequence of calls, so epochs and double-buffered
+flags stay consistent inside the partition; two partitions that share ranks (a mesh's x and
+y axes, or two meshes over overlapping devices) would not, so each partition gets its own
+workspace, allocated from the symmetric heap the first time it is used. Disjoint groups of
+one partition share the offset (they never touch each other's heaps).
+
+Size per partition: `WorkspaceLayout(world_size, data_bytes).total_bytes`, about
+4 x data_bytes; data_bytes defaults to 32 MiB on GPUs and 256 KiB on the simulator
+(environment IRIS_WORKSPACE_BYTES). Larger arrays are processed in chunks.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from iris_core.collectives.workspace import WorkspaceLayout
+
+
+class GroupWorkspaces:
+    """Per-runtime pool of partition workspaces (a runtime service)."""
+
+    def __init__(self, rt):
+        self.simulated = rt.mode.startswith("sim")
+        default = (256 << 10) if self.simulated else (32 << 20)
+        self.layout = WorkspaceLayout(rt.world_size, int(os.environ.get("IRIS_WORKSPACE_BYTES", default)))
+        self._heap = rt.heap
+        self._offsets: dict[tuple, int] = {}
+        self._lock = threading.Lock()
+
+    def offset_for(self, groups) -> int:
+        """Heap offset of the workspace of the partition made of `groups` (rank tuples)."""
+        key = tuple(sorted(tuple(g) for g in set(map(tuple, groups))))
+        with self._lock:
+            if key not in self._offsets:
+                self._offsets[key] = self._heap.allocate(self.layout.total_bytes)
+            return self._offsets[key]
+
+    @property
+    def partitions(self) -> int:
+        return len(self._offsets)
+
+
+def workspaces(rt=None) -> GroupWorkspaces:
+    from iris_jax import _runtime as runtime_lib
+
+    rt = rt or runtime_lib.runtime()
+    return rt.service("group_workspaces", GroupWorkspaces)
