@@ -19,6 +19,8 @@ from iris_jax.collectives import (  # noqa: E402
 )
 from iris_jax._runtime import Runtime, init, is_initialized, runtime, shutdown  # noqa: E402
 from iris_jax.sync import barrier, check_barrier, device_barrier  # noqa: E402
+from iris_jax import tracing  # noqa: E402
+from iris_jax import ops  # noqa: E402
 
 _cpu_lowering.register()
 
@@ -27,5 +29,5 @@ __all__ = [
     "Context", "DeviceContext", "HeapExhaustedError", "IrisError", "NotOnHeapError", "PeerTimeoutError",
     "RankMismatchError", "Runtime", "arange", "barrier", "check_barrier", "device_barrier", "empty", "empty_like", "full", "full_like", "heap_offset",
     "init", "is_initialized", "is_symmetric", "ones", "ones_like", "rand", "randn", "runtime", "shutdown",
-    "to_heap", "triton_call", "zeros", "zeros_like",
+    "ops", "to_heap", "tracing", "triton_call", "zeros", "zeros_like",
 ]

@@ -77,6 +77,9 @@ class Runtime:
             else:
                 self._init_gpu_single(heap_size or DEFAULT_HEAP_SIZE, local)
         self.heap_size = self.heap.heap_size
+        from iris_jax.tracing import RuntimeTracer
+
+        self.tracing = RuntimeTracer(self)  # device event tracing (iris_jax.tracing)
         self._rank_of = {d.id: r for d, r in self._device_ranks.items()}
         if self.mode == GPU_MULTI:  # every process's device, for the context tables of global meshes
             self._rank_of = {d.id: r for r, d in enumerate(sorted(jax.devices(), key=lambda d: d.id))}
@@ -165,7 +168,8 @@ class Runtime:
         return np.stack([self.context(self.rank_of(d)) for d in devices])
 
     def trace_words(self) -> Sequence[int]:
-        return ()
+        """The context's tracing words: () while tracing is off (see iris_jax.tracing)."""
+        return self.tracing.words()
 
     def service(self, name: str, factory):
         """Per-runtime singleton (workspaces, barrier state), created on first use."""
@@ -181,6 +185,7 @@ class Runtime:
             if close is not None:
                 close()
         self._services.clear()
+        self.tracing.close()
         self.heap.close()
 
     def __repr__(self) -> str:

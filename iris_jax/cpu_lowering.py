@@ -8,6 +8,8 @@ first operand is the device's context row, which names the rank.
 * simulator worker mode (one process, N CPU devices): the kernel runs in its rank's
   worker process. Heap buffers travel as (rank, offset), since the worker maps the heaps
   at other addresses; XLA's buffers are staged through a per-rank shared-memory area.
+  The worker rebuilds the context with its own heap bases and the row's tracing words
+  (heap offsets, the same in every process).
 * launched mode (one rank per process): the kernel runs here, on the real pointers.
 """
 
@@ -26,6 +28,7 @@ import numpy as np
 from jax.interpreters import mlir
 
 from iris_core.errors import NotOnHeapError
+from iris_core.heap.context_layout import context_words, trace_offset
 from iris_core.heap.shared_memory import SHM_DIR
 from iris_core.sim.interpreter import Pointer, run_kernel
 from iris_jax import _runtime as runtime_lib
@@ -123,7 +126,7 @@ def execute(spec: KernelSpec, ins: list[int], outs: list[int]) -> None:
                 f"rank {rank}'s heap (inside jit it was copied or computed); pass an array made by "
                 "iris_jax (zeros, to_heap, ...) straight into the jitted function. Nothing was run.")
     if rt.mode == runtime_lib.SIM_WORKERS:
-        _execute_in_worker(rt, rank, spec, group_ptr, operand_ptrs, outs)
+        _execute_in_worker(rt, rank, spec, group_ptr, operand_ptrs, outs, _trace_words(row_ptr, rt.world_size))
     else:
         _execute_here(spec, row_ptr, group_ptr, operand_ptrs, outs)
 
@@ -150,7 +153,7 @@ def _execute_here(spec, row_ptr, group_ptr, operand_ptrs, outs):
                    _kernel_args(spec, Pointer(row_ptr, np.int32), group, operands, results), spec.constexprs)
 
 
-def _execute_in_worker(rt, rank, spec, group_ptr, operand_ptrs, outs):
+def _execute_in_worker(rt, rank, spec, group_ptr, operand_ptrs, outs, trace_words=()):
     staging = rt.service("cpu_staging", lambda _: StagingAreas()).for_rank(rank)
     with staging.lock:
         layout: dict[int, int] = {}  # pointer -> staged offset
@@ -181,12 +184,19 @@ def _execute_in_worker(rt, rank, spec, group_ptr, operand_ptrs, outs):
                 ctypes.memmove(area.address + desc[1], ptr, nbytes)
         for i in spec.zeroed:
             ctypes.memset(area.address + results[i][1], 0, spec.result_nbytes[i])
-        args = _kernel_args(spec, ("context",), group, operands, results)
+        args = _kernel_args(spec, ("context", trace_words), group, operands, results)
         rt.sim_world.call(rank, _run_in_worker, rt.heap.session, area.path, area.size, spec.kernel,
                           spec.grid, args, spec.constexprs, rank)
         for desc, ptr, nbytes in zip(results, outs, spec.result_nbytes):
             if nbytes:
                 ctypes.memmove(ptr, area.address + desc[1], nbytes)
+
+
+def _trace_words(row_ptr: int, world_size: int) -> tuple[int, ...]:
+    """The tracing words of the context row XLA passed: heap offsets, valid in the worker
+    too (its heap bases differ; see iris_core.tracing.buffers)."""
+    words = (ctypes.c_uint64 * context_words(world_size)).from_address(row_ptr)
+    return tuple(words[trace_offset(world_size):])
 
 
 def _run_in_worker(state, session, area_path, area_size, kernel, grid, args, constexprs, rank):
@@ -201,7 +211,8 @@ def _run_in_worker(state, session, area_path, area_size, kernel, grid, args, con
         buffer = np.frombuffer(mapping, np.uint8)
         areas[rank] = (area_path, mapping, buffer)
     base = int(areas[rank][2].ctypes.data)
-    context = heap.context(rank)
+    trace_words = next((a[1] for a in args if isinstance(a, tuple) and a[0] == "context"), ())
+    context = heap.context(rank, trace_words)
 
     def resolve(arg):
         if not isinstance(arg, tuple):

@@ -5,7 +5,8 @@ each): slot p on my heap holds the last epoch rank p announced to me; slot W my 
 epoch. A call bumps my epoch, publishes it on every peer (release), then waits until
 every peer's slot on my heap reached it (acquire). Epochs only grow, so back-to-back
 barriers need no reset and no host sync. The wait is bounded: past the timeout the
-kernel stops waiting and reports the missing rank.
+kernel stops waiting and reports the missing rank. With tracing on (iris_jax.tracing),
+the barrier records an EVENT_BARRIER span and its signalling atomics.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import triton
 import triton.language as tl
 
 from iris_core.device import Context, global_timer
+from iris_core.device.tracing import EVENT_BARRIER
 from iris_core.errors import PeerTimeoutError
 from iris_jax import _runtime as runtime_lib
 from iris_jax.call import triton_call
@@ -33,10 +35,11 @@ class _BarrierArea:
 
 @triton.jit
 def _device_barrier(context_ptr, after_ptr, status_ptr, AREA_OFFSET: tl.constexpr, TIMEOUT_NS: tl.constexpr,
-                    W: tl.constexpr):
-    ctx = Context.initialize(context_ptr, W)
+                    W: tl.constexpr, TRACING: tl.constexpr = False):
+    ctx = Context.initialize(context_ptr, W, tracing=TRACING)
     base = tl.load(ctx.heap_bases + ctx.rank)
     slots = tl.cast(base + AREA_OFFSET, tl.pointer_type(tl.int64))
+    event = ctx.tracing.record_event_start(EVENT_BARRIER, ctx.rank, slots + W * SLOT)
     epoch = tl.load(slots + W * SLOT, volatile=True) + 1
     tl.debug_barrier()  # every thread has read the old epoch before one of them stores the new one
     tl.store(slots + W * SLOT, epoch)
@@ -51,6 +54,7 @@ def _device_barrier(context_ptr, after_ptr, status_ptr, AREA_OFFSET: tl.constexp
                 missing = peer
             seen = tl.atomic_add(slots + peer * SLOT, 0, sem="acquire", scope="sys")
     tl.store(status_ptr, missing)
+    ctx.tracing.record_event_end(event)
 
 
 def device_barrier(*arrays, timeout_s: float = DEFAULT_TIMEOUT_S):
@@ -65,7 +69,8 @@ def device_barrier(*arrays, timeout_s: float = DEFAULT_TIMEOUT_S):
     # `after` becomes available only once every input is computed: the barrier runs after them
     after, *arrays = jax.lax.optimization_barrier((jnp.zeros((1,), jnp.int32), *arrays))
     status = triton_call(after, kernel=_device_barrier, out_shape=jax.ShapeDtypeStruct((1,), jnp.int32),
-                         grid=(1,), AREA_OFFSET=area.offset, TIMEOUT_NS=int(timeout_s * 1e9), W=rt.world_size)
+                         grid=(1,), AREA_OFFSET=area.offset, TIMEOUT_NS=int(timeout_s * 1e9), W=rt.world_size,
+                         TRACING=rt.tracing.enabled)
     return jax.lax.optimization_barrier((status, *arrays))
 
 

@@ -105,14 +105,18 @@ def _put(words, base, WORD: tl.constexpr, index, value):
 @triton.jit
 def _address_and_payload(address, mask):
     """(lowest address of the block, bytes it covers: masked-in elements x element size)."""
-    ELEMENT: tl.constexpr = _element_bytes(address.dtype)
-    if _rank_of(address.shape) == 0:
+    if address is None:
+        lowest = tl.full((), 0, tl.int64)
+        payload = tl.full((), 0, tl.int64)
+    elif _rank_of(address.shape) == 0:
+        ELEMENT: tl.constexpr = _element_bytes(address.dtype)
         lowest = tl.cast(address, tl.int64)
         if mask is None:
             payload = tl.full((), ELEMENT, tl.int64)
         else:
             payload = tl.cast(mask, tl.int64) * ELEMENT
     else:
+        ELEMENT: tl.constexpr = _element_bytes(address.dtype)
         lowest = tl.min(tl.cast(address, tl.int64))
         if mask is None:
             payload = tl.full((), _numel(address.shape) * ELEMENT, tl.int64)
@@ -176,7 +180,8 @@ class DeviceTracing:
           event_id: an EVENT_* id (or EVENT_USER + k for a kernel's own events).
           target_rank: the peer the operation involves (my rank for local work).
           address: a pointer or block of pointers (the lowest is recorded; with `mask`
-            the payload counts the masked-in elements, else all of them).
+            the payload counts the masked-in elements, else all of them), or None
+            (address and payload 0: a phase with no memory of its own).
           pid_m, pid_n: tile coordinates (default: program ids 0 and 1).
         The handle is NO_EVENT (-1) when nothing was recorded (tracing off at run time).
         """

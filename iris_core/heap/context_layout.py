@@ -6,6 +6,9 @@ Layout, in 64-bit words (see ../shared/reference/iris_device_api.md)::
      trace_enabled, max_events, trace_counter_ptr, op_index_counter_ptr,
      13 trace-buffer pointers]
 
+The tracing words are zero while tracing is off; when on, the counters and the 13
+buffers are byte offsets into the rank's own heap, not addresses (iris_core.tracing.buffers).
+
 Words are stored as little-endian int32 pairs so that JAX without x64 can carry the
 array; the kernel casts the pointer to int64 and reads whole words.
 """

@@ -37,7 +37,7 @@ def plot(source, out_png: str, title: str | None = None, **options) -> str:
     row_of = {key: i for i, key in enumerate(shown)}
     names = sorted({s[1] for s in spans})
     palette = _palette(len(names))
-    color = dict(zip(names, palette))
+    color = dict(zip(names, palette, strict=True))
     end = max(ts + dur for _, _, ts, dur in spans)
     unit, scale = ("ms", 1e-3) if end > 2e4 else ("µs", 1.0)
     spans = [(key, name, ts * scale, dur * scale) for key, name, ts, dur in spans]
@@ -47,7 +47,7 @@ def plot(source, out_png: str, title: str | None = None, **options) -> str:
     fig = Figure(figsize=(12, min(2 + 0.32 * len(shown), 40)))
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
-    for (key, name, ts, dur), depth in sorted(zip(spans, _depths(spans)), key=lambda s: s[1]):
+    for (key, name, ts, dur), depth in sorted(zip(spans, _depths(spans), strict=True), key=lambda s: s[1]):
         if key in row_of:  # nested events: thinner bars drawn over their parents
             height = max(0.8 - 0.22 * depth, 0.2)
             ax.broken_barh([(ts, max(dur, min_width))], (row_of[key] - height / 2, height),

@@ -33,6 +33,7 @@ from jax.sharding import PartitionSpec as P
 
 import iris_jax
 from iris_jax import collectives as C
+from iris_jax.workspace import workspaces
 from tests.jax.helpers import use_runtime
 
 F32, BF16, F16, I32 = jnp.float32, jnp.bfloat16, jnp.float16, jnp.int32
@@ -44,14 +45,19 @@ POISON_BYTE = 0x7F  # float32/bfloat16 ~3.4e38, float16 NaN, int32 2139062143
 
 
 # -- helpers shared by the collectives test modules ---------------------------------------
-def mesh_of(shape, names):
-    """A mesh over the first prod(shape) devices, with the runtime over exactly those.
+RUNTIME_DEVICES = 8
+RUNTIME_HEAP = 64 << 20  # every partition of the ranks into groups gets its own workspace (~1.3 MiB)
 
-    (A mesh over a subset of the runtime's devices is not supported by the collectives:
-    see test_collectives_errors.py::test_mesh_over_a_subset_of_the_runtime.)"""
-    n = math.prod(shape)
-    use_runtime(n)
-    return jax.make_mesh(tuple(shape), tuple(names), devices=jax.devices()[:n])
+
+def runtime():
+    """The runtime of these tests: one over all 8 devices, (re)initialized if another is current."""
+    return use_runtime(RUNTIME_DEVICES, RUNTIME_HEAP)
+
+
+def mesh_of(shape, names):
+    """A mesh over the first prod(shape) devices (a subset of the runtime's devices)."""
+    runtime()
+    return jax.make_mesh(tuple(shape), tuple(names), devices=jax.devices()[:math.prod(shape)])
 
 
 def rand(rng, shape, dtype):
@@ -71,19 +77,22 @@ def shard(mesh, array, spec=None):
 
 def poison():
     """Fills every rank's staging area (XLA buffers pass through it to the workers) and the
-    collective workspace's data buffers with POISON_BYTE; flags and epochs are left alone."""
+    data buffers of every collective workspace with POISON_BYTE; flags and epochs are left
+    alone. A kernel must neither leave an output element unwritten nor rely on a zeroed
+    workspace (accumulators and locks are its own to reset)."""
     from iris_jax.cpu_lowering import StagingAreas
 
     rt = iris_jax.runtime()
-    ws = C._workspace()
+    pool = workspaces(rt)
     staging = rt.service("cpu_staging", lambda _: StagingAreas())
     for rank in range(rt.world_size):
         area = staging.for_rank(rank)
         with area.lock:
             area.ensure(1 << 20).buffer[:] = POISON_BYTE
-        data = rt.heap.host_view(rank, ws.offset + ws.layout.data, (4 * ws.layout.data_bytes,), np.uint8)
-        data[:] = POISON_BYTE
-        del data
+        for offset in list(pool._offsets.values()):  # one workspace per partition of the ranks
+            data = rt.heap.host_view(rank, offset + pool.layout.data, (4 * pool.layout.data_bytes,), np.uint8)
+            data[:] = POISON_BYTE
+            del data
 
 
 @dataclass
@@ -96,45 +105,65 @@ class Case:
     ref: Callable
     reduces: bool = False  # 16-bit: ref in float32, rounded; compared within REDUCE_TOL
     check_vma: bool = True  # the iris result's varying axes equal the ref's
+    tol: float | None = None  # instead of REDUCE_TOL (reductions that round more than once)
+
+
+def after(v, prev):
+    """`v`, computed only once `prev` is: a data dependency (exact: v is unchanged unless prev
+    holds a NaN, which no result here does).
+
+    XLA's CPU runtime starts independent operations as soon as their inputs are ready, so
+    two independent iris collectives can run in different orders on different ranks and
+    pair up wrongly (see test_collectives_errors.py::test_independent_collectives_in_one_jit).
+    The comparisons here chain every call to the previous one."""
+    if prev is None or prev.size == 0:
+        return v
+    first = prev.reshape(-1)[0].astype(jnp.float32)
+    return jnp.where(jnp.isnan(first), jnp.zeros_like(v), v)
 
 
 def run_cases(mesh, cases, dtype, rng, *, check_vma=True):
-    """Runs every case in one jit over `mesh` (inputs split over every mesh axis, one block
-    of case.shape per device) and compares every device's result."""
+    """Runs every case over `mesh` (inputs split over every mesh axis, one block of
+    case.shape per device), iris in one jit with the calls chained one after the other,
+    the lax references in another, and compares every device's result."""
     names = tuple(mesh.axis_names)
     lead = tuple(mesh.shape[a] for a in names)
     dtype = jnp.dtype(dtype)
     inputs = [shard(mesh, rand(rng, lead + tuple(c.shape), dtype)) for c in cases]
     vmas = {}
 
-    def body(*xs):
-        outs = []
-        for c, x in zip(cases, xs):
-            v = x.reshape(c.shape)
-            got = c.iris(v)
-            if c.reduces and dtype in SIXTEEN_BIT:
-                want = c.ref(v.astype(F32)).astype(dtype)
-            else:
-                want = c.ref(v)
-            vmas[c.name] = (C._vma(got), C._vma(want))
-            outs.append((got.reshape((1,) * len(names) + got.shape), want.reshape((1,) * len(names) + want.shape)))
-        return outs
+    def program(use_iris):
+        def body(*xs):
+            outs, prev = [], None
+            for c, x in zip(cases, xs):
+                v = x.reshape(c.shape)
+                if use_iris:
+                    out = c.iris(after(v, prev))
+                    prev = out if out.size else prev
+                elif c.reduces and dtype in SIXTEEN_BIT:
+                    out = c.ref(v.astype(F32)).astype(dtype)
+                else:
+                    out = c.ref(v)
+                vmas.setdefault(c.name, [None, None])[0 if use_iris else 1] = C._vma(out)
+                outs.append(out.reshape((1,) * len(names) + out.shape))
+            return outs
 
-    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=tuple(P(*names) for _ in cases), out_specs=P(*names),
-                              check_vma=check_vma))
-    traced = f.trace(*inputs)  # trace first: the poison must not be overwritten by a lazy start
-    compiled = traced.lower().compile()
+        return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=tuple(P(*names) for _ in cases),
+                                     out_specs=P(*names), check_vma=check_vma))
+
+    compiled = program(True).trace(*inputs).lower().compile()  # lowering allocates the workspaces
     poison()
-    results = jax.device_get(compiled(*inputs))
+    got_all = jax.device_get(compiled(*inputs))
+    want_all = jax.device_get(program(False)(*inputs))
     failures = []
-    for c, (got, want) in zip(cases, results):
+    for c, got, want in zip(cases, got_all, want_all):
         if check_vma and c.check_vma and vmas[c.name][0] != vmas[c.name][1]:
             failures.append(f"{c.name}: iris varies over {sorted(vmas[c.name][0])}, lax over "
                             f"{sorted(vmas[c.name][1])}")
         if got.shape != want.shape or got.dtype != want.dtype:
             failures.append(f"{c.name}: iris gives {got.dtype}{list(got.shape)}, lax {want.dtype}{list(want.shape)}")
             continue
-        tol = REDUCE_TOL[dtype] if c.reduces else 0
+        tol = (c.tol if c.tol is not None else REDUCE_TOL[dtype]) if c.reduces else 0
         try:
             np.testing.assert_allclose(np.asarray(got, np.float64), np.asarray(want, np.float64), rtol=tol, atol=tol,
                                        err_msg=c.name)
@@ -149,45 +178,74 @@ def _index(axes):
     return lax.axis_index(axes)
 
 
-def reduction_cases(axes, G, full):
+EPS = {jnp.dtype(BF16): 2.0 ** -8, jnp.dtype(F16): 2.0 ** -11}
+ONE_ROUNDING = ("auto", "one_shot", "two_shot")  # accumulate in float32, round once
+
+
+def variants(dtype):
+    """The all-reduce variants that sum `dtype` (atomic: float32 and int32 only)."""
+    if jnp.dtype(dtype) in (jnp.dtype(F32), jnp.dtype(I32)):
+        return ("one_shot", "two_shot", "ring", "atomic", "spinlock")
+    return ("one_shot", "two_shot", "ring", "spinlock")
+
+
+def _reduce_tol(dtype, G, variant):
+    """ring and spinlock round every partial to the dtype: up to G - 1 roundings."""
+    dtype = jnp.dtype(dtype)
+    if variant in ONE_ROUNDING or dtype not in EPS:
+        return None
+    return max(REDUCE_TOL[dtype], 2 * G * EPS[dtype])
+
+
+def reduction_cases(axes, G, full, dtype):
     ax = axes
+
+    def ar(shape, op, variant):
+        ref = {"sum": lax.psum, "max": lax.pmax, "min": lax.pmin}[op]
+        return Case(f"all_reduce({shape}, {op}, {variant})", shape,
+                    lambda v: iris_jax.all_reduce(v, ax, op, variant), lambda v: ref(v, ax), op == "sum",
+                    tol=_reduce_tol(dtype, G, variant))
+
     cases = [
         Case("psum(37)", (37,), lambda v: iris_jax.psum(v, ax), lambda v: lax.psum(v, ax), True),
         Case("psum(3,5)", (3, 5), lambda v: iris_jax.psum(v, ax), lambda v: lax.psum(v, ax), True),
         Case("psum(scalar)", (), lambda v: iris_jax.psum(v, ax), lambda v: lax.psum(v, ax), True),
         Case("psum(0)", (0,), lambda v: iris_jax.psum(v, ax), lambda v: lax.psum(v, ax), True),
-        Case("all_reduce(517, sum, two_shot)", (517,), lambda v: iris_jax.all_reduce(v, ax, variant="two_shot"),
-             lambda v: lax.psum(v, ax), True),
         Case("pmax(37)", (37,), lambda v: iris_jax.pmax(v, ax), lambda v: lax.pmax(v, ax)),
         Case("pmin(3,5)", (3, 5), lambda v: iris_jax.pmin(v, ax), lambda v: lax.pmin(v, ax)),
-        Case("all_reduce(517, max, two_shot)", (517,), lambda v: iris_jax.all_reduce(v, ax, "max", "two_shot"),
-             lambda v: lax.pmax(v, ax)),
+        ar((300,), "max", "two_shot"), ar((300,), "min", "ring"),
     ]
+    # every variant on two tiles (lite) or three (full: with G = 2, member 0 reduces two of them)
+    cases += [ar((517,) if full else (300,), "sum", variant) for variant in variants(dtype)]
     if full:
         cases += [
             Case("psum(1)", (1,), lambda v: iris_jax.psum(v, ax), lambda v: lax.psum(v, ax), True),
             Case("psum(2,0)", (2, 0), lambda v: iris_jax.psum(v, ax), lambda v: lax.psum(v, ax), True),
             Case("psum(2,3,4)", (2, 3, 4), lambda v: iris_jax.psum(v, ax), lambda v: lax.psum(v, ax), True),
             Case("psum(517)", (517,), lambda v: iris_jax.psum(v, ax), lambda v: lax.psum(v, ax), True),
-            Case("all_reduce(517, sum, one_shot)", (517,), lambda v: iris_jax.all_reduce(v, ax, variant="one_shot"),
-                 lambda v: lax.psum(v, ax), True),
-            Case("all_reduce(37, sum, two_shot)", (37,), lambda v: iris_jax.all_reduce(v, ax, variant="two_shot"),
-                 lambda v: lax.psum(v, ax), True),
-            Case("all_reduce(3,5, sum, auto)", (3, 5), lambda v: iris_jax.all_reduce(v, ax, "sum", "auto"),
-                 lambda v: lax.psum(v, ax), True),
-            Case("all_reduce(0, sum, two_shot)", (0,), lambda v: iris_jax.all_reduce(v, ax, variant="two_shot"),
-                 lambda v: lax.psum(v, ax), True),
             Case("pmax(scalar)", (), lambda v: iris_jax.pmax(v, ax), lambda v: lax.pmax(v, ax)),
             Case("pmin(1)", (1,), lambda v: iris_jax.pmin(v, ax), lambda v: lax.pmin(v, ax)),
             Case("pmax(0)", (0,), lambda v: iris_jax.pmax(v, ax), lambda v: lax.pmax(v, ax)),
-            Case("all_reduce(300, min, two_shot)", (300,), lambda v: iris_jax.all_reduce(v, ax, "min", "two_shot"),
-                 lambda v: lax.pmin(v, ax)),
-            Case("all_reduce(517, min, one_shot)", (517,), lambda v: iris_jax.all_reduce(v, ax, "min", "one_shot"),
-                 lambda v: lax.pmin(v, ax)),
-            Case("all_reduce(3,5, max, auto)", (3, 5), lambda v: iris_jax.all_reduce(v, ax, "max", "auto"),
-                 lambda v: lax.pmax(v, ax)),
+            ar((3, 5), "sum", "auto"), ar((3, 5), "max", "auto"), ar((517,), "min", "one_shot"),
+            ar((517,), "min", "two_shot"), ar((517,), "max", "ring"), ar((37,), "max", "one_shot"),
         ]
+        # one tile (owned by member 0 in two-shot), a scalar, nothing at all
+        cases += [ar(shape, "sum", variant) for variant in variants(dtype) for shape in ((37,), (), (0,))]
     return cases
+
+
+def _ppermute_ref(v, axes, perm):
+    """ppermute over a tuple of axes, members numbered like lax.axis_index(axes).
+
+    lax.ppermute numbers the members of a tuple of axes in the mesh's axis order whatever
+    the tuple's order (unlike axis_index and all_gather); iris follows the tuple's order."""
+    G = math.prod(lax.axis_size(a) for a in axes)
+    sources = np.full(G, -1)
+    for s, d in perm:
+        sources[d] = s
+    src = jnp.asarray(sources)[lax.axis_index(axes)]
+    gathered = lax.all_gather(v, axes)
+    return jnp.where(src >= 0, gathered[jnp.maximum(src, 0)], jnp.zeros_like(v))
 
 
 def movement_cases(axes, G, full):
@@ -212,8 +270,8 @@ def movement_cases(axes, G, full):
                     lambda v: lax.all_to_all(v, ax, split, concat, tiled=tiled))
 
     def pp(shape, perm, label):
-        return Case(f"ppermute({shape}, {label})", shape, lambda v: iris_jax.ppermute(v, ax, perm),
-                    lambda v: lax.ppermute(v, ax, perm))
+        ref = (lambda v: lax.ppermute(v, ax, perm)) if isinstance(ax, str) else (lambda v: _ppermute_ref(v, ax, perm))
+        return Case(f"ppermute({shape}, {label})", shape, lambda v: iris_jax.ppermute(v, ax, perm), ref)
 
     def bc(shape, root):
         # lax has no broadcast: the root's value, summed with zeros (exact), is invariant like iris's
@@ -255,23 +313,23 @@ def movement_cases(axes, G, full):
 
 # -- the tests --------------------------------------------------------------------------------
 ONE_D = [(G, dtype, full) for G in (2, 3, 4, 8)
-         for dtype, full in ((F32, True), (I32, True), (BF16, False), (F16, False))]
+         for dtype, full in ((F32, True), (I32, G < 8), (BF16, False), (F16, False))]
 
 
 @pytest.mark.parametrize("G,dtype,full", ONE_D,
                          ids=[f"G{G}-{jnp.dtype(d).name}" for G, d, _ in ONE_D])
 def test_1d_mesh_matches_lax(G, dtype, full, rng):
     mesh = mesh_of((G,), ("i",))
-    run_cases(mesh, reduction_cases("i", G, full) + movement_cases("i", G, full), dtype, rng)
+    run_cases(mesh, reduction_cases("i", G, full, dtype) + movement_cases("i", G, full), dtype, rng)
 
 
 # 2-D meshes: over each axis and each tuple of axes (both orders), several groupings in one
 # program, so consecutive calls of a device go to different peers
 TWO_D = [((2, 2), axes, dtype, full)
-         for axes, dtype, full in (("x", F32, True), ("y", F32, True), (("x", "y"), F32, True),
+         for axes, dtype, full in (("x", F32, True), ("y", F32, False), (("x", "y"), F32, True),
                                    (("y", "x"), F32, False), (("x", "y"), BF16, False), ("y", I32, False))]
 TWO_D += [((2, 4), axes, dtype, full)
-          for axes, dtype, full in (("x", F32, False), ("y", F32, True), (("x", "y"), F32, False),
+          for axes, dtype, full in (("x", F32, False), ("y", F32, False), (("x", "y"), F32, False),
                                     (("y", "x"), F32, False), ("y", F16, False), (("x", "y"), I32, False))]
 
 
@@ -284,7 +342,7 @@ def _axes_id(axes):
 def test_2d_mesh_matches_lax(shape, axes, dtype, full, rng):
     mesh = mesh_of(shape, ("x", "y"))
     G = math.prod(mesh.shape[a] for a in ((axes,) if isinstance(axes, str) else axes))
-    run_cases(mesh, reduction_cases(axes, G, full) + movement_cases(axes, G, full), dtype, rng)
+    run_cases(mesh, reduction_cases(axes, G, full, dtype) + movement_cases(axes, G, full), dtype, rng)
 
 
 def test_2d_mesh_alternating_axes_with_a_late_rank(rng):
@@ -323,17 +381,23 @@ def test_invariant_input_is_summed_like_lax(rng):
     """psum / pmax of a value replicated over the axis (in_specs P()): lax multiplies."""
     mesh = mesh_of((3,), ("i",))
     x = shard(mesh, rand(rng, (7,), F32), P())
-    f = jax.jit(jax.shard_map(lambda v: (iris_jax.psum(v, "i"), lax.psum(v, "i"), iris_jax.pmax(v, "i"),
-                                         lax.pmax(v, "i")), mesh=mesh, in_specs=P(), out_specs=P()))
-    a, b, c, d = f(x)
-    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6)
-    np.testing.assert_array_equal(np.asarray(c), np.asarray(d))
+
+    def run(mod):
+        def body(v):
+            s = mod.psum(v, "i")
+            return s, mod.pmax(after(v, s), "i")
+
+        return jax.device_get(jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P(), out_specs=P()))(x))
+
+    (a, b), (c, d) = run(iris_jax), run(lax)
+    np.testing.assert_allclose(a, c, rtol=1e-6)
+    np.testing.assert_array_equal(b, d)
 
 
 def test_check_vma_false(rng):
     """The same collectives with check_vma=False (no varying-axes types)."""
     mesh = mesh_of((3,), ("i",))
-    cases = [c for c in reduction_cases("i", 3, False) + movement_cases("i", 3, False)]
+    cases = reduction_cases("i", 3, False, F32) + movement_cases("i", 3, False)
     cases += [Case("psum(0) unchecked", (0,), lambda v: iris_jax.psum(v, "i"), lambda v: lax.psum(v, "i")),
               Case("all_gather(2,0) unchecked", (2, 0), lambda v: iris_jax.all_gather(v, "i", axis=1),
                    lambda v: lax.all_gather(v, "i", axis=1))]
@@ -343,8 +407,13 @@ def test_check_vma_false(rng):
 def test_broadcast_from_every_root(rng):
     mesh = mesh_of((4,), ("i",))
     x = rand(rng, (4, 6), F32)
-    f = jax.jit(jax.shard_map(lambda v: [iris_jax.broadcast(v, "i", r)[None] for r in range(4)], mesh=mesh,
-                              in_specs=P("i"), out_specs=P("i")))
+    def body(v):  # each broadcast after the previous one (see after())
+        outs = []
+        for r in range(4):
+            outs.append(iris_jax.broadcast(after(v[0], outs[-1] if outs else None), "i", r)[None])
+        return outs
+
+    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
     outs = f(shard(mesh, x))
     for r, out in enumerate(outs):
         np.testing.assert_array_equal(np.asarray(out), np.broadcast_to(x[r], (4, 6)))

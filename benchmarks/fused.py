@@ -1,0 +1,147 @@
+"""Fused GEMM + communication (iris_jax.ops) vs unfused XLA (jnp.dot + the lax collective).
+
+    python benchmarks/fused.py [--ms 1024,4096,8192] [--nks 4096,8192] [--ops ...] [--reps 20]
+
+M is the global row count and N = K. Per rank: matmul_all_reduce a [M, K/W] @ b [K/W, N];
+all_gather_matmul a [M/W, K] gathered, @ b [K, N/W]; matmul_reduce_scatter a [M, K/W] @
+b [K/W, N] -> [M/W, N]; "matmul" is the GEMM core alone on [M, K] @ [K, N] (one device).
+Both paths run the same jit(shard_map(...)) on the same inputs, with impl="fused" vs
+impl="xla"; each point is first checked against the XLA result. Time = median wall time of
+`reps` runs (after warm-up); TFLOP/s per rank = 2 M N K / W / t.
+
+Writes benchmarks/out/fused.json and .md. bfloat16 on GPUs. On a machine without GPUs it
+runs a tiny correctness-only pass on the CPU simulator and says so (no timings).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _has_gpu() -> bool:
+    import shutil
+    import subprocess
+
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return False
+    try:
+        r = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return r.returncode == 0 and "GPU" in r.stdout
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ms", default="1024,4096,8192")
+    parser.add_argument("--nks", default="4096,8192")
+    parser.add_argument("--ops", default="matmul,matmul_all_reduce,all_gather_matmul,matmul_reduce_scatter")
+    parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "out"))
+    opts = parser.parse_args()
+
+    gpu = _has_gpu()
+    if gpu:
+        os.environ.setdefault("IRIS_HEAP_SIZE", str(8 << 30))
+        os.environ.setdefault("IRIS_FUSED_WORKSPACE_BYTES", str(1 << 30))
+    else:
+        os.environ.setdefault("JAX_PLATFORMS", "cpu")
+        os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
+        print("No GPU here: running a tiny correctness-only pass on the CPU simulator (no timings).")
+        opts.ms, opts.nks, opts.reps = "40", "24", 0
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    import iris_jax
+    from iris_jax import ops
+
+    rt = iris_jax.init()
+    W = len(rt.devices)
+    mesh = jax.make_mesh((W,), ("i",), devices=rt.devices)
+    dtype = jnp.bfloat16 if gpu else jnp.float32
+    rows = []
+    for nk in [int(v) for v in opts.nks.split(",")]:
+        for m in [int(v) for v in opts.ms.split(",")]:
+            N = K = nk
+            for op in opts.ops.split(","):
+                fns, arrays, in_specs, out_spec, flops = _case(op, m, N, K, W, dtype, mesh, jax, jnp, ops, P,
+                                                               NamedSharding)
+                results, times = {}, {}
+                for impl in ("fused", "xla"):
+                    f = jax.jit(jax.shard_map(fns(impl), mesh=mesh, in_specs=in_specs, out_specs=out_spec))
+                    results[impl] = np.asarray(jax.block_until_ready(f(*arrays)), np.float32)
+                    if opts.reps:
+                        for _ in range(3):
+                            jax.block_until_ready(f(*arrays))
+                        samples = []
+                        for _ in range(opts.reps):
+                            t = time.perf_counter()
+                            jax.block_until_ready(f(*arrays))
+                            samples.append(time.perf_counter() - t)
+                        times[impl] = statistics.median(samples)
+                want = results["xla"]
+                err = float(np.abs(results["fused"] - want).max() / max(1e-6, np.abs(want).max()))
+                row = {"op": op, "M": m, "N": N, "K": K, "W": W, "dtype": jnp.dtype(dtype).name,
+                       "rel_err": err, "correct": err < (2e-2 if gpu else 1e-4)}
+                for impl, t in times.items():
+                    row[f"{impl}_us"] = t * 1e6
+                    row[f"{impl}_tflops"] = flops / t / 1e12
+                if times:
+                    row["speedup"] = times["xla"] / times["fused"]
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    os.makedirs(opts.out, exist_ok=True)
+    with open(os.path.join(opts.out, "fused.json"), "w") as fh:
+        json.dump(rows, fh, indent=1)
+    with open(os.path.join(opts.out, "fused.md"), "w") as fh:
+        fh.write("| op | M | N=K | W | fused (us) | xla (us) | fused TFLOP/s | xla TFLOP/s | xla/fused | correct |\n")
+        fh.write("|---|---|---|---|---|---|---|---|---|---|\n")
+        for r in rows:
+            fh.write(f"| {r['op']} | {r['M']} | {r['N']} | {r['W']} | {r.get('fused_us', float('nan')):.1f} | "
+                     f"{r.get('xla_us', float('nan')):.1f} | {r.get('fused_tflops', float('nan')):.1f} | "
+                     f"{r.get('xla_tflops', float('nan')):.1f} | {r.get('speedup', float('nan')):.2f} | {r['correct']} |\n")
+    if not gpu:
+        print("CPU simulator: correctness only;", sum(r["correct"] for r in rows), "of", len(rows), "correct")
+
+
+def _case(op, m, N, K, W, dtype, mesh, jax, jnp, ops, P, NamedSharding):
+    """(impl -> per-rank function, global inputs, in_specs, out_spec, FLOPs per rank)."""
+    key = jax.random.key(m * 7 + N)
+    k1, k2 = jax.random.split(key)
+
+    def arr(k, shape, spec, scale=1.0):
+        x = (jax.random.normal(k, shape, jnp.float32) * scale).astype(dtype)
+        return jax.device_put(x, NamedSharding(mesh, spec))
+
+    if op == "matmul":  # one device: the GEMM core vs jnp.dot (rank 0's shard of a replicated run)
+        a, b = arr(k1, (m, K), P()), arr(k2, (K, N), P(), K ** -0.5)
+        fns = lambda impl: (lambda a, b: ops.matmul(a, b) if impl == "fused" else jnp.dot(a, b))
+        return fns, (a, b), (P(), P()), P("i"), 2 * m * N * K
+    if op == "matmul_all_reduce":
+        a, b = arr(k1, (m, K), P(None, "i")), arr(k2, (K, N), P("i", None), K ** -0.5)
+        fns = lambda impl: (lambda a, b: ops.matmul_all_reduce(a, b, "i", impl=impl))
+        return fns, (a, b), (P(None, "i"), P("i", None)), P(), 2 * m * N * K // W
+    if op == "all_gather_matmul":
+        a, b = arr(k1, (m, K), P("i", None)), arr(k2, (K, N), P(None, "i"), K ** -0.5)
+        fns = lambda impl: (lambda a, b: ops.all_gather_matmul(a, b, "i", impl=impl))
+        return fns, (a, b), (P("i", None), P(None, "i")), P(None, "i"), 2 * m * N * K // W
+    if op == "matmul_reduce_scatter":
+        a, b = arr(k1, (m, K), P(None, "i")), arr(k2, (K, N), P("i", None), K ** -0.5)
+        fns = lambda impl: (lambda a, b: ops.matmul_reduce_scatter(a, b, "i", impl=impl))
+        return fns, (a, b), (P(None, "i"), P("i", None)), P("i", None), 2 * m * N * K // W
+    raise ValueError(f"unknown op {op}")
+
+
+if __name__ == "__main__":
+    main()

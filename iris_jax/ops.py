@@ -1,0 +1,356 @@
+"""GEMM fused with communication, for tensor-parallel layers inside `jax.shard_map`.
+
+    y = iris_jax.ops.matmul_all_reduce(a, b, "tp")          # == lax.psum(a @ b, "tp")
+    y = iris_jax.ops.all_gather_matmul(a, b, "tp")          # == all_gather(a, "tp", tiled) @ b
+    y = iris_jax.ops.matmul_reduce_scatter(a, b, "tp")      # == psum_scatter(a @ b, "tp", tiled)
+    c = iris_jax.ops.matmul(a, b)                           # the persistent GEMM core alone
+
+Each fused op is one persistent Triton kernel (iris_core.kernels.fused): C tiles are
+computed, pushed to the ranks that need them and flagged while the remaining tiles are
+still computed; consumers reduce (or, for all-gather, multiply) tiles as they arrive.
+Inputs: float32, bfloat16 or float16 (both operands the same dtype), accumulation in
+float32, result in the input dtype (as `jnp.dot`). Every op is differentiable
+(`jax.custom_vjp`; the backward pass uses the fused ops where they fit, otherwise
+`jnp.dot` and iris collectives).
+
+`impl`: "fused" (the iris kernel), "xla" (jnp.dot + the lax collective, i.e. what XLA
+does unfused) or "auto". `auto` picks fused everywhere for now: the thresholds where the
+unfused path wins are to be measured with benchmarks/fused.py and entered in
+`_AUTO_XLA_BELOW_FLOPS` (per op: problems with fewer FLOPs per rank than this go to XLA).
+
+Workspace: the kernels push through a fixed region of every heap (`FusedWorkspace`:
+2 x IRIS_FUSED_WORKSPACE_BYTES, default 128 MiB on GPUs and 512 KiB on the simulator, plus
+flags). Problems larger than the workspace run as several kernels over row chunks.
+
+Caveat: reuse of the workspace between calls is race-free when consecutive fused calls use
+the same group (a 1-D mesh, or always the same axes of a multi-axis mesh); alternating fused
+calls over different axes of one mesh can race (see iris_core/kernels/fused.py).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from iris_core.errors import IrisError
+from iris_core.kernels import fused as F
+from iris_core.kernels import gemm as Gm
+from iris_jax import _runtime as runtime_lib
+from iris_jax import collectives as C
+from iris_jax.call import triton_call
+
+SUPPORTED_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
+IMPLS = ("auto", "fused", "xla")
+LINE_BYTES = 128
+MAX_PROGRAMS = 256
+DEFAULT_TIMEOUT_S = float(os.environ.get("IRIS_COLLECTIVE_TIMEOUT", "60"))
+# auto: problems with fewer FLOPs per rank than this run unfused (XLA); 0 = always fused.
+# To be measured (benchmarks/fused.py) per op on the target machine.
+_AUTO_XLA_BELOW_FLOPS = {"matmul_all_reduce": 0, "all_gather_matmul": 0, "matmul_reduce_scatter": 0}
+
+
+class FusedWorkspace:
+    """Fixed heap region of the fused kernels: epochs, flags, 2 parity data buffers."""
+
+    def __init__(self, rt):
+        self.simulated = rt.mode.startswith("sim")
+        default = (512 << 10) if self.simulated else (128 << 20)
+        self.data_bytes = int(os.environ.get("IRIS_FUSED_WORKSPACE_BYTES", default)) // 256 * 256
+        self.flag_count = (1 << 12) if self.simulated else (1 << 16)
+        self.flags = MAX_PROGRAMS * LINE_BYTES
+        self.data = self.flags + math.ceil(self.flag_count * 4 / 256) * 256
+        self.offset = rt.heap.allocate(self.data + 2 * self.data_bytes)
+        # the grid of every fused kernel: all programs co-resident (<= SMs); fixed, so every
+        # program's epoch advances once per call
+        if self.simulated:
+            self.programs = 3
+        else:
+            sms = getattr(rt.devices[0], "core_count", None) or 132
+            self.programs = min(int(sms), MAX_PROGRAMS)
+        self.comm_programs = 1 if self.simulated else 8  # all_gather_matmul's pushing programs
+
+    def config(self, dtype):
+        """(BM, BN, BK, GROUP_M, PREC, num_warps, num_stages) for `dtype`."""
+        if self.simulated:
+            return 16, 16, 16, 2, "ieee", 4, 1
+        if jnp.dtype(dtype) == jnp.dtype(jnp.float32):
+            return 128, 128, 32, 8, "ieee", 8, 3
+        return 128, 128, 64, 8, "tf32", 8, 3
+
+
+def workspace() -> FusedWorkspace:
+    return runtime_lib.runtime().service("fused_ops", FusedWorkspace)
+
+
+# -- helpers --------------------------------------------------------------------------------
+def _check(a, b, what):
+    if a.ndim != 2 or b.ndim != 2:
+        raise ValueError(f"iris_jax.ops.{what}: a and b must be 2-D, got {a.shape} and {b.shape}")
+    if a.shape[1] != b.shape[0]:
+        raise ValueError(f"iris_jax.ops.{what}: contraction mismatch {a.shape} @ {b.shape}")
+    if a.dtype != b.dtype:
+        raise TypeError(f"iris_jax.ops.{what}: a and b must have the same dtype, got {a.dtype} and {b.dtype}")
+    if a.dtype not in [jnp.dtype(d) for d in SUPPORTED_DTYPES]:
+        raise TypeError(f"iris_jax.ops.{what}: unsupported dtype {a.dtype}; supported: float32, bfloat16, float16")
+
+
+def _impl(impl, what, flops):
+    if impl not in IMPLS:
+        raise ValueError(f"iris_jax.ops.{what}: unknown impl {impl!r}; choose one of {IMPLS}")
+    if impl == "auto":
+        return "xla" if flops < _AUTO_XLA_BELOW_FLOPS[what] else "fused"
+    return impl
+
+
+def _strides(x):
+    return x.shape[1], 1  # row-major 2-D
+
+
+def _set_vma(x, target):
+    """`x` with exactly the varying axes `target` (psum over extra ones, pvary missing ones)."""
+    if not C._check_vma():
+        return x
+    vma = C._vma(x)
+    extra = tuple(sorted(vma - set(target)))
+    if extra:
+        x = C.psum(x, extra)
+    return C._pvary(x, tuple(sorted(set(target))))
+
+
+def _dot(a, b):
+    return jnp.dot(a, b, preferred_element_type=jnp.float32).astype(a.dtype)
+
+
+def _chunks(total, step):
+    return [(s, min(total, s + step)) for s in range(0, total, step)]
+
+
+def _common(a, b, ws):
+    BM, BN, BK, GROUP_M, PREC, warps, stages = ws.config(a.dtype)
+    return dict(BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M, PREC=PREC), dict(num_warps=warps, num_stages=stages)
+
+
+# -- plain GEMM -------------------------------------------------------------------------------
+def matmul(a, b):
+    """a @ b with the persistent GEMM core (float32 accumulation, result in a's dtype)."""
+    _check(a, b, "matmul")
+    M, K = a.shape
+    N = b.shape[1]
+    if M == 0 or N == 0 or K == 0:
+        return jnp.zeros((M, N), a.dtype)
+    ws = workspace()
+    meta, launch = _common(a, b, ws)
+    tiles = math.ceil(M / meta["BM"]) * math.ceil(N / meta["BN"])
+    return triton_call(a, b, kernel=Gm.matmul_kernel, out_shape=jax.ShapeDtypeStruct((M, N), a.dtype),
+                       grid=(min(tiles, ws.programs),), M=M, N=N, K=K, stride_am=K, stride_ak=1, stride_bk=N,
+                       stride_bn=1, **meta, **launch)
+
+
+# -- matmul + all-reduce / reduce-scatter ------------------------------------------------------
+def _launch_reduce(a, b, axes, scatter: bool, what, timeout_s):
+    """Kernel launches (row chunks) of matmul_reduce_kernel. a: (NB*M) x K, NB = G if scatter."""
+    rt = runtime_lib.runtime()
+    ws = workspace()
+    G = C._group_size(axes)
+    meta, launch = _common(a, b, ws)
+    BM, BN = meta["BM"], meta["BN"]
+    K, N = b.shape
+    NB = G if scatter else 1
+    M = a.shape[0] // NB
+    tiles_n = math.ceil(N / BN)
+    row_tile_bytes = G * tiles_n * BM * BN * a.dtype.itemsize
+    row_tiles = min(ws.data_bytes // row_tile_bytes, ws.flag_count // (G * tiles_n))
+    if row_tiles < 1:
+        raise IrisError(f"iris_jax.ops.{what}: N={N} is too wide for the fused workspace "
+                        f"({ws.data_bytes} bytes); raise IRIS_FUSED_WORKSPACE_BYTES or use impl='xla'")
+    step = row_tiles * BM
+    vma = C._vma(a) | C._vma(b)
+    out_varying = tuple(sorted(vma | set(axes))) if scatter else tuple(sorted(vma - set(axes)))
+    blocks = a.reshape(NB, M, K)
+    outs = []
+    for r0, r1 in _chunks(M, step):
+        part = blocks[:, r0:r1].reshape(NB * (r1 - r0), K) if (r0, r1) != (0, M) else a
+        outs.append(triton_call(
+            part, b, kernel=F.matmul_reduce_kernel, out_shape=jax.ShapeDtypeStruct((r1 - r0, N), a.dtype),
+            grid=(ws.programs,), group_axes=axes, out_varying=out_varying,
+            M=r1 - r0, N=N, K=K, stride_am=K, stride_ak=1, stride_bk=N, stride_bn=1, SCATTER=int(scatter), G=G,
+            WORLD=rt.world_size, WS_OFFSET=ws.offset, FLAGS=ws.flags, DATA=ws.data, DATA_BYTES=ws.data_bytes,
+            TIMEOUT_NS=int((timeout_s or DEFAULT_TIMEOUT_S) * 1e9), WHAT=what, **meta, **launch))
+    return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=0)
+
+
+def _mar_fwd_impl(a, b, axes, impl, timeout_s):
+    if impl == "xla":
+        return lax.psum(_dot(a, b), axes)
+    M, K = a.shape
+    N = b.shape[1]
+    if M == 0 or N == 0 or K == 0:
+        return C._empty((M, N), a.dtype, (C._vma(a) | C._vma(b)) - set(axes))
+    return _launch_reduce(a, b, axes, False, "matmul_all_reduce", timeout_s)
+
+
+def matmul_all_reduce(a, b, axis_name, *, impl: str = "auto", timeout_s: float | None = None):
+    """`lax.psum(a @ b, axis_name)` in one kernel (row-parallel linear layer: each rank holds
+    a column block of the activations `a` [M, K_local] and a row block of the weight `b`
+    [K_local, N]); the result [M, N] is the same on every member."""
+    axes = C._axes(axis_name)
+    _check(a, b, "matmul_all_reduce")
+    chosen = _impl(impl, "matmul_all_reduce", 2 * a.shape[0] * a.shape[1] * b.shape[1])
+
+    @jax.custom_vjp
+    def f(a, b):
+        return _mar_fwd_impl(a, b, axes, chosen, timeout_s)
+
+    def fwd(a, b):
+        return f(a, b), (a, b)
+
+    def bwd(res, ct):
+        a, b = res
+        # psum's transpose: with varying-axes checks a cast to varying, else another psum
+        g = C._pvary(ct, axes) if C._check_vma() else C.psum(ct, axes)
+        da = _dot(g, b.T)
+        db = _dot(a.T, g)
+        return _set_vma(da, C._vma(a)), _set_vma(db, C._vma(b))
+
+    f.defvjp(fwd, bwd)
+    return f(a, b)
+
+
+def _mrs_fwd_impl(a, b, axes, scatter_dimension, impl, timeout_s):
+    G = C._group_size(axes)
+    if impl == "xla":
+        return lax.psum_scatter(_dot(a, b), axes, scatter_dimension=scatter_dimension, tiled=True)
+    if scatter_dimension == 1:  # C^T = b^T a^T, scattered by rows, transposed back
+        return _mrs_fwd_impl(b.T, a.T, axes, 0, impl, timeout_s).T
+    M, K = a.shape
+    N = b.shape[1]
+    if M == 0 or N == 0 or K == 0:
+        return C._empty((M // G, N), a.dtype, C._vma(a) | C._vma(b) | set(axes))
+    return _launch_reduce(a, b, axes, True, "matmul_reduce_scatter", timeout_s)
+
+
+def matmul_reduce_scatter(a, b, axis_name, scatter_dimension: int = 0, *, impl: str = "auto",
+                          timeout_s: float | None = None):
+    """`lax.psum_scatter(a @ b, axis_name, scatter_dimension=..., tiled=True)` in one kernel:
+    member i keeps block i (rows if scatter_dimension == 0, columns if 1) of the sum."""
+    axes = C._axes(axis_name)
+    _check(a, b, "matmul_reduce_scatter")
+    G = C._group_size(axes)
+    d = scatter_dimension % 2
+    size = (a.shape[0], b.shape[1])[d]
+    if size % G:
+        raise ValueError(f"matmul_reduce_scatter: dimension {d} of the product has size {size}, "
+                         f"not divisible by the axis size {G}")
+    chosen = _impl(impl, "matmul_reduce_scatter", 2 * a.shape[0] * a.shape[1] * b.shape[1])
+
+    @jax.custom_vjp
+    def f(a, b):
+        return _mrs_fwd_impl(a, b, axes, d, chosen, timeout_s)
+
+    def fwd(a, b):
+        return f(a, b), (a, b)
+
+    def bwd(res, ct):
+        a, b = res
+        full = C.all_gather(ct, axes, axis=d, tiled=True)  # d(a @ b)
+        if d == 0:
+            da = all_gather_matmul(ct, b.T, axes, impl=chosen, timeout_s=timeout_s)
+        else:
+            da = _dot(full, b.T)
+        db = _dot(a.T, full)
+        return _set_vma(da, C._vma(a)), _set_vma(db, C._vma(b))
+
+    f.defvjp(fwd, bwd)
+    return f(a, b)
+
+
+# -- all-gather + matmul -------------------------------------------------------------------------
+def _launch_gather(a, b, axes, timeout_s):
+    rt = runtime_lib.runtime()
+    ws = workspace()
+    G = C._group_size(axes)
+    meta, launch = _common(a, b, ws)
+    BM = meta["BM"]
+    M, K = a.shape
+    N = b.shape[1]
+    row_tile_bytes = G * BM * K * a.dtype.itemsize
+    row_tiles = min(ws.data_bytes // row_tile_bytes, ws.flag_count // G)
+    if row_tiles < 1:
+        raise IrisError(f"iris_jax.ops.all_gather_matmul: K={K} is too large for the fused workspace "
+                        f"({ws.data_bytes} bytes); raise IRIS_FUSED_WORKSPACE_BYTES or use impl='xla'")
+    step = row_tiles * BM
+    out_varying = tuple(sorted(C._vma(a) | C._vma(b) | set(axes)))
+    outs = []
+    for r0, r1 in _chunks(M, step):
+        part = a[r0:r1] if (r0, r1) != (0, M) else a
+        out = triton_call(
+            part, b, kernel=F.all_gather_matmul_kernel,
+            out_shape=jax.ShapeDtypeStruct((G * (r1 - r0), N), a.dtype), grid=(ws.programs,), group_axes=axes,
+            out_varying=out_varying, M=r1 - r0, N=N, K=K, stride_am=K, stride_ak=1, stride_bk=N, stride_bn=1,
+            G=G, WORLD=rt.world_size, BKC=min(256, max(16, 1 << (K - 1).bit_length())),
+            COMM=ws.comm_programs, WS_OFFSET=ws.offset, FLAGS=ws.flags, DATA=ws.data,
+            DATA_BYTES=ws.data_bytes, TIMEOUT_NS=int((timeout_s or DEFAULT_TIMEOUT_S) * 1e9),
+            WHAT="all_gather_matmul", **meta, **launch)
+        outs.append(out.reshape(G, r1 - r0, N))
+    out = outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=1)
+    return out.reshape(G * M, N)
+
+
+def _agm_fwd_impl(a, b, axes, gather_axis, impl, timeout_s):
+    G = C._group_size(axes)
+    if impl == "xla":
+        return _dot(lax.all_gather(a, axes, axis=gather_axis, tiled=True), b)
+    if gather_axis == 1:  # gathering the contraction dimension: unfused (iris all-gather, then GEMM)
+        return _dot(C.all_gather(a, axes, axis=1, tiled=True), b)
+    M, K = a.shape
+    N = b.shape[1]
+    if M == 0 or N == 0 or K == 0:
+        return C._empty((G * M, N), a.dtype, C._vma(a) | C._vma(b) | set(axes))
+    return _launch_gather(a, b, axes, timeout_s)
+
+
+def all_gather_matmul(a, b, axis_name, gather_axis: int = 0, *, impl: str = "auto",
+                      timeout_s: float | None = None):
+    """`lax.all_gather(a, axis_name, axis=gather_axis, tiled=True) @ b` (column-parallel
+    linear layer: `a` [M_local, K] sharded by rows, `b` [K, N_local] this rank's columns);
+    with gather_axis=0 the gather is fused into the GEMM. gather_axis=1 (a's columns, the
+    contraction dimension) runs unfused: iris all_gather, then the GEMM."""
+    axes = C._axes(axis_name)
+    G = C._group_size(axes)
+    ga = gather_axis % 2
+    if ga == 1:
+        if a.ndim != 2 or b.ndim != 2 or a.shape[1] * G != b.shape[0]:
+            raise ValueError(f"all_gather_matmul(gather_axis=1): a {a.shape} gathered to "
+                             f"{(a.shape[0], a.shape[1] * G)} does not match b {b.shape}")
+        _check(jnp.zeros((1, b.shape[0]), a.dtype), b, "all_gather_matmul")
+    else:
+        _check(a, b, "all_gather_matmul")
+    chosen = _impl(impl, "all_gather_matmul", 2 * G * a.shape[0] * a.shape[1] * b.shape[1])
+
+    @jax.custom_vjp
+    def f(a, b):
+        return _agm_fwd_impl(a, b, axes, ga, chosen, timeout_s)
+
+    def fwd(a, b):
+        return f(a, b), (a, b)
+
+    def bwd(res, ct):
+        a, b = res
+        if ga == 0:
+            da = matmul_reduce_scatter(ct, b.T, axes, 0, impl=chosen, timeout_s=timeout_s)
+        else:
+            da = C.psum_scatter(_dot(ct, b.T), axes, scatter_dimension=1, tiled=True)
+        gathered = C.all_gather(a, axes, axis=ga, tiled=True)
+        db = _dot(gathered.T, ct)
+        return _set_vma(da, C._vma(a)), _set_vma(db, C._vma(b))
+
+    f.defvjp(fwd, bwd)
+    return f(a, b)
+
+
+__all__ = ["all_gather_matmul", "matmul", "matmul_all_reduce", "matmul_reduce_scatter", "workspace",
+           "FusedWorkspace"]

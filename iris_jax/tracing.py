@@ -1,0 +1,116 @@
+"""Device event tracing from JAX: enable, run, export a Perfetto trace, plot a timeline.
+
+    iris_jax.tracing.enable(max_events=8192)
+    out = step(x)                                   # jitted after enable()
+    iris_jax.tracing.export("trace.json")           # every rank, one file
+    iris_jax.tracing.plot("trace.json", "trace.png")
+
+Kernels record when built with tracing on: `Context.initialize(ctx, W, tracing=TRACING)`
+with `TRACING=iris_jax.tracing.is_enabled()` among the triton_call's constexprs (the
+device barrier does this itself). Their Context RMA ops then record one event each, and
+they may record their own phases with `ctx.tracing.record_event_start/_end`.
+
+Tracing and jit caching: the context row a kernel receives is fixed when its computation
+is lowered, and a kernel's TRACING constexpr when it is traced. enable() and disable()
+therefore clear JAX's caches (jax.clear_caches()): every function recompiles on its next
+call and picks up the new state. An executable compiled ahead of time (.lower().compile())
+before the change keeps the state it was compiled with; it never writes outside the
+trace area, which stays allocated until shutdown. reset() keeps the compiled functions.
+
+The trace area lives on the symmetric heap at one offset on every rank and the context
+carries heap offsets (see iris_core.tracing.buffers), so the simulator's worker processes
+record into the same memory the host reads. Execution models: single-process GPU and
+the simulator read every rank; in multi-process runs every process can read every rank
+too (peers' heaps are mapped), once their kernels finished (iris_jax.barrier() first).
+"""
+
+from __future__ import annotations
+
+import jax
+
+from iris_core.tracing import DEFAULT_MAX_EVENTS, RankTrace, Tracer, chrome_trace, events
+from iris_core.tracing import plot as _plot
+from iris_jax import _runtime as runtime_lib
+
+__all__ = ["DEFAULT_MAX_EVENTS", "RankTrace", "RuntimeTracer", "chrome_trace", "disable", "enable", "events",
+           "export", "is_enabled", "plot", "read", "reset"]
+
+
+class RuntimeTracer(Tracer):
+    """The runtime's Tracer (`runtime().tracing`): waits for this process's device work
+    before touching the buffers, and recompiles everything when the state changes."""
+
+    def __init__(self, rt):
+        super().__init__(rt.heap)
+        self._rt = rt
+
+    def enable(self, max_events: int = DEFAULT_MAX_EVENTS) -> None:
+        self._sync()
+        super().enable(max_events)
+        jax.clear_caches()
+
+    def disable(self) -> None:
+        self._sync()
+        if self.enabled:
+            super().disable()
+            jax.clear_caches()
+
+    def reset(self) -> None:
+        self._sync()
+        super().reset()
+
+    def read(self, ranks=None) -> list[RankTrace]:
+        self._sync()
+        return super().read(ranks)
+
+    def _sync(self) -> None:
+        """Waits for the device work of this process (not for other processes')."""
+        jax.effects_barrier()
+        if self._rt.mode.startswith("gpu"):
+            import torch
+
+            for d in self._rt.devices:
+                torch.cuda.synchronize(d.local_hardware_id)
+
+
+def _tracer() -> RuntimeTracer:
+    return runtime_lib.runtime().tracing
+
+
+def enable(max_events: int = DEFAULT_MAX_EVENTS) -> None:
+    """Starts tracing, with room for `max_events` events per rank (more are counted, not
+    written). Functions compiled from now on record; see the module docstring. It
+    allocates on the symmetric heap: with several processes, every one calls it at the
+    same point of its sequence of heap allocations (as for heap arrays)."""
+    _tracer().enable(max_events)
+
+
+def disable() -> None:
+    """Stops tracing for functions compiled from now on; recorded events stay exportable."""
+    _tracer().disable()
+
+
+def reset() -> None:
+    """Clears the recorded events (the same buffers keep recording)."""
+    _tracer().reset()
+
+
+def is_enabled() -> bool:
+    """Whether tracing is on: pass it as the TRACING constexpr of your kernels."""
+    return runtime_lib.is_initialized() and _tracer().enabled
+
+
+def read(ranks=None) -> list[RankTrace]:
+    """Each rank's recorded events (structured arrays) and counters."""
+    return _tracer().read(ranks)
+
+
+def export(path: str, merge: bool = True, **options) -> list[str]:
+    """Writes Chrome/Perfetto trace-event JSON (see Tracer.export); returns the paths."""
+    return _tracer().export(path, merge=merge, **options)
+
+
+def plot(path_or_events, out_png: str, **options) -> str:
+    """Draws a timeline PNG (ranks x SMs, colored event spans) from a trace-event JSON
+    file, a trace-event dict or the list returned by read(). Needs matplotlib."""
+    return _plot(path_or_events, out_png, **options)

@@ -1,0 +1,74 @@
+"""iris_jax collectives on arrays larger than the workspace: processed in chunks (CPU
+simulator, IRIS_WORKSPACE_BYTES=8192, i.e. 2048 float32 per staged block).
+
+The workspace size is read when a runtime's workspace is created (its first collective),
+so the module fixture starts a fresh runtime with the small setting and afterwards drops
+it, restoring the environment, so that later tests get the default workspace.
+"""
+
+import os
+
+import jax.numpy as jnp
+import pytest
+
+import iris_jax
+from iris_jax.workspace import workspaces
+from tests.jax.test_collectives import BF16, F32, I32, Case, _reduce_tol, mesh_of, run_cases, variants
+
+WORKSPACE_BYTES = 8192
+N = 5000  # per device: several chunks of every kind, not a multiple of the block or the chunk
+
+
+@pytest.fixture(scope="module")
+def small_workspace():
+    saved = os.environ.get("IRIS_WORKSPACE_BYTES")
+    iris_jax.shutdown()
+    os.environ["IRIS_WORKSPACE_BYTES"] = str(WORKSPACE_BYTES)
+    try:
+        yield
+    finally:
+        iris_jax.shutdown()
+        if saved is None:
+            os.environ.pop("IRIS_WORKSPACE_BYTES", None)
+        else:
+            os.environ["IRIS_WORKSPACE_BYTES"] = saved
+
+
+def _cases(ax, G, dtype):
+    from jax import lax
+
+    n = N // G * G
+    cases = [Case(f"psum {variant}", (N,), lambda v, variant=variant: iris_jax.psum(v, ax, variant=variant),
+                  lambda v: lax.psum(v, ax), True, tol=_reduce_tol(dtype, G, variant)) for variant in variants(dtype)]
+    cases += [
+        Case("all_reduce min ring", (N,), lambda v: iris_jax.all_reduce(v, ax, "min", "ring"),
+             lambda v: lax.pmin(v, ax)),
+        Case("pmax", (N,), lambda v: iris_jax.pmax(v, ax), lambda v: lax.pmax(v, ax)),
+        Case("all_gather", (N,), lambda v: iris_jax.all_gather(v, ax), lambda v: lax.all_gather(v, ax)),
+        Case("psum_scatter", (n,), lambda v: iris_jax.psum_scatter(v, ax, tiled=True),
+             lambda v: lax.psum_scatter(v, ax, tiled=True), True),
+        Case("psum_scatter 2-D", (G, 1250), lambda v: iris_jax.psum_scatter(v, ax),
+             lambda v: lax.psum_scatter(v, ax), True),
+        Case("all_to_all", (n,), lambda v: iris_jax.all_to_all(v, ax, 0, 0, tiled=True),
+             lambda v: lax.all_to_all(v, ax, 0, 0, tiled=True)),
+        Case("ppermute", (N,), lambda v: iris_jax.ppermute(v, ax, [(i, (i + 1) % G) for i in range(G)]),
+             lambda v: lax.ppermute(v, ax, [(i, (i + 1) % G) for i in range(G)])),
+        Case("broadcast", (N,), lambda v: iris_jax.broadcast(v, ax, G - 1),
+             lambda v: lax.psum(jnp.where(lax.axis_index(ax) == G - 1, v, jnp.zeros_like(v)), ax)),
+    ]
+    for c in cases:
+        c.name = f"{c.name} over {ax}"
+    return cases
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16, I32], ids=["float32", "bfloat16", "int32"])
+def test_chunked_collectives_match_lax(small_workspace, dtype, rng):
+    mesh = mesh_of((3,), ("i",))
+    run_cases(mesh, _cases("i", 3, dtype), dtype, rng)
+    assert workspaces().layout.data_bytes == WORKSPACE_BYTES  # the cases really were chunked
+
+
+def test_chunked_collectives_2d(small_workspace, rng):
+    mesh = mesh_of((2, 2), ("x", "y"))
+    run_cases(mesh, _cases(("y", "x"), 4, F32)[:8] + _cases("x", 2, F32)[7:], F32, rng)
+    assert workspaces().layout.data_bytes == WORKSPACE_BYTES

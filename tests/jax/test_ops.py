@@ -1,0 +1,206 @@
+"""iris_jax.ops (GEMM fused with communication) against jnp.dot + the lax collective, on the
+CPU simulator: world sizes 2 and 4, float32 / bfloat16 / float16, shapes that are not
+multiples of the simulator's 16 x 16 x 16 tiles, back-to-back calls in one jit (workspace
+epochs and parity buffers), row chunking (a workspace smaller than the problem), both
+scatter dimensions and gather axes, a group over one axis of a 2 x 2 mesh, and gradients.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import iris_jax
+from iris_jax import ops
+from tests.jax.helpers import use_runtime
+
+F32, BF16, F16 = jnp.float32, jnp.bfloat16, jnp.float16
+TOL = {jnp.dtype(F32): 1e-5, jnp.dtype(BF16): 2e-2, jnp.dtype(F16): 4e-3}
+M, K, N = 37, 21, 19  # per-rank sizes: odd, not multiples of the 16-wide tiles
+
+
+def _mesh(W, names=("i",), shape=None):
+    use_runtime(W)
+    return jax.make_mesh(shape or (W,), names, devices=jax.devices()[:W])
+
+
+def _rand(rng, shape, dtype):
+    return jnp.asarray(rng.standard_normal(shape).astype(np.float32)).astype(dtype)
+
+
+def _put(mesh, x, spec):
+    return jax.device_put(x, NamedSharding(mesh, spec))
+
+
+def _close(got, want, dtype, what):
+    got = np.asarray(jnp.asarray(got, F32))
+    want = np.asarray(jnp.asarray(want, F32))
+    assert got.shape == want.shape, (what, got.shape, want.shape)
+    tol = TOL[jnp.dtype(dtype)]
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol * max(1.0, float(np.abs(want).max())), err_msg=what)
+
+
+def _jit(f, mesh, in_specs, out_specs):
+    """Iris kernels and lax collectives go in separate jits: on the CPU simulator XLA may run
+    independent collectives in a different order on each device, and a rank blocked in a lax
+    collective cannot serve a peer waiting for it inside an iris kernel (a deadlock)."""
+    return jax.jit(jax.shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs))
+
+
+def _ref_dot(a, b):
+    return jnp.dot(a.astype(F32), b.astype(F32))
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16, F16])
+def test_matmul(rng, dtype):
+    mesh = _mesh(2)
+    a = _put(mesh, _rand(rng, (2 * M, K), dtype), P("i"))
+    b = _put(mesh, _rand(rng, (K, 2 * N), dtype), P(None, "i"))
+    f = jax.jit(jax.shard_map(lambda a, b: (ops.matmul(a, b), _ref_dot(a, b)), mesh=mesh,
+                              in_specs=(P("i"), P(None, "i")), out_specs=(P("i"), P("i"))))
+    got, want = f(a, b)
+    _close(got, want, dtype, "matmul")
+
+
+@pytest.mark.parametrize("W", [2, 4])
+@pytest.mark.parametrize("dtype", [F32, BF16, F16])
+def test_fused_ops(rng, W, dtype):
+    """All three ops, each called twice back to back (different data) in one jit, vs lax."""
+    mesh = _mesh(W)
+    Mr = M + (-M) % W  # reduce-scatter needs rows divisible by W
+    a_row = _put(mesh, _rand(rng, (M, W * K), dtype), P(None, "i"))        # [M, K] per rank
+    a_rs = _put(mesh, _rand(rng, (Mr, W * K), dtype), P(None, "i"))        # [Mr, K] per rank
+    b_row = _put(mesh, _rand(rng, (W * K, N), dtype), P("i", None))        # [K, N] per rank
+    a_col = _put(mesh, _rand(rng, (W * M, K), dtype), P("i", None))        # [M, K] per rank
+    b_col = _put(mesh, _rand(rng, (K, W * N), dtype), P(None, "i"))        # [K, N] per rank
+    b_rs1 = _put(mesh, _rand(rng, (W * K, W * 3), dtype), P("i", None))    # N = 3W for scatter_dimension=1
+
+    def body_iris(a_row, a_rs, b_row, a_col, b_col, b_rs1):
+        return dict(
+            ar=ops.matmul_all_reduce(a_row, b_row, "i"),
+            ar2=ops.matmul_all_reduce(a_row * 2, b_row, "i"),
+            ag=ops.all_gather_matmul(a_col, b_col, "i"),
+            ag2=ops.all_gather_matmul(a_col - 1, b_col, "i"),
+            rs=ops.matmul_reduce_scatter(a_rs, b_row, "i"),
+            rs2=ops.matmul_reduce_scatter(a_rs + 1, b_row, "i"),
+            rs_d1=ops.matmul_reduce_scatter(a_row, b_rs1, "i", scatter_dimension=1),
+            ag_k=ops.all_gather_matmul(a_row, jnp.tile(b_row, (W, 1)), "i",
+                                       gather_axis=1),
+        )
+
+    def body_lax(a_row, a_rs, b_row, a_col, b_col, b_rs1):
+        dot = _ref_dot
+        return dict(
+            ar=lax.psum(dot(a_row, b_row), "i"),
+            ar2=lax.psum(dot(a_row * 2, b_row), "i"),
+            ag=dot(lax.all_gather(a_col, "i", tiled=True), b_col),
+            ag2=dot(lax.all_gather(a_col - 1, "i", tiled=True), b_col),
+            rs=lax.psum_scatter(dot(a_rs, b_row), "i", tiled=True),
+            rs2=lax.psum_scatter(dot(a_rs + 1, b_row), "i", tiled=True),
+            rs_d1=lax.psum_scatter(dot(a_row, b_rs1), "i", scatter_dimension=1, tiled=True),
+            ag_k=dot(lax.all_gather(a_row, "i", axis=1, tiled=True), jnp.tile(b_row, (W, 1))),
+        )
+
+    specs = dict(ar=P(), ar2=P(), ag=P(None, "i"), ag2=P(None, "i"), rs=P("i"), rs2=P("i"),
+                 rs_d1=P(None, "i"), ag_k=P("i"))
+    in_specs = (P(None, "i"), P(None, "i"), P("i", None), P("i", None), P(None, "i"), P("i", None))
+    args = (a_row, a_rs, b_row, a_col, b_col, b_rs1)
+    got = _jit(body_iris, mesh, in_specs, specs)(*args)
+    want = _jit(body_lax, mesh, in_specs, specs)(*args)
+    for key in specs:
+        _close(got[key], want[key], dtype, key)
+
+
+def test_chunked_and_repeated(rng):
+    """A workspace smaller than the problem (several kernels over row chunks), ten calls in a
+    fori_loop (epochs, parity buffers), impl='xla' agreeing with impl='fused'."""
+    W = 2
+    mesh = _mesh(W)
+    ws = ops.workspace()
+    saved = ws.data_bytes
+    ws.data_bytes = 8 << 10  # 8 KiB: a few row tiles per chunk
+    try:
+        a = _put(mesh, _rand(rng, (70, W * K), F32), P(None, "i"))
+        b = _put(mesh, _rand(rng, (W * K, N), F32), P("i", None))
+        a_col = _put(mesh, _rand(rng, (W * 70, K), F32), P("i", None))
+        b_col = _put(mesh, _rand(rng, (K, W * N), F32), P(None, "i"))
+
+        def body(fused, a, b, a_col, b_col):
+            def step(_, c):
+                return c + 0.5 * ops.matmul_all_reduce(a, b, "i") + ops.matmul_reduce_scatter(a, b, "i").sum() \
+                    + ops.all_gather_matmul(a_col, b_col, "i")[:70, :N]
+
+            def step_xla(_, c):
+                return c + 0.5 * ops.matmul_all_reduce(a, b, "i", impl="xla") \
+                    + ops.matmul_reduce_scatter(a, b, "i", impl="xla").sum() \
+                    + ops.all_gather_matmul(a_col, b_col, "i", impl="xla")[:70, :N]
+
+            z = jnp.zeros((70, N), F32)
+            z = lax.pcast(z, ("i",), to="varying")
+            return lax.fori_loop(0, 10, step if fused else step_xla, z)
+
+        in_specs = (P(None, "i"), P("i", None), P("i", None), P(None, "i"))
+        got = _jit(lambda *x: body(True, *x), mesh, in_specs, P("i"))(a, b, a_col, b_col)
+        want = _jit(lambda *x: body(False, *x), mesh, in_specs, P("i"))(a, b, a_col, b_col)
+        _close(got, want, F32, "chunked loop")
+    finally:
+        ws.data_bytes = saved
+
+
+def test_one_axis_of_a_2d_mesh(rng):
+    mesh = _mesh(4, ("x", "y"), (2, 2))
+    a = _put(mesh, _rand(rng, (2 * M, 2 * K), BF16), P("y", "x"))
+    b = _put(mesh, _rand(rng, (2 * K, 2 * N), BF16), P("x", "y"))
+
+    in_specs, out_specs = (P("y", "x"), P("x", "y")), P("y")
+    got = _jit(lambda a, b: ops.matmul_all_reduce(a, b, "x"), mesh, in_specs, out_specs)(a, b)
+    want = _jit(lambda a, b: lax.psum(_ref_dot(a, b), "x"), mesh, in_specs, out_specs)(a, b)
+    _close(got, want, BF16, "2-D mesh, axis x")
+
+
+@pytest.mark.parametrize("W", [2, 4])
+def test_grads(rng, W):
+    """jax.grad through each op equals jax.grad through jnp.dot + the lax collective."""
+    mesh = _mesh(W)
+    Mr = 2 * W
+    a_row = _put(mesh, _rand(rng, (Mr, W * K), F32), P(None, "i"))
+    b_row = _put(mesh, _rand(rng, (W * K, N), F32), P("i", None))
+    a_col = _put(mesh, _rand(rng, (W * M, K), F32), P("i", None))
+    b_col = _put(mesh, _rand(rng, (K, W * N), F32), P(None, "i"))
+    specs = (P(None, "i"), P("i", None), P("i", None), P(None, "i"))
+
+    def loss(impl):
+        def f(a_row, b_row, a_col, b_col):
+            y1 = ops.matmul_all_reduce(a_row, b_row, "i", impl=impl)
+            y2 = ops.all_gather_matmul(a_col, b_col, "i", impl=impl)
+            y3 = ops.matmul_reduce_scatter(a_row, b_row, "i", impl=impl)
+            local = (jnp.sin(y1).sum() + (y2 ** 2).sum() * 0.1 + jnp.cos(y3).sum())
+            return (iris_jax.psum if impl == "fused" else lax.psum)(local, "i")
+        return f
+
+    def grads(impl):
+        return jax.jit(jax.shard_map(jax.grad(loss(impl), argnums=(0, 1, 2, 3)), mesh=mesh, in_specs=specs,
+                                     out_specs=specs))(a_row, b_row, a_col, b_col)
+
+    got, want = grads("fused"), grads("xla")
+    for g, w, name in zip(got, want, ("a_row", "b_row", "a_col", "b_col")):
+        _close(g, w, F32, f"grad {name}")
+
+
+def test_errors():
+    mesh = _mesh(2)
+    a = jnp.zeros((4, 3), F32)
+    with pytest.raises(TypeError, match="same dtype"):
+        jax.shard_map(lambda a: ops.matmul_all_reduce(a, a.T.astype(BF16), "i"), mesh=mesh, in_specs=P(),
+                      out_specs=P())(a)
+    with pytest.raises(ValueError, match="not divisible"):
+        jax.shard_map(lambda a: ops.matmul_reduce_scatter(a[:3], a.T, "i"), mesh=mesh, in_specs=P(),
+                      out_specs=P("i"))(a)
+    with pytest.raises(ValueError, match="unknown impl"):
+        jax.shard_map(lambda a: ops.matmul_all_reduce(a, a.T, "i", impl="nccl"), mesh=mesh, in_specs=P(),
+                      out_specs=P())(a)
