@@ -6,12 +6,14 @@ float32, bfloat16, float16 and int32, on odd shapes (scalars, 1, 37, (3, 5), zer
 shapes that are not multiples of the simulator's 256-element block nor of the group size)
 and with axis / scatter_dimension / split_axis / concat_axis other than 0, tiled and not.
 
-One jit per (mesh, axes, dtype) computes every case with iris and with lax side by side,
-so each comparison also checks, at trace time, that the iris result varies over the same
-mesh axes as lax's (the `check_vma` type). Inputs are random and never zero; before each
-run the simulator's staging areas and the collective workspace are filled with a poison
-pattern, so an output element a kernel forgets to write cannot pass as a zero or a stale
-value.
+Each (mesh, axes, dtype) runs every case in one jit of iris calls (chained, see after())
+and one jit of the lax references, and also checks at trace time that each iris result
+varies over the same mesh axes as lax's (the `check_vma` type). Inputs are random and
+never zero; before each run the simulator's staging areas and the collective workspaces
+are filled with a poison pattern, so an output element a kernel forgets to write cannot
+pass as a zero or a stale value.
+
+All modules share one runtime over the 8 CPU devices; meshes use the first 2, 3, 4 or 8.
 
 The helpers here (run_cases, mesh_of, rand) are shared by the other test_collectives_*
 modules.
@@ -109,8 +111,8 @@ class Case:
 
 
 def after(v, prev):
-    """`v`, computed only once `prev` is: a data dependency (exact: v is unchanged unless prev
-    holds a NaN, which no result here does).
+    """`v`, computed only once `prev` is: a data dependency that XLA cannot fold away (v is
+    unchanged unless prev's first element is exactly a sentinel no result here takes).
 
     XLA's CPU runtime starts independent operations as soon as their inputs are ready, so
     two independent iris collectives can run in different orders on different ranks and
@@ -118,8 +120,8 @@ def after(v, prev):
     The comparisons here chain every call to the previous one."""
     if prev is None or prev.size == 0:
         return v
-    first = prev.reshape(-1)[0].astype(jnp.float32)
-    return jnp.where(jnp.isnan(first), jnp.zeros_like(v), v)
+    sentinel = 123456789 if jnp.issubdtype(prev.dtype, jnp.integer) else -1024.0
+    return jnp.where(prev.reshape(-1)[0] == jnp.asarray(sentinel, prev.dtype), jnp.zeros_like(v), v)
 
 
 def run_cases(mesh, cases, dtype, rng, *, check_vma=True):
@@ -135,7 +137,7 @@ def run_cases(mesh, cases, dtype, rng, *, check_vma=True):
     def program(use_iris):
         def body(*xs):
             outs, prev = [], None
-            for c, x in zip(cases, xs):
+            for c, x in zip(cases, xs, strict=True):
                 v = x.reshape(c.shape)
                 if use_iris:
                     out = c.iris(after(v, prev))
@@ -156,7 +158,7 @@ def run_cases(mesh, cases, dtype, rng, *, check_vma=True):
     got_all = jax.device_get(compiled(*inputs))
     want_all = jax.device_get(program(False)(*inputs))
     failures = []
-    for c, got, want in zip(cases, got_all, want_all):
+    for c, got, want in zip(cases, got_all, want_all, strict=True):
         if check_vma and c.check_vma and vmas[c.name][0] != vmas[c.name][1]:
             failures.append(f"{c.name}: iris varies over {sorted(vmas[c.name][0])}, lax over "
                             f"{sorted(vmas[c.name][1])}")
@@ -323,8 +325,8 @@ def test_1d_mesh_matches_lax(G, dtype, full, rng):
     run_cases(mesh, reduction_cases("i", G, full, dtype) + movement_cases("i", G, full), dtype, rng)
 
 
-# 2-D meshes: over each axis and each tuple of axes (both orders), several groupings in one
-# program, so consecutive calls of a device go to different peers
+# 2-D meshes: over each axis and each tuple of axes, in both orders (members numbered like
+# lax.axis_index of the tuple)
 TWO_D = [((2, 2), axes, dtype, full)
          for axes, dtype, full in (("x", F32, True), ("y", F32, False), (("x", "y"), F32, True),
                                    (("y", "x"), F32, False), (("x", "y"), BF16, False), ("y", I32, False))]
@@ -346,10 +348,10 @@ def test_2d_mesh_matches_lax(shape, axes, dtype, full, rng):
 
 
 def test_2d_mesh_alternating_axes_with_a_late_rank(rng):
-    """Regression: flags were indexed by the member's index in its group, so on a 2x2 mesh a
-    peer of another group (same index, next call) could satisfy a wait early and then have
-    its signal overwritten: wrong data, then a hang. Rank 1 arrives 1 s late here, which made
-    that happen every time; flags are now indexed by global rank."""
+    """Calls over x, y, x, then both axes of a 2x2 mesh, rank 1 arriving 1 s late in the
+    middle: the other ranks run ahead into calls with other partners meanwhile. (Regression:
+    when flags were indexed by group position in one workspace shared by both axes, a peer of
+    the next call could satisfy a wait early, then hang; now each axis has its own.)"""
     import time
 
     from jax.experimental import io_callback

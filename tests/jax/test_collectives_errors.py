@@ -240,5 +240,5 @@ def test_independent_collectives_in_one_jit(fresh_runtime, rng):
     f = jax.jit(jax.shard_map(
         lambda t: [iris_jax.all_reduce(v[0], "i", timeout_s=2) for v in t], mesh=mesh, in_specs=P("i"),
         out_specs=P()))
-    for got, x in zip(f(tree), tree):
+    for got, x in zip(f(tree), tree, strict=True):
         np.testing.assert_allclose(np.asarray(got), np.asarray(x).sum(0), rtol=1e-5, atol=1e-5)

@@ -14,7 +14,7 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 import iris_jax
-from tests.jax.test_collectives import F32, I32, BF16, mesh_of, rand, shard
+from tests.jax.test_collectives import BF16, F32, I32, mesh_of, rand, shard
 
 G = 4
 PARTIAL = [(i, i + 1) for i in range(G - 1)]  # member 0 receives nothing
@@ -96,7 +96,7 @@ def test_psum_of_a_pytree(rng):
 
     got, want = run(iris_jax.psum), run(lax.psum)
     assert jax.tree.structure(got) == jax.tree.structure(want)
-    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         assert g.dtype == w.dtype and g.shape == w.shape
         np.testing.assert_allclose(np.asarray(g, np.float64), np.asarray(w, np.float64), rtol=1e-2 if
                                    g.dtype == jnp.bfloat16 else 1e-6)
@@ -119,7 +119,7 @@ def test_pytrees_through_the_other_collectives(rng):
         return jax.device_get(jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("i"), out_specs=P("i")))(tree))
 
     got, want = run(iris_jax), run(lax)
-    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-5)
 
 
