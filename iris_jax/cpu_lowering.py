@@ -57,6 +57,7 @@ class KernelSpec:
     symmetric: tuple  # operand indices that must lie on this rank's heap
     pass_context: bool  # the kernel's first argument is the context
     group_nbytes: int = 0  # >0: the kernel's second argument is the group row (collectives)
+    ordered_after: int = 0  # trailing operands that only order this call after the previous one
 
     @property
     def group(self) -> bool:
@@ -81,13 +82,46 @@ def _lower(ctx, operands, avals_in, *, pass_context, fn, scalar_args, out_shapes
     extra, extra_avals = extra_operands(ctx, group_axes)
     if group_axes:
         spec = dataclasses.replace(spec, group_nbytes=_nbytes(extra_avals[1]))
-    name = register_cpu_target("iris_cpu_kernel", lambda ins, outs: execute(spec, ins, outs))
-    # the custom call's operands are [context row, group row?, *operands]; aliases count them
+    # the custom call's operands are [context row, group row?, *operands, previous result?]
     offset = len(extra) - (1 if pass_context else 0)
     aliases = {i + offset: o for i, o in input_output_aliases}
-    call_ctx = ctx.replace(avals_in=[*extra_avals, *avals_in])
-    return jax.ffi.ffi_lowering(name, operand_output_aliases=aliases, has_side_effect=True)(
-        call_ctx, *extra, *operands)
+    previous = _previous_call(ctx)
+    if previous is not None:
+        spec = dataclasses.replace(spec, ordered_after=1)
+    name = register_cpu_target("iris_cpu_kernel", lambda ins, outs: execute(spec, ins, outs))
+    tail, tail_avals = ([previous[0]], [previous[1]]) if previous is not None else ([], [])
+    call_ctx = ctx.replace(avals_in=[*extra_avals, *avals_in, *tail_avals])
+    results = jax.ffi.ffi_lowering(name, operand_output_aliases=aliases, has_side_effect=True)(
+        call_ctx, *extra, *operands, *tail)
+    if results:
+        _remember_call(ctx, results[0], ctx.avals_out[0])
+    return results
+
+
+# XLA:CPU starts independent operations as soon as their inputs are ready, so two kernel
+# calls with no data dependency (two collectives over independent arrays) could run in a
+# different order on different devices and pair up wrongly. Each kernel call therefore
+# takes the previous call of the same block as an extra, ignored operand: calls run in
+# program order on every device. (GPUs execute one stream in program order already.)
+_last_call: dict = {}
+
+
+def _previous_call(ctx):
+    block = mlir.ir.InsertionPoint.current.block
+    entry = _last_call.get(_module_key(ctx))
+    if entry is None or entry[0] != block:
+        return None
+    return entry[1], entry[2]
+
+
+def _remember_call(ctx, value, aval) -> None:
+    if len(_last_call) > 64:  # modules lowered long ago: their values are dead
+        _last_call.clear()
+    _last_call[_module_key(ctx)] = (mlir.ir.InsertionPoint.current.block, value, aval)
+
+
+def _module_key(ctx):
+    return id(ctx.module_context.module)
 
 
 def _nbytes(aval) -> int:
@@ -107,8 +141,9 @@ def register() -> None:
     """Registers the CPU lowerings (idempotent; done on import of iris_jax)."""
     from jax_triton.triton_lib import triton_kernel_call_p
 
-    mlir.register_lowering(iris_triton_call_p, _iris_lowering, platform="cpu")
-    mlir.register_lowering(triton_kernel_call_p, _jax_triton_lowering, platform="cpu")
+    # not cacheable: every call site is lowered on its own, so it can be chained to the previous one
+    mlir.register_lowering(iris_triton_call_p, _iris_lowering, platform="cpu", cacheable=False)
+    mlir.register_lowering(triton_kernel_call_p, _jax_triton_lowering, platform="cpu", cacheable=False)
 
 
 # -- execution --------------------------------------------------------------------------
@@ -116,7 +151,7 @@ def execute(spec: KernelSpec, ins: list[int], outs: list[int]) -> None:
     rt = runtime_lib.runtime()
     row_ptr = ins[0]
     group_ptr = ins[1] if spec.group else None
-    operand_ptrs = ins[1 + spec.group:]
+    operand_ptrs = ins[1 + spec.group:len(ins) - spec.ordered_after]
     rank = ctypes.c_int64.from_address(row_ptr).value
     for j in spec.symmetric:
         where = rt.heap.locate(operand_ptrs[j])

@@ -228,12 +228,9 @@ def test_meshes_over_overlapping_subsets_of_the_runtime(fresh_runtime, rng):
     np.testing.assert_allclose(np.asarray(out), np.asarray(x).sum(0), rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG (simulator): XLA's CPU runtime runs independent operations concurrently as soon as their "
-    "inputs are ready, so independent iris collectives in one jit (here the 14 leaves of one psum) "
-    "run in different orders on different ranks and pair up wrongly: a hang (timeout) or wrong sums. "
-    "The kernel calls carry no ordering between them (no token, no data dependency)"))
 def test_independent_collectives_in_one_jit(fresh_runtime, rng):
+    """XLA:CPU starts independent operations in any order; the CPU lowering chains kernel calls in
+    program order, so independent collectives (here the 14 leaves of one psum) pair up right."""
     mesh = mesh_of((3,), ("i",))
     # leaves of >= 512 bytes: XLA runs programs with only smaller buffers sequentially
     tree = [shard(mesh, rand(rng, (3, 200 + 70 * k), F32)) for k in range(14)]
