@@ -39,7 +39,7 @@ def main():
     x = jax.device_put(jax.random.normal(jax.random.key(0), (W * 37,)), rows)
 
     # 1. drop-in collective
-    smap = lambda f, out=P(): jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P("x"), out_specs=out))
+    smap = lambda f: jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P("x"), out_specs=P()))
     ours, theirs = smap(lambda v: iris_jax.psum(v, "x"))(x), smap(lambda v: lax.psum(v, "x"))(x)
     np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5)
     print(f"OK: iris_jax.psum == lax.psum over {W} ranks (max |diff| {np.abs(ours - theirs).max():.1e})")

@@ -6,28 +6,57 @@ import_jax_triton()
 
 from iris_core.device import Context, DeviceContext  # noqa: E402
 from iris_core.errors import (  # noqa: E402
-    HeapExhaustedError, IrisError, NotOnHeapError, PeerTimeoutError, RankMismatchError,
+    HeapExhaustedError,
+    IrisError,
+    NotOnHeapError,
+    PeerTimeoutError,
+    RankMismatchError,
 )
 from iris_jax import cpu_lowering as _cpu_lowering  # noqa: E402
+from iris_jax import ops, tracing  # noqa: E402
+from iris_jax._runtime import Runtime, init, is_initialized, runtime, shutdown  # noqa: E402
 from iris_jax.arrays import (  # noqa: E402
-    arange, empty, empty_like, full, full_like, heap_offset, is_symmetric, ones, ones_like, rand,
-    randn, to_heap, zeros, zeros_like,
+    arange,
+    empty,
+    empty_like,
+    full,
+    full_like,
+    heap_offset,
+    is_symmetric,
+    ones,
+    ones_like,
+    rand,
+    randn,
+    to_heap,
+    zeros,
+    zeros_like,
 )
 from iris_jax.call import triton_call  # noqa: E402
 from iris_jax.collectives import (  # noqa: E402
-    all_gather, all_reduce, all_to_all, broadcast, pmax, pmin, ppermute, psum, psum_scatter,
+    all_gather,
+    all_reduce,
+    all_to_all,
+    broadcast,
+    pmax,
+    pmin,
+    ppermute,
+    psum,
+    psum_scatter,
 )
-from iris_jax._runtime import Runtime, init, is_initialized, runtime, shutdown  # noqa: E402
 from iris_jax.sync import barrier, check_barrier, device_barrier  # noqa: E402
-from iris_jax import tracing  # noqa: E402
-from iris_jax import ops  # noqa: E402
 
 _cpu_lowering.register()
 
 __all__ = [
+    # runtime and heap arrays
+    "Runtime", "init", "is_initialized", "runtime", "shutdown",
+    "arange", "empty", "empty_like", "full", "full_like", "heap_offset", "is_symmetric", "ones", "ones_like",
+    "rand", "randn", "to_heap", "zeros", "zeros_like",
+    # kernels and synchronization
+    "Context", "DeviceContext", "triton_call", "barrier", "check_barrier", "device_barrier",
+    # collectives, fused ops, tracing
     "all_gather", "all_reduce", "all_to_all", "broadcast", "pmax", "pmin", "ppermute", "psum", "psum_scatter",
-    "Context", "DeviceContext", "HeapExhaustedError", "IrisError", "NotOnHeapError", "PeerTimeoutError",
-    "RankMismatchError", "Runtime", "arange", "barrier", "check_barrier", "device_barrier", "empty", "empty_like", "full", "full_like", "heap_offset",
-    "init", "is_initialized", "is_symmetric", "ones", "ones_like", "rand", "randn", "runtime", "shutdown",
-    "ops", "to_heap", "tracing", "triton_call", "zeros", "zeros_like",
+    "ops", "tracing",
+    # errors
+    "HeapExhaustedError", "IrisError", "NotOnHeapError", "PeerTimeoutError", "RankMismatchError",
 ]

@@ -24,7 +24,6 @@ import numpy as np
 
 from iris_core.errors import IrisError, RankMismatchError
 from iris_core.heap.allocator import format_bytes
-from iris_core.heap.symmetric import SymmetricHeap
 
 DEFAULT_HEAP_SIZE = int(os.environ.get("IRIS_HEAP_SIZE", 1 << 30))
 DEFAULT_SIM_HEAP_SIZE = int(os.environ.get("IRIS_HEAP_SIZE", 64 << 20))

@@ -161,7 +161,7 @@ def _check_symmetric(rt, flat_args, symmetric):
 # -- lowering -------------------------------------------------------------------------
 def devices_of(ctx) -> list:
     """The devices of the computation being lowered, in partition (mesh) order."""
-    from jax._src.sharding_impls import SPMDAxisContext, ShardingContext
+    from jax._src.sharding_impls import ShardingContext, SPMDAxisContext
 
     axis_context = ctx.module_context.axis_context
     if isinstance(axis_context, SPMDAxisContext):

@@ -15,13 +15,11 @@ from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax, tree_util
 from jax._src import core
 
 from iris_core.collectives import kernels as K
 from iris_core.collectives.workspace import MAX_PROGRAMS
-from iris_core.errors import IrisError
 from iris_jax import _runtime as runtime_lib
 from iris_jax.call import triton_call
 from iris_jax.workspace import workspaces
@@ -85,7 +83,8 @@ def _launch(kind: int, x2d, axes, out_blocks: int, *, op=K.SUM, variant=K.ONE_SH
         out_varying=tuple(a for a in _vma(x2d) | set(axes) if not (out_invariant and a in axes)),
         KIND=kind, OP=op, VARIANT=variant, G=G, WORLD=rt.world_size, XB=XB, OB=out_blocks,
         SOURCES=tuple(sources) if sources is not None else tuple([-1] * G),
-        ACC=tl.float32 if acc == "fp32" else tl.int32, BLOCK=block, CHUNK=chunk, DATA=ws.layout.data, DATA2=ws.layout.data2, DATA_BYTES=ws.layout.data_bytes,
+        ACC=tl.float32 if acc == "fp32" else tl.int32, BLOCK=block, CHUNK=chunk,
+        DATA=ws.layout.data, DATA2=ws.layout.data2, DATA_BYTES=ws.layout.data_bytes,
         MAX_PROGRAMS=MAX_PROGRAMS, TIMEOUT_NS=int((timeout_s or DEFAULT_TIMEOUT_S) * 1e9), WHAT=what)
     return out
 

@@ -60,9 +60,13 @@ def _device_barrier(context_ptr, after_ptr, status_ptr, AREA_OFFSET: tl.constexp
 def device_barrier(*arrays, timeout_s: float = DEFAULT_TIMEOUT_S):
     """Waits, on the devices, until every rank reached this point; returns `arrays` unchanged.
 
-    Use inside `jax.jit(jax.shard_map(...))` between kernels: consumers of the returned
-    arrays run after the barrier. Returns (status, *arrays) where status is -1, or the
-    rank that did not arrive within `timeout_s` (check it with `check_barrier`).
+    Use inside `jax.jit(jax.shard_map(...))` between kernels. The barrier runs after the
+    kernels that produced `arrays` (a data dependency). Later kernels run after it on the
+    simulator (its kernel calls are chained in program order) and, on GPUs, in the stream's
+    program order; XLA itself does not promise that order for independent operations, so
+    to be certain, pass `status` into the later kernel as an (unused) argument.
+    Returns (status, *arrays): status is -1, or the rank that did not arrive within
+    `timeout_s` (check it with `check_barrier`).
     """
     rt = runtime_lib.runtime()
     area = rt.service("device_barrier", _BarrierArea)

@@ -1,7 +1,13 @@
 """Whole-array collective kernels on the symmetric heap (device code, framework-neutral)."""
 
 from iris_core.collectives.kernels import (
-    ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, BROADCAST, PPERMUTE, REDUCE_SCATTER, collective_kernel,
+    ALL_GATHER,
+    ALL_REDUCE,
+    ALL_TO_ALL,
+    BROADCAST,
+    PPERMUTE,
+    REDUCE_SCATTER,
+    collective_kernel,
 )
 from iris_core.collectives.workspace import WorkspaceLayout
 

@@ -257,7 +257,8 @@ def _two_shot_gather(ctx, group_ptr, out_ptr, ws2, c0, width, tiles, pid, progra
 def collective_kernel(context_ptr, group_ptr, x_ptr, m, out_ptr,
                       KIND: tl.constexpr, OP: tl.constexpr, VARIANT: tl.constexpr, G: tl.constexpr,
                       WORLD: tl.constexpr, XB: tl.constexpr, OB: tl.constexpr, SOURCES: tl.constexpr,
-                      ACC: tl.constexpr, BLOCK: tl.constexpr, CHUNK: tl.constexpr, DATA: tl.constexpr, DATA2: tl.constexpr, DATA_BYTES: tl.constexpr,
+                      ACC: tl.constexpr, BLOCK: tl.constexpr, CHUNK: tl.constexpr, DATA: tl.constexpr,
+                      DATA2: tl.constexpr, DATA_BYTES: tl.constexpr,
                       MAX_PROGRAMS: tl.constexpr, TIMEOUT_NS: tl.constexpr, WHAT: tl.constexpr):
     """See the module docstring. `m` is the column count; SOURCES[i] is member i's source
     (PPERMUTE/BROADCAST; -1: none, output zeros)."""

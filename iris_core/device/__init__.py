@@ -5,8 +5,21 @@ from iris_core.device.compat import aggregate, interpreting
 from iris_core.device.context import Context, DeviceContext
 from iris_core.device.nvidia import global_timer, sm_id
 from iris_core.device.rma import (
-    atomic_add, atomic_and, atomic_cas, atomic_max, atomic_min, atomic_or, atomic_sub, atomic_xchg,
-    atomic_xor, copy, get, load, put, store, translate,
+    atomic_add,
+    atomic_and,
+    atomic_cas,
+    atomic_max,
+    atomic_min,
+    atomic_or,
+    atomic_sub,
+    atomic_xchg,
+    atomic_xor,
+    copy,
+    get,
+    load,
+    put,
+    store,
+    translate,
 )
 from iris_core.device.tracing import DeviceTracing
 from iris_core.device.views import TensorView, Tile, TileView

@@ -19,11 +19,23 @@ import triton.language as tl
 
 from iris_core.device import rma
 from iris_core.device import tile_collectives as tiles
-from iris_core.device.rma import ACQ_REL, NO_MODIFIER, SYSTEM
 from iris_core.device.compat import aggregate
+from iris_core.device.rma import ACQ_REL, NO_MODIFIER, SYSTEM
 from iris_core.device.tracing import (
-    EVENT_ATOMIC_ADD, EVENT_ATOMIC_AND, EVENT_ATOMIC_CAS, EVENT_ATOMIC_MAX, EVENT_ATOMIC_MIN, EVENT_ATOMIC_OR,
-    EVENT_ATOMIC_SUB, EVENT_ATOMIC_XCHG, EVENT_ATOMIC_XOR, EVENT_COPY, EVENT_GET, EVENT_LOAD, EVENT_PUT, EVENT_STORE,
+    EVENT_ATOMIC_ADD,
+    EVENT_ATOMIC_AND,
+    EVENT_ATOMIC_CAS,
+    EVENT_ATOMIC_MAX,
+    EVENT_ATOMIC_MIN,
+    EVENT_ATOMIC_OR,
+    EVENT_ATOMIC_SUB,
+    EVENT_ATOMIC_XCHG,
+    EVENT_ATOMIC_XOR,
+    EVENT_COPY,
+    EVENT_GET,
+    EVENT_LOAD,
+    EVENT_PUT,
+    EVENT_STORE,
     DeviceTracing,
 )
 

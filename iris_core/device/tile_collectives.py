@@ -12,7 +12,6 @@ import triton
 import triton.language as tl
 
 
-
 @triton.jit
 def tile_id(tile, view):
     """Linear id of `tile` in `view` (row-major over tiles)."""

@@ -24,10 +24,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Listener
 
-from iris_core.sim import pickling
-
 from iris_core.errors import PeerTimeoutError, SimulatedRankError
 from iris_core.heap.shared_memory import SharedMemoryHeap
+from iris_core.sim import pickling
 
 DEFAULT_TIMEOUT_S = float(os.environ.get("IRIS_SIM_TIMEOUT", "120"))
 
