@@ -142,22 +142,23 @@ def psum(x, axis_name, *, variant: str = "auto"):
 
 
 def _psum(x, axes, variant):
-    @jax.custom_vjp
-    def f(x):
-        return _all_reduce_leaf(x, axes, "sum", variant, None)
-
-    def fwd(x):
-        return f(x), None
-
-    def bwd(_, ct):
+    def transpose(ct):
         # lax.psum's transpose: with varying-axes checks, a (free) cast back to varying;
         # without them, another psum.
-        if _check_vma():
-            return (_pvary(ct, axes),)
-        return (_all_reduce_leaf(ct, axes, "sum", variant, None),)
+        return _pvary(ct, axes) if _check_vma() else _all_reduce_leaf(ct, axes, "sum", variant, None)
 
-    f.defvjp(fwd, bwd)
-    return f(x)
+    return _linear(lambda v: _all_reduce_leaf(v, axes, "sum", variant, None), transpose)(x)
+
+
+def _linear(forward, transpose):
+    """`forward` as a differentiable op whose cotangent rule is `transpose` (linear ops)."""
+
+    @jax.custom_vjp
+    def f(v):
+        return forward(v)
+
+    f.defvjp(lambda v: (f(v), None), lambda _, ct: (transpose(ct),))
+    return f
 
 
 def _check_vma() -> bool:
@@ -205,17 +206,8 @@ def _all_gather_leaf(x, axes, axis: int, tiled: bool):
 def all_gather(x, axis_name, *, axis: int = 0, tiled: bool = False):
     """Like `lax.all_gather`."""
     axes = _axes(axis_name)
-
-    def leaf(v):
-        @jax.custom_vjp
-        def f(v):
-            return _all_gather_leaf(v, axes, axis, tiled)
-
-        f.defvjp(lambda v: (f(v), None),
-                 lambda _, ct: (_psum_scatter_leaf(ct, axes, axis, tiled),))
-        return f(v)
-
-    return tree_util.tree_map(leaf, x)
+    op = _linear(lambda v: _all_gather_leaf(v, axes, axis, tiled), lambda ct: _psum_scatter_leaf(ct, axes, axis, tiled))
+    return tree_util.tree_map(op, x)
 
 
 def _psum_scatter_leaf(x, axes, scatter_dimension: int, tiled: bool):
@@ -240,17 +232,9 @@ def _psum_scatter_leaf(x, axes, scatter_dimension: int, tiled: bool):
 def psum_scatter(x, axis_name, *, scatter_dimension: int = 0, tiled: bool = False):
     """Like `lax.psum_scatter`."""
     axes = _axes(axis_name)
-
-    def leaf(v):
-        @jax.custom_vjp
-        def f(v):
-            return _psum_scatter_leaf(v, axes, scatter_dimension, tiled)
-
-        f.defvjp(lambda v: (f(v), None),
-                 lambda _, ct: (_all_gather_leaf(ct, axes, scatter_dimension, tiled),))
-        return f(v)
-
-    return tree_util.tree_map(leaf, x)
+    op = _linear(lambda v: _psum_scatter_leaf(v, axes, scatter_dimension, tiled),
+                 lambda ct: _all_gather_leaf(ct, axes, scatter_dimension, tiled))
+    return tree_util.tree_map(op, x)
 
 
 def _all_to_all_leaf(x, axes, split_axis: int, concat_axis: int, tiled: bool):
@@ -284,17 +268,9 @@ def _all_to_all_leaf(x, axes, split_axis: int, concat_axis: int, tiled: bool):
 def all_to_all(x, axis_name, split_axis: int, concat_axis: int, *, tiled: bool = False):
     """Like `lax.all_to_all`."""
     axes = _axes(axis_name)
-
-    def leaf(v):
-        @jax.custom_vjp
-        def f(v):
-            return _all_to_all_leaf(v, axes, split_axis, concat_axis, tiled)
-
-        f.defvjp(lambda v: (f(v), None),
-                 lambda _, ct: (_all_to_all_leaf(ct, axes, concat_axis, split_axis, tiled),))
-        return f(v)
-
-    return tree_util.tree_map(leaf, x)
+    op = _linear(lambda v: _all_to_all_leaf(v, axes, split_axis, concat_axis, tiled),
+                 lambda ct: _all_to_all_leaf(ct, axes, concat_axis, split_axis, tiled))
+    return tree_util.tree_map(op, x)
 
 
 def _ppermute_leaf(x, axes, perm):
@@ -320,16 +296,8 @@ def ppermute(x, axis_name, perm: Sequence[tuple[int, int]]):
     axes = _axes(axis_name)
     perm = tuple((int(s), int(d)) for s, d in perm)
     inverse = tuple((d, s) for s, d in perm)
-
-    def leaf(v):
-        @jax.custom_vjp
-        def f(v):
-            return _ppermute_leaf(v, axes, perm)
-
-        f.defvjp(lambda v: (f(v), None), lambda _, ct: (_ppermute_leaf(ct, axes, inverse),))
-        return f(v)
-
-    return tree_util.tree_map(leaf, x)
+    op = _linear(lambda v: _ppermute_leaf(v, axes, perm), lambda ct: _ppermute_leaf(ct, axes, inverse))
+    return tree_util.tree_map(op, x)
 
 
 def broadcast(x, axis_name, root: int = 0):
