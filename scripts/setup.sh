@@ -8,8 +8,8 @@ PY=${PYTHON:-python3}
 . .venv/bin/activate
 python -m pip install -q --upgrade pip >/dev/null
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-    python -m pip install -q -e ".[gpu]"
+    python -m pip install -q -e ".[gpu,plots]"
 else
     python -m pip install -q "torch==2.13.0" || python -m pip install -q torch --index-url https://download.pytorch.org/whl/cpu
-    python -m pip install -q -e ".[cpu]" "jax[cuda13-local]==0.10.2"
+    python -m pip install -q -e ".[cpu,plots]" "jax[cuda13-local]==0.10.2"
 fi
