@@ -1,15 +1,34 @@
 #!/usr/bin/env bash
-# What we run on the GPU machine (device tool): the gpu-marked tests and the RMA benchmark.
-# Uses the machine's own python3/jax/triton/torch; jax-triton comes from the carried .whl/.
+# What we run on the GPU machine (device tool, kind nvidia-h200-x2), in one call:
+#   bash scripts/gpu_check.sh [tests|bench|all]
+# Uses the machine's own python3/jax/triton/torch; jax-triton comes from the carried .whl/
+# (carry: [".whl"]). Every step has its own time limit so one hang cannot eat the lease;
+# full logs go to $OUT. Record what it prints in benchmarks/RESULTS.md.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+what=${1:-all}
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:${PYTHONPATH:-}
 if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=$PYTHONPATH:/tmp/site
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=$PYTHONPATH:/tmp/site
 fi
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi topo -m > "$OUT/topo.txt" 2>&1
 python3 -c "import jax, triton, torch; print('jax', jax.__version__, 'triton', triton.__version__, 'torch', torch.__version__, jax.devices())"
-python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu "$@" 2>&1 | tee "$OUT/gpu_tests.log"
-echo "pytest exit: ${PIPESTATUS[0]}"
-python3 benchmarks/rma.py --mib 256 2>&1 | tee "$OUT/rma.log"
+step() {  # step NAME SECONDS COMMAND...: run with a limit, keep the log, print its tail
+  local name=$1 limit=$2; shift 2
+  echo "=== $name (limit ${limit}s)"
+  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1; local rc=$?
+  grep -v "^E1129\|Source Location\|cuda_status.cc\|^$" "$OUT/$name.log" | tail -25
+  echo "=== $name exit $rc"
+}
+if [ "$what" = tests ] || [ "$what" = all ]; then
+  step gpu_single 300 python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_gpu_jax.py tests/gpu/test_gpu_collectives.py
+  step gpu_multi 150 python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_gpu_multiprocess.py
+  step gpu_tracing 120 python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_gpu_tracing.py
+fi
+if [ "$what" = bench ] || [ "$what" = all ]; then
+  step rma 120 python3 benchmarks/rma.py --mib 256
+  step collectives 400 python3 benchmarks/collectives.py --out "$OUT" --plot
+  step fused 300 python3 benchmarks/fused.py
+fi
