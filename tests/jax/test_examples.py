@@ -30,3 +30,13 @@ def test_example_falls_back_to_the_simulator_by_itself():
     assert "OK" in result.stdout, result.stdout
     if not _common.have_gpus():
         assert "4 ranks (sim-workers)" in result.stdout, result.stdout
+
+
+@pytest.mark.parametrize("example,expected", [
+    ("demo.py", "OK: remote stores inside jax.jit(jax.shard_map(...))"),
+    ("05_tensor_parallel_mlp.py", "forward and backward match plain JAX"),
+])
+def test_demo_and_mlp_example(example, expected):
+    result = run_python([f"examples/{example}"], timeout=300, XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    assert result.returncode == 0, result.stdout
+    assert expected in result.stdout, result.stdout
