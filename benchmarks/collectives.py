@@ -21,6 +21,10 @@ import statistics
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from iris_core.platform import gpus_present  # noqa: E402
+
 SIZES = "1K,4K,16K,64K,256K,1M,4M,16M,64M,256M,1G"
 OPS = "psum,psum:one_shot,psum:two_shot,all_gather,psum_scatter,all_to_all,ppermute,broadcast"
 
@@ -39,7 +43,7 @@ def main():
     parser.add_argument("--plot", action="store_true")
     opts = parser.parse_args()
 
-    gpu = _has_gpu()
+    gpu = os.environ.get("JAX_PLATFORMS") != "cpu" and gpus_present()
     if not gpu:
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
         os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
@@ -204,15 +208,6 @@ def plot(json_path, out_dir):
         fig.suptitle(f"iris vs XLA collectives, {data['world_size']} GPUs, {dtype}")
         fig.tight_layout()
         fig.savefig(os.path.join(out_dir, f"collectives_{dtype}.png"), dpi=110)
-
-
-def _has_gpu() -> bool:
-    import shutil
-    import subprocess
-
-    if os.environ.get("JAX_PLATFORMS") == "cpu" or not shutil.which("nvidia-smi"):
-        return False
-    return subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode == 0
 
 
 if __name__ == "__main__":

@@ -24,19 +24,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-
-def _has_gpu() -> bool:
-    import shutil
-    import subprocess
-
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return False
-    try:
-        r = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return r.returncode == 0 and "GPU" in r.stdout
+from iris_core.platform import gpus_present  # noqa: E402
 
 
 def main():
@@ -48,7 +36,7 @@ def main():
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "out"))
     opts = parser.parse_args()
 
-    gpu = _has_gpu()
+    gpu = gpus_present()
     if gpu:
         os.environ.setdefault("IRIS_HEAP_SIZE", str(8 << 30))
         os.environ.setdefault("IRIS_FUSED_WORKSPACE_BYTES", str(1 << 30))
