@@ -17,18 +17,12 @@ def test_example(example):
 
 def test_example_falls_back_to_the_simulator_by_itself():
     """Without JAX_PLATFORMS / XLA_FLAGS the example picks its platform (CPU: 4 simulated ranks)."""
-    import os
-    import sys
+    from iris_core.platform import gpus_present
 
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples"))
-    try:
-        import _common
-    finally:
-        sys.path.pop(0)
     result = run_python(["examples/00_load_store.py"], timeout=300, JAX_PLATFORMS=None)
     assert result.returncode == 0, result.stdout
     assert "OK" in result.stdout, result.stdout
-    if not _common.have_gpus():
+    if not gpus_present():
         assert "4 ranks (sim-workers)" in result.stdout, result.stdout
 
 
