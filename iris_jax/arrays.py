@@ -181,7 +181,8 @@ def is_symmetric(x) -> bool:
     return heap_offset(x) is not None
 
 
-def require_symmetric(x, what: str = "array", rt=None) -> None:
+def require_symmetric(x, what: str = "array") -> None:
+    """Raises NotOnHeapError unless `x` is a symmetric heap array."""
     if not is_symmetric(x):
         raise NotOnHeapError(
             f"{what} must be on the symmetric heap, got an ordinary array of shape {x.shape} "

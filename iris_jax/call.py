@@ -105,11 +105,11 @@ def triton_call(*args: Any, kernel, out_shape, grid, name: str = "",
       out_varying: mesh axes the outputs vary over (default: every manual axis); a
         collective whose result is the same across an axis leaves that axis out.
     """
-    rt = runtime_lib.runtime()
+    runtime_lib.runtime()  # created lazily here, before anything is traced
     out_shape = tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), out_shape)
     flat_args, _ = tree_util.tree_flatten(args)
     flat_out_shapes, out_tree = tree_util.tree_flatten(out_shape)
-    _check_symmetric(rt, flat_args, symmetric)
+    _check_symmetric(flat_args, symmetric)
 
     array_args, scalar_args = [], []
     for i, arg in enumerate(flat_args):
@@ -148,14 +148,14 @@ def _vary(x, axes):
     return lax.pcast(x, missing, to="varying") if missing else x
 
 
-def _check_symmetric(rt, flat_args, symmetric):
+def _check_symmetric(flat_args, symmetric):
     from iris_jax.arrays import require_symmetric
 
     for i in symmetric:
         if not 0 <= i < len(flat_args):
             raise IndexError(f"symmetric index {i} out of range for {len(flat_args)} arguments")
         if isinstance(flat_args[i], jax.Array) and not isinstance(flat_args[i], core.Tracer):
-            require_symmetric(flat_args[i], f"argument {i}", rt)
+            require_symmetric(flat_args[i], f"argument {i}")
 
 
 # -- lowering -------------------------------------------------------------------------
