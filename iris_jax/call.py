@@ -125,7 +125,7 @@ def triton_call(*args: Any, kernel, out_shape, grid, name: str = "",
     axes = _manual_axes()
     varying = axes if out_varying is None else tuple(a for a in axes if a in out_varying)
     # the outputs' avals are derived from this operand's, so it carries their varying axes
-    device_index = _vary(jnp.zeros((), jnp.int32), varying) if varying else jnp.zeros((), jnp.int32)
+    device_index = vary(jnp.zeros((), jnp.int32), varying) if varying else jnp.zeros((), jnp.int32)
     out_flat = iris_triton_call_p.bind(
         device_index, *array_args,
         fn=kernel, scalar_args=tuple(scalar_args), name=name,
@@ -138,13 +138,18 @@ def triton_call(*args: Any, kernel, out_shape, grid, name: str = "",
     return tree_util.tree_unflatten(out_tree, out_flat)
 
 
-def _vary(x, axes):
-    """`x` marked as varying over `axes` (no-op for what already varies)."""
-    vma = getattr(core.typeof(x), "vma", None)
+def varying_axes(x) -> frozenset:
+    """The manual mesh axes `x` varies over (jax 0.10 calls it manual_axis_type, later vma)."""
+    aval = core.typeof(x)
+    vma = getattr(aval, "vma", None)
     if vma is None:
-        mat = getattr(core.typeof(x), "manual_axis_type", None)
-        vma = getattr(mat, "varying", frozenset())
-    missing = tuple(a for a in axes if a not in vma)
+        vma = getattr(getattr(aval, "manual_axis_type", None), "varying", frozenset())
+    return frozenset(vma)
+
+
+def vary(x, axes):
+    """`x` marked as varying over `axes` (no-op for what already varies)."""
+    missing = tuple(a for a in axes if a not in varying_axes(x))
     return lax.pcast(x, missing, to="varying") if missing else x
 
 

@@ -15,13 +15,14 @@ from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
-from jax import lax, tree_util
-from jax._src import core
+from jax import tree_util
 
 from iris_core.collectives import kernels as K
 from iris_core.collectives.workspace import MAX_PROGRAMS
 from iris_jax import _runtime as runtime_lib
 from iris_jax.call import triton_call
+from iris_jax.call import vary as _pvary
+from iris_jax.call import varying_axes as _vma
 from iris_jax.workspace import workspaces
 
 SUPPORTED_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16, jnp.int32)
@@ -48,12 +49,12 @@ def _group_size(axes) -> int:
     return math.prod(mesh.shape[a] for a in axes)
 
 
-def _vma(x) -> frozenset:
-    aval = core.typeof(x)
-    vma = getattr(aval, "vma", None)
-    if vma is None:
-        vma = getattr(getattr(aval, "manual_axis_type", None), "varying", frozenset())
-    return frozenset(vma)
+def _check_split(what: str, size: int, G: int, tiled: bool) -> None:
+    """The dimension split across the group: divisible by G (tiled) or exactly G (untiled)."""
+    if tiled and size % G:
+        raise ValueError(f"{what} of size {size} is not divisible by the axis size {G}")
+    if not tiled and size != G:
+        raise ValueError(f"{what} has size {size}, must equal the axis size {G} (or pass tiled=True)")
 
 
 def _check_dtype(x, what):
@@ -167,11 +168,6 @@ def _check_vma() -> bool:
     return bool(config._check_vma.value)
 
 
-def _pvary(x, axes):
-    missing = tuple(a for a in axes if a not in _vma(x))
-    return lax.pcast(x, missing, to="varying") if missing else x
-
-
 def _empty(shape, dtype, varying):
     """The result of a collective on a zero-size input (no kernel runs), typed like the
     kernel's output: varying over exactly `varying`, as lax's result is."""
@@ -215,11 +211,7 @@ def _psum_scatter_leaf(x, axes, scatter_dimension: int, tiled: bool):
     G = _group_size(axes)
     d = scatter_dimension % x.ndim
     size = x.shape[d]
-    if tiled and size % G:
-        raise ValueError(f"psum_scatter: dimension {d} of size {size} is not divisible by the axis size {G}")
-    if not tiled and size != G:
-        raise ValueError(f"psum_scatter: dimension {d} has size {size}, must equal the axis size {G} "
-                         "(or pass tiled=True)")
+    _check_split(f"psum_scatter: dimension {d}", size, G, tiled)
     moved = jnp.moveaxis(x, d, 0)
     block_shape = (size // G, *moved.shape[1:]) if tiled else moved.shape[1:]
     if x.size == 0:
@@ -242,11 +234,7 @@ def _all_to_all_leaf(x, axes, split_axis: int, concat_axis: int, tiled: bool):
     G = _group_size(axes)
     s, c = split_axis % x.ndim, concat_axis % x.ndim
     size = x.shape[s]
-    if tiled and size % G:
-        raise ValueError(f"all_to_all: split dimension {s} of size {size} is not divisible by the axis size {G}")
-    if not tiled and size != G:
-        raise ValueError(f"all_to_all: split dimension {s} has size {size}, must equal the axis size {G} "
-                         "(or pass tiled=True)")
+    _check_split(f"all_to_all: split dimension {s}", size, G, tiled)
     moved = jnp.moveaxis(x, s, 0)  # [size, ...rest]
     chunk = moved.reshape(G, size // G, *moved.shape[1:])  # chunk i goes to member i
     if x.size == 0:
