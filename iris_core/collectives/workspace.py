@@ -1,6 +1,6 @@
 """Layout of the fixed collective workspace that every rank keeps at one heap offset.
 
-    epochs  [MAX_PROGRAMS]              local call counter of each program (one line each)
+    epochs  [MAX_PROGRAMS]              at offset 0: local call counter of each program (one line each)
     flags   [MAX_PROGRAMS][W]           flag p of program k on my heap: the last stamp rank p raised
     data    [2 buffers][data_bytes]     staged inputs / accumulators (buffer = epoch parity)
     data2   [2 buffers][data_bytes]     two-shot results, ring partials, spinlock locks
@@ -23,10 +23,6 @@ MAX_PROGRAMS = 256
 class WorkspaceLayout:
     world_size: int
     data_bytes: int
-
-    @property
-    def epochs(self) -> int:
-        return 0
 
     @property
     def flags(self) -> int:

@@ -11,8 +11,6 @@ import numpy as np
 from iris_core.heap.allocator import HeapAllocator, format_bytes
 from iris_core.heap.context_layout import encode_context
 
-DEFAULT_HEAP_SIZE = 1 << 30
-
 
 class SymmetricHeap(abc.ABC):
     """World-wide view of the heaps as mapped in this process.
