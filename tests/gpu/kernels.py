@@ -1,36 +1,9 @@
-"""Kernels shared by the GPU tests (each also runs on the simulator)."""
+"""Kernels only the GPU tests use (the others come from tests/jax/kernels.py)."""
 
 import triton
 import triton.language as tl
 
 from iris_core.device import Context
-
-
-@triton.jit
-def ring_store(context_ptr, buf_ptr, x_ptr, n, out_ptr, W: tl.constexpr, BLOCK: tl.constexpr, HINT: tl.constexpr):
-    """Stores x into the next rank's buf; out = local x * 2 + rank."""
-    ctx = Context.initialize(context_ptr, W)
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    m = offs < n
-    x = tl.load(x_ptr + offs, mask=m)
-    ctx.store(buf_ptr + offs, x, to_rank=(ctx.rank + 1) % W, mask=m, hint=HINT)
-    tl.store(out_ptr + offs, x * 2 + ctx.rank, mask=m)
-
-
-@triton.jit
-def ring_load(context_ptr, buf_ptr, n, out_ptr, W: tl.constexpr, BLOCK: tl.constexpr):
-    """out = the previous rank's buf."""
-    ctx = Context.initialize(context_ptr, W)
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    m = offs < n
-    tl.store(out_ptr + offs, ctx.load(buf_ptr + offs, from_rank=(ctx.rank + W - 1) % W, mask=m, other=0), mask=m)
-
-
-@triton.jit
-def read_local(context_ptr, buf_ptr, n, out_ptr, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    m = offs < n
-    tl.store(out_ptr + offs, tl.load(buf_ptr + offs, mask=m, volatile=True), mask=m)
 
 
 @triton.jit

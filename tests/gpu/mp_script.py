@@ -18,7 +18,8 @@ def main():
     from jax.sharding import PartitionSpec as P
 
     import iris_jax
-    from tests.gpu.kernels import hammer, ping_pong, read_local, ring_store
+    from tests.gpu.kernels import hammer, ping_pong
+    from tests.jax.kernels import read_local, ring_store
 
     print(f"process {process_id}: distributed up, {jax.devices()}", flush=True)
     rt = iris_jax.init(heap_size=1 << 28)

@@ -1,7 +1,7 @@
 """Triton kernels of the iris_jax tests.
 
 They live in their own module (triton and the device API only) so that a simulated rank's
-worker process can import them cheaply when a kernel is sent to it.
+worker process can import them cheaply when a kernel is sent to it. The GPU tests use them too.
 """
 
 import triton
@@ -21,13 +21,13 @@ def heap_offset_of(context_ptr, buf_ptr, out_ptr, W: tl.constexpr):
 
 
 @triton.jit
-def ring_store(context_ptr, buf_ptr, x_ptr, n, out_ptr, W: tl.constexpr, BLOCK: tl.constexpr):
+def ring_store(context_ptr, buf_ptr, x_ptr, n, out_ptr, W: tl.constexpr, BLOCK: tl.constexpr, HINT: tl.constexpr):
     """Stores x into the next rank's buf; out = x * 2 + rank."""
     ctx = Context.initialize(context_ptr, W)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = offs < n
     x = tl.load(x_ptr + offs, mask=m)
-    ctx.store(buf_ptr + offs, x, to_rank=(ctx.rank + 1) % W, mask=m)
+    ctx.store(buf_ptr + offs, x, to_rank=(ctx.rank + 1) % W, mask=m, hint=HINT)
     tl.store(out_ptr + offs, x * 2 + ctx.rank, mask=m)
 
 

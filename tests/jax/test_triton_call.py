@@ -57,7 +57,7 @@ def test_remote_store(world):
     W = rt.world_size
     buf = iris_jax.full((W * N,), -1.0, jnp.float32, sharding=rows)
     x = jax.device_put(jax.random.normal(jax.random.key(W), (W * N,)), rows)
-    f = lambda b, x: iris_jax.triton_call(b, x, N, kernel=kernels.ring_store, grid=(1,), W=W, BLOCK=BLOCK,
+    f = lambda b, x: iris_jax.triton_call(b, x, N, kernel=kernels.ring_store, grid=(1,), W=W, BLOCK=BLOCK, HINT=None,
                                           out_shape=jax.ShapeDtypeStruct((N,), jnp.float32), symmetric=(0,))
     out = np.asarray(smap(mesh, f, (P("i"), P("i")), P("i"))(buf, x)).reshape(W, N)
     xs = np.asarray(x).reshape(W, N)
