@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import atexit
+import itertools
 import os
 import threading
 from collections.abc import Sequence
@@ -27,6 +28,9 @@ from iris_core.heap.allocator import format_bytes
 
 DEFAULT_HEAP_SIZE = int(os.environ.get("IRIS_HEAP_SIZE", 1 << 30))
 DEFAULT_SIM_HEAP_SIZE = int(os.environ.get("IRIS_HEAP_SIZE", 64 << 20))
+
+# seconds to wait for the other processes at a rendezvous (environment IRIS_RENDEZVOUS_TIMEOUT)
+RENDEZVOUS_TIMEOUT_S = float(os.environ.get("IRIS_RENDEZVOUS_TIMEOUT", 120))
 
 SIM_LAUNCHED = "sim-launched"
 SIM_WORKERS = "sim-workers"
@@ -84,6 +88,7 @@ class Runtime:
             self._rank_of = {d.id: r for r, d in enumerate(sorted(jax.devices(), key=lambda d: d.id))}
         self._lock = threading.Lock()
         self._services: dict[str, object] = {}
+        self._syncs = itertools.count(1)
 
     # -- execution models --------------------------------------------------------
     def _init_launched_sim(self, launched, heap_size, devices):
@@ -97,10 +102,8 @@ class Runtime:
                 "xla_force_host_platform_device_count under `python -m iris_core.sim`")
         self.mode = SIM_LAUNCHED
         self.world_size = launched.world_size
-        # seconds to wait for every peer's heap (environment IRIS_RENDEZVOUS_TIMEOUT, default 120)
-        timeout_s = float(os.environ.get("IRIS_RENDEZVOUS_TIMEOUT", 120))
         self.heap = SharedMemoryHeap(launched.world_size, heap_size, [launched.rank], launched.session,
-                                     FileStore(launched.store_path), timeout_s=timeout_s)
+                                     FileStore(launched.store_path), timeout_s=RENDEZVOUS_TIMEOUT_S)
         self._device_ranks = {local[0]: launched.rank}
         self.store = FileStore(launched.store_path)
 
@@ -169,6 +172,26 @@ class Runtime:
     def trace_words(self) -> Sequence[int]:
         """The context's tracing words: () while tracing is off (see iris_jax.tracing)."""
         return self.tracing.words()
+
+    def allocate_shared(self, nbytes: int) -> int:
+        """A zeroed block at one offset on every heap, for state that the kernels of all ranks
+        compare against (flags, epochs, counters); lives as long as the runtime.
+
+        Every process must make the same calls in the same order (SPMD tracing does): with
+        one process per rank, each zeroes its own heap and the call returns once all did, so
+        no peer's early signal can be wiped by a late zeroing.
+        """
+        offset = self.heap.allocate(nbytes, zero=True)
+        self.sync_processes()
+        return offset
+
+    def sync_processes(self) -> None:
+        """Host barrier between the processes of a multi-process run; no-op in one process."""
+        if self.mode in (GPU_MULTI, SIM_LAUNCHED):
+            from iris_core.heap.rendezvous import store_barrier
+
+            store_barrier(self.store, f"iris/sync/{next(self._syncs)}", self.rank_of(self.devices[0]),
+                          self.world_size, RENDEZVOUS_TIMEOUT_S)
 
     def service(self, name: str, factory):
         """Per-runtime singleton (workspaces, barrier state), created on first use."""

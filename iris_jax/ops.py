@@ -63,7 +63,7 @@ class FusedWorkspace:
         self.flag_count = (1 << 12) if self.simulated else (1 << 16)
         self.flags = MAX_PROGRAMS * LINE_BYTES
         self.data = self.flags + math.ceil(self.flag_count * 4 / 256) * 256
-        self.offset = rt.heap.allocate(self.data + 2 * self.data_bytes)
+        self.offset = rt.allocate_shared(self.data + 2 * self.data_bytes)
         # the grid of every fused kernel: all programs co-resident (<= SMs); fixed, so every
         # program's epoch advances once per call
         if self.simulated:

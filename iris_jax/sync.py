@@ -30,7 +30,7 @@ DEFAULT_TIMEOUT_S = 60.0
 
 class _BarrierArea:
     def __init__(self, rt):
-        self.offset = rt.heap.allocate((rt.world_size + 1) * SLOT_WORDS * 8)
+        self.offset = rt.allocate_shared((rt.world_size + 1) * SLOT_WORDS * 8)
 
 
 @triton.jit
@@ -95,18 +95,4 @@ def barrier() -> None:
         for d in rt.devices:
             torch.cuda.synchronize(d.local_hardware_id)
     jax.effects_barrier()
-    if rt.mode == runtime_lib.GPU_MULTI:
-        from jax.experimental import multihost_utils
-
-        multihost_utils.sync_global_devices("iris_jax.barrier")
-    elif rt.mode == runtime_lib.SIM_LAUNCHED:
-        _store_barrier(rt)
-
-
-def _store_barrier(rt) -> None:
-    generation = rt.service("host_barrier", lambda _: [0])
-    generation[0] += 1
-    rank = rt.rank_of(rt.devices[0])
-    rt.store.set(f"iris/barrier/{generation[0]}/{rank}", b"1")
-    for peer in range(rt.world_size):
-        rt.store.get(f"iris/barrier/{generation[0]}/{peer}", DEFAULT_TIMEOUT_S)
+    rt.sync_processes()

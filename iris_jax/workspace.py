@@ -27,7 +27,7 @@ class GroupWorkspaces:
         self.simulated = rt.mode.startswith("sim")
         default = (256 << 10) if self.simulated else (32 << 20)
         self.layout = WorkspaceLayout(rt.world_size, int(os.environ.get("IRIS_WORKSPACE_BYTES", default)))
-        self._heap = rt.heap
+        self._rt = rt
         self._offsets: dict[tuple, int] = {}
         self._lock = threading.Lock()
 
@@ -36,7 +36,7 @@ class GroupWorkspaces:
         key = tuple(sorted(tuple(g) for g in set(map(tuple, groups))))
         with self._lock:
             if key not in self._offsets:
-                self._offsets[key] = self._heap.allocate(self.layout.total_bytes)
+                self._offsets[key] = self._rt.allocate_shared(self.layout.total_bytes)
             return self._offsets[key]
 
     @property

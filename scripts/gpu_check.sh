@@ -23,9 +23,12 @@ step() {  # step NAME SECONDS COMMAND...: run with a limit, keep the log, print 
   echo "=== $name exit $rc"
 }
 if [ "$what" = tests ] || [ "$what" = all ]; then
-  step gpu_single 300 python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_gpu_jax.py tests/gpu/test_gpu_collectives.py
-  step gpu_multi 150 python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_gpu_multiprocess.py
-  step gpu_tracing 120 python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_gpu_tracing.py
+  # a hanging test dumps every thread's stack into its log (faulthandler) before the step's limit
+  t="python3 -m pytest -m gpu -q -rfE --tb=short -p no:cacheprovider -o faulthandler_timeout=90"
+  step gpu_jax 120 $t tests/gpu/test_gpu_jax.py
+  step gpu_multi 100 $t tests/gpu/test_gpu_multiprocess.py
+  step gpu_tracing 150 $t tests/gpu/test_gpu_tracing.py
+  step gpu_collectives 220 $t tests/gpu/test_gpu_collectives.py
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
   step rma 120 python3 benchmarks/rma.py --mib 256

@@ -111,6 +111,12 @@ class CudaHeap(SymmetricHeap):
         raw = torch.as_tensor(holder, device=f"cuda:{self.devices[rank]}")
         return raw.view(dtype).view(tuple(shape))
 
+    def _zero_local(self, rank: int, offset: int, nbytes: int) -> None:
+        rt = _cudart()
+        _check(rt.cudaSetDevice(self.devices[rank]), "cudaSetDevice")
+        _check(rt.cudaMemset(self.heap_bases[rank] + offset, 0, nbytes), "cudaMemset")
+        _check(rt.cudaStreamSynchronize(0), "cudaStreamSynchronize")
+
     def _release(self) -> None:
         rt = _cudart()
         for dev, ptr in self._opened:

@@ -19,6 +19,13 @@ class KeyValueStore(Protocol):
     def get(self, key: str, timeout_s: float) -> bytes: ...
 
 
+def store_barrier(store: KeyValueStore, name: str, rank: int, world_size: int, timeout_s: float) -> None:
+    """Returns once all `world_size` ranks called it with the same (fresh) `name`."""
+    store.set(f"{name}/{rank}", b"1")
+    for peer in range(world_size):
+        store.get(f"{name}/{peer}", timeout_s)
+
+
 class FileStore:
     """A KeyValueStore over a directory that every process can see."""
 

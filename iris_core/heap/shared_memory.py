@@ -89,6 +89,9 @@ class SharedMemoryHeap(SymmetricHeap):
         flat = self._arrays[rank][offset:offset + count * dtype.itemsize].view(dtype)
         return flat.reshape(shape)
 
+    def _zero_local(self, rank: int, offset: int, nbytes: int) -> None:
+        self._arrays[rank][offset:offset + nbytes] = 0
+
     def _release(self) -> None:
         self._arrays.clear()
         for rank, m in self._maps.items():

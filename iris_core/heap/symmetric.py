@@ -35,9 +35,29 @@ class SymmetricHeap(abc.ABC):
         self._closed = False
 
     # -- memory ---------------------------------------------------------------
-    def allocate(self, nbytes: int) -> int:
-        """Reserves `nbytes` at one offset on every heap; returns the offset."""
-        return self.allocator.allocate(nbytes)
+    def allocate(self, nbytes: int, zero: bool = False) -> int:
+        """Reserves `nbytes` at one offset on every heap; returns the offset.
+
+        Freed memory is reused as it is; with `zero=True` the block is zeroed on this
+        process's heaps (flags and counters that kernels compare against need that; other
+        processes zero their own heaps when they make the same allocation).
+        """
+        offset = self.allocator.allocate(nbytes)
+        if zero:
+            try:
+                self.zero(offset, nbytes)
+            except BaseException:
+                self.allocator.free(offset)
+                raise
+        return offset
+
+    def zero(self, offset: int, nbytes: int) -> None:
+        """Zeroes `nbytes` at `offset` on every heap this process owns; returns when done."""
+        for rank in self.local_ranks:
+            self._zero_local(rank, offset, nbytes)
+
+    @abc.abstractmethod
+    def _zero_local(self, rank: int, offset: int, nbytes: int) -> None: ...
 
     def free(self, offset: int) -> None:
         self.allocator.free(offset)

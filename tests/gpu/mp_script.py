@@ -7,6 +7,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 
 def main():
+    import faulthandler
+
+    faulthandler.dump_traceback_later(60, exit=True)  # a hang shows where, before the test's limit
     import jax
 
     process_id, port = int(sys.argv[1]), sys.argv[2]
@@ -41,8 +44,12 @@ def main():
     x = jax.make_array_from_callback((W * n,), sh, lambda idx: np.arange(W * n, dtype=np.float32)[idx])
     out_t = jax.ShapeDtypeStruct((n,), jnp.float32)
     print(f"process {process_id}: arrays ready", flush=True)
-    out = smap(lambda b, x: iris_jax.triton_call(b, x, n, kernel=ring_store, out_shape=out_t, grid=(5,), W=W,
-                                                  BLOCK=1024, HINT=16, symmetric=(0,)), 2)(buf, x)
+    store = smap(lambda b, x: iris_jax.triton_call(b, x, n, kernel=ring_store, out_shape=out_t, grid=(5,), W=W,
+                                                    BLOCK=1024, HINT=16, symmetric=(0,)), 2)
+    store = store.lower(buf, x).compile()
+    print(f"process {process_id}: compiled", flush=True)
+    out = store(buf, x).block_until_ready()
+    print(f"process {process_id}: first kernel done", flush=True)
     me = process_id
     mine = np.arange(W * n, dtype=np.float32).reshape(W, n)
     np.testing.assert_allclose(local_values(out), mine[me] * 2 + me)

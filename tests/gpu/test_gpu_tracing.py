@@ -134,6 +134,9 @@ def test_two_processes_export_every_rank(tmp_path):
 
 
 def _process_main(process_id: int, port: str) -> None:
+    import faulthandler
+
+    faulthandler.dump_traceback_later(100, exit=True)  # a hang shows where, before the test's limit
     import jax
 
     jax.distributed.initialize(f"localhost:{port}", num_processes=2, process_id=process_id,

@@ -108,3 +108,20 @@ def test_missing_peer_times_out(mode):
     assert "did not start or did not initialize its heap" in result.stdout
     assert "unexpected" not in result.stdout
     assert elapsed < 60, elapsed
+
+
+def test_shared_state_is_zeroed_even_where_freed_arrays_left_data():
+    rt = use_runtime(2)
+    dirty = iris_jax.full((4096,), -1, jnp.int32, device=jax.devices()[0])
+    offset = iris_jax.heap_offset(dirty)
+    del dirty  # frees the block, its bytes stay as they were
+    import gc
+
+    gc.collect()
+    shared = rt.allocate_shared(4096 * 4)
+    try:
+        assert shared == offset, "the allocator reuses the freed block first (first fit)"
+        for r in range(rt.world_size):
+            assert not rt.heap.host_view(r, shared, (4096,), np.int32).any()
+    finally:
+        rt.heap.free(shared)
