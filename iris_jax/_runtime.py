@@ -25,6 +25,7 @@ import numpy as np
 
 from iris_core.errors import IrisError, RankMismatchError
 from iris_core.heap.allocator import format_bytes
+from iris_core.heap.context_layout import encode_context
 
 DEFAULT_HEAP_SIZE = int(os.environ.get("IRIS_HEAP_SIZE", 1 << 30))
 DEFAULT_SIM_HEAP_SIZE = int(os.environ.get("IRIS_HEAP_SIZE", 64 << 20))
@@ -144,9 +145,19 @@ class Runtime:
         self.mode = GPU_MULTI
         self.world_size = len(everyone)
         self.store = _DistributedStore(client)
+        session = f"iris-jax-{next(_multi_process_sessions)}"  # every process counts its inits alike
         self.heap = CudaHeap(len(everyone), heap_size, [rank], [local[0].local_hardware_id],
-                             store=self.store, session="iris-jax")
+                             store=self.store, session=session, timeout_s=RENDEZVOUS_TIMEOUT_S)
         self._device_ranks = {local[0]: rank}
+        # Every process maps the heaps at its own addresses. Each rank's context must hold the
+        # bases as its own process sees them, and the context table compiled into a program
+        # must be the same in every process (XLA's multi-process compilation waits forever on
+        # programs whose fingerprints differ), so the processes exchange their views.
+        self.store.set(f"iris/{session}/bases/{rank}", np.asarray(self.heap.heap_bases, np.uint64).tobytes())
+        self._bases_seen_by = [
+            [int(b) for b in np.frombuffer(self.store.get(f"iris/{session}/bases/{r}", RENDEZVOUS_TIMEOUT_S),
+                                           np.uint64)]
+            for r in range(self.world_size)]
 
     # -- ranks and contexts ------------------------------------------------------
     @property
@@ -162,7 +173,10 @@ class Runtime:
                 "devices or call iris_jax.init(devices=...) with the devices you use") from None
 
     def context(self, rank: int) -> np.ndarray:
-        """Rank's context array (int32-packed words)."""
+        """Rank's context array (int32-packed words), with the heap bases as seen by rank's
+        own process."""
+        if self.mode == GPU_MULTI:
+            return encode_context(rank, self._bases_seen_by[rank], self.trace_words())
         return self.heap.context(rank, self.trace_words())
 
     def context_table(self, devices: Sequence[jax.Device]) -> np.ndarray:
@@ -216,6 +230,7 @@ class Runtime:
 
 
 _runtime: Runtime | None = None
+_multi_process_sessions = itertools.count()
 _runtime_lock = threading.Lock()
 
 

@@ -67,8 +67,10 @@ def _wrap(rt, rank, owner, shape, dtype, device, value):
     if rt.mode.startswith("gpu"):
         import torch
 
-        tensor = rt.heap.torch_tensor(rank, owner.offset, (max(nbytes, 1),), torch.uint8)[:nbytes]
-        tensor._iris_owner = owner  # freed with the last reference
+        # the storage owns `owner`: the block is freed once JAX's buffer (which holds the
+        # exported tensor) and every torch view are gone; an attribute on the Python tensor
+        # object would not survive that object
+        tensor = rt.heap.torch_tensor(rank, owner.offset, (max(nbytes, 1),), torch.uint8, owner)[:nbytes]
         if value is not None and nbytes:
             value.block_until_ready()
             tensor.copy_(torch.from_dlpack(value).reshape(-1).view(torch.uint8))

@@ -98,8 +98,9 @@ class CudaHeap(SymmetricHeap):
             raise
         self.heap_bases = bases
 
-    def torch_tensor(self, rank: int, offset: int, shape, dtype):
-        """A torch tensor over rank's heap at `offset` (rank must be local)."""
+    def torch_tensor(self, rank: int, offset: int, shape, dtype, owner: object = None):
+        """A torch tensor over rank's heap at `offset` (rank must be local); the tensor's
+        storage, and every view of it, keeps `owner` alive."""
         import torch
 
         if rank not in self.devices:
@@ -107,7 +108,7 @@ class CudaHeap(SymmetricHeap):
         nbytes = torch.empty((), dtype=dtype).element_size()
         for s in shape:
             nbytes *= s
-        holder = _CudaBytes(self.heap_bases[rank] + offset, nbytes)
+        holder = _CudaBytes(self.heap_bases[rank] + offset, nbytes, owner)
         raw = torch.as_tensor(holder, device=f"cuda:{self.devices[rank]}")
         return raw.view(dtype).view(tuple(shape))
 
@@ -137,7 +138,8 @@ def _handle_bytes(handle) -> bytes:
 class _CudaBytes:
     """Exposes `nbytes` of device memory through __cuda_array_interface__ (zero-copy)."""
 
-    def __init__(self, ptr: int, nbytes: int):
+    def __init__(self, ptr: int, nbytes: int, owner: object = None):
+        self.owner = owner  # torch keeps this object (so the owner) alive with the storage
         self.__cuda_array_interface__ = {
             "shape": (nbytes,), "typestr": "|u1", "data": (ptr, False), "version": 3,
             "strides": None,

@@ -24,9 +24,11 @@ def ping_pong(context_ptr, flag_ptr, data_ptr, out_ptr, ROUNDS: tl.constexpr, W:
     for r in range(ROUNDS):
         if (r % 2) == ctx.rank:  # my turn to send
             ctx.store(data_ptr + r, value + 1, to_rank=peer)
+            tl.debug_barrier()  # the storing thread's write precedes the (other) thread's release
             ctx.atomic_xchg(flag_ptr + r, 1, to_rank=peer, sem="release")
         else:
             while tl.atomic_add(flag_ptr + r, 0, sem="acquire", scope="sys") == 0:
                 pass
+            tl.debug_barrier()  # no thread reads the data before the acquire
             value = tl.load(data_ptr + r, volatile=True)
     tl.store(out_ptr, value)

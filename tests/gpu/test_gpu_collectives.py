@@ -57,6 +57,20 @@ def test_all_reduce(mesh, n, variant):
         np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("n", [37, 4099, (1 << 22) + 5])
+@pytest.mark.parametrize("variant", ["ring", "atomic", "spinlock"])
+def test_all_reduce_other_algorithms(mesh, n, variant):
+    import jax.numpy as jnp
+    from jax import lax
+    from jax.sharding import PartitionSpec as P
+
+    import iris_jax
+
+    x = _input(mesh, n, jnp.float32, seed=n)
+    got, want = _pair(mesh, lambda v: iris_jax.all_reduce(v, "i", variant=variant), lambda v: lax.psum(v, "i"), x, P())
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("n", [5, 4099, 1 << 22])
 def test_other_collectives(mesh, n):
     import jax.numpy as jnp

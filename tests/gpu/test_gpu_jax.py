@@ -89,6 +89,29 @@ def test_atomic_hammer(setup):
     assert int(np.asarray(local)[0]) == W * programs * iters
 
 
+def test_heap_arrays_keep_their_blocks_until_collected(setup):
+    import gc
+
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    import iris_jax
+
+    rt, mesh = setup
+    W = len(rt.devices)
+    sh = NamedSharding(mesh, P("i"))
+    a = iris_jax.arange(W * 64, dtype=jnp.int32, sharding=sh)
+    gc.collect()
+    b = iris_jax.zeros((W * 64,), jnp.int32, sharding=sh)
+    assert iris_jax.heap_offset(a) != iris_jax.heap_offset(b), "a's block was reused while a is alive"
+    np.testing.assert_array_equal(np.asarray(a), np.arange(W * 64))
+    offset = iris_jax.heap_offset(b)
+    del b
+    gc.collect()
+    assert iris_jax.heap_offset(iris_jax.zeros((W * 64,), jnp.int32, sharding=sh)) == offset, "not freed"
+
+
 def test_message_passing(setup):
     import jax
     import jax.numpy as jnp
