@@ -31,6 +31,8 @@ _OPS = {"sum": K.SUM, "max": K.MAX, "min": K.MIN}
 DEFAULT_TIMEOUT_S = float(os.environ.get("IRIS_COLLECTIVE_TIMEOUT", "60"))
 # `auto` uses two-shot from this many bytes per rank (measured on 2 x H200, see benchmarks/RESULTS.md)
 TWO_SHOT_FROM_BYTES = 1 << 62
+# GPU launch configuration (see launch_config)
+DEFAULT_BLOCK, DEFAULT_PROGRAMS_PER_SM, DEFAULT_WARPS = 2048, 1, 8
 
 
 def _axes(axis_name) -> tuple[str, ...]:
@@ -63,6 +65,27 @@ def _check_dtype(x, what):
                         f"{', '.join(jnp.dtype(d).name for d in SUPPORTED_DTYPES)}")
 
 
+def launch_config(rt) -> tuple[int, int, int]:
+    """(elements per tile, most programs, warps per program) of the collective kernel.
+
+    Every program of the persistent grid must be resident at once (they wait on their
+    peers' twins), so programs stay within `programs_per_sm` x SMs and MAX_PROGRAMS.
+    Environment overrides, for tuning (benchmarks/tune_collectives.py):
+    IRIS_COLLECTIVE_BLOCK, IRIS_COLLECTIVE_PROGRAMS_PER_SM, IRIS_COLLECTIVE_WARPS.
+    """
+    if rt.mode.startswith("sim"):
+        return 256, 2, 4
+    env = os.environ.get
+    block = int(env("IRIS_COLLECTIVE_BLOCK", DEFAULT_BLOCK))
+    per_sm = int(env("IRIS_COLLECTIVE_PROGRAMS_PER_SM", DEFAULT_PROGRAMS_PER_SM))
+    warps = int(env("IRIS_COLLECTIVE_WARPS", DEFAULT_WARPS))
+    if block < 128 or block & (block - 1) or per_sm < 1 or warps not in (1, 2, 4, 8, 16, 32):
+        raise ValueError(f"bad collective launch config: block={block} (a power of two >= 128), "
+                         f"programs per SM={per_sm} (>= 1), warps={warps} (a power of two <= 32)")
+    sms = getattr(rt.devices[0], "core_count", None) or 132
+    return block, min(per_sm * sms, MAX_PROGRAMS), warps
+
+
 def _launch(kind: int, x2d, axes, out_blocks: int, *, op=K.SUM, variant=K.ONE_SHOT, sources=None,
             out_invariant=False, what="collective", timeout_s=None):
     """Runs the collective kernel on x viewed as [XB, m]; returns the output as [OB, m]."""
@@ -71,16 +94,16 @@ def _launch(kind: int, x2d, axes, out_blocks: int, *, op=K.SUM, variant=K.ONE_SH
     G = _group_size(axes)
     XB, m = x2d.shape
     itemsize = x2d.dtype.itemsize
-    block = 256 if ws.simulated else 2048
+    block, max_programs, num_warps = launch_config(rt)
     chunk = max(block, ws.layout.data_bytes // (XB * itemsize) // block * block)
     tiles = math.ceil(min(m, chunk) / block)
-    programs = min(tiles, 2 if ws.simulated else 132, MAX_PROGRAMS)
+    programs = min(tiles, max_programs)
     acc = "fp32" if jnp.issubdtype(x2d.dtype, jnp.floating) else "int32"
     import triton.language as tl
 
     out = triton_call(
         x2d, m, kernel=K.collective_kernel, out_shape=jax.ShapeDtypeStruct((out_blocks, m), x2d.dtype),
-        grid=(programs,), num_warps=8 if not ws.simulated else 4, group_axes=axes,
+        grid=(programs,), num_warps=num_warps, group_axes=axes,
         out_varying=tuple(a for a in _vma(x2d) | set(axes) if not (out_invariant and a in axes)),
         KIND=kind, OP=op, VARIANT=variant, G=G, WORLD=rt.world_size, XB=XB, OB=out_blocks,
         SOURCES=tuple(sources) if sources is not None else tuple([-1] * G),

@@ -4,7 +4,7 @@ Layout: one process per rank ("rank r"), one thread (track) per SM ("SM k", the
 default) or per program ("program k"); an event with a duration is a complete event
 ("ph": "X"), one never ended an instant ("ph": "i"). Names come from the event ids
 (`events.NAMES`, extended by `names`). `ts`/`dur` are microseconds as the format wants,
-with nanosecond precision; every rank shares one time origin (see `align`). Per-rank
+with nanosecond precision; ranks' clocks are aligned on their first barrier (see `align`). Per-rank
 counts (recorded, attempted, dropped) are in `otherData.ranks` and, when events were
 dropped, in the rank's process label. Open the file in https://ui.perfetto.dev or
 chrome://tracing.
@@ -25,16 +25,18 @@ ALIGNMENTS = ("global", "barrier", "none")
 
 
 def chrome_trace(traces: Sequence[RankTrace], names: dict[int, str] | None = None, track: str = "sm",
-                 align: str = "global") -> dict:
+                 align: str = "barrier") -> dict:
     """The trace-event document of `traces` (see the module docstring).
 
     Args:
       names: event id -> name, for kernels' own ids (or to rename built-in ones).
       track: "sm" (one track per SM id) or "program" (per program id).
-      align: "global": every rank's timestamps minus the earliest of all (the clocks are
-        one: the host clock on the simulator, %globaltimer on one node); "barrier": also
-        shifts each rank so that its first barrier event ends when the first rank's does
-        (clocks that disagree); "none": raw timestamps.
+      align: "barrier" (default): shifts each rank so that its first barrier event ends
+        when the first rank's does, then subtracts the earliest timestamp of all; without
+        barrier events it acts as "global". Needed on GPUs: the %globaltimer of two H200s
+        of one node disagreed by more than 165 us (measured, benchmarks/RESULTS.md).
+        "global": the earliest timestamp subtracted only (one clock for every rank, as the
+        simulator's host clock); "none": raw timestamps.
     """
     if track not in TRACKS:
         raise ValueError(f"track must be one of {TRACKS}, got {track!r}")

@@ -53,10 +53,19 @@ def _check_events(traces, W):
         read = e[np.isin(e["event_id"], [events.TRANSFER, events.LOAD])]
         assert read["address"][0] == read["address"][1] != 0 and np.all(read["payload_size"] == N * 4)
         barriers.append(e[e["event_id"] == events.BARRIER][0])
-    # a barrier ends after every rank entered it: the GPUs' timers agree to within the barrier
+    # the GPUs' %globaltimer clocks disagree (by > 165 us, measured): the same node, yet not
+    # one clock; they still agree to well within a second
     starts = [int(b["timestamp"]) for b in barriers]
-    ends = [int(b["timestamp"] + b["duration"]) for b in barriers]
-    assert min(ends) >= max(starts), (starts, ends)
+    print("barrier starts minus rank 0's (ns):", [s - starts[0] for s in starts])
+    assert max(starts) - min(starts) < 10**9, starts
+
+
+def _check_aligned(doc, W):
+    """Exported with barrier alignment: every rank's barrier span contains the common end."""
+    spans = [e for e in doc["traceEvents"] if e.get("name") == "barrier" and e["ph"] == "X"]
+    assert sorted(e["pid"] for e in spans) == list(range(W))
+    assert len({round(e["ts"] + e["dur"], 3) for e in spans}) == 1, spans
+    assert doc["otherData"]["align"] == "barrier"
 
 
 @pytest.fixture(scope="module")
@@ -92,6 +101,7 @@ def test_events_on_gpus(setup, tmp_path):
     (path,) = iris_jax.tracing.export(str(tmp_path / "gpu.json"))
     doc = json.load(open(path))
     assert {e["pid"] for e in doc["traceEvents"] if e["ph"] == "X"} == set(range(W))
+    _check_aligned(doc, W)
     iris_jax.tracing.reset()
     assert [t.attempted for t in iris_jax.tracing.read()] == [0] * W
     iris_jax.tracing.enable(max_events=2)  # overflow: counted, never written past the buffers
@@ -131,6 +141,7 @@ def test_two_processes_export_every_rank(tmp_path):
         assert p.returncode == 0 and f"process {i}: OK" in out, f"process {i}:\n{out[-5000:]}"
     doc = json.load(open(tmp_path / "merged.json"))
     assert {e["pid"] for e in doc["traceEvents"] if e["ph"] == "X"} == {0, 1}
+    _check_aligned(doc, 2)
 
 
 def _process_main(process_id: int, port: str) -> None:

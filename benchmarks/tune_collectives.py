@@ -1,0 +1,90 @@
+"""Sweeps the collective kernel's launch configuration (tile size, programs per SM, warps).
+
+    python benchmarks/tune_collectives.py [--cases ppermute:64M,psum:64M,psum:256K] [--out DIR]
+
+Each configuration is set through the environment knobs of iris_jax.collectives.launch_config,
+checked against lax, then timed as in benchmarks/collectives.py. Configurations run from the
+safest to the most demanding: every program must be resident, and one that is not ends the
+run at the collective timeout (10 s here). GPUs only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.environ.setdefault("IRIS_COLLECTIVE_TIMEOUT", "10")
+
+from collectives import _ops, _time_per_call, parse_size  # noqa: E402
+
+# (elements per tile, programs per SM, warps), the current default first
+CONFIGS = [(2048, 1, 8), (8192, 1, 8), (8192, 1, 16), (16384, 1, 16), (2048, 2, 8), (4096, 2, 8), (8192, 2, 8)]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", default="ppermute:64M,psum:64M,psum:1M,psum:16K")
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "out"))
+    parser.add_argument("--best-env", help="write the best configuration (geometric mean of the cases' "
+                        "times, correct ones only) here as shell `export` lines")
+    opts = parser.parse_args()
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax import lax
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    import iris_jax
+
+    if not any(d.platform == "gpu" for d in jax.devices()):
+        sys.exit("tune_collectives.py needs GPUs")
+    rt = iris_jax.init()
+    W = len(rt.devices)
+    mesh = jax.make_mesh((W,), ("i",), devices=rt.devices)
+    rows = []
+    for block, per_sm, warps in CONFIGS:
+        os.environ.update(IRIS_COLLECTIVE_BLOCK=str(block), IRIS_COLLECTIVE_PROGRAMS_PER_SM=str(per_sm),
+                          IRIS_COLLECTIVE_WARPS=str(warps))
+        for case in opts.cases.split(","):
+            op, _, size = case.partition(":")
+            n = max(W, parse_size(size) // 4 // W * W)
+            x = jax.device_put(jax.random.normal(jax.random.key(n), (W * n,), jnp.float32),
+                               NamedSharding(mesh, P("i")))
+            iris_fn, lax_fn, out_spec, busbw_factor = _ops(op, "one_shot", W, iris_jax, lax, jnp)
+            run = lambda f: np.asarray(jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P("i"), out_specs=out_spec))(x))
+            ok = bool(np.allclose(run(iris_fn), run(lax_fn), rtol=1e-5, atol=1e-5 * W))
+            us = _time_per_call(iris_fn, x, mesh, n, jnp.dtype(jnp.float32), jax, jnp, P) * 1e6
+            row = {"block": block, "programs_per_sm": per_sm, "warps": warps, "case": case, "us": us,
+                   "busbw": busbw_factor * n * 4 / us / 1e3, "correct": ok}
+            rows.append(row)
+            print(f"block={block:6d} per_sm={per_sm} warps={warps:2d} {case:>14}: {us:9.1f} us "
+                  f"{row['busbw']:7.1f} GB/s correct={ok}", flush=True)
+    os.makedirs(opts.out, exist_ok=True)
+    with open(os.path.join(opts.out, "tune_collectives.json"), "w") as f:
+        json.dump(rows, f, indent=1)
+    print("| case | " + " | ".join(f"{b}/{p}/{w}" for b, p, w in CONFIGS) + " |")
+    print("|---|" + "---|" * len(CONFIGS))
+    for case in dict.fromkeys(r["case"] for r in rows):
+        print(f"| {case} | " + " | ".join(f"{r['us']:.1f}" for r in rows if r["case"] == case) + " |")
+    scores = {}
+    for b, p, w in CONFIGS:
+        mine = [r for r in rows if (r["block"], r["programs_per_sm"], r["warps"]) == (b, p, w)]
+        if mine and all(r["correct"] for r in mine):
+            scores[(b, p, w)] = float(np.exp(np.mean(np.log([r["us"] for r in mine]))))
+    best = min(scores, key=scores.get)
+    print(f"best (geometric mean {scores[best]:.1f} us): block={best[0]} programs_per_sm={best[1]} warps={best[2]}")
+    if opts.best_env:
+        with open(opts.best_env, "w") as f:
+            f.write(f"export IRIS_COLLECTIVE_BLOCK={best[0]} IRIS_COLLECTIVE_PROGRAMS_PER_SM={best[1]} "
+                    f"IRIS_COLLECTIVE_WARPS={best[2]}\n")
+    if not all(r["correct"] for r in rows):
+        sys.exit("some results differ from lax")
+
+
+if __name__ == "__main__":
+    main()
