@@ -32,11 +32,23 @@ def store_kernel(context_ptr, src_ptr, dst_ptr, n, TO: tl.constexpr, BLOCK: tl.c
 
 @triton.jit
 def load_kernel(context_ptr, src_ptr, dst_ptr, n, FROM: tl.constexpr, BLOCK: tl.constexpr, HINT: tl.constexpr,
-                W: tl.constexpr):
+                W: tl.constexpr, CACHE: tl.constexpr = ""):
     ctx = Context.initialize(context_ptr, W)
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = offs < n
-    tl.store(dst_ptr + offs, ctx.load(src_ptr + offs, from_rank=FROM, mask=m, hint=HINT), mask=m)
+    tl.store(dst_ptr + offs, ctx.load(src_ptr + offs, from_rank=FROM, mask=m, hint=HINT, cache_modifier=CACHE),
+             mask=m)
+
+
+@triton.jit
+def load_persistent_kernel(context_ptr, src_ptr, dst_ptr, n, FROM: tl.constexpr, BLOCK: tl.constexpr,
+                           W: tl.constexpr, CACHE: tl.constexpr = ""):
+    """The collectives' pattern: a fixed grid, program k takes tiles k, k + P, ..."""
+    ctx = Context.initialize(context_ptr, W)
+    for t in range(tl.program_id(0), tl.cdiv(n, BLOCK), tl.num_programs(0)):
+        offs = t.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        m = offs < n
+        tl.store(dst_ptr + offs, ctx.load(src_ptr + offs, from_rank=FROM, mask=m, cache_modifier=CACHE), mask=m)
 
 
 def main():
@@ -82,6 +94,17 @@ def main():
               lambda: torch.equal(dst[1].cpu(), src[0].cpu()))
         bench(f"ctx.load GPU0->GPU1 hint={hint}", 1,
               lambda: load_kernel[grid](ctx[1], src[1], dst[1], n, FROM=0, BLOCK=block, HINT=hint, W=2, num_warps=8),
+              lambda: torch.equal(dst[1].cpu(), src[0].cpu()))
+    # what the collectives do differently: peers' data read with .cg, a persistent grid
+    bench("ctx.load GPU0->GPU1 cache_modifier=.cg", 1,
+          lambda: load_kernel[grid](ctx[1], src[1], dst[1], n, FROM=0, BLOCK=block, HINT=None, W=2, CACHE=".cg",
+                                    num_warps=8),
+          lambda: torch.equal(dst[1].cpu(), src[0].cpu()))
+    sms = torch.cuda.get_device_properties(1).multi_processor_count
+    for programs, cache in ((sms, ""), (sms, ".cg"), (2 * sms, "")):
+        bench(f"ctx.load GPU0->GPU1 persistent grid={programs} cache_modifier={cache or 'none'}", 1,
+              lambda: load_persistent_kernel[(programs,)](ctx[1], src[1], dst[1], n, FROM=0, BLOCK=block, W=2,
+                                                          CACHE=cache, num_warps=8),
               lambda: torch.equal(dst[1].cpu(), src[0].cpu()))
     copy_bw = rows[0][2]
     print(f"\n### RMA bandwidth, {opts.mib} MiB float32, {datetime.date.today()}, "
