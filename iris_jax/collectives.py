@@ -29,7 +29,10 @@ SUPPORTED_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16, jnp.int32)
 VARIANTS = ("auto", "one_shot", "two_shot", "ring", "atomic", "spinlock")
 _OPS = {"sum": K.SUM, "max": K.MAX, "min": K.MIN}
 DEFAULT_TIMEOUT_S = float(os.environ.get("IRIS_COLLECTIVE_TIMEOUT", "60"))
-# `auto` uses two-shot from this many bytes per rank (measured on 2 x H200, see benchmarks/RESULTS.md)
+# `auto` uses two-shot from this many bytes per rank. On 2 x H200 two-shot was never faster
+# than one-shot from 1 KiB to 256 MiB (2026-11-30, benchmarks/RESULTS.md), so auto stays
+# one-shot; with more ranks two-shot reads (W - 1) / W less per rank and should win for
+# large arrays (to be measured: 4 and 8 GPUs were not lent yet).
 TWO_SHOT_FROM_BYTES = 1 << 62
 # GPU launch configuration (see launch_config)
 DEFAULT_BLOCK, DEFAULT_PROGRAMS_PER_SM, DEFAULT_WARPS = 2048, 1, 8
