@@ -21,5 +21,10 @@ class PeerTimeoutError(IrisError, TimeoutError):
     """A peer rank did not arrive within the configured timeout."""
 
 
+class PeerFailedError(IrisError, RuntimeError):
+    """A peer gave up on an earlier collective of this group (it timed out); the group's
+    flags no longer agree, so every later collective of the group fails with this error."""
+
+
 class SimulatedRankError(IrisError, RuntimeError):
     """A simulated rank raised; the message carries that rank's traceback."""

@@ -9,6 +9,7 @@ from iris_core.errors import (  # noqa: E402
     HeapExhaustedError,
     IrisError,
     NotOnHeapError,
+    PeerFailedError,
     PeerTimeoutError,
     RankMismatchError,
 )
@@ -58,5 +59,5 @@ __all__ = [
     "all_gather", "all_reduce", "all_to_all", "broadcast", "pmax", "pmin", "ppermute", "psum", "psum_scatter",
     "ops", "tracing",
     # errors
-    "HeapExhaustedError", "IrisError", "NotOnHeapError", "PeerTimeoutError", "RankMismatchError",
+    "HeapExhaustedError", "IrisError", "NotOnHeapError", "PeerFailedError", "PeerTimeoutError", "RankMismatchError",
 ]

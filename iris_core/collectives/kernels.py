@@ -28,13 +28,14 @@ import triton
 import triton.language as tl
 
 from iris_core.device import Context, global_timer
-from iris_core.device.nvidia import peer_timeout
+from iris_core.device.nvidia import peer_failed, peer_timeout
 
 ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL, PPERMUTE, BROADCAST = range(6)
 SUM, MAX, MIN = range(3)
 ONE_SHOT, TWO_SHOT, ATOMIC, SPINLOCK, RING = range(5)
 LINE: tl.constexpr = tl.constexpr(128)
 STEPS: tl.constexpr = tl.constexpr(64)  # flag rounds per call (ring: 2G - 1), so G <= 32
+POISON: tl.constexpr = tl.constexpr(1 << 62)  # the flag of a program that gave up (timed out)
 
 
 @triton.jit
@@ -57,33 +58,50 @@ def _flag(ws_base, pid, member, MAX_PROGRAMS: tl.constexpr, WORLD: tl.constexpr)
 @triton.jit
 def _signal(ctx, group_ptr, ws_base, pid, me, stamp, G: tl.constexpr, MAX_PROGRAMS: tl.constexpr,
             WORLD: tl.constexpr):
-    """Raises my flag to `stamp` on every member (release: my earlier writes are visible first)."""
+    """Raises my flag to `stamp` on every member (release: my earlier writes are visible first).
+    Stamps only grow, so a max is a store, except that it keeps a POISON flag poisoned."""
     tl.debug_barrier()  # every thread's stores precede the release
     flag = _flag(ws_base, pid, me, MAX_PROGRAMS, WORLD)
     for i in tl.static_range(G):
-        ctx.atomic_xchg(flag, stamp, to_rank=tl.load(group_ptr + 1 + i), sem="release", scope="sys")
+        ctx.atomic_max(flag, stamp, to_rank=tl.load(group_ptr + 1 + i), sem="release", scope="sys")
 
 
 @triton.jit
-def _wait_member(group_ptr, ws_base, pid, member, stamp, start, MAX_PROGRAMS: tl.constexpr, WORLD: tl.constexpr,
-                 TIMEOUT_NS: tl.constexpr, WHAT: tl.constexpr):
-    """Spins until `member`'s flag reached `stamp` (acquire), or fails after the timeout."""
+def _give_up(ctx, group_ptr, ws_base, pid, me, rank, G: tl.constexpr, MAX_PROGRAMS: tl.constexpr,
+             WORLD: tl.constexpr, WHAT: tl.constexpr):
+    """Times out waiting on `rank`. My flag on every member becomes POISON first: this call's
+    epoch is lost on my side, so a member's later wait on me must fail, not pass on a stale
+    flag. No CTA barrier here: threads may reach this branch at different times."""
+    flag = _flag(ws_base, pid, me, MAX_PROGRAMS, WORLD)
+    for i in tl.static_range(G):
+        ctx.atomic_max(flag, POISON, to_rank=tl.load(group_ptr + 1 + i), sem="relaxed", scope="sys")
+    peer_timeout(WHAT, rank)
+
+
+@triton.jit
+def _wait_member(ctx, group_ptr, ws_base, pid, me, member, stamp, start, G: tl.constexpr,
+                 MAX_PROGRAMS: tl.constexpr, WORLD: tl.constexpr, TIMEOUT_NS: tl.constexpr, WHAT: tl.constexpr):
+    """Spins until `member`'s flag reached `stamp` (acquire); fails after the timeout, or at
+    once when the member gave up on an earlier call (its flag is POISON)."""
     flag = _flag(ws_base, pid, member, MAX_PROGRAMS, WORLD)
     seen = tl.load(flag, volatile=True)
     while seen < stamp:
         if global_timer() - start > TIMEOUT_NS:
-            peer_timeout(WHAT, tl.load(group_ptr + 1 + member))
+            _give_up(ctx, group_ptr, ws_base, pid, me, tl.load(group_ptr + 1 + member), G, MAX_PROGRAMS, WORLD,
+                     WHAT)
         seen = tl.load(flag, volatile=True)
+    if seen >= POISON:
+        peer_failed(WHAT, tl.load(group_ptr + 1 + member))
     tl.atomic_add(flag, 0, sem="acquire", scope="sys")
 
 
 @triton.jit
-def _wait(group_ptr, ws_base, pid, stamp, G: tl.constexpr, MAX_PROGRAMS: tl.constexpr, WORLD: tl.constexpr,
-          TIMEOUT_NS: tl.constexpr, WHAT: tl.constexpr):
+def _wait(ctx, group_ptr, ws_base, pid, me, stamp, G: tl.constexpr, MAX_PROGRAMS: tl.constexpr,
+          WORLD: tl.constexpr, TIMEOUT_NS: tl.constexpr, WHAT: tl.constexpr):
     """Waits until every member's flag reached `stamp`."""
     start = global_timer()
     for i in tl.static_range(G):
-        _wait_member(group_ptr, ws_base, pid, i, stamp, start, MAX_PROGRAMS, WORLD, TIMEOUT_NS, WHAT)
+        _wait_member(ctx, group_ptr, ws_base, pid, me, i, stamp, start, G, MAX_PROGRAMS, WORLD, TIMEOUT_NS, WHAT)
     tl.debug_barrier()
 
 
@@ -115,7 +133,7 @@ def _all_reduce_push(ctx, group_ptr, x_ptr, out_ptr, ws, locks, ws_base, c0, m, 
         if LOCKED:
             tl.store(locks + t, 0)
     _signal(ctx, group_ptr, ws_base, pid, me, stamp, G, MAX_PROGRAMS, WORLD)
-    _wait(group_ptr, ws_base, pid, stamp, G, MAX_PROGRAMS, WORLD, TIMEOUT_NS, WHAT)
+    _wait(ctx, group_ptr, ws_base, pid, me, stamp, G, MAX_PROGRAMS, WORLD, TIMEOUT_NS, WHAT)
     for t in range(pid, tiles, programs):  # 2. add my input into every rank's accumulator
         cols = t * BLOCK + lanes
         mask = cols < width
@@ -125,7 +143,7 @@ def _all_reduce_push(ctx, group_ptr, x_ptr, out_ptr, ws, locks, ws_base, c0, m, 
                 start = global_timer()
                 while ctx.atomic_cas(locks + t, 0, 1, to_rank=_rank(group_ptr, i), sem="acquire", scope="sys") != 0:
                     if global_timer() - start > TIMEOUT_NS:
-                        peer_timeout(WHAT, _rank(group_ptr, i))
+                        _give_up(ctx, group_ptr, ws_base, pid, me, _rank(group_ptr, i), G, MAX_PROGRAMS, WORLD, WHAT)
                 current = ctx.load(ws + cols, from_rank=_rank(group_ptr, i), mask=mask, cache_modifier=".cg")
                 total = (current.to(ACC) + value.to(ACC)).to(ws.dtype.element_ty)
                 ctx.store(ws + cols, total, to_rank=_rank(group_ptr, i), mask=mask)
@@ -134,7 +152,7 @@ def _all_reduce_push(ctx, group_ptr, x_ptr, out_ptr, ws, locks, ws_base, c0, m, 
             else:
                 ctx.atomic_add(ws + cols, value, to_rank=_rank(group_ptr, i), mask=mask, sem="relaxed", scope="sys")
     _signal(ctx, group_ptr, ws_base, pid, me, stamp + 1, G, MAX_PROGRAMS, WORLD)
-    _wait(group_ptr, ws_base, pid, stamp + 1, G, MAX_PROGRAMS, WORLD, TIMEOUT_NS, WHAT)
+    _wait(ctx, group_ptr, ws_base, pid, me, stamp + 1, G, MAX_PROGRAMS, WORLD, TIMEOUT_NS, WHAT)
     for t in range(pid, tiles, programs):  # 3. my accumulator holds the sum
         cols = t * BLOCK + lanes
         mask = cols < width
@@ -159,7 +177,8 @@ def _all_reduce_ring(ctx, group_ptr, out_ptr, ws, ws2, ws_base, c0, width, tiles
     succ = (me + 1) % G
     for k in tl.static_range(1, G):
         start = global_timer()
-        _wait_member(group_ptr, ws_base, pid, pred, stamp + k - 1, start, MAX_PROGRAMS, WORLD, TIMEOUT_NS, WHAT)
+        _wait_member(ctx, group_ptr, ws_base, pid, me, pred, stamp + k - 1, start, G, MAX_PROGRAMS, WORLD, TIMEOUT_NS,
+                     WHAT)
         tl.debug_barrier()
         segment = (me + G - k) % G
         for t in range(pid, tiles, programs):
@@ -180,8 +199,10 @@ def _all_reduce_ring(ctx, group_ptr, out_ptr, ws, ws2, ws_base, c0, width, tiles
             tl.store(out_ptr + (c0 + cols).to(tl.int64), tl.load(ws2 + cols, mask=mask), mask=mask)
     for j in tl.static_range(1, G):
         start = global_timer()
-        _wait_member(group_ptr, ws_base, pid, pred, stamp + G - 2 + j, start, MAX_PROGRAMS, WORLD, TIMEOUT_NS, WHAT)
-        _wait_member(group_ptr, ws_base, pid, succ, stamp + j, start, MAX_PROGRAMS, WORLD, TIMEOUT_NS, WHAT)
+        _wait_member(ctx, group_ptr, ws_base, pid, me, pred, stamp + G - 2 + j, start, G, MAX_PROGRAMS, WORLD,
+                     TIMEOUT_NS, WHAT)
+        _wait_member(ctx, group_ptr, ws_base, pid, me, succ, stamp + j, start, G, MAX_PROGRAMS, WORLD, TIMEOUT_NS,
+                     WHAT)
         tl.debug_barrier()
         segment = (me + G - j + 1) % G
         for t in range(pid, tiles, programs):
@@ -300,12 +321,12 @@ def collective_kernel(context_ptr, group_ptr, x_ptr, m, out_ptr,
                 _all_reduce_ring(ctx, group_ptr, out_ptr, ws, ws2, ws_base, c0, width, tiles, pid, programs, me,
                                  stamp, OP, G, ACC, BLOCK, MAX_PROGRAMS, WORLD, TIMEOUT_NS, WHAT)
             else:
-                _wait(group_ptr, ws_base, pid, stamp, G, MAX_PROGRAMS, WORLD, TIMEOUT_NS, WHAT)
+                _wait(ctx, group_ptr, ws_base, pid, me, stamp, G, MAX_PROGRAMS, WORLD, TIMEOUT_NS, WHAT)
                 _pull(ctx, group_ptr, out_ptr, ws, ws2, m, c0, width, tiles, pid, programs, me, block_in, source,
                       KIND, OP, VARIANT, G, ACC, BLOCK, CHUNK)
                 if KIND == 0 and VARIANT == 1:
                     _signal(ctx, group_ptr, ws_base, pid, me, stamp + 1, G, MAX_PROGRAMS, WORLD)
-                    _wait(group_ptr, ws_base, pid, stamp + 1, G, MAX_PROGRAMS, WORLD, TIMEOUT_NS, WHAT)
+                    _wait(ctx, group_ptr, ws_base, pid, me, stamp + 1, G, MAX_PROGRAMS, WORLD, TIMEOUT_NS, WHAT)
                     _two_shot_gather(ctx, group_ptr, out_ptr, ws2, c0, width, tiles, pid, programs, me, G, BLOCK)
     tl.debug_barrier()  # every thread is done with the epoch before it is published locally
     tl.store(epoch_ptr, epoch)

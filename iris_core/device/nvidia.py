@@ -18,6 +18,14 @@ if interpreting():
 
         raise PeerTimeoutError(f"iris {what}: timed out waiting for rank {int(rank)} (it never arrived)")
 
+    def peer_failed(what, rank):
+        from iris_core.errors import PeerFailedError
+
+        raise PeerFailedError(
+            f"iris {what}: rank {int(rank)} gave up on an earlier collective of this group (a timeout), so "
+            "the group's flags no longer agree and no later collective of it can be trusted. Start again: "
+            "iris_jax.shutdown() then init() on the simulator, new processes on GPUs")
+
     def sm_id():
         return tl.program_id(0)
 
@@ -30,6 +38,12 @@ else:
     def peer_timeout(what: tl.constexpr, rank):
         """Reports a peer that never arrived and aborts the kernel (the launch fails)."""
         tl.device_print("iris: timed out waiting for a peer rank in", rank)
+        tl.inline_asm_elementwise("trap;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+
+    @triton.jit
+    def peer_failed(what: tl.constexpr, rank):
+        """Reports a peer that gave up on an earlier collective and aborts the kernel."""
+        tl.device_print("iris: a peer gave up on an earlier collective of this group:", rank)
         tl.inline_asm_elementwise("trap;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
 
     @triton.jit
