@@ -26,7 +26,7 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
   # a hanging test dumps every thread's stack into its log (faulthandler) before the step's limit
   t="python3 -m pytest -m gpu -q -rfE --tb=short -p no:cacheprovider -o faulthandler_timeout=90"
   step gpu_jax 120 $t tests/gpu/test_gpu_jax.py
-  step gpu_multi 100 $t tests/gpu/test_gpu_multiprocess.py
+  step gpu_multi 200 $t tests/gpu/test_gpu_multiprocess.py
   step gpu_tracing 150 $t tests/gpu/test_gpu_tracing.py
   step gpu_collectives 220 $t tests/gpu/test_gpu_collectives.py
   step gpu_fused 150 $t tests/gpu/test_gpu_fused.py

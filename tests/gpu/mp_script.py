@@ -9,7 +9,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 def main():
     import faulthandler
 
-    faulthandler.dump_traceback_later(60, exit=True)  # a hang shows where, before the test's limit
+    faulthandler.dump_traceback_later(150, exit=True)  # a hang shows where, before the test's limit
     import jax
 
     process_id, port = int(sys.argv[1]), sys.argv[2]
@@ -72,8 +72,48 @@ def main():
                                                   grid=(1,), ROUNDS=101, W=W, symmetric=(0, 1)), 2)(flags, data)
     assert int(local_values(res)[0]) == (100 if me == 0 else 101), local_values(res)  # rank 1 receives last
     iris_jax.barrier()
+    print(f"process {process_id}: kernels OK", flush=True)
+    _collectives(mesh, sh, W)
+    iris_jax.barrier()
     print(f"process {me}: OK")
     iris_jax.shutdown()
+
+
+def _collectives(mesh, sh, W, sizes=(37, (1 << 22) + 6)):
+    """Every collective and all-reduce variant against the lax op, across the two processes."""
+    import jax
+    import numpy as np
+    from jax import lax
+    from jax.sharding import PartitionSpec as P
+
+    import iris_jax
+
+    def compare(name, iris_fn, lax_fn, x, out_spec):
+        run = lambda f: jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P("i"), out_specs=out_spec))(x)
+        got, want = run(iris_fn), run(lax_fn)
+        for g, w in zip(got.addressable_shards, want.addressable_shards, strict=True):
+            np.testing.assert_allclose(np.asarray(g.data, np.float32), np.asarray(w.data, np.float32), rtol=2e-5,
+                                       atol=2e-5, err_msg=name)
+
+    perm = [(i, (i + 1) % W) for i in range(W)]
+    for n in sizes:
+        x = jax.make_array_from_callback((W * n,), sh, lambda idx: np.random.default_rng(n).standard_normal(
+            W * n).astype(np.float32)[idx])
+        for variant in ("auto", "one_shot", "two_shot", "ring", "atomic", "spinlock"):
+            compare(f"all_reduce {variant} n={n}", lambda v: iris_jax.all_reduce(v, "i", variant=variant),
+                    lambda v: lax.psum(v, "i"), x, P())
+        compare("pmax", lambda v: iris_jax.pmax(v, "i"), lambda v: lax.pmax(v, "i"), x, P())
+        compare("all_gather", lambda v: iris_jax.all_gather(v, "i", tiled=True),
+                lambda v: lax.all_gather(v, "i", tiled=True), x, P("i"))
+        compare("psum_scatter", lambda v: iris_jax.psum_scatter(v[: n // W * W], "i", tiled=True),
+                lambda v: lax.psum_scatter(v[: n // W * W], "i", tiled=True), x, P("i"))
+        compare("all_to_all", lambda v: iris_jax.all_to_all(v[: n // W * W], "i", 0, 0, tiled=True),
+                lambda v: lax.all_to_all(v[: n // W * W], "i", 0, 0, tiled=True), x, P("i"))
+        compare("ppermute", lambda v: iris_jax.ppermute(v, "i", perm), lambda v: lax.ppermute(v, "i", perm), x,
+                P("i"))
+        compare("broadcast", lambda v: iris_jax.broadcast(v, "i", 1),
+                lambda v: lax.psum(v * (lax.axis_index("i") == 1), "i"), x, P())
+    print(f"process {jax.process_index()}: collectives OK", flush=True)
 
 
 if __name__ == "__main__":
