@@ -107,6 +107,7 @@ class Runtime:
                                      FileStore(launched.store_path), timeout_s=RENDEZVOUS_TIMEOUT_S)
         self._device_ranks = {local[0]: launched.rank}
         self.store = FileStore(launched.store_path)
+        self._session = _next_session()
 
     def _init_sim_workers(self, heap_size, local):
         from iris_core.sim.world import get_world
@@ -145,7 +146,7 @@ class Runtime:
         self.mode = GPU_MULTI
         self.world_size = len(everyone)
         self.store = _DistributedStore(client)
-        session = f"iris-jax-{next(_multi_process_sessions)}"  # every process counts its inits alike
+        session = self._session = _next_session()
         self.heap = CudaHeap(len(everyone), heap_size, [rank], [local[0].local_hardware_id],
                              store=self.store, session=session, timeout_s=RENDEZVOUS_TIMEOUT_S)
         self._device_ranks = {local[0]: rank}
@@ -204,8 +205,8 @@ class Runtime:
         if self.mode in (GPU_MULTI, SIM_LAUNCHED):
             from iris_core.heap.rendezvous import store_barrier
 
-            store_barrier(self.store, f"iris/sync/{next(self._syncs)}", self.rank_of(self.devices[0]),
-                          self.world_size, RENDEZVOUS_TIMEOUT_S)
+            store_barrier(self.store, f"iris/{self._session}/sync/{next(self._syncs)}",
+                          self.rank_of(self.devices[0]), self.world_size, RENDEZVOUS_TIMEOUT_S)
 
     def service(self, name: str, factory):
         """Per-runtime singleton (workspaces, barrier state), created on first use."""
@@ -230,7 +231,14 @@ class Runtime:
 
 
 _runtime: Runtime | None = None
-_multi_process_sessions = itertools.count()
+_sessions = itertools.count()
+
+
+def _next_session() -> str:
+    """Key prefix of one runtime in the shared key-value store: processes of one run init and
+    shut down alike, so they count the same; keys of an earlier runtime are never reused."""
+    return f"iris-jax-{next(_sessions)}"
+
 _runtime_lock = threading.Lock()
 
 
