@@ -112,7 +112,8 @@ def _launch(kind: int, x2d, axes, out_blocks: int, *, op=K.SUM, variant=K.ONE_SH
         SOURCES=tuple(sources) if sources is not None else tuple([-1] * G),
         ACC=tl.float32 if acc == "fp32" else tl.int32, BLOCK=block, CHUNK=chunk,
         DATA=ws.layout.data, DATA2=ws.layout.data2, DATA_BYTES=ws.layout.data_bytes,
-        MAX_PROGRAMS=MAX_PROGRAMS, TIMEOUT_NS=int((timeout_s or DEFAULT_TIMEOUT_S) * 1e9), WHAT=what)
+        MAX_PROGRAMS=MAX_PROGRAMS, TIMEOUT_NS=int((timeout_s or DEFAULT_TIMEOUT_S) * 1e9), WHAT=what,
+        TRACING=rt.tracing.enabled)
     return out
 
 

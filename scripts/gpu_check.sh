@@ -35,4 +35,5 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
   step rma 120 python3 benchmarks/rma.py --mib 256
   step collectives 400 python3 benchmarks/collectives.py --out "$OUT" --plot
   step fused 300 python3 benchmarks/fused.py
+  step trace_example 120 python3 examples/04_trace_all_reduce.py --out "$OUT"  # the PNG for the README
 fi

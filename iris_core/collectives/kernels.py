@@ -29,6 +29,7 @@ import triton.language as tl
 
 from iris_core.device import Context, global_timer
 from iris_core.device.nvidia import peer_failed, peer_timeout
+from iris_core.device.tracing import EVENT_TRANSFER, EVENT_WAIT
 
 ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL, PPERMUTE, BROADCAST = range(6)
 SUM, MAX, MIN = range(3)
@@ -98,11 +99,13 @@ def _wait_member(ctx, group_ptr, ws_base, pid, me, member, stamp, start, G: tl.c
 @triton.jit
 def _wait(ctx, group_ptr, ws_base, pid, me, stamp, G: tl.constexpr, MAX_PROGRAMS: tl.constexpr,
           WORLD: tl.constexpr, TIMEOUT_NS: tl.constexpr, WHAT: tl.constexpr):
-    """Waits until every member's flag reached `stamp`."""
+    """Waits until every member's flag reached `stamp` (traced as a `wait` span)."""
+    event = ctx.tracing.record_event_start(EVENT_WAIT, ctx.rank, None)
     start = global_timer()
     for i in tl.static_range(G):
         _wait_member(ctx, group_ptr, ws_base, pid, me, i, stamp, start, G, MAX_PROGRAMS, WORLD, TIMEOUT_NS, WHAT)
     tl.debug_barrier()
+    ctx.tracing.record_event_end(event)
 
 
 @triton.jit
@@ -284,10 +287,12 @@ def collective_kernel(context_ptr, group_ptr, x_ptr, m, out_ptr,
                       WORLD: tl.constexpr, XB: tl.constexpr, OB: tl.constexpr, SOURCES: tl.constexpr,
                       ACC: tl.constexpr, BLOCK: tl.constexpr, CHUNK: tl.constexpr, DATA: tl.constexpr,
                       DATA2: tl.constexpr, DATA_BYTES: tl.constexpr,
-                      MAX_PROGRAMS: tl.constexpr, TIMEOUT_NS: tl.constexpr, WHAT: tl.constexpr):
+                      MAX_PROGRAMS: tl.constexpr, TIMEOUT_NS: tl.constexpr, WHAT: tl.constexpr,
+                      TRACING: tl.constexpr = False):
     """See the module docstring. `m` is the column count; SOURCES[i] is member i's source
-    (PPERMUTE/BROADCAST; -1: none, output zeros)."""
-    ctx = Context.initialize(context_ptr, WORLD)
+    (PPERMUTE/BROADCAST; -1: none, output zeros). With TRACING, each chunk's exchange is a
+    `transfer` span (pid_m: the chunk) holding `wait` spans and the Context's own RMA events."""
+    ctx = Context.initialize(context_ptr, WORLD, tracing=TRACING)
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
     me = tl.load(group_ptr)
@@ -310,6 +315,7 @@ def collective_kernel(context_ptr, group_ptr, x_ptr, m, out_ptr,
         parity = (epoch % 2).to(tl.uint64)
         ws = tl.cast(ws_base + DATA + parity * DATA_BYTES, x_ptr.dtype)
         ws2 = tl.cast(ws_base + DATA2 + parity * DATA_BYTES, x_ptr.dtype)
+        transfer = ctx.tracing.record_event_start(EVENT_TRANSFER, ctx.rank, None, c0 // CHUNK, 0)
         if KIND == 0 and (VARIANT == 2 or VARIANT == 3):  # atomic, spinlock
             locks = tl.cast(ws_base + DATA2 + parity * DATA_BYTES, tl.pointer_type(tl.int32))
             _all_reduce_push(ctx, group_ptr, x_ptr, out_ptr, ws, locks, ws_base, c0, m, width, tiles, pid, programs,
@@ -328,5 +334,6 @@ def collective_kernel(context_ptr, group_ptr, x_ptr, m, out_ptr,
                     _signal(ctx, group_ptr, ws_base, pid, me, stamp + 1, G, MAX_PROGRAMS, WORLD)
                     _wait(ctx, group_ptr, ws_base, pid, me, stamp + 1, G, MAX_PROGRAMS, WORLD, TIMEOUT_NS, WHAT)
                     _two_shot_gather(ctx, group_ptr, out_ptr, ws2, c0, width, tiles, pid, programs, me, G, BLOCK)
+        ctx.tracing.record_event_end(transfer)
     tl.debug_barrier()  # every thread is done with the epoch before it is published locally
     tl.store(epoch_ptr, epoch)

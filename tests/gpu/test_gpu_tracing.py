@@ -1,6 +1,6 @@
-"""Device tracing on real GPUs (run: pytest -m gpu): %globaltimer / %smid values, clocks that
-agree across GPUs, overflow, the example; and one process per GPU, where process 0 exports
-every rank's events (the peer's read through CUDA IPC).
+"""Device tracing on real GPUs (run: pytest -m gpu): %globaltimer / %smid values, barrier-aligned
+export, a traced library psum (monotone tracks), overflow, the example; and one process per GPU,
+where process 0 exports every rank's events (the peer's read through CUDA IPC).
 
 Run as a script (`python test_gpu_tracing.py PROCESS_ID PORT`) it is one of those processes.
 """
@@ -60,6 +60,35 @@ def _check_events(traces, W):
     assert max(starts) - min(starts) < 10**9, starts
 
 
+def _check_traced_psum(mesh, W):
+    """A traced library psum: its phases on every rank, timestamps monotone within each track."""
+    import jax
+    import numpy as np
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    import iris_jax
+    from iris_jax.tracing import events
+
+    n = 4099  # 3 tiles: 3 programs per rank
+    x = jax.make_array_from_callback((W * n,), NamedSharding(mesh, P("i")),
+                                     lambda idx: np.arange(W * n, dtype=np.float32)[idx])
+    iris_jax.tracing.reset()
+    out = jax.jit(jax.shard_map(lambda v: iris_jax.psum(v, "i"), mesh=mesh, in_specs=P("i"), out_specs=P()))(x)
+    np.testing.assert_allclose(np.asarray(out.addressable_shards[0].data),
+                               np.arange(W * n, dtype=np.float32).reshape(W, n).sum(0))
+    iris_jax.barrier()
+    for t in iris_jax.tracing.read():
+        e = t.events
+        names = {events.event_name(int(i)) for i in e["event_id"]}
+        assert {"transfer", "wait", "load", "atomic_max"} <= names, names
+        assert t.dropped == 0 and np.all(e["duration"] >= 0)
+        for track in {(int(s), int(p)) for s, p in zip(e["sm_id"], e["pid"], strict=True)}:
+            mine = e[(e["sm_id"] == track[0]) & (e["pid"] == track[1])]
+            stamps = mine["timestamp"][np.argsort(mine["op_index"])]
+            assert np.all(np.diff(stamps) >= 0), (t.rank, track, stamps)
+
+
 def _check_aligned(doc, W):
     """Exported with barrier alignment: every rank's barrier span contains the common end."""
     spans = [e for e in doc["traceEvents"] if e.get("name") == "barrier" and e["ph"] == "X"]
@@ -103,6 +132,7 @@ def test_events_on_gpus(setup, tmp_path):
     doc = json.load(open(path))
     assert {e["pid"] for e in doc["traceEvents"] if e["ph"] == "X"} == set(range(W))
     _check_aligned(doc, W)
+    _check_traced_psum(mesh, W)
     iris_jax.tracing.reset()
     assert [t.attempted for t in iris_jax.tracing.read()] == [0] * W
     iris_jax.tracing.enable(max_events=2)  # overflow: counted, never written past the buffers
@@ -175,6 +205,8 @@ def _process_main(process_id: int, port: str) -> None:
     _check_events(traces, W)
     if process_id == 0:
         iris_jax.tracing.export(os.path.join(os.environ["TRACE_OUT"], "merged.json"))
+    iris_jax.barrier()
+    _check_traced_psum(mesh, W)  # every process reads both ranks' events
     iris_jax.barrier()
     print(f"process {process_id}: OK", flush=True)
     iris_jax.shutdown()

@@ -77,6 +77,38 @@ def test_a_jitted_step_records_barrier_rma_and_phase_events(setup):
             assert np.all(span["timestamp"][1:] >= span["timestamp"][0]) and np.all(end[1:] <= end[0])
 
 
+@pytest.mark.parametrize("variant", ["one_shot", "two_shot"])
+def test_library_collectives_record_their_phases(variant):
+    """A traced psum (3 ranks, 37 values: one tile, so one program per rank in the simulator's
+    grid) records per rank: a `transfer` span over the exchange holding its `wait` spans, one
+    `atomic_max` signal per member and round, and one `load` per member read."""
+    rt = use_runtime(3)
+    mesh = jax.make_mesh((3,), ("i",), devices=rt.devices)
+    x = jax.device_put(jnp.arange(3 * 37, dtype=jnp.float32), NamedSharding(mesh, P("i")))
+    iris_jax.tracing.enable(max_events=256)
+    try:
+        out = smap(mesh, lambda v: iris_jax.psum(v, "i", variant=variant), P("i"), P())(x)
+        np.testing.assert_allclose(np.asarray(out), np.arange(3 * 37, dtype=np.float32).reshape(3, 37).sum(0))
+        rounds = 2 if variant == "two_shot" else 1
+        for t in iris_jax.tracing.read():
+            e = t.events
+            names = [events.event_name(int(i)) for i in e["event_id"]]
+            assert names.count("transfer") == 1 and names.count("wait") == rounds, names
+            assert names.count("atomic_max") == 3 * rounds, names
+            # one tile: one-shot reads every member; two-shot's owner (member 0) reads every member,
+            # the others read the owner's result
+            loads = 3 if variant == "one_shot" or t.rank == 0 else 1
+            assert names.count("load") == loads, names
+            transfer = e[e["event_id"] == events.TRANSFER][0]
+            inner = e[e["event_id"] != events.TRANSFER]
+            assert np.all(e["duration"] >= 0) and np.all(inner["timestamp"] >= transfer["timestamp"])
+            assert np.all(inner["timestamp"] + inner["duration"] <= transfer["timestamp"] + transfer["duration"])
+            targets = sorted(e[e["event_id"] == events.LOAD]["target_rank"].tolist())
+            assert targets == ([0, 1, 2] if loads == 3 else [0])
+    finally:
+        iris_jax.tracing.disable()
+
+
 def test_enable_disable_reset_and_jit_caching(setup):
     f, x = setup
     iris_jax.tracing.disable()
