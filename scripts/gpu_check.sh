@@ -30,6 +30,7 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
   step gpu_tracing 150 $t tests/gpu/test_gpu_tracing.py
   step gpu_collectives 220 $t tests/gpu/test_gpu_collectives.py
   step gpu_fused 150 $t tests/gpu/test_gpu_fused.py
+  step gpu_examples 240 $t tests/gpu/test_gpu_examples.py
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
   step rma 120 python3 benchmarks/rma.py --mib 256
