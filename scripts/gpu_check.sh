@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# What we run on the GPU machine (device tool, kind nvidia-h200-x2), in one call:
-#   bash scripts/gpu_check.sh [tests|bench|all]
+# What we run on the GPU machine (device tool, kind nvidia-h200-x2):
+#   bash scripts/gpu_check.sh [tests|bench|all|STEP...]
+# A device call lasts at most 600 s: `tests` takes about 450 s when nothing hangs, `bench` more
+# than one call, so name steps to split them (e.g. `gpu_fused gpu_examples`, `rma collectives`).
 # Uses the machine's own python3/jax/triton/torch; jax-triton comes from the carried .whl/
 # (carry: [".whl"]). Every step has its own time limit so one hang cannot eat the lease;
 # full logs go to $OUT. Record what it prints in benchmarks/RESULTS.md.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-what=${1:-all}
+what=${*:-all}
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:${PYTHONPATH:-}
 if [ -d .whl ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -17,24 +19,23 @@ nvidia-smi topo -m > "$OUT/topo.txt" 2>&1
 python3 -c "import jax, triton, torch; print('jax', jax.__version__, 'triton', triton.__version__, 'torch', torch.__version__, jax.devices())"
 step() {  # step NAME SECONDS COMMAND...: run with a limit, keep the log, print its tail
   local name=$1 limit=$2; shift 2
+  case " $what " in *" $name "*|*" $group "*|*" all "*) ;; *) return ;; esac
   echo "=== $name (limit ${limit}s)"
   timeout "$limit" "$@" > "$OUT/$name.log" 2>&1; local rc=$?
   grep -v "^E1129\|Source Location\|cuda_status.cc\|^$" "$OUT/$name.log" | tail -25
   echo "=== $name exit $rc"
 }
-if [ "$what" = tests ] || [ "$what" = all ]; then
-  # a hanging test dumps every thread's stack into its log (faulthandler) before the step's limit
-  t="python3 -m pytest -m gpu -q -rfE --tb=short -p no:cacheprovider -o faulthandler_timeout=90"
-  step gpu_jax 120 $t tests/gpu/test_gpu_jax.py
-  step gpu_multi 200 $t tests/gpu/test_gpu_multiprocess.py
-  step gpu_tracing 150 $t tests/gpu/test_gpu_tracing.py
-  step gpu_collectives 220 $t tests/gpu/test_gpu_collectives.py
-  step gpu_fused 150 $t tests/gpu/test_gpu_fused.py
-  step gpu_examples 240 $t tests/gpu/test_gpu_examples.py
-fi
-if [ "$what" = bench ] || [ "$what" = all ]; then
-  step rma 120 python3 benchmarks/rma.py --mib 256
-  step collectives 400 python3 benchmarks/collectives.py --out "$OUT" --plot
-  step fused 300 python3 benchmarks/fused.py
-  step trace_example 120 python3 examples/04_trace_all_reduce.py --out "$OUT"  # the PNG for the README
-fi
+group=tests
+# a hanging test dumps every thread's stack into its log (faulthandler) before the step's limit
+t="python3 -m pytest -m gpu -q -rfE --tb=short -p no:cacheprovider -o faulthandler_timeout=90"
+step gpu_jax 120 $t tests/gpu/test_gpu_jax.py
+step gpu_multi 200 $t tests/gpu/test_gpu_multiprocess.py
+step gpu_tracing 150 $t tests/gpu/test_gpu_tracing.py
+step gpu_collectives 220 $t tests/gpu/test_gpu_collectives.py
+step gpu_fused 150 $t tests/gpu/test_gpu_fused.py
+step gpu_examples 240 $t tests/gpu/test_gpu_examples.py
+group=bench
+step rma 120 python3 benchmarks/rma.py --mib 256
+step collectives 400 python3 benchmarks/collectives.py --out "$OUT" --plot
+step fused 300 python3 benchmarks/fused.py
+step trace_example 120 python3 examples/04_trace_all_reduce.py --out "$OUT"  # the PNG for the README
