@@ -2,7 +2,8 @@
 
 Segments are named `iris-<session>-r<rank>` under /dev/shm (or the temp directory where
 there is none). The owner unlinks its segment on close; `remove_session_segments` lets
-a launcher clean up after ranks that crashed.
+a launcher clean up after ranks that crashed. Sessions made by `new_session` start with
+the creating process's id, so `remove_stale_segments` can free what a killed run left.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import glob
 import mmap
 import os
 import tempfile
+import uuid
 from collections.abc import Sequence
 
 import numpy as np
@@ -23,6 +25,36 @@ SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
 
 def segment_path(session: str, rank: int) -> str:
     return os.path.join(SHM_DIR, f"iris-{session}-r{rank}")
+
+
+def new_session(tag: str = "") -> str:
+    """A fresh session name that records this process as its creator."""
+    return f"p{os.getpid()}-{tag + '-' if tag else ''}{uuid.uuid4().hex[:8]}"
+
+
+def remove_stale_segments() -> list[str]:
+    """Unlinks the segments of sessions whose creating process is gone (a run that was
+    killed before it could clean up); returns the paths removed."""
+    removed = []
+    for path in glob.glob(os.path.join(SHM_DIR, "iris-p*-r*")):
+        creator = os.path.basename(path)[len("iris-p"):].split("-", 1)[0]
+        if creator.isdigit() and not _alive(int(creator)):
+            try:
+                os.unlink(path)
+                removed.append(path)
+            except FileNotFoundError:
+                pass
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's live process
+    return True
 
 
 def remove_session_segments(session: str) -> list[str]:

@@ -17,9 +17,8 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 
-from iris_core.heap.shared_memory import remove_session_segments
+from iris_core.heap.shared_memory import new_session, remove_session_segments, remove_stale_segments
 
 
 def _pump(stream, prefix: str, out) -> None:
@@ -30,7 +29,8 @@ def _pump(stream, prefix: str, out) -> None:
 
 def launch_script(argv: list[str], world_size: int, timeout_s: float | None = None) -> int:
     """Runs `python argv...` as `world_size` ranks; returns the first failing exit code or 0."""
-    session = uuid.uuid4().hex[:10]
+    remove_stale_segments()
+    session = new_session()
     store = tempfile.mkdtemp(prefix=f"iris-{session}-")
     procs, pumps = [], []
     try:

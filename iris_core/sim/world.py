@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Listener
 
 from iris_core.errors import PeerTimeoutError, SimulatedRankError
-from iris_core.heap.shared_memory import SharedMemoryHeap
+from iris_core.heap.shared_memory import SharedMemoryHeap, new_session, remove_stale_segments
 from iris_core.sim import pickling
 
 DEFAULT_TIMEOUT_S = float(os.environ.get("IRIS_SIM_TIMEOUT", "120"))
@@ -141,7 +141,8 @@ class SimWorld:
 
         Close the returned heap (or use it as a context manager) to unmap and remove it.
         """
-        session = f"{self.id}-{uuid.uuid4().hex[:6]}"
+        remove_stale_segments()
+        session = new_session(self.id)
         heap = _WorldHeap(self, self.world_size, heap_size, range(self.world_size), session)
         self.attach_heaps(session, self.world_size, heap_size)
         return heap

@@ -158,6 +158,25 @@ def test_closing_a_heap_detaches_it_everywhere_and_removes_its_segments():
     heap.close()  # idempotent
 
 
+def test_segments_of_killed_runs_are_removed_by_the_next_run():
+    finished = subprocess.Popen([sys.executable, "-c", "pass"])
+    finished.wait()  # its pid names a process that is gone, like a run killed with SIGKILL
+    stale = os.path.join(SHM_DIR, f"iris-p{finished.pid}-dead0000-r0")
+    live = os.path.join(SHM_DIR, f"iris-p{os.getpid()}-live0000-r0")
+    for path in (stale, live):
+        open(path, "wb").close()
+    try:
+        heap = get_world(2).create_heaps(1 << 16)
+        heap.close()
+        assert not os.path.exists(stale)
+        assert os.path.exists(live), "a live process's segment must stay"
+        assert heap.session.startswith(f"p{os.getpid()}-")
+    finally:
+        for path in (stale, live):
+            if os.path.exists(path):
+                os.unlink(path)
+
+
 def test_rank_state_needs_a_session_name_with_several_heaps():
     world = get_world(2)
     with world.create_heaps(1 << 16), world.create_heaps(1 << 16):
