@@ -14,9 +14,11 @@ float32, result in the input dtype (as `jnp.dot`). Every op is differentiable
 `jnp.dot` and iris collectives).
 
 `impl`: "fused" (the iris kernel), "xla" (jnp.dot + the lax collective, i.e. what XLA
-does unfused) or "auto". `auto` picks fused everywhere for now: the thresholds where the
-unfused path wins are to be measured with benchmarks/fused.py and entered in
-`_AUTO_XLA_BELOW_FLOPS` (per op: problems with fewer FLOPs per rank than this go to XLA).
+does unfused) or "auto". On GPUs `auto` takes the unfused path below
+`_AUTO_XLA_BELOW_FLOPS[op]` FLOPs per rank: today everywhere, because the fused kernels lost
+at every shape measured (0.18-0.21x of XLA at 4096^3 bf16 on 2 x H200, 2026-11-30,
+benchmarks/RESULTS.md). The simulator has no speed to choose by; there `auto` runs the
+fused kernels, so that code built on the simulator exercises them.
 
 Workspace: the kernels push through a fixed region of every heap (`FusedWorkspace`:
 2 x IRIS_FUSED_WORKSPACE_BYTES, default 128 MiB on GPUs and 512 KiB on the simulator, plus
@@ -48,9 +50,10 @@ IMPLS = ("auto", "fused", "xla")
 LINE_BYTES = 128
 MAX_PROGRAMS = 256
 DEFAULT_TIMEOUT_S = float(os.environ.get("IRIS_COLLECTIVE_TIMEOUT", "60"))
-# auto: problems with fewer FLOPs per rank than this run unfused (XLA); 0 = always fused.
-# To be measured (benchmarks/fused.py) per op on the target machine.
-_AUTO_XLA_BELOW_FLOPS = {"matmul_all_reduce": 0, "all_gather_matmul": 0, "matmul_reduce_scatter": 0}
+# auto on GPUs: problems with fewer FLOPs per rank than this run unfused (XLA). Measured with
+# benchmarks/fused.py: fused lost at every shape so far, so XLA everywhere (see the docstring).
+_AUTO_XLA_BELOW_FLOPS = {"matmul_all_reduce": math.inf, "all_gather_matmul": math.inf,
+                         "matmul_reduce_scatter": math.inf}
 
 
 class FusedWorkspace:
@@ -102,6 +105,8 @@ def _impl(impl, what, flops):
     if impl not in IMPLS:
         raise ValueError(f"iris_jax.ops.{what}: unknown impl {impl!r}; choose one of {IMPLS}")
     if impl == "auto":
+        if runtime_lib.runtime().mode.startswith("sim"):
+            return "fused"
         return "xla" if flops < _AUTO_XLA_BELOW_FLOPS[what] else "fused"
     return impl
 
