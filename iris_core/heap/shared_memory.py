@@ -35,16 +35,11 @@ def new_session(tag: str = "") -> str:
 def remove_stale_segments() -> list[str]:
     """Unlinks the segments of sessions whose creating process is gone (a run that was
     killed before it could clean up); returns the paths removed."""
-    removed = []
-    for path in glob.glob(os.path.join(SHM_DIR, "iris-p*-r*")):
+    def stale(path):
         creator = os.path.basename(path)[len("iris-p"):].split("-", 1)[0]
-        if creator.isdigit() and not _alive(int(creator)):
-            try:
-                os.unlink(path)
-                removed.append(path)
-            except FileNotFoundError:
-                pass
-    return removed
+        return creator.isdigit() and not _alive(int(creator))
+
+    return _unlink([p for p in glob.glob(os.path.join(SHM_DIR, "iris-p*-r*")) if stale(p)])
 
 
 def _alive(pid: int) -> bool:
@@ -59,8 +54,13 @@ def _alive(pid: int) -> bool:
 
 def remove_session_segments(session: str) -> list[str]:
     """Unlinks every segment of `session`; returns the paths removed."""
+    return _unlink(glob.glob(os.path.join(SHM_DIR, f"iris-{session}-r*")))
+
+
+def _unlink(paths) -> list[str]:
+    """Unlinks `paths`; returns those that were still there."""
     removed = []
-    for path in glob.glob(os.path.join(SHM_DIR, f"iris-{session}-r*")):
+    for path in paths:
         try:
             os.unlink(path)
             removed.append(path)

@@ -82,15 +82,13 @@ class TraceBuffers:
         return (1, self.max_events, self.offset, self.offset + LINE,
                 *(self.field_offset(f) for f in TRACE_FIELDS))
 
-    def clear(self, ranks) -> None:
-        """Zeroes the counters and the buffers of `ranks`."""
-        for rank in ranks:
-            _zero(self.heap, rank, self.offset, self.nbytes)
+    def clear(self) -> None:
+        """Zeroes the counters and the buffers of this process's ranks."""
+        self.heap.zero(self.offset, self.nbytes)
 
-    def reset(self, ranks) -> None:
-        """Zeroes the counters of `ranks`: their next events go to slot 0."""
-        for rank in ranks:
-            _zero(self.heap, rank, self.offset, HEADER_BYTES)
+    def reset(self) -> None:
+        """Zeroes the counters of this process's ranks: their next events go to slot 0."""
+        self.heap.zero(self.offset, HEADER_BYTES)
 
     def read(self, rank: int) -> RankTrace:
         """Rank's recorded events and counter (call once its kernels finished)."""
@@ -116,14 +114,6 @@ def _read(heap, rank: int, offset: int, count: int) -> np.ndarray:
     out = np.empty(count, np.int64)
     _cuda_copy(heap, rank, out.ctypes.data, heap.heap_bases[rank] + offset, out.nbytes)
     return out
-
-
-def _zero(heap, rank: int, offset: int, nbytes: int) -> None:
-    if hasattr(heap, "host_view"):
-        heap.host_view(rank, offset, (nbytes,), np.uint8)[:] = 0
-        return
-    zeros = np.zeros(nbytes, np.uint8)
-    _cuda_copy(heap, rank, heap.heap_bases[rank] + offset, zeros.ctypes.data, nbytes)
 
 
 def _cuda_copy(heap, rank: int, dst: int, src: int, nbytes: int) -> None:

@@ -45,7 +45,7 @@ class Tracer:
             if self.buffers is not None:
                 self._retired.append(self.buffers)
             self.buffers = buffers
-        self.buffers.clear(self.heap.local_ranks)
+        self.buffers.clear()
         self.enabled = True
 
     def disable(self) -> None:
@@ -54,7 +54,7 @@ class Tracer:
 
     def reset(self) -> None:
         """Forgets the recorded events (zeroes the counters of this process's ranks)."""
-        self._require_buffers().reset(self.heap.local_ranks)
+        self._require_buffers().reset()
 
     @property
     def max_events(self) -> int | None:

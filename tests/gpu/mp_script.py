@@ -87,6 +87,7 @@ def _collectives(mesh, sh, W, sizes=(37, (1 << 22) + 6)):
     from jax.sharding import PartitionSpec as P
 
     import iris_jax
+    from tests.gpu.cases import collective_cases
 
     def compare(name, iris_fn, lax_fn, x, out_spec):
         run = lambda f: jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P("i"), out_specs=out_spec))(x)
@@ -95,24 +96,14 @@ def _collectives(mesh, sh, W, sizes=(37, (1 << 22) + 6)):
             np.testing.assert_allclose(np.asarray(g.data, np.float32), np.asarray(w.data, np.float32), rtol=2e-5,
                                        atol=2e-5, err_msg=name)
 
-    perm = [(i, (i + 1) % W) for i in range(W)]
     for n in sizes:
         x = jax.make_array_from_callback((W * n,), sh, lambda idx: np.random.default_rng(n).standard_normal(
             W * n).astype(np.float32)[idx])
         for variant in ("auto", "one_shot", "two_shot", "ring", "atomic", "spinlock"):
             compare(f"all_reduce {variant} n={n}", lambda v: iris_jax.all_reduce(v, "i", variant=variant),
                     lambda v: lax.psum(v, "i"), x, P())
-        compare("pmax", lambda v: iris_jax.pmax(v, "i"), lambda v: lax.pmax(v, "i"), x, P())
-        compare("all_gather", lambda v: iris_jax.all_gather(v, "i", tiled=True),
-                lambda v: lax.all_gather(v, "i", tiled=True), x, P("i"))
-        compare("psum_scatter", lambda v: iris_jax.psum_scatter(v[: n // W * W], "i", tiled=True),
-                lambda v: lax.psum_scatter(v[: n // W * W], "i", tiled=True), x, P("i"))
-        compare("all_to_all", lambda v: iris_jax.all_to_all(v[: n // W * W], "i", 0, 0, tiled=True),
-                lambda v: lax.all_to_all(v[: n // W * W], "i", 0, 0, tiled=True), x, P("i"))
-        compare("ppermute", lambda v: iris_jax.ppermute(v, "i", perm), lambda v: lax.ppermute(v, "i", perm), x,
-                P("i"))
-        compare("broadcast", lambda v: iris_jax.broadcast(v, "i", 1),
-                lambda v: lax.psum(v * (lax.axis_index("i") == 1), "i"), x, P())
+        for name, iris_fn, lax_fn, spec in collective_cases(n, W):
+            compare(f"{name} n={n}", iris_fn, lax_fn, x, spec)
     print(f"process {jax.process_index()}: collectives OK", flush=True)
 
 

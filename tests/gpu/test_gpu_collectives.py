@@ -8,18 +8,6 @@ pytestmark = pytest.mark.gpu
 VARIANTS = ["auto", "one_shot", "two_shot"]
 
 
-@pytest.fixture(scope="module")
-def mesh():
-    import jax
-
-    import iris_jax
-
-    if jax.device_count() < 2 or jax.devices()[0].platform != "gpu":
-        pytest.fail("the gpu tests need at least 2 GPUs (they never skip)")
-    rt = iris_jax.init()
-    return jax.make_mesh((len(rt.devices),), ("i",), devices=rt.devices)
-
-
 def _pair(mesh, iris_fn, lax_fn, x, out_specs):
     import jax
     from jax.sharding import PartitionSpec as P
@@ -74,31 +62,16 @@ def test_all_reduce_other_algorithms(mesh, n, variant):
 @pytest.mark.parametrize("n", [5, 4099, 1 << 22])
 def test_other_collectives(mesh, n):
     import jax.numpy as jnp
-    from jax import lax
-    from jax.sharding import PartitionSpec as P
 
-    import iris_jax
+    from tests.gpu.cases import collective_cases
 
-    W = mesh.size
-    perm = [(i, (i + 1) % W) for i in range(W)]
-    cases = [
-        (lambda v: iris_jax.pmax(v, "i"), lambda v: lax.pmax(v, "i"), P()),
-        (lambda v: iris_jax.pmin(v, "i"), lambda v: lax.pmin(v, "i"), P()),
-        (lambda v: iris_jax.all_gather(v, "i"), lambda v: lax.all_gather(v, "i"), P("i")),
-        (lambda v: iris_jax.psum_scatter(v[: n // W * W], "i", tiled=True),
-         lambda v: lax.psum_scatter(v[: n // W * W], "i", tiled=True), P("i")),
-        (lambda v: iris_jax.all_to_all(v[: n // W * W], "i", 0, 0, tiled=True),
-         lambda v: lax.all_to_all(v[: n // W * W], "i", 0, 0, tiled=True), P("i")),
-        (lambda v: iris_jax.ppermute(v, "i", perm), lambda v: lax.ppermute(v, "i", perm), P("i")),
-        (lambda v: iris_jax.broadcast(v, "i", 1), lambda v: lax.psum(v * (lax.axis_index("i") == 1), "i"), P()),
-    ]
     for dtype in (jnp.float32, jnp.bfloat16, jnp.int32):
         x = _input(mesh, n, jnp.float32, seed=n) * 100
         x = x.astype(dtype)
-        for iris_fn, lax_fn, spec in cases:
+        for name, iris_fn, lax_fn, spec in collective_cases(n, mesh.size):
             got, want = _pair(mesh, iris_fn, lax_fn, x, spec)
             tol = 1e-5 if dtype != jnp.bfloat16 else 3e-2
-            np.testing.assert_allclose(got, want, rtol=tol, atol=tol * 100)
+            np.testing.assert_allclose(got, want, rtol=tol, atol=tol * 100, err_msg=f"{name} {dtype}")
 
 
 def test_ten_thousand_back_to_back(mesh):

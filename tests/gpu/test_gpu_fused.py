@@ -9,18 +9,6 @@ import pytest
 pytestmark = pytest.mark.gpu
 
 
-@pytest.fixture(scope="module")
-def mesh():
-    import jax
-
-    import iris_jax
-
-    if jax.device_count() < 2 or jax.devices()[0].platform != "gpu":
-        pytest.fail("the gpu tests need at least 2 GPUs (they never skip)")
-    rt = iris_jax.init()
-    return jax.make_mesh((len(rt.devices),), ("i",), devices=rt.devices)
-
-
 @pytest.mark.parametrize("dtype_name", ["float32", "bfloat16"])
 @pytest.mark.parametrize("M,K,N", [(1000, 520, 777), (4096, 2048, 4096)])
 def test_fused_ops_match_xla(mesh, M, K, N, dtype_name):
