@@ -2,6 +2,9 @@
 
     python benchmarks/collectives.py [--sizes 1K,4K,...,1G] [--dtypes float32,bfloat16] [--ops psum,...]
 
+An op is `name` or `name:variant`; `psum:heap` times psum on an input already on the heap
+(read in place, zero-copy) against lax.psum on the same values.
+
 Method (../shared/DESIGN.md): inside one jit, K data-dependent calls back to back (each call
 followed by the same cheap elementwise op for both libraries), time per call = median wall
 time of the jit / K. Every point is first checked against the lax op. Bus bandwidth follows
@@ -26,7 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from iris_core.platform import gpus_present  # noqa: E402
 
 SIZES = "1K,4K,16K,64K,256K,1M,4M,16M,64M,256M,1G"
-OPS = "psum,psum:one_shot,psum:two_shot,all_gather,psum_scatter,all_to_all,ppermute,broadcast"
+OPS = "psum,psum:one_shot,psum:two_shot,psum:heap,all_gather,psum_scatter,all_to_all,ppermute,broadcast"
 
 
 def parse_size(s: str) -> int:
@@ -71,17 +74,20 @@ def main():
             x = jax.device_put(jax.random.normal(jax.random.key(n), (W * n,), jnp.float32).astype(dtype), sharded)
             for op_name in opts.ops.split(","):
                 op, _, variant = op_name.partition(":")
-                iris_op, lax_op, out_spec, busbw_factor = _ops(op, variant or "auto", W, iris_jax, lax, jnp)
+                in_place = variant == "heap"  # the input on the heap: read in place (zero-copy)
+                iris_op, lax_op, out_spec, busbw_factor = _ops(op, "auto" if in_place or not variant else variant, W,
+                                                               iris_jax, lax, jnp)
                 single = {}
                 for lib, fn in (("iris", iris_op), ("lax", lax_op)):
                     single[lib] = jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=P("i"), out_specs=out_spec))
-                got, want = single["iris"](x), single["lax"](x)
+                xi = iris_jax.to_heap(x) if in_place else x
+                got, want = single["iris"](xi), single["lax"](x)
                 tol = 1e-5 if dtype == jnp.float32 else 2e-2
                 ok = bool(np.allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), rtol=tol, atol=tol * W))
                 row = {"op": op_name, "dtype": dtype_name, "bytes": n * dtype.itemsize, "correct": ok}
                 if gpu:
-                    for lib, fn in (("iris", iris_op), ("lax", lax_op)):
-                        row[f"{lib}_us"] = _time_per_call(fn, x, mesh, n, dtype, jax, jnp, P) * 1e6
+                    row["iris_us"] = _time_per_call(iris_op, xi, mesh, n, dtype, jax, jnp, P, in_place) * 1e6
+                    row["lax_us"] = _time_per_call(lax_op, x, mesh, n, dtype, jax, jnp, P) * 1e6
                     row["ratio"] = row["lax_us"] / row["iris_us"]
                     row["iris_busbw"] = busbw_factor * row["bytes"] / row["iris_us"] / 1e3
                     row["lax_busbw"] = busbw_factor * row["bytes"] / row["lax_us"] / 1e3
@@ -129,17 +135,22 @@ def _ops(op, variant, W, iris_jax, lax, jnp):
     raise ValueError(op)
 
 
-def _time_per_call(fn, x, mesh, n, dtype, jax, jnp, P):
-    """Median time of one call: K data-dependent calls in one jit, divided by K."""
+def _time_per_call(fn, x, mesh, n, dtype, jax, jnp, P, in_place=False):
+    """Median time of one call: K data-dependent calls in one jit, divided by K. With
+    `in_place`, every call gets `x` itself (on the heap: read in place) and the results are
+    summed, the same elementwise work per call."""
     nbytes = n * dtype.itemsize
     K = 20 if nbytes <= (4 << 20) else 5 if nbytes <= (256 << 20) else 2
 
-    def chain(v):
+    def chain(x0):
+        v, total = x0, jnp.zeros((n,), dtype)
         for _ in range(K):
-            y = fn(v)
+            y = fn(x0 if in_place else v)
             # the same cheap elementwise op for both libraries, back to the input's shape
             v = (jnp.resize(y.reshape(-1), (n,)) * 0.5).astype(dtype)
-        return v
+            if in_place:
+                total = total + v
+        return total if in_place else v
 
     f = jax.jit(jax.shard_map(chain, mesh=mesh, in_specs=P("i"), out_specs=P("i"), check_vma=False))
     f(x).block_until_ready()

@@ -4,8 +4,10 @@
 
 Times, in one run: torch's device-to-device copy GPU0 -> GPU1; `ctx.store` (kernel on
 GPU0 writes GPU1's heap) and `ctx.load` (kernel on GPU1 reads GPU0's heap), each with
-and without `hint`. Prints a markdown table (GB/s and % of the copy). Needs 2 GPUs; on
-a machine without them it says so and exits.
+and without `hint`; both directions at once (two copies, two loading kernels: what an
+all-reduce on 2 GPUs does); and the one-way latency of a flag (ping-pong / 2). Prints a
+markdown table (GB/s and % of the one-way copy). Needs 2 GPUs; on a machine without them
+it says so and exits.
 """
 
 from __future__ import annotations
@@ -14,11 +16,12 @@ import argparse
 import datetime
 import shutil
 import subprocess
+import time
 
 import triton
 import triton.language as tl
 
-from iris_core.device import Context
+from iris_core.device import Context, global_timer
 
 
 @triton.jit
@@ -49,6 +52,26 @@ def load_persistent_kernel(context_ptr, src_ptr, dst_ptr, n, FROM: tl.constexpr,
         offs = t.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         m = offs < n
         tl.store(dst_ptr + offs, ctx.load(src_ptr + offs, from_rank=FROM, mask=m, cache_modifier=CACHE), mask=m)
+
+
+@triton.jit
+def ping_pong_kernel(context_ptr, flag_ptr, out_ptr, ROUNDS: tl.constexpr, W: tl.constexpr):
+    """Ranks 0 and 1 raise each other's flag in turn, ROUNDS times; out: ns, or -1 on timeout."""
+    ctx = Context.initialize(context_ptr, W)
+    peer = 1 - ctx.rank
+    start = global_timer()
+    failed = 0
+    for r in range(1, ROUNDS + 1):
+        if (r % 2) == ctx.rank:
+            ctx.atomic_xchg(flag_ptr, r, to_rank=peer, sem="release", scope="sys")
+        else:
+            seen = tl.load(flag_ptr, volatile=True)
+            while seen < r:
+                seen = tl.load(flag_ptr, volatile=True)
+                if global_timer() - start > 5_000_000_000:  # a lost peer: give up, report -1
+                    seen = tl.full((), r, tl.int64)
+                    failed = 1
+    tl.store(out_ptr, tl.where(failed == 1, -1, global_timer() - start))
 
 
 def main():
@@ -106,13 +129,71 @@ def main():
               lambda: load_persistent_kernel[(programs,)](ctx[1], src[1], dst[1], n, FROM=0, BLOCK=block, W=2,
                                                           CACHE=cache, num_warps=8),
               lambda: torch.equal(dst[1].cpu(), src[0].cpu()))
+    both_ways("torch copy, both directions at once (per direction)", rows, nbytes,
+              lambda: (dst[1].copy_(src[0]), dst[0].copy_(src[1])),  # each on its source GPU's stream
+              lambda: torch.equal(dst[1].cpu(), src[0].cpu()) and torch.equal(dst[0].cpu(), src[1].cpu()))
+    both_ways(f"ctx.load persistent grid={sms}, both directions at once (per direction)", rows, nbytes,
+              lambda: [on_device(r, lambda r=r: load_persistent_kernel[(sms,)](
+                  ctx[r], src[r], dst[r], n, FROM=1 - r, BLOCK=block, W=2, CACHE="", num_warps=8)) for r in (1, 0)],
+              lambda: torch.equal(dst[1].cpu(), src[0].cpu()) and torch.equal(dst[0].cpu(), src[1].cpu()))
+    latency = flag_latency_us(heap, ctx, src_off, torch)
     copy_bw = rows[0][2]
     print(f"\n### RMA bandwidth, {opts.mib} MiB float32, {datetime.date.today()}, "
           f"{_gpu_name()} x2, `python benchmarks/rma.py --mib {opts.mib}`\n")
     print("| op | time (us) | GB/s | % of copy | correct |\n|---|---|---|---|---|")
     for name, us, bw, ok in rows:
         print(f"| {name} | {us:.1f} | {bw:.1f} | {100 * bw / copy_bw:.0f}% | {ok} |")
+    print(f"\nflag one-way latency GPU0 <-> GPU1 (ping-pong / 2, {PING_PONG_ROUNDS} rounds): {latency:.2f} us")
     heap.close()
+
+
+def both_ways(name, rows, nbytes, fn, check, iters=20):
+    """Launches on both GPUs (each on its own current stream), times `iters` rounds by wall clock."""
+    import torch
+
+    for r in range(2):
+        torch.cuda.synchronize(r)
+    fn()
+    for r in range(2):
+        torch.cuda.synchronize(r)
+    ok = check()
+    times = []
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        for r in range(2):
+            torch.cuda.synchronize(r)
+        times.append((time.perf_counter() - start) / iters)
+    s = sorted(times)[len(times) // 2]
+    rows.append((name, s * 1e6, nbytes / s / 1e9, ok))
+
+
+PING_PONG_ROUNDS = 10000
+
+
+def on_device(r, fn):
+    import torch
+
+    with torch.cuda.device(r):
+        return fn()
+
+
+def flag_latency_us(heap, ctx, offset, torch):
+    """One-way flag latency: both GPUs run ping_pong_kernel at once; time / rounds."""
+    flags = [heap.torch_tensor(r, offset, (1,), torch.int64) for r in range(2)]
+    outs = [torch.zeros(1, dtype=torch.int64, device=f"cuda:{r}") for r in range(2)]
+    for r in range(2):
+        flags[r].zero_()
+        torch.cuda.synchronize(r)
+    for r in range(2):
+        on_device(r, lambda r=r: ping_pong_kernel[(1,)](ctx[r], flags[r], outs[r], ROUNDS=PING_PONG_ROUNDS, W=2))
+    for r in range(2):
+        torch.cuda.synchronize(r)
+    ns = [int(o.item()) for o in outs]
+    if min(ns) < 0:
+        raise RuntimeError(f"ping-pong timed out (ns per rank: {ns})")
+    return max(ns) / PING_PONG_ROUNDS / 1e3
 
 
 def _gpu_name() -> str:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What we run on the GPU machine (device tool, kind nvidia-h200-x2):
-#   bash scripts/gpu_check.sh [tests|bench|all|STEP...]
+#   bash scripts/gpu_check.sh [tests|bench|probe|all|STEP...]
 # A device call lasts at most 600 s: `tests` takes about 450 s when nothing hangs, `bench` more
 # than one call, so name steps to split them (e.g. `gpu_fused gpu_examples`, `rma collectives`).
 # Uses the machine's own python3/jax/triton/torch; jax-triton comes from the carried .whl/
@@ -39,3 +39,7 @@ step rma 120 python3 benchmarks/rma.py --mib 256
 step collectives 400 python3 benchmarks/collectives.py --out "$OUT" --plot
 step fused 300 python3 benchmarks/fused.py
 step trace_example 120 python3 examples/04_trace_all_reduce.py --out "$OUT"  # the PNG for the README
+group=probe  # quick looks while tuning
+step collectives_quick 200 python3 benchmarks/collectives.py --out "$OUT" --sizes 1K,64K,1M,16M,256M \
+  --ops psum,psum:heap,all_gather,ppermute
+step floor 120 python3 benchmarks/latency_floor.py --out "$OUT"

@@ -19,6 +19,12 @@ j = k, k + P, ... of every block, both when staging and when reading, and waits 
 program k of its peers: correct with every program resident (GPU) and with programs run
 one after another (the simulator). Columns are processed in chunks that fit the workspace.
 
+Zero-copy (ZERO_COPY, large arrays; not ring/atomic/spinlock): a rank whose input lies on
+its heap skips staging and publishes the input's heap offset to every member (word 1 of its
+flag line there, -1 otherwise), once per call; members read that input in place. Since a
+peer may then read my input until its last chunk, the call ends with one more round ("done")
+before any rank returns. Every rank decides for itself; mixed groups work.
+
 Peers' workspaces are read with plain loads: every read follows an acquire of the peer's
 flag and a CTA barrier, which order it after the peer's writes. `.cg` loads (L2 only) of
 peer memory ran at 93 GB/s against 372 GB/s for plain ones (2 x H200, benchmarks/rma.py).
@@ -35,7 +41,8 @@ ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL, PPERMUTE, BROADCAST = range(
 SUM, MAX, MIN = range(3)
 ONE_SHOT, TWO_SHOT, ATOMIC, SPINLOCK, RING = range(5)
 LINE: tl.constexpr = tl.constexpr(128)
-STEPS: tl.constexpr = tl.constexpr(64)  # flag rounds per call (ring: 2G - 1), so G <= 32
+STEPS: tl.constexpr = tl.constexpr(64)  # flag rounds per chunk (ring: 2G - 1, so G <= 32)
+DONE: tl.constexpr = tl.constexpr(63)  # the last round of the last chunk: zero-copy readers are done
 POISON: tl.constexpr = tl.constexpr(1 << 62)  # the flag of a program that gave up (timed out)
 
 
@@ -50,10 +57,53 @@ def _combine(acc, value, OP: tl.constexpr):
 
 
 @triton.jit
+def _vec(ptrs, VEC: tl.constexpr):
+    """Tile pointers declared as runs of VEC elements that start on 16-byte boundaries, so
+    accesses become 16-byte vectors. True for every tile here when VEC > 1: bases are 16-byte
+    aligned and the column count is a multiple of VEC (see iris_jax.collectives._launch)."""
+    if VEC > 1:
+        ptrs = tl.max_contiguous(tl.multiple_of(ptrs, 16), VEC)
+    return ptrs
+
+
+@triton.jit
+def _get(ctx, ptrs, rank, mask, VEC: tl.constexpr):
+    """ctx.load of a tile from `rank`, vectorized as _vec (the translated address keeps the
+    alignment: heaps are page aligned)."""
+    if VEC > 1:
+        return ctx.load(ptrs, from_rank=rank, mask=mask, hint=16)
+    return ctx.load(ptrs, from_rank=rank, mask=mask)
+
+
+@triton.jit
 def _flag(ws_base, pid, member, MAX_PROGRAMS: tl.constexpr, WORLD: tl.constexpr):
     """Pointer (in my heap) to the flag `member` raises for program `pid`."""
     line = MAX_PROGRAMS + pid * WORLD + member
     return tl.cast(ws_base + line * LINE, tl.pointer_type(tl.int64))
+
+
+@triton.jit
+def _publish(ctx, group_ptr, ws_base, pid, me, input_offset, G: tl.constexpr, MAX_PROGRAMS: tl.constexpr,
+             WORLD: tl.constexpr):
+    """Zero-copy: writes my input's heap offset (-1: staged) next to my flag on every member;
+    the next _signal releases it. Stable for the whole call (rewritten after the DONE round)."""
+    word = _flag(ws_base, pid, me, MAX_PROGRAMS, WORLD) + 1
+    for i in tl.static_range(G):
+        ctx.store(word, input_offset, to_rank=tl.load(group_ptr + 1 + i))
+
+
+@triton.jit
+def _source(ctx, ws, heap_base, x_ptr, ws_base, pid, member, block_in, m, c0, cols, ZERO_COPY: tl.constexpr,
+            CHUNK: tl.constexpr, MAX_PROGRAMS: tl.constexpr, WORLD: tl.constexpr):
+    """My-heap pointers to `cols` of input block `block_in` as `member` offers them: its staged
+    workspace, or (zero-copy) its input in place; ctx.load translates them to the member."""
+    staged = ws + block_in * CHUNK + cols
+    if ZERO_COPY:
+        offset = tl.load(_flag(ws_base, pid, member, MAX_PROGRAMS, WORLD) + 1)
+        in_place = tl.cast(tl.cast(heap_base + offset, tl.pointer_type(tl.int8)), x_ptr.dtype)
+        in_place = in_place + (block_in * m + c0 + cols).to(tl.int64)
+        return tl.where(offset >= 0, in_place, staged)
+    return staged
 
 
 @triton.jit
@@ -220,48 +270,56 @@ def _all_reduce_ring(ctx, group_ptr, out_ptr, ws, ws2, ws_base, c0, width, tiles
 
 @triton.jit
 def _stage(x_ptr, ws, m, c0, width, tiles, pid, programs, XB: tl.constexpr, CHUNK: tl.constexpr,
-           BLOCK: tl.constexpr):
+           BLOCK: tl.constexpr, VEC: tl.constexpr):
     """Copies my columns [c0, c0 + width) of every input block into my workspace."""
     lanes = tl.arange(0, BLOCK)
     for t in range(pid, tiles, programs):
         cols = t * BLOCK + lanes
         mask = cols < width
         for b in tl.static_range(XB):
-            value = tl.load(x_ptr + (b * m + c0 + cols).to(tl.int64), mask=mask)
-            tl.store(ws + b * CHUNK + cols, value, mask=mask)
+            value = tl.load(_vec(x_ptr + (b * m + c0 + cols).to(tl.int64), VEC), mask=mask)
+            tl.store(_vec(ws + b * CHUNK + cols, VEC), value, mask=mask)
 
 
 @triton.jit
-def _pull(ctx, group_ptr, out_ptr, ws, ws2, m, c0, width, tiles, pid, programs, me, block_in, source,
-          KIND: tl.constexpr, OP: tl.constexpr, VARIANT: tl.constexpr, G: tl.constexpr, ACC: tl.constexpr,
-          BLOCK: tl.constexpr, CHUNK: tl.constexpr):
-    """Reads what this rank needs from the members' staged workspaces (table in the module doc)."""
+def _pull(ctx, group_ptr, x_ptr, out_ptr, ws, ws2, heap_base, ws_base, m, c0, width, tiles, pid, programs, me,
+          block_in, source, KIND: tl.constexpr, OP: tl.constexpr, VARIANT: tl.constexpr, G: tl.constexpr,
+          ACC: tl.constexpr, BLOCK: tl.constexpr, CHUNK: tl.constexpr, ZERO_COPY: tl.constexpr,
+          MAX_PROGRAMS: tl.constexpr, WORLD: tl.constexpr, VEC: tl.constexpr):
+    """Reads what this rank needs from the members' inputs (table in the module doc)."""
     lanes = tl.arange(0, BLOCK)
     for t in range(pid, tiles, programs):
         cols = t * BLOCK + lanes
         mask = cols < width
-        src = ws + block_in * CHUNK + cols
-        dst = out_ptr + (c0 + cols).to(tl.int64)
+        dst = _vec(out_ptr + (c0 + cols).to(tl.int64), VEC)
         if KIND == 0 or KIND == 2:  # ALL_REDUCE (one-shot; two-shot: owned tiles), REDUCE_SCATTER
             mine = t % G == me
             if VARIANT != 1 or KIND == 2:
                 mine = t >= 0
             if mine:
-                acc = ctx.load(src, from_rank=_rank(group_ptr, 0), mask=mask).to(ACC)
+                src = _source(ctx, ws, heap_base, x_ptr, ws_base, pid, 0, block_in, m, c0, cols, ZERO_COPY, CHUNK,
+                              MAX_PROGRAMS, WORLD)
+                acc = _get(ctx, src, _rank(group_ptr, 0), mask, VEC).to(ACC)
                 for i in tl.static_range(1, G):
-                    value = ctx.load(src, from_rank=_rank(group_ptr, i), mask=mask)
+                    src = _source(ctx, ws, heap_base, x_ptr, ws_base, pid, i, block_in, m, c0, cols, ZERO_COPY,
+                                  CHUNK, MAX_PROGRAMS, WORLD)
+                    value = _get(ctx, src, _rank(group_ptr, i), mask, VEC)
                     acc = _combine(acc, value.to(ACC), OP)
                 result = acc.to(out_ptr.dtype.element_ty)
                 tl.store(dst, result, mask=mask)
                 if VARIANT == 1:
-                    tl.store(ws2 + cols, result, mask=mask)  # two-shot: the owners' results
+                    tl.store(_vec(ws2 + cols, VEC), result, mask=mask)  # two-shot: the owners' results
         elif KIND == 1 or KIND == 3:  # ALL_GATHER, ALL_TO_ALL
             for i in tl.static_range(G):
-                value = ctx.load(src, from_rank=_rank(group_ptr, i), mask=mask)
-                tl.store(dst + i * m, value, mask=mask)
+                src = _source(ctx, ws, heap_base, x_ptr, ws_base, pid, i, block_in, m, c0, cols, ZERO_COPY, CHUNK,
+                              MAX_PROGRAMS, WORLD)
+                value = _get(ctx, src, _rank(group_ptr, i), mask, VEC)
+                tl.store(_vec(dst + i * m, VEC), value, mask=mask)
         else:  # PPERMUTE, BROADCAST
             if source >= 0:
-                value = ctx.load(src, from_rank=_rank(group_ptr, source), mask=mask)
+                src = _source(ctx, ws, heap_base, x_ptr, ws_base, pid, source, block_in, m, c0, cols, ZERO_COPY,
+                              CHUNK, MAX_PROGRAMS, WORLD)
+                value = _get(ctx, src, _rank(group_ptr, source), mask, VEC)
             else:
                 value = tl.zeros([BLOCK], out_ptr.dtype.element_ty)
             tl.store(dst, value, mask=mask)
@@ -269,7 +327,7 @@ def _pull(ctx, group_ptr, out_ptr, ws, ws2, m, c0, width, tiles, pid, programs, 
 
 @triton.jit
 def _two_shot_gather(ctx, group_ptr, out_ptr, ws2, c0, width, tiles, pid, programs, me, G: tl.constexpr,
-                     BLOCK: tl.constexpr):
+                     BLOCK: tl.constexpr, VEC: tl.constexpr):
     """Two-shot, second half: every tile I do not own comes from its owner's `ws2`."""
     lanes = tl.arange(0, BLOCK)
     for t in range(pid, tiles, programs):
@@ -277,8 +335,8 @@ def _two_shot_gather(ctx, group_ptr, out_ptr, ws2, c0, width, tiles, pid, progra
         if owner != me:
             cols = t * BLOCK + lanes
             mask = cols < width
-            value = ctx.load(ws2 + cols, from_rank=_rank(group_ptr, owner), mask=mask)
-            tl.store(out_ptr + (c0 + cols).to(tl.int64), value, mask=mask)
+            value = _get(ctx, ws2 + cols, _rank(group_ptr, owner), mask, VEC)
+            tl.store(_vec(out_ptr + (c0 + cols).to(tl.int64), VEC), value, mask=mask)
 
 
 @triton.jit
@@ -288,15 +346,26 @@ def collective_kernel(context_ptr, group_ptr, x_ptr, m, out_ptr,
                       ACC: tl.constexpr, BLOCK: tl.constexpr, CHUNK: tl.constexpr, DATA: tl.constexpr,
                       DATA2: tl.constexpr, DATA_BYTES: tl.constexpr,
                       MAX_PROGRAMS: tl.constexpr, TIMEOUT_NS: tl.constexpr, WHAT: tl.constexpr,
+                      ZERO_COPY: tl.constexpr = False, HEAP_BYTES: tl.constexpr = 0, VEC: tl.constexpr = 1,
                       TRACING: tl.constexpr = False):
     """See the module docstring. `m` is the column count; SOURCES[i] is member i's source
-    (PPERMUTE/BROADCAST; -1: none, output zeros). With TRACING, each chunk's exchange is a
+    (PPERMUTE/BROADCAST; -1: none, output zeros); VEC > 1: m is a multiple of VEC, the
+    elements of 16 bytes (tiles are then accessed in 16-byte vectors). With TRACING, each chunk's exchange is a
     `transfer` span (pid_m: the chunk) holding `wait` spans and the Context's own RMA events."""
     ctx = Context.initialize(context_ptr, WORLD, tracing=TRACING)
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
     me = tl.load(group_ptr)
-    ws_base = tl.load(ctx.heap_bases + ctx.rank) + _workspace_offset(group_ptr, G)
+    m = m // VEC * VEC  # m is a multiple of VEC: said so the compiler knows (tl.multiple_of does not reach masks)
+    heap_base = tl.load(ctx.heap_bases + ctx.rank)
+    ws_base = heap_base + _workspace_offset(group_ptr, G)
+    in_place = False
+    if ZERO_COPY:  # is my whole input on my heap?
+        x_at = tl.cast(x_ptr, tl.uint64)
+        x_end = x_at + (XB * m).to(tl.uint64) * (x_ptr.dtype.element_ty.primitive_bitwidth // 8)
+        in_place = (x_at >= heap_base) & (x_end <= heap_base + HEAP_BYTES)
+        _publish(ctx, group_ptr, ws_base, pid, me, tl.where(in_place, (x_at - heap_base).to(tl.int64), -1), G,
+                 MAX_PROGRAMS, WORLD)
     # The epoch lives in a register for the whole call: re-reading it through the (incoherent)
     # L1 in a later chunk could give threads of one program different epochs.
     epoch_ptr = tl.cast(ws_base + pid * LINE, tl.pointer_type(tl.int64))
@@ -309,6 +378,7 @@ def collective_kernel(context_ptr, group_ptr, x_ptr, m, out_ptr,
         block_in = me
     for c0 in range(0, m, CHUNK):
         width = tl.minimum(m - c0, CHUNK)
+        width = width // VEC * VEC  # the same: masks then hold for whole vectors
         tiles = tl.cdiv(width, BLOCK)
         epoch += 1
         stamp = epoch * STEPS  # flag values: STEPS slots per call, one per round trip
@@ -321,19 +391,24 @@ def collective_kernel(context_ptr, group_ptr, x_ptr, m, out_ptr,
             _all_reduce_push(ctx, group_ptr, x_ptr, out_ptr, ws, locks, ws_base, c0, m, width, tiles, pid, programs,
                              me, stamp, VARIANT == 3, G, ACC, BLOCK, MAX_PROGRAMS, WORLD, TIMEOUT_NS, WHAT)
         else:
-            _stage(x_ptr, ws, m, c0, width, tiles, pid, programs, XB, CHUNK, BLOCK)
+            if not in_place:
+                _stage(x_ptr, ws, m, c0, width, tiles, pid, programs, XB, CHUNK, BLOCK, VEC)
             _signal(ctx, group_ptr, ws_base, pid, me, stamp, G, MAX_PROGRAMS, WORLD)
             if KIND == 0 and VARIANT == 4:
                 _all_reduce_ring(ctx, group_ptr, out_ptr, ws, ws2, ws_base, c0, width, tiles, pid, programs, me,
                                  stamp, OP, G, ACC, BLOCK, MAX_PROGRAMS, WORLD, TIMEOUT_NS, WHAT)
             else:
                 _wait(ctx, group_ptr, ws_base, pid, me, stamp, G, MAX_PROGRAMS, WORLD, TIMEOUT_NS, WHAT)
-                _pull(ctx, group_ptr, out_ptr, ws, ws2, m, c0, width, tiles, pid, programs, me, block_in, source,
-                      KIND, OP, VARIANT, G, ACC, BLOCK, CHUNK)
+                _pull(ctx, group_ptr, x_ptr, out_ptr, ws, ws2, heap_base, ws_base, m, c0, width, tiles, pid, programs,
+                      me, block_in, source, KIND, OP, VARIANT, G, ACC, BLOCK, CHUNK, ZERO_COPY, MAX_PROGRAMS, WORLD,
+                      VEC)
                 if KIND == 0 and VARIANT == 1:
                     _signal(ctx, group_ptr, ws_base, pid, me, stamp + 1, G, MAX_PROGRAMS, WORLD)
                     _wait(ctx, group_ptr, ws_base, pid, me, stamp + 1, G, MAX_PROGRAMS, WORLD, TIMEOUT_NS, WHAT)
-                    _two_shot_gather(ctx, group_ptr, out_ptr, ws2, c0, width, tiles, pid, programs, me, G, BLOCK)
+                    _two_shot_gather(ctx, group_ptr, out_ptr, ws2, c0, width, tiles, pid, programs, me, G, BLOCK, VEC)
         ctx.tracing.record_event_end(transfer)
+    if ZERO_COPY:  # nobody returns (and lets its input change) while a member may still read it
+        _signal(ctx, group_ptr, ws_base, pid, me, epoch * STEPS + DONE, G, MAX_PROGRAMS, WORLD)
+        _wait(ctx, group_ptr, ws_base, pid, me, epoch * STEPS + DONE, G, MAX_PROGRAMS, WORLD, TIMEOUT_NS, WHAT)
     tl.debug_barrier()  # every thread is done with the epoch before it is published locally
     tl.store(epoch_ptr, epoch)

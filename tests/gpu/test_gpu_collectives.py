@@ -106,3 +106,23 @@ def test_ten_thousand_back_to_back(mesh):
     expected = mean[None, :] - np.arange(W).mean() + np.arange(W)[:, None]
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-2)
     assert rt.heap.used == used
+
+
+@pytest.mark.parametrize("n", [(1 << 22) + 3, 1 << 24])
+def test_heap_inputs_are_read_in_place(mesh, n):
+    """Inputs of >= ZERO_COPY_FROM_BYTES already on the heap: no staging, peers read them."""
+    import jax.numpy as jnp
+    from jax import lax
+    from jax.sharding import PartitionSpec as P
+
+    import iris_jax
+    from iris_jax import collectives as C
+    from tests.gpu.cases import collective_cases
+
+    x = iris_jax.to_heap(_input(mesh, n, jnp.float32, seed=n))
+    assert n * 4 >= C.ZERO_COPY_FROM_BYTES and iris_jax.is_symmetric(x)
+    cases = [(f"psum {v}", lambda v_, v=v: iris_jax.all_reduce(v_, "i", variant=v), lambda v_: lax.psum(v_, "i"), P())
+             for v in VARIANTS]
+    for name, iris_fn, lax_fn, spec in cases + collective_cases(n, mesh.size):
+        got, want = _pair(mesh, iris_fn, lax_fn, x, spec)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=name)

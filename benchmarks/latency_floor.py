@@ -1,0 +1,103 @@
+"""Where a small collective's time goes: the per-call floor of each layer, in one run.
+
+    python benchmarks/latency_floor.py [--bytes 1024] [--out DIR]
+
+Times, by the method of benchmarks/collectives.py (K data-dependent calls in one jit, each
+followed by the same elementwise op), per call:
+
+    elementwise only             the method's own floor (one XLA fusion per call)
+    jax_triton copy kernel       + one plain Triton custom call
+    iris copy kernel             + the device's context row (selected in-graph)
+    iris copy kernel + group     + the group row (what every iris collective receives)
+    iris psum / lax.psum         the collectives themselves
+
+and writes the optimized HLO of the iris psum chain (K = 2) to DIR/psum_chain.hlo.txt, to
+count what runs per call. GPUs only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import triton
+import triton.language as tl
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from collectives import _time_per_call  # noqa: E402
+
+
+@triton.jit
+def copy_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=offs < n), mask=offs < n)
+
+
+@triton.jit
+def context_copy_kernel(context_ptr, x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    copy_kernel(x_ptr, out_ptr, n, BLOCK)
+
+
+@triton.jit
+def group_copy_kernel(context_ptr, group_ptr, x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    copy_kernel(x_ptr, out_ptr, n, BLOCK)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bytes", type=int, default=1024)
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "out"))
+    opts = parser.parse_args()
+    import jax
+    import jax.numpy as jnp
+    import jax_triton as jt
+    from jax import lax
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    import iris_jax
+
+    if not any(d.platform == "gpu" for d in jax.devices()):
+        sys.exit("latency_floor.py needs GPUs")
+    rt = iris_jax.init()
+    W = len(rt.devices)
+    mesh = jax.make_mesh((W,), ("i",), devices=rt.devices)
+    n = opts.bytes // 4
+    x = jax.device_put(jax.random.normal(jax.random.key(0), (W * n,), jnp.float32), NamedSharding(mesh, P("i")))
+    block = triton.next_power_of_2(n)
+
+    def jt_copy(v):
+        return jt.triton_call(v, n, kernel=copy_kernel, out_shape=v, grid=(1,), BLOCK=block)
+
+    def iris_copy(v):
+        return iris_jax.triton_call(v, n, kernel=context_copy_kernel, out_shape=v, grid=(1,), BLOCK=block)
+
+    def iris_group_copy(v):
+        return iris_jax.triton_call(v, n, kernel=group_copy_kernel, out_shape=v, grid=(1,), group_axes=("i",),
+                                    BLOCK=block)
+
+    cases = [("elementwise only", lambda v: v), ("jax_triton copy kernel", jt_copy),
+             ("iris copy kernel (context row)", iris_copy), ("iris copy kernel + group row", iris_group_copy),
+             ("iris psum", lambda v: iris_jax.psum(v, "i")), ("lax.psum", lambda v: lax.psum(v, "i"))]
+    print(f"| layer ({opts.bytes} B float32 per device, {W} GPUs) | us per call |\n|---|---|")
+    for name, fn in cases:
+        us = _time_per_call(fn, x, mesh, n, jnp.dtype(jnp.float32), jax, jnp, P) * 1e6
+        print(f"| {name} | {us:.1f} |", flush=True)
+
+    def chain(v):
+        for _ in range(2):
+            v = iris_jax.psum(v, "i") * 0.5
+        return v
+
+    compiled = jax.jit(jax.shard_map(chain, mesh=mesh, in_specs=P("i"), out_specs=P("i"), check_vma=False)).lower(
+        x).compile()
+    os.makedirs(opts.out, exist_ok=True)
+    with open(os.path.join(opts.out, "psum_chain.hlo.txt"), "w") as f:
+        f.write(compiled.as_text())
+
+
+if __name__ == "__main__":
+    main()
