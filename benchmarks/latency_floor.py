@@ -30,20 +30,21 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from collectives import _time_per_call  # noqa: E402
 
 
+# (jax-triton passes the outputs after the arguments)
 @triton.jit
-def copy_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+def copy_kernel(x_ptr, n, out_ptr, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=offs < n), mask=offs < n)
 
 
 @triton.jit
-def context_copy_kernel(context_ptr, x_ptr, out_ptr, n, BLOCK: tl.constexpr):
-    copy_kernel(x_ptr, out_ptr, n, BLOCK)
+def context_copy_kernel(context_ptr, x_ptr, n, out_ptr, BLOCK: tl.constexpr):
+    copy_kernel(x_ptr, n, out_ptr, BLOCK)
 
 
 @triton.jit
-def group_copy_kernel(context_ptr, group_ptr, x_ptr, out_ptr, n, BLOCK: tl.constexpr):
-    copy_kernel(x_ptr, out_ptr, n, BLOCK)
+def group_copy_kernel(context_ptr, group_ptr, x_ptr, n, out_ptr, BLOCK: tl.constexpr):
+    copy_kernel(x_ptr, n, out_ptr, BLOCK)
 
 
 def main():

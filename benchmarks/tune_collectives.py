@@ -22,7 +22,7 @@ os.environ.setdefault("IRIS_COLLECTIVE_TIMEOUT", "10")
 from collectives import _ops, _time_per_call, parse_size  # noqa: E402
 
 # (elements per tile, programs per SM, warps), the current default first
-CONFIGS = [(2048, 1, 8), (8192, 1, 8), (8192, 1, 16), (16384, 1, 16), (2048, 2, 8), (4096, 2, 8), (8192, 2, 8)]
+CONFIGS = [(2048, 1, 8), (4096, 1, 8), (8192, 1, 8), (8192, 1, 16), (16384, 1, 16), (2048, 2, 8), (4096, 2, 8), (8192, 2, 8)]
 
 
 def main():

@@ -77,9 +77,15 @@ class FusedWorkspace:
         self.comm_programs = 1 if self.simulated else 8  # all_gather_matmul's pushing programs
 
     def config(self, dtype):
-        """(BM, BN, BK, GROUP_M, PREC, num_warps, num_stages) for `dtype`."""
+        """(BM, BN, BK, GROUP_M, PREC, num_warps, num_stages) for `dtype`. For tuning
+        (benchmarks/tune_gemm.py), IRIS_GEMM_CONFIG="BM,BN,BK,GROUP_M,warps,stages" overrides
+        the 16-bit configuration on GPUs."""
         if self.simulated:
             return 16, 16, 16, 2, "ieee", 4, 1
+        override = os.environ.get("IRIS_GEMM_CONFIG")
+        if override and jnp.dtype(dtype) != jnp.dtype(jnp.float32):
+            BM, BN, BK, GROUP_M, warps, stages = (int(v) for v in override.split(","))
+            return BM, BN, BK, GROUP_M, "tf32", warps, stages
         if jnp.dtype(dtype) == jnp.dtype(jnp.float32):
             return 128, 128, 32, 8, "ieee", 8, 3
         return 128, 128, 64, 8, "tf32", 8, 3

@@ -43,3 +43,6 @@ group=probe  # quick looks while tuning
 step collectives_quick 200 python3 benchmarks/collectives.py --out "$OUT" --sizes 1K,64K,1M,16M,256M \
   --ops psum,psum:heap,all_gather,ppermute
 step floor 120 python3 benchmarks/latency_floor.py --out "$OUT"
+step tune_collectives 260 python3 benchmarks/tune_collectives.py --cases psum:256M,psum:16M,ppermute:64M,psum:64K \
+  --out "$OUT"
+step tune_gemm 200 python3 benchmarks/tune_gemm.py
