@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from iris_core.platform import gpus_present  # noqa: E402
 
 SIZES = "1K,4K,16K,64K,256K,1M,4M,16M,64M,256M,1G"
-OPS = "psum,psum:one_shot,psum:two_shot,psum:heap,all_gather,psum_scatter,all_to_all,ppermute,broadcast"
+OPS = "psum,psum:two_shot,psum:heap,all_gather,psum_scatter,all_to_all,ppermute,broadcast"
 
 
 def parse_size(s: str) -> int:

@@ -40,8 +40,9 @@ TWO_SHOT_FROM_BYTES = 1 << 62
 # changes while a peer still reads it), also when its input was staged: at 16 MiB staging
 # costs ~8 us of HBM time per call and the round ~2 us (to be confirmed on the GPU machine).
 ZERO_COPY_FROM_BYTES = 16 << 20
-# GPU launch configuration (see launch_config)
-DEFAULT_BLOCK, DEFAULT_PROGRAMS_PER_SM, DEFAULT_WARPS = 2048, 1, 8
+# GPU launch configuration (see launch_config): the best geometric mean of 8 configurations
+# over psum 64 KiB/16 MiB/256 MiB and ppermute 64 MiB (benchmarks/tune_collectives.py, RESULTS run 13)
+DEFAULT_BLOCK, DEFAULT_PROGRAMS_PER_SM, DEFAULT_WARPS = 8192, 1, 8
 
 
 def _axes(axis_name) -> tuple[str, ...]:

@@ -88,7 +88,8 @@ class FusedWorkspace:
             return BM, BN, BK, GROUP_M, "tf32", warps, stages
         if jnp.dtype(dtype) == jnp.dtype(jnp.float32):
             return 128, 128, 32, 8, "ieee", 8, 3
-        return 128, 128, 64, 8, "tf32", 8, 3
+        # 16-bit: 128 x 256 tiles measured best of 7 on H200 (benchmarks/tune_gemm.py, RESULTS run 13)
+        return 128, 256, 64, 8, "tf32", 8, 3
 
 
 def workspace() -> FusedWorkspace:

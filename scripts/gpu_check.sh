@@ -32,6 +32,7 @@ step gpu_jax 120 $t tests/gpu/test_gpu_jax.py
 step gpu_multi 200 $t tests/gpu/test_gpu_multiprocess.py
 step gpu_tracing 150 $t tests/gpu/test_gpu_tracing.py
 step gpu_collectives 220 $t tests/gpu/test_gpu_collectives.py
+step gpu_tiles 120 $t tests/gpu/test_gpu_tiles.py
 step gpu_fused 150 $t tests/gpu/test_gpu_fused.py
 step gpu_examples 240 $t tests/gpu/test_gpu_examples.py
 group=bench

@@ -17,7 +17,10 @@ waits for their signals, then reads what it needs from the peers' workspaces (pu
 Inputs are viewed as [XB, m] and outputs as [OB, m]. Program k owns the column tiles
 j = k, k + P, ... of every block, both when staging and when reading, and waits only for
 program k of its peers: correct with every program resident (GPU) and with programs run
-one after another (the simulator). Columns are processed in chunks that fit the workspace.
+one after another (the simulator). Columns are processed in chunks that fit the workspace;
+the pulling kinds (all but two-shot, ring, atomic and spinlock all-reduce) stage chunk c + 1
+in the same tile loop that pulls chunk c (_pipelined_pulls), so the local copy overlaps the
+reads over the link.
 
 Zero-copy (ZERO_COPY, large arrays; not ring/atomic/spinlock): a rank whose input lies on
 its heap skips staging and publishes the input's heap offset to every member (word 1 of its
@@ -269,16 +272,22 @@ def _all_reduce_ring(ctx, group_ptr, out_ptr, ws, ws2, ws_base, c0, width, tiles
 
 
 @triton.jit
+def _stage_tile(x_ptr, ws, m, c0, width, t, XB: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
+                VEC: tl.constexpr):
+    """Copies tile t of my columns [c0, c0 + width) of every input block into my workspace."""
+    cols = t * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < width
+    for b in tl.static_range(XB):
+        value = tl.load(_vec(x_ptr + (b * m + c0 + cols).to(tl.int64), VEC), mask=mask)
+        tl.store(_vec(ws + b * CHUNK + cols, VEC), value, mask=mask)
+
+
+@triton.jit
 def _stage(x_ptr, ws, m, c0, width, tiles, pid, programs, XB: tl.constexpr, CHUNK: tl.constexpr,
            BLOCK: tl.constexpr, VEC: tl.constexpr):
     """Copies my columns [c0, c0 + width) of every input block into my workspace."""
-    lanes = tl.arange(0, BLOCK)
     for t in range(pid, tiles, programs):
-        cols = t * BLOCK + lanes
-        mask = cols < width
-        for b in tl.static_range(XB):
-            value = tl.load(_vec(x_ptr + (b * m + c0 + cols).to(tl.int64), VEC), mask=mask)
-            tl.store(_vec(ws + b * CHUNK + cols, VEC), value, mask=mask)
+        _stage_tile(x_ptr, ws, m, c0, width, t, XB, CHUNK, BLOCK, VEC)
 
 
 @triton.jit
@@ -287,42 +296,52 @@ def _pull(ctx, group_ptr, x_ptr, out_ptr, ws, ws2, heap_base, ws_base, m, c0, wi
           ACC: tl.constexpr, BLOCK: tl.constexpr, CHUNK: tl.constexpr, ZERO_COPY: tl.constexpr,
           MAX_PROGRAMS: tl.constexpr, WORLD: tl.constexpr, VEC: tl.constexpr):
     """Reads what this rank needs from the members' inputs (table in the module doc)."""
-    lanes = tl.arange(0, BLOCK)
     for t in range(pid, tiles, programs):
-        cols = t * BLOCK + lanes
-        mask = cols < width
-        dst = _vec(out_ptr + (c0 + cols).to(tl.int64), VEC)
-        if KIND == 0 or KIND == 2:  # ALL_REDUCE (one-shot; two-shot: owned tiles), REDUCE_SCATTER
-            mine = t % G == me
-            if VARIANT != 1 or KIND == 2:
-                mine = t >= 0
-            if mine:
-                src = _source(ctx, ws, heap_base, x_ptr, ws_base, pid, 0, block_in, m, c0, cols, ZERO_COPY, CHUNK,
-                              MAX_PROGRAMS, WORLD)
-                acc = _get(ctx, src, _rank(group_ptr, 0), mask, VEC).to(ACC)
-                for i in tl.static_range(1, G):
-                    src = _source(ctx, ws, heap_base, x_ptr, ws_base, pid, i, block_in, m, c0, cols, ZERO_COPY,
-                                  CHUNK, MAX_PROGRAMS, WORLD)
-                    value = _get(ctx, src, _rank(group_ptr, i), mask, VEC)
-                    acc = _combine(acc, value.to(ACC), OP)
-                result = acc.to(out_ptr.dtype.element_ty)
-                tl.store(dst, result, mask=mask)
-                if VARIANT == 1:
-                    tl.store(_vec(ws2 + cols, VEC), result, mask=mask)  # two-shot: the owners' results
-        elif KIND == 1 or KIND == 3:  # ALL_GATHER, ALL_TO_ALL
-            for i in tl.static_range(G):
-                src = _source(ctx, ws, heap_base, x_ptr, ws_base, pid, i, block_in, m, c0, cols, ZERO_COPY, CHUNK,
-                              MAX_PROGRAMS, WORLD)
-                value = _get(ctx, src, _rank(group_ptr, i), mask, VEC)
-                tl.store(_vec(dst + i * m, VEC), value, mask=mask)
-        else:  # PPERMUTE, BROADCAST
-            if source >= 0:
-                src = _source(ctx, ws, heap_base, x_ptr, ws_base, pid, source, block_in, m, c0, cols, ZERO_COPY,
+        _pull_tile(ctx, group_ptr, x_ptr, out_ptr, ws, ws2, heap_base, ws_base, m, c0, width, t, pid, me, block_in,
+                   source, KIND, OP, VARIANT, G, ACC, BLOCK, CHUNK, ZERO_COPY, MAX_PROGRAMS, WORLD, VEC)
+
+
+@triton.jit
+def _pull_tile(ctx, group_ptr, x_ptr, out_ptr, ws, ws2, heap_base, ws_base, m, c0, width, t, pid, me, block_in,
+               source, KIND: tl.constexpr, OP: tl.constexpr, VARIANT: tl.constexpr, G: tl.constexpr,
+               ACC: tl.constexpr, BLOCK: tl.constexpr, CHUNK: tl.constexpr, ZERO_COPY: tl.constexpr,
+               MAX_PROGRAMS: tl.constexpr, WORLD: tl.constexpr, VEC: tl.constexpr):
+    """_pull's work on tile t."""
+    lanes = tl.arange(0, BLOCK)
+    cols = t * BLOCK + lanes
+    mask = cols < width
+    dst = _vec(out_ptr + (c0 + cols).to(tl.int64), VEC)
+    if KIND == 0 or KIND == 2:  # ALL_REDUCE (one-shot; two-shot: owned tiles), REDUCE_SCATTER
+        mine = t % G == me
+        if VARIANT != 1 or KIND == 2:
+            mine = t >= 0
+        if mine:
+            src = _source(ctx, ws, heap_base, x_ptr, ws_base, pid, 0, block_in, m, c0, cols, ZERO_COPY, CHUNK,
+                          MAX_PROGRAMS, WORLD)
+            acc = _get(ctx, src, _rank(group_ptr, 0), mask, VEC).to(ACC)
+            for i in tl.static_range(1, G):
+                src = _source(ctx, ws, heap_base, x_ptr, ws_base, pid, i, block_in, m, c0, cols, ZERO_COPY,
                               CHUNK, MAX_PROGRAMS, WORLD)
-                value = _get(ctx, src, _rank(group_ptr, source), mask, VEC)
-            else:
-                value = tl.zeros([BLOCK], out_ptr.dtype.element_ty)
-            tl.store(dst, value, mask=mask)
+                value = _get(ctx, src, _rank(group_ptr, i), mask, VEC)
+                acc = _combine(acc, value.to(ACC), OP)
+            result = acc.to(out_ptr.dtype.element_ty)
+            tl.store(dst, result, mask=mask)
+            if VARIANT == 1:
+                tl.store(_vec(ws2 + cols, VEC), result, mask=mask)  # two-shot: the owners' results
+    elif KIND == 1 or KIND == 3:  # ALL_GATHER, ALL_TO_ALL
+        for i in tl.static_range(G):
+            src = _source(ctx, ws, heap_base, x_ptr, ws_base, pid, i, block_in, m, c0, cols, ZERO_COPY, CHUNK,
+                          MAX_PROGRAMS, WORLD)
+            value = _get(ctx, src, _rank(group_ptr, i), mask, VEC)
+            tl.store(_vec(dst + i * m, VEC), value, mask=mask)
+    else:  # PPERMUTE, BROADCAST
+        if source >= 0:
+            src = _source(ctx, ws, heap_base, x_ptr, ws_base, pid, source, block_in, m, c0, cols, ZERO_COPY,
+                          CHUNK, MAX_PROGRAMS, WORLD)
+            value = _get(ctx, src, _rank(group_ptr, source), mask, VEC)
+        else:
+            value = tl.zeros([BLOCK], out_ptr.dtype.element_ty)
+        tl.store(dst, value, mask=mask)
 
 
 @triton.jit
@@ -337,6 +356,61 @@ def _two_shot_gather(ctx, group_ptr, out_ptr, ws2, c0, width, tiles, pid, progra
             mask = cols < width
             value = _get(ctx, ws2 + cols, _rank(group_ptr, owner), mask, VEC)
             tl.store(_vec(out_ptr + (c0 + cols).to(tl.int64), VEC), value, mask=mask)
+
+
+@triton.jit
+def _width(m, c0, CHUNK: tl.constexpr, VEC: tl.constexpr):
+    """Columns of the chunk at c0 (a multiple of VEC, said so that masks hold for whole vectors)."""
+    return tl.minimum(m - c0, CHUNK) // VEC * VEC
+
+
+@triton.jit
+def _buffer(ws_base, epoch, OFFSET: tl.constexpr, DATA_BYTES: tl.constexpr, ptr_type: tl.constexpr):
+    """The data (OFFSET = DATA) or data2 buffer of `epoch`'s parity."""
+    return tl.cast(ws_base + OFFSET + (epoch % 2).to(tl.uint64) * DATA_BYTES, ptr_type)
+
+
+@triton.jit
+def _pipelined_pulls(ctx, group_ptr, x_ptr, out_ptr, heap_base, ws_base, m, pid, programs, me, epoch, in_place,
+                     block_in, source, KIND: tl.constexpr, OP: tl.constexpr, G: tl.constexpr, XB: tl.constexpr,
+                     ACC: tl.constexpr, BLOCK: tl.constexpr, CHUNK: tl.constexpr, DATA: tl.constexpr,
+                     DATA_BYTES: tl.constexpr, MAX_PROGRAMS: tl.constexpr, WORLD: tl.constexpr,
+                     TIMEOUT_NS: tl.constexpr, WHAT: tl.constexpr, ZERO_COPY: tl.constexpr, VEC: tl.constexpr):
+    """The pulling kinds (one-shot all-reduce and all but the all-reduce variants), chunk c at
+    epoch + 1 + c, with chunk c + 1 staged in the same tile loop that pulls chunk c, so local
+    copying overlaps the reads over the link. Chunk c + 1 is announced (its stamp) only after
+    chunk c was pulled: a member's flag for chunk c + 1 therefore also says that it is done
+    with chunk c - 1, whose buffer (same parity) chunk c + 2 is staged into. Returns the last
+    chunk's epoch."""
+    chunks = tl.cdiv(m, CHUNK)
+    transfer = ctx.tracing.record_event_start(EVENT_TRANSFER, ctx.rank, None, 0, 0)  # chunk 0's span: from staging
+    if not in_place:
+        _stage(x_ptr, _buffer(ws_base, epoch + 1, DATA, DATA_BYTES, x_ptr.dtype), m, 0, _width(m, 0, CHUNK, VEC),
+               tl.cdiv(_width(m, 0, CHUNK, VEC), BLOCK), pid, programs, XB, CHUNK, BLOCK, VEC)
+    _signal(ctx, group_ptr, ws_base, pid, me, (epoch + 1) * STEPS, G, MAX_PROGRAMS, WORLD)
+    for c in range(0, chunks):
+        e = epoch + 1 + c
+        c0 = c * CHUNK
+        width = _width(m, c0, CHUNK, VEC)
+        tiles = tl.cdiv(width, BLOCK)
+        more = c + 1 < chunks
+        next_width = tl.where(more, _width(m, tl.minimum(c0 + CHUNK, m), CHUNK, VEC), 0)
+        next_tiles = tl.where(in_place, 0, tl.cdiv(next_width, BLOCK))
+        ws = _buffer(ws_base, e, DATA, DATA_BYTES, x_ptr.dtype)
+        if c > 0:  # chunk c's span: its wait, its pull (alongside the staging of c + 1), the next signal
+            transfer = ctx.tracing.record_event_start(EVENT_TRANSFER, ctx.rank, None, c, 0)
+        _wait(ctx, group_ptr, ws_base, pid, me, e * STEPS, G, MAX_PROGRAMS, WORLD, TIMEOUT_NS, WHAT)
+        for t in range(pid, tl.maximum(tiles, next_tiles), programs):
+            if t < next_tiles:
+                _stage_tile(x_ptr, _buffer(ws_base, e + 1, DATA, DATA_BYTES, x_ptr.dtype), m, c0 + CHUNK, next_width,
+                            t, XB, CHUNK, BLOCK, VEC)
+            if t < tiles:
+                _pull_tile(ctx, group_ptr, x_ptr, out_ptr, ws, ws, heap_base, ws_base, m, c0, width, t, pid, me,
+                           block_in, source, KIND, OP, 0, G, ACC, BLOCK, CHUNK, ZERO_COPY, MAX_PROGRAMS, WORLD, VEC)
+        if more:
+            _signal(ctx, group_ptr, ws_base, pid, me, (e + 1) * STEPS, G, MAX_PROGRAMS, WORLD)
+        ctx.tracing.record_event_end(transfer)
+    return epoch + chunks
 
 
 @triton.jit
@@ -376,37 +450,41 @@ def collective_kernel(context_ptr, group_ptr, x_ptr, m, out_ptr,
     block_in = 0
     if XB > 1:
         block_in = me
-    for c0 in range(0, m, CHUNK):
-        width = tl.minimum(m - c0, CHUNK)
-        width = width // VEC * VEC  # the same: masks then hold for whole vectors
-        tiles = tl.cdiv(width, BLOCK)
-        epoch += 1
-        stamp = epoch * STEPS  # flag values: STEPS slots per call, one per round trip
-        parity = (epoch % 2).to(tl.uint64)
-        ws = tl.cast(ws_base + DATA + parity * DATA_BYTES, x_ptr.dtype)
-        ws2 = tl.cast(ws_base + DATA2 + parity * DATA_BYTES, x_ptr.dtype)
-        transfer = ctx.tracing.record_event_start(EVENT_TRANSFER, ctx.rank, None, c0 // CHUNK, 0)
-        if KIND == 0 and (VARIANT == 2 or VARIANT == 3):  # atomic, spinlock
-            locks = tl.cast(ws_base + DATA2 + parity * DATA_BYTES, tl.pointer_type(tl.int32))
-            _all_reduce_push(ctx, group_ptr, x_ptr, out_ptr, ws, locks, ws_base, c0, m, width, tiles, pid, programs,
-                             me, stamp, VARIANT == 3, G, ACC, BLOCK, MAX_PROGRAMS, WORLD, TIMEOUT_NS, WHAT)
-        else:
-            if not in_place:
-                _stage(x_ptr, ws, m, c0, width, tiles, pid, programs, XB, CHUNK, BLOCK, VEC)
-            _signal(ctx, group_ptr, ws_base, pid, me, stamp, G, MAX_PROGRAMS, WORLD)
-            if KIND == 0 and VARIANT == 4:
-                _all_reduce_ring(ctx, group_ptr, out_ptr, ws, ws2, ws_base, c0, width, tiles, pid, programs, me,
-                                 stamp, OP, G, ACC, BLOCK, MAX_PROGRAMS, WORLD, TIMEOUT_NS, WHAT)
+    if KIND != 0 or VARIANT == 0:  # every kind that only pulls (incl. one-shot all-reduce)
+        epoch = _pipelined_pulls(ctx, group_ptr, x_ptr, out_ptr, heap_base, ws_base, m, pid, programs, me, epoch,
+                                 in_place, block_in, source, KIND, OP, G, XB, ACC, BLOCK, CHUNK, DATA, DATA_BYTES,
+                                 MAX_PROGRAMS, WORLD, TIMEOUT_NS, WHAT, ZERO_COPY, VEC)
+    else:  # two-shot, atomic, spinlock, ring: one chunk after the other
+        for c0 in range(0, m, CHUNK):
+            width = _width(m, c0, CHUNK, VEC)
+            tiles = tl.cdiv(width, BLOCK)
+            epoch += 1
+            stamp = epoch * STEPS  # flag values: STEPS slots per chunk, one per round trip
+            ws = _buffer(ws_base, epoch, DATA, DATA_BYTES, x_ptr.dtype)
+            ws2 = _buffer(ws_base, epoch, DATA2, DATA_BYTES, x_ptr.dtype)
+            transfer = ctx.tracing.record_event_start(EVENT_TRANSFER, ctx.rank, None, c0 // CHUNK, 0)
+            if VARIANT == 2 or VARIANT == 3:  # atomic, spinlock
+                locks = _buffer(ws_base, epoch, DATA2, DATA_BYTES, tl.pointer_type(tl.int32))
+                _all_reduce_push(ctx, group_ptr, x_ptr, out_ptr, ws, locks, ws_base, c0, m, width, tiles, pid,
+                                 programs, me, stamp, VARIANT == 3, G, ACC, BLOCK, MAX_PROGRAMS, WORLD, TIMEOUT_NS,
+                                 WHAT)
             else:
-                _wait(ctx, group_ptr, ws_base, pid, me, stamp, G, MAX_PROGRAMS, WORLD, TIMEOUT_NS, WHAT)
-                _pull(ctx, group_ptr, x_ptr, out_ptr, ws, ws2, heap_base, ws_base, m, c0, width, tiles, pid, programs,
-                      me, block_in, source, KIND, OP, VARIANT, G, ACC, BLOCK, CHUNK, ZERO_COPY, MAX_PROGRAMS, WORLD,
-                      VEC)
-                if KIND == 0 and VARIANT == 1:
+                if not in_place:
+                    _stage(x_ptr, ws, m, c0, width, tiles, pid, programs, XB, CHUNK, BLOCK, VEC)
+                _signal(ctx, group_ptr, ws_base, pid, me, stamp, G, MAX_PROGRAMS, WORLD)
+                if VARIANT == 4:
+                    _all_reduce_ring(ctx, group_ptr, out_ptr, ws, ws2, ws_base, c0, width, tiles, pid, programs, me,
+                                     stamp, OP, G, ACC, BLOCK, MAX_PROGRAMS, WORLD, TIMEOUT_NS, WHAT)
+                else:  # two-shot: reduce the tiles I own, then gather the others' from their owners
+                    _wait(ctx, group_ptr, ws_base, pid, me, stamp, G, MAX_PROGRAMS, WORLD, TIMEOUT_NS, WHAT)
+                    _pull(ctx, group_ptr, x_ptr, out_ptr, ws, ws2, heap_base, ws_base, m, c0, width, tiles, pid,
+                          programs, me, block_in, source, KIND, OP, VARIANT, G, ACC, BLOCK, CHUNK, ZERO_COPY,
+                          MAX_PROGRAMS, WORLD, VEC)
                     _signal(ctx, group_ptr, ws_base, pid, me, stamp + 1, G, MAX_PROGRAMS, WORLD)
                     _wait(ctx, group_ptr, ws_base, pid, me, stamp + 1, G, MAX_PROGRAMS, WORLD, TIMEOUT_NS, WHAT)
-                    _two_shot_gather(ctx, group_ptr, out_ptr, ws2, c0, width, tiles, pid, programs, me, G, BLOCK, VEC)
-        ctx.tracing.record_event_end(transfer)
+                    _two_shot_gather(ctx, group_ptr, out_ptr, ws2, c0, width, tiles, pid, programs, me, G, BLOCK,
+                                     VEC)
+            ctx.tracing.record_event_end(transfer)
     if ZERO_COPY:  # nobody returns (and lets its input change) while a member may still read it
         _signal(ctx, group_ptr, ws_base, pid, me, epoch * STEPS + DONE, G, MAX_PROGRAMS, WORLD)
         _wait(ctx, group_ptr, ws_base, pid, me, epoch * STEPS + DONE, G, MAX_PROGRAMS, WORLD, TIMEOUT_NS, WHAT)

@@ -6,10 +6,18 @@ heap with one entry per tile (tile id = pid_m * tiles_n + pid_n); entries double
 ready flags: a producer sets its entry to 1 after writing its tile, consumers wait for it.
 Flags are single-use: reset them (e.g. zero the array) before the next round.
 Completion on *other* ranks needs a barrier (or flags) before their data is read.
+
+Waits (for a flag, for a lock) give up after TIMEOUT_NS with peer_timeout, naming the rank.
+Peers' data is read with plain loads after the flag's acquire and a CTA barrier (`.cg` loads
+of peer memory ran at a quarter of the bandwidth, benchmarks/rma.py).
 """
 
 import triton
 import triton.language as tl
+
+from iris_core.device.nvidia import global_timer, peer_timeout
+
+TIMEOUT_NS: tl.constexpr = tl.constexpr(60 * 10**9)
 
 
 @triton.jit
@@ -20,8 +28,22 @@ def tile_id(tile, view):
 
 @triton.jit
 def _wait_flag(ctx, flag_ptr, rank, value):
+    """Spins until `rank`'s flag reaches `value` (acquire), then a CTA barrier: every thread's
+    later reads see what the flag's writer wrote before raising it."""
+    start = global_timer()
     while ctx.atomic_add(flag_ptr, 0, to_rank=rank, sem="acquire", scope="sys") < value:
-        pass
+        if global_timer() - start > TIMEOUT_NS:
+            peer_timeout("tile collective (flag)", rank)
+    tl.debug_barrier()
+
+
+@triton.jit
+def _lock(ctx, lock, rank):
+    start = global_timer()
+    while ctx.atomic_cas(lock, 0, 1, to_rank=rank, sem="acquire", scope="sys") != 0:
+        if global_timer() - start > TIMEOUT_NS:
+            peer_timeout("tile collective (lock)", rank)
+    tl.debug_barrier()
 
 
 @triton.jit
@@ -38,10 +60,10 @@ def all_reduce_spinlock(ctx, tile, dst_view, locks):
     ptrs, mask = dst_view.tile_ptr(tile)
     lock = locks + tile_id(tile, dst_view)
     for r in range(ctx.world_size):
-        while ctx.atomic_cas(lock, 0, 1, to_rank=r, sem="acquire", scope="sys") != 0:
-            pass
-        current = ctx.load(ptrs, from_rank=r, mask=mask, cache_modifier=".cg")
+        _lock(ctx, lock, r)
+        current = ctx.load(ptrs, from_rank=r, mask=mask)
         ctx.store(ptrs, current + tile.data, to_rank=r, mask=mask)
+        tl.debug_barrier()  # every thread's store precedes the release
         ctx.atomic_xchg(lock, 0, to_rank=r, sem="release", scope="sys")
 
 
@@ -64,7 +86,7 @@ def _reduce_from_all(ctx, tile, src_view, locks, ptrs, mask):
         acc = tl.zeros_like(tile.data)
     for r in range(ctx.world_size):
         _wait_flag(ctx, lock, r, 1)
-        acc += ctx.load(ptrs, from_rank=r, mask=mask, cache_modifier=".cg")
+        acc += ctx.load(ptrs, from_rank=r, mask=mask)
     return acc.to(tile.data.dtype)
 
 

@@ -50,26 +50,30 @@ def test_tile_collective(sim_heap, W, op):
     world.run(_launch_op, heap.session, offsets, op, N, npr, shapes[0])
     got = world.run(_read, heap.session, offsets, shapes[0])
     xs = [np.arange(M * N, dtype=np.float32).reshape(M, N) * (r + 1) + r / 10 for r in range(W)]
-    total = sum(xs)
-    tiles_m, tiles_n = -(-M // BM), -(-N // BN)
-    per_rank = -(-(tiles_m * tiles_n) // W)
     for r in range(W):
-        if op in (K.ATOMIC, K.SPINLOCK, K.ONE_SHOT, K.TWO_SHOT):
-            np.testing.assert_allclose(got[r], total, rtol=1e-6)
-        elif op == K.REDUCE_SCATTER:
-            expected = np.full((M, N), -7.0, np.float32)
-            for t in range(tiles_m * tiles_n):
-                if t // per_rank == r:
-                    pm, pn = divmod(t, tiles_n)
-                    sl = np.s_[pm * BM:(pm + 1) * BM, pn * BN:(pn + 1) * BN]
-                    expected[sl] = total[sl]
-            np.testing.assert_allclose(got[r], expected, rtol=1e-6)
-        elif op == K.ALL_GATHER_ROWS:
-            np.testing.assert_allclose(got[r], np.concatenate(xs, axis=0), rtol=1e-6)
-        elif op == K.ALL_GATHER_COLS:
-            np.testing.assert_allclose(got[r], np.concatenate(xs, axis=1), rtol=1e-6)
-        elif op == K.GATHER:
-            np.testing.assert_allclose(got[r], xs[(r + 1) % W], rtol=1e-6)
-        else:
-            expected = np.concatenate([xs[j][:, r * npr:(r + 1) * npr] for j in range(W)], axis=1)
-            np.testing.assert_allclose(got[r], expected, rtol=1e-6)
+        np.testing.assert_allclose(got[r], expected(op, xs, r, BM, BN, npr), rtol=1e-6)
+
+
+def expected(op, xs, r, BM, BN, npr):
+    """Rank r's dst after `op` on the ranks' inputs `xs` (M x N each; -7: untouched)."""
+    W, (M, N) = len(xs), xs[0].shape
+    total = sum(xs)
+    if op in (K.ATOMIC, K.SPINLOCK, K.ONE_SHOT, K.TWO_SHOT):
+        return total
+    if op == K.REDUCE_SCATTER:
+        tiles_m, tiles_n = -(-M // BM), -(-N // BN)
+        per_rank = -(-(tiles_m * tiles_n) // W)
+        result = np.full((M, N), -7.0, np.float32)
+        for t in range(tiles_m * tiles_n):
+            if t // per_rank == r:
+                pm, pn = divmod(t, tiles_n)
+                sl = np.s_[pm * BM:(pm + 1) * BM, pn * BN:(pn + 1) * BN]
+                result[sl] = total[sl]
+        return result
+    if op == K.ALL_GATHER_ROWS:
+        return np.concatenate(xs, axis=0)
+    if op == K.ALL_GATHER_COLS:
+        return np.concatenate(xs, axis=1)
+    if op == K.GATHER:
+        return xs[(r + 1) % W]
+    return np.concatenate([xs[j][:, r * npr:(r + 1) * npr] for j in range(W)], axis=1)
