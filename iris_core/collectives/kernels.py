@@ -60,10 +60,13 @@ def _combine(acc, value, OP: tl.constexpr):
 
 
 @triton.jit
-def _vec(ptrs, VEC: tl.constexpr):
-    """Tile pointers declared as runs of VEC elements that start on 16-byte boundaries, so
-    accesses become 16-byte vectors. True for every tile here when VEC > 1: bases are 16-byte
-    aligned and the column count is a multiple of VEC (see iris_jax.collectives._launch)."""
+def _vec(base, offsets, VEC: tl.constexpr):
+    """base + offsets (a tile), declared as runs of VEC elements that start on 16-byte
+    boundaries, so accesses become 16-byte vectors. True for every tile here when VEC > 1:
+    bases are 16-byte aligned and the column count is a multiple of VEC (see
+    iris_jax.collectives._launch). (The hint must sit where the pointers are computed: Triton
+    drops it on a function's argument.)"""
+    ptrs = base + offsets
     if VEC > 1:
         ptrs = tl.max_contiguous(tl.multiple_of(ptrs, 16), VEC)
     return ptrs
@@ -278,8 +281,8 @@ def _stage_tile(x_ptr, ws, m, c0, width, t, XB: tl.constexpr, CHUNK: tl.constexp
     cols = t * BLOCK + tl.arange(0, BLOCK)
     mask = cols < width
     for b in tl.static_range(XB):
-        value = tl.load(_vec(x_ptr + (b * m + c0 + cols).to(tl.int64), VEC), mask=mask)
-        tl.store(_vec(ws + b * CHUNK + cols, VEC), value, mask=mask)
+        value = tl.load(_vec(x_ptr, (b * m + c0 + cols).to(tl.int64), VEC), mask=mask)
+        tl.store(_vec(ws, b * CHUNK + cols, VEC), value, mask=mask)
 
 
 @triton.jit
@@ -310,7 +313,6 @@ def _pull_tile(ctx, group_ptr, x_ptr, out_ptr, ws, ws2, heap_base, ws_base, m, c
     lanes = tl.arange(0, BLOCK)
     cols = t * BLOCK + lanes
     mask = cols < width
-    dst = _vec(out_ptr + (c0 + cols).to(tl.int64), VEC)
     if KIND == 0 or KIND == 2:  # ALL_REDUCE (one-shot; two-shot: owned tiles), REDUCE_SCATTER
         mine = t % G == me
         if VARIANT != 1 or KIND == 2:
@@ -325,15 +327,15 @@ def _pull_tile(ctx, group_ptr, x_ptr, out_ptr, ws, ws2, heap_base, ws_base, m, c
                 value = _get(ctx, src, _rank(group_ptr, i), mask, VEC)
                 acc = _combine(acc, value.to(ACC), OP)
             result = acc.to(out_ptr.dtype.element_ty)
-            tl.store(dst, result, mask=mask)
+            tl.store(_vec(out_ptr, (c0 + cols).to(tl.int64), VEC), result, mask=mask)
             if VARIANT == 1:
-                tl.store(_vec(ws2 + cols, VEC), result, mask=mask)  # two-shot: the owners' results
+                tl.store(_vec(ws2, cols, VEC), result, mask=mask)  # two-shot: the owners' results
     elif KIND == 1 or KIND == 3:  # ALL_GATHER, ALL_TO_ALL
         for i in tl.static_range(G):
             src = _source(ctx, ws, heap_base, x_ptr, ws_base, pid, i, block_in, m, c0, cols, ZERO_COPY, CHUNK,
                           MAX_PROGRAMS, WORLD)
             value = _get(ctx, src, _rank(group_ptr, i), mask, VEC)
-            tl.store(_vec(dst + i * m, VEC), value, mask=mask)
+            tl.store(_vec(out_ptr, (i * m + c0 + cols).to(tl.int64), VEC), value, mask=mask)
     else:  # PPERMUTE, BROADCAST
         if source >= 0:
             src = _source(ctx, ws, heap_base, x_ptr, ws_base, pid, source, block_in, m, c0, cols, ZERO_COPY,
@@ -341,7 +343,7 @@ def _pull_tile(ctx, group_ptr, x_ptr, out_ptr, ws, ws2, heap_base, ws_base, m, c
             value = _get(ctx, src, _rank(group_ptr, source), mask, VEC)
         else:
             value = tl.zeros([BLOCK], out_ptr.dtype.element_ty)
-        tl.store(dst, value, mask=mask)
+        tl.store(_vec(out_ptr, (c0 + cols).to(tl.int64), VEC), value, mask=mask)
 
 
 @triton.jit
@@ -355,7 +357,7 @@ def _two_shot_gather(ctx, group_ptr, out_ptr, ws2, c0, width, tiles, pid, progra
             cols = t * BLOCK + lanes
             mask = cols < width
             value = _get(ctx, ws2 + cols, _rank(group_ptr, owner), mask, VEC)
-            tl.store(_vec(out_ptr + (c0 + cols).to(tl.int64), VEC), value, mask=mask)
+            tl.store(_vec(out_ptr, (c0 + cols).to(tl.int64), VEC), value, mask=mask)
 
 
 @triton.jit

@@ -41,7 +41,7 @@ import triton.language as tl
 
 from iris_core.device import Context, global_timer
 from iris_core.device.nvidia import peer_timeout
-from iris_core.kernels.gemm import store_tile, tile_coords, tile_gemm
+from iris_core.kernels.gemm import aligned_rows, store_tile, tile_coords, tile_gemm
 
 LINE: tl.constexpr = tl.constexpr(128)
 
@@ -77,6 +77,24 @@ def _wait(flag_ptr, epoch, who, TIMEOUT_NS: tl.constexpr, WHAT: tl.constexpr):
 
 
 @triton.jit
+def _slot(data, index, offs, BN: tl.constexpr):
+    """The BM x BN tile slot `index` of a data buffer (rows of BN elements, vector aligned)."""
+    return aligned_rows(data, index * offs.shape[0] * BN + offs, BN * (data.dtype.element_ty.primitive_bitwidth // 8),
+                        BN)
+
+
+@triton.jit
+def _push(ctx, ptrs, value, rank, ROW_BYTES: tl.constexpr, mask=None):
+    """Stores `value` (a row-major tile, rows ROW_BYTES apart) through my-heap pointers `ptrs`
+    into `rank`'s heap, declared vector aligned when ROW_BYTES allows (16-element runs on
+    16-byte boundaries), so the tile crosses the link in 16-byte stores, not 2-byte ones."""
+    if ROW_BYTES % 16 == 0:
+        ctx.store(ptrs, value, to_rank=rank, mask=mask, hint=(1, 16))
+    else:
+        ctx.store(ptrs, value, to_rank=rank, mask=mask)
+
+
+@triton.jit
 def _consume_all(data, flags, group_ptr, l, epoch, offs, out_ptr, M, N, TB, tiles_m, tiles_n,
                  G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr,
                  TIMEOUT_NS: tl.constexpr, WHAT: tl.constexpr):
@@ -86,7 +104,7 @@ def _consume_all(data, flags, group_ptr, l, epoch, offs, out_ptr, M, N, TB, tile
     total = tl.zeros((BM, BN), dtype=tl.float32)
     for i in tl.static_range(G):
         _wait(flags + l * G + i, epoch, tl.load(group_ptr + 1 + i), TIMEOUT_NS, WHAT)
-        total += tl.load(data + (i * TB + l) * (BM * BN) + offs, cache_modifier=".cg").to(tl.float32)
+        total += tl.load(_slot(data, i * TB + l, offs, BN), cache_modifier=".cg").to(tl.float32)
     store_tile(out_ptr, total.to(out_ptr.dtype.element_ty), pid_m, pid_n, M, N, N, 1, BM, BN)
 
 
@@ -128,7 +146,7 @@ def matmul_reduce_kernel(context_ptr, group_ptr, a_ptr, b_ptr, out_ptr,
             pid_m, pid_n = tile_coords(l, tiles_m, tiles_n, GROUP_M)
             acc = tile_gemm(a_block, b_ptr, pid_m, pid_n, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
                             BM, BN, BK, K % BK == 0, PREC, False)
-            slot = data + (me * TB + l) * (BM * BN) + offs
+            slot = _slot(data, me * TB + l, offs, BN)
             if SCATTER:
                 if block == me:  # reduce my tile now: my part from registers, the others' pushed
                     total = tl.zeros((BM, BN), dtype=tl.float32)
@@ -137,18 +155,17 @@ def matmul_reduce_kernel(context_ptr, group_ptr, a_ptr, b_ptr, out_ptr,
                             total += acc
                         else:
                             _wait(flags + l * G + i, epoch, tl.load(group_ptr + 1 + i), TIMEOUT_NS, WHAT)
-                            total += tl.load(data + (i * TB + l) * (BM * BN) + offs,
-                                             cache_modifier=".cg").to(tl.float32)
+                            total += tl.load(_slot(data, i * TB + l, offs, BN), cache_modifier=".cg").to(tl.float32)
                     store_tile(out_ptr, total.to(out_dtype), pid_m, pid_n, M, N, N, 1, BM, BN)
                 else:
                     dest = tl.load(group_ptr + 1 + block)
-                    ctx.store(slot, acc.to(out_dtype), to_rank=dest)
+                    _push(ctx, slot, acc.to(out_dtype), dest, BN * (out_dtype.primitive_bitwidth // 8))
                     tl.debug_barrier()
                     ctx.atomic_xchg(flags + l * G + me, epoch, to_rank=dest, sem="release", scope="sys")
             else:
                 value = acc.to(out_dtype)
                 for i in tl.static_range(G):
-                    ctx.store(slot, value, to_rank=tl.load(group_ptr + 1 + i))
+                    _push(ctx, slot, value, tl.load(group_ptr + 1 + i), BN * (out_dtype.primitive_bitwidth // 8))
                 tl.debug_barrier()
                 for i in tl.static_range(G):
                     ctx.atomic_xchg(flags + l * G + me, epoch, to_rank=tl.load(group_ptr + 1 + i),
@@ -201,7 +218,8 @@ def all_gather_matmul_kernel(context_ptr, group_ptr, a_ptr, b_ptr, out_ptr,
                     dst = gathered + (me * M + rows)[:, None] * K + cols[None, :]
                     for j in tl.static_range(G):
                         if j != me:
-                            ctx.store(dst, value, to_rank=tl.load(group_ptr + 1 + j), mask=mask)
+                            _push(ctx, dst, value, tl.load(group_ptr + 1 + j),
+                                  K * (a_ptr.dtype.element_ty.primitive_bitwidth // 8), mask)
                 tl.debug_barrier()
                 for j in tl.static_range(G):
                     if j != me:

@@ -29,6 +29,19 @@ def tile_coords(t, tiles_m, tiles_n, GROUP_M: tl.constexpr):
 
 
 @triton.jit
+def aligned_rows(base, offsets, ROW_BYTES: tl.constexpr, COLS: tl.constexpr):
+    """base + offsets, a row-major [rows, COLS] tile from a 16-byte aligned base with a row
+    stride of ROW_BYTES, declared as such when ROW_BYTES is a multiple of 16 (rows start on
+    16-byte boundaries), so that loads and stores become 16-byte vectors. Pointers made from
+    an integer (a workspace) lose this knowledge: 2-byte accesses otherwise (PTX checked).
+    (The hint must sit where the pointers are computed: Triton drops it on an argument.)"""
+    ptrs = base + offsets
+    if ROW_BYTES % 16 == 0:
+        ptrs = tl.max_contiguous(tl.multiple_of(ptrs, [16, 16]), [1, COLS])
+    return ptrs
+
+
+@triton.jit
 def tile_gemm(a_ptr, b_ptr, pid_m, pid_n, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
               BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr,
               PREC: tl.constexpr, A_CG: tl.constexpr):
@@ -40,7 +53,11 @@ def tile_gemm(a_ptr, b_ptr, pid_m, pid_n, M, N, K, stride_am, stride_ak, stride_
     rm = tl.max_contiguous(tl.multiple_of(rm, BM), BM)
     rn = tl.max_contiguous(tl.multiple_of(rn, BN), BN)
     rk = tl.arange(0, BK)
-    a_ptrs = a_ptr + rm[:, None] * stride_am + rk[None, :] * stride_ak
+    if stride_ak == 1:  # A may live in a workspace (all_gather_matmul): say its rows are aligned
+        a_ptrs = aligned_rows(a_ptr, rm[:, None] * stride_am + rk[None, :],
+                              stride_am * (a_ptr.dtype.element_ty.primitive_bitwidth // 8), BK)
+    else:
+        a_ptrs = a_ptr + rm[:, None] * stride_am + rk[None, :] * stride_ak
     b_ptrs = b_ptr + rk[:, None] * stride_bk + rn[None, :] * stride_bn
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     for k in range(0, tl.cdiv(K, BK)):
