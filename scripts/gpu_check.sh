@@ -43,6 +43,8 @@ step trace_example 120 python3 examples/04_trace_all_reduce.py --out "$OUT"  # t
 group=probe  # quick looks while tuning
 step collectives_quick 200 python3 benchmarks/collectives.py --out "$OUT" --sizes 1K,64K,1M,16M,256M \
   --ops psum,psum:heap,all_gather,ppermute
+step collectives_bf16 150 python3 benchmarks/collectives.py --out "$OUT/bf16" --dtypes bfloat16 \
+  --sizes 1K,64K,1M,16M,256M --ops psum,all_gather,psum_scatter,ppermute
 step floor 120 python3 benchmarks/latency_floor.py --out "$OUT"
 step tune_collectives 260 python3 benchmarks/tune_collectives.py --cases psum:256M,psum:16M,ppermute:64M,psum:64K \
   --out "$OUT"
