@@ -1,0 +1,62 @@
+"""The data paths compile to 16-byte accesses for sm_90 (no GPU needed; PTX inspected).
+
+Alignment hints are easy to lose: Triton drops `tl.multiple_of` / `tl.max_contiguous` given on a
+function's argument, and a pointer translated to a peer or made from an integer (a workspace)
+knows nothing of its alignment. On 2 x H200 that cost the fused kernels 4-5x (2-byte remote
+stores; benchmarks/RESULTS.md run 15). Pointer arguments get 16-byte divisibility, as
+jax-triton declares them.
+"""
+
+import re
+
+import pytest
+import triton
+import triton.language as tl
+
+from iris_core.collectives import kernels as C
+from iris_core.collectives.workspace import MAX_PROGRAMS, WorkspaceLayout
+from iris_core.kernels import fused as F
+
+
+def _accesses(fn, signature, constexprs, **options) -> set:
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    names = fn.arg_names
+    sig = {n: signature.get(n, "constexpr") for n in names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if sig[n].startswith("*")}
+    source = ASTSource(fn, sig, constexprs={(names.index(k),): v for k, v in constexprs.items()}, attrs=attrs)
+    ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
+    return set(re.findall(r"(?:ld|st)\.global[a-z0-9.]*", ptx))
+
+
+@pytest.mark.parametrize("kind,variant", [(C.ALL_REDUCE, C.ONE_SHOT), (C.ALL_REDUCE, C.TWO_SHOT),
+                                          (C.ALL_GATHER, C.ONE_SHOT), (C.PPERMUTE, C.ONE_SHOT)])
+def test_collective_kernel_moves_data_in_16_byte_vectors(kind, variant):
+    pytest.importorskip("triton.backends.nvidia")
+    layout = WorkspaceLayout(2, 1 << 20)
+    consts = dict(KIND=kind, OP=C.SUM, VARIANT=variant, G=2, WORLD=2, XB=1, OB=2 if kind == C.ALL_GATHER else 1,
+                  SOURCES=(1, 0), ACC=tl.float32, BLOCK=2048, CHUNK=(1 << 20) // 4, DATA=layout.data,
+                  DATA2=layout.data2, DATA_BYTES=layout.data_bytes, MAX_PROGRAMS=MAX_PROGRAMS, TIMEOUT_NS=10**9,
+                  WHAT="test", ZERO_COPY=True, HEAP_BYTES=1 << 30, VEC=4)
+    signature = {"context_ptr": "*i32", "group_ptr": "*i32", "x_ptr": "*fp32", "m": "i32", "out_ptr": "*fp32"}
+    accesses = _accesses(C.collective_kernel, signature, consts, num_warps=8)
+    assert "st.global.v4.b32" in accesses and "ld.global.v4.b32" in accesses, accesses
+    assert "st.global.b32" not in accesses, accesses  # only flags and epochs (64-bit) are scalar
+
+
+@pytest.mark.parametrize("kernel", ["matmul_reduce", "all_gather_matmul"])
+def test_fused_kernels_push_tiles_in_16_byte_vectors(kernel):
+    pytest.importorskip("triton.backends.nvidia")
+    M = N = K = 256
+    consts = dict(M=M, N=N, K=K, stride_am=K, stride_ak=1, stride_bk=N, stride_bn=1, G=2, WORLD=2, BM=64, BN=64,
+                  BK=32, GROUP_M=8, PREC="tf32", WS_OFFSET=1 << 20, FLAGS=0, DATA=1 << 16, DATA_BYTES=1 << 24,
+                  TIMEOUT_NS=10**9, WHAT="test")
+    if kernel == "matmul_reduce":
+        fn, consts = F.matmul_reduce_kernel, dict(consts, SCATTER=0)
+    else:
+        fn, consts = F.all_gather_matmul_kernel, dict(consts, BKC=64, COMM=2)
+    signature = {"context_ptr": "*i32", "group_ptr": "*i32", "a_ptr": "*bf16", "b_ptr": "*bf16", "out_ptr": "*bf16"}
+    accesses = _accesses(fn, signature, consts, num_warps=4, num_stages=2)
+    assert not {a for a in accesses if a.endswith(".b16")}, accesses  # no 2-byte loads or stores
+    assert "st.global.v4.b32" in accesses, accesses
