@@ -172,6 +172,11 @@ def all_reduce(x, axis_name, op: str = "sum", variant: str = "auto", *, timeout_
         every rank's accumulator; float32/int32 sums), "spinlock" (read-add-write under a
         per-tile lock on every rank; sums), or "auto" (by size, from measured thresholds).
       timeout_s: how long to wait for a peer before failing (default IRIS_COLLECTIVE_TIMEOUT or 60).
+
+    Inputs are staged into the group's heap workspace; an input of ZERO_COPY_FROM_BYTES or more
+    that already lies on the heap (made by iris_jax and passed straight into the jitted
+    function) is read in place instead (every variant but ring, atomic and spinlock; the same
+    holds for the other collectives here).
     """
     axes = _axes(axis_name)
     return tree_util.tree_map(lambda leaf: _all_reduce_leaf(leaf, axes, op, variant, timeout_s), x)

@@ -3,6 +3,8 @@
 #   bash scripts/gpu_check.sh [tests|bench|probe|all|STEP...]
 # A device call lasts at most 600 s: `tests` takes about 450 s when nothing hangs, `bench` more
 # than one call, so name steps to split them (e.g. `gpu_fused gpu_examples`, `rma collectives`).
+# Steps run in this file's order whatever the order of the arguments; `probe` holds quick
+# looks for tuning (a collectives subset, bf16, the latency floor, the launch and GEMM sweeps).
 # Uses the machine's own python3/jax/triton/torch; jax-triton comes from the carried .whl/
 # (carry: [".whl"]). Every step has its own time limit so one hang cannot eat the lease;
 # full logs go to $OUT. Record what it prints in benchmarks/RESULTS.md.
