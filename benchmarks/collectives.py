@@ -63,9 +63,7 @@ def main():
 
     import iris_jax
 
-    rt = iris_jax.init()
-    W = len(rt.devices)
-    mesh = jax.make_mesh((W,), ("i",), devices=rt.devices)
+    W, mesh = runtime_mesh()
     sharded = NamedSharding(mesh, P("i"))
     rows = []
     for dtype_name in opts.dtypes.split(","):
@@ -105,6 +103,21 @@ def main():
         plot(os.path.join(opts.out, "collectives.json"), opts.out)
     if not all(r["correct"] for r in rows):
         sys.exit("some results differ from lax")
+
+
+def runtime_mesh(needs_gpus: str | None = None):
+    """(world size, 1-D mesh "i" over the iris runtime's devices), the runtime created here.
+    `needs_gpus`: the calling script's name; it then exits with a message on a machine
+    without GPUs."""
+    import jax
+
+    import iris_jax
+
+    if needs_gpus and not any(d.platform == "gpu" for d in jax.devices()):
+        sys.exit(f"{needs_gpus} needs GPUs")
+    rt = iris_jax.init()
+    W = len(rt.devices)
+    return W, jax.make_mesh((W,), ("i",), devices=rt.devices)
 
 
 def _save_json(out_dir, W, gpu, rows):

@@ -27,7 +27,7 @@ import triton.language as tl
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from collectives import _time_per_call  # noqa: E402
+from collectives import _time_per_call, runtime_mesh  # noqa: E402
 
 
 # (jax-triton passes the outputs after the arguments)
@@ -61,11 +61,7 @@ def main():
 
     import iris_jax
 
-    if not any(d.platform == "gpu" for d in jax.devices()):
-        sys.exit("latency_floor.py needs GPUs")
-    rt = iris_jax.init()
-    W = len(rt.devices)
-    mesh = jax.make_mesh((W,), ("i",), devices=rt.devices)
+    W, mesh = runtime_mesh("latency_floor.py")
     n = opts.bytes // 4
     x = jax.device_put(jax.random.normal(jax.random.key(0), (W * n,), jnp.float32), NamedSharding(mesh, P("i")))
     block = triton.next_power_of_2(n)

@@ -136,7 +136,7 @@ def main():
               lambda: [on_device(r, lambda r=r: load_persistent_kernel[(sms,)](
                   ctx[r], src[r], dst[r], n, FROM=1 - r, BLOCK=block, W=2, CACHE="", num_warps=8)) for r in (1, 0)],
               lambda: torch.equal(dst[1].cpu(), src[0].cpu()) and torch.equal(dst[0].cpu(), src[1].cpu()))
-    latency = flag_latency_us(heap, ctx, src_off, torch)
+    latency = flag_latency_us(heap, ctx, src_off)
     copy_bw = rows[0][2]
     print(f"\n### RMA bandwidth, {opts.mib} MiB float32, {datetime.date.today()}, "
           f"{_gpu_name()} x2, `python benchmarks/rma.py --mib {opts.mib}`\n")
@@ -179,8 +179,10 @@ def on_device(r, fn):
         return fn()
 
 
-def flag_latency_us(heap, ctx, offset, torch):
+def flag_latency_us(heap, ctx, offset):
     """One-way flag latency: both GPUs run ping_pong_kernel at once; time / rounds."""
+    import torch
+
     flags = [heap.torch_tensor(r, offset, (1,), torch.int64) for r in range(2)]
     outs = [torch.zeros(1, dtype=torch.int64, device=f"cuda:{r}") for r in range(2)]
     for r in range(2):

@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("IRIS_COLLECTIVE_TIMEOUT", "10")
 
-from collectives import _ops, _time_per_call, parse_size  # noqa: E402
+from collectives import _ops, _time_per_call, parse_size, runtime_mesh  # noqa: E402
 
 # (elements per tile, programs per SM, warps), the current default first
 CONFIGS = [(2048, 1, 8), (4096, 1, 8), (8192, 1, 8), (8192, 1, 16), (16384, 1, 16), (2048, 2, 8), (4096, 2, 8), (8192, 2, 8)]
@@ -41,11 +41,7 @@ def main():
 
     import iris_jax
 
-    if not any(d.platform == "gpu" for d in jax.devices()):
-        sys.exit("tune_collectives.py needs GPUs")
-    rt = iris_jax.init()
-    W = len(rt.devices)
-    mesh = jax.make_mesh((W,), ("i",), devices=rt.devices)
+    W, mesh = runtime_mesh("tune_collectives.py")
     rows = []
     for block, per_sm, warps in CONFIGS:
         os.environ.update(IRIS_COLLECTIVE_BLOCK=str(block), IRIS_COLLECTIVE_PROGRAMS_PER_SM=str(per_sm),

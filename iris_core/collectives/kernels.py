@@ -387,8 +387,9 @@ def _pipelined_pulls(ctx, group_ptr, x_ptr, out_ptr, heap_base, ws_base, m, pid,
     chunks = tl.cdiv(m, CHUNK)
     transfer = ctx.tracing.record_event_start(EVENT_TRANSFER, ctx.rank, None, 0, 0)  # chunk 0's span: from staging
     if not in_place:
-        _stage(x_ptr, _buffer(ws_base, epoch + 1, DATA, DATA_BYTES, x_ptr.dtype), m, 0, _width(m, 0, CHUNK, VEC),
-               tl.cdiv(_width(m, 0, CHUNK, VEC), BLOCK), pid, programs, XB, CHUNK, BLOCK, VEC)
+        first = _width(m, 0, CHUNK, VEC)
+        _stage(x_ptr, _buffer(ws_base, epoch + 1, DATA, DATA_BYTES, x_ptr.dtype), m, 0, first,
+               tl.cdiv(first, BLOCK), pid, programs, XB, CHUNK, BLOCK, VEC)
     _signal(ctx, group_ptr, ws_base, pid, me, (epoch + 1) * STEPS, G, MAX_PROGRAMS, WORLD)
     for c in range(0, chunks):
         e = epoch + 1 + c
