@@ -6,8 +6,10 @@ An op is `name` or `name:variant`; `psum:heap` times psum on an input already on
 (read in place, zero-copy) against lax.psum on the same values.
 
 Method (../shared/DESIGN.md): inside one jit, K data-dependent calls back to back (each call
-followed by the same cheap elementwise op for both libraries), time per call = median wall
-time of the jit / K. Every point is first checked against the lax op. Bus bandwidth follows
+followed by the same cheap elementwise op for both libraries); time per call = GPU time from
+the profiler, (span of a 2K-call jit - span of a K-call jit) / K, so what a run of a jit pays
+once (host launch, CUDA-graph update: ~100-150 us) is left out. Every point is first checked
+against the lax op. Bus bandwidth follows
 nccl-tests: all-reduce 2(W-1)/W * S / t, all-gather and reduce-scatter (W-1)/W * S_total / t,
 all-to-all (W-1)/W * S / t, ppermute and broadcast S / t, with S the bytes per device.
 
@@ -155,12 +157,10 @@ def _ops(op, variant, W, iris_jax, lax, jnp):
     raise ValueError(op)
 
 
-def _time_per_call(fn, x, mesh, n, dtype, jax, jnp, P, in_place=False):
-    """Median time of one call: K data-dependent calls in one jit, divided by K. With
-    `in_place`, every call gets `x` itself (on the heap: read in place) and the results are
-    summed, the same elementwise work per call."""
-    nbytes = n * dtype.itemsize
-    K = 20 if nbytes <= (4 << 20) else 5 if nbytes <= (256 << 20) else 2
+def _chain_jit(fn, mesh, n, dtype, K, jax, jnp, P, in_place=False):
+    """One jit of K data-dependent calls of `fn`. With `in_place`, every call gets the input
+    itself (on the heap: read in place) and the results are summed, the same elementwise work
+    per call."""
 
     def chain(x0):
         v, total = x0, jnp.zeros((n,), dtype)
@@ -172,7 +172,30 @@ def _time_per_call(fn, x, mesh, n, dtype, jax, jnp, P, in_place=False):
                 total = total + v
         return total if in_place else v
 
-    f = jax.jit(jax.shard_map(chain, mesh=mesh, in_specs=P("i"), out_specs=P("i"), check_vma=False))
+    return jax.jit(jax.shard_map(chain, mesh=mesh, in_specs=P("i"), out_specs=P("i"), check_vma=False))
+
+
+def calls_per_jit(nbytes: int) -> int:
+    return 20 if nbytes <= (4 << 20) else 5 if nbytes <= (256 << 20) else 2
+
+
+def _time_per_call(fn, x, mesh, n, dtype, jax, jnp, P, in_place=False):
+    """GPU time of one call, in seconds: the GPUs' span for 2K chained calls minus that for
+    K calls, divided by K (each span the best of 3 profiled runs). The difference leaves out
+    what every run of a jit pays once (the host's launch, CUDA-graph updates)."""
+    K = calls_per_jit(n * dtype.itemsize)
+    spans = []
+    for k in (K, 2 * K):
+        f = _chain_jit(fn, mesh, n, dtype, k, jax, jnp, P, in_place)
+        spans.append(min(gpu_time(f, x)[0] for _ in range(3)))
+    return max(spans[1] - spans[0], 0.0) / K / 1e6
+
+
+def wall_time_per_call(fn, x, mesh, n, dtype, jax, jnp, P) -> float:
+    """Median wall time of a jit of K chained calls, divided by K (seconds): what the host
+    sees, fixed costs of the run included."""
+    K = calls_per_jit(n * dtype.itemsize)
+    f = _chain_jit(fn, mesh, n, dtype, K, jax, jnp, P)
     f(x).block_until_ready()
     times = []
     for _ in range(7):
@@ -180,6 +203,37 @@ def _time_per_call(fn, x, mesh, n, dtype, jax, jnp, P, in_place=False):
         f(x).block_until_ready()
         times.append(time.perf_counter() - start)
     return statistics.median(times) / K
+
+
+def gpu_time(f, *args) -> tuple[float, float]:
+    """(span, busy) in us of one run of `f(*args)` on the GPUs, from a profile: span = first
+    kernel start to last kernel end, busy = time some kernel runs; the slowest device."""
+    import glob
+    import tempfile
+
+    import jax
+
+    jax.block_until_ready(f(*args))
+    with tempfile.TemporaryDirectory() as d:
+        with jax.profiler.trace(d):
+            jax.block_until_ready(f(*args))
+        (path,) = glob.glob(os.path.join(d, "**", "*.xplane.pb"), recursive=True)
+        data = jax.profiler.ProfileData.from_file(path)
+    spans, busy = [0.0], [0.0]
+    for plane in data.planes:
+        if not plane.name.startswith("/device:GPU:"):
+            continue
+        events = sorted((e.start_ns, e.end_ns) for line in plane.lines if line.name.startswith("Stream")
+                        for e in line.events)
+        if not events:
+            continue
+        spans.append(max(end for _, end in events) - events[0][0])
+        total, reach = 0.0, events[0][0]
+        for start, end in events:  # union of the kernels' intervals
+            total += max(0.0, end - max(start, reach))
+            reach = max(reach, end)
+        busy.append(total)
+    return max(spans) / 1e3, max(busy) / 1e3
 
 
 def _format_row(r, gpu):

@@ -1,13 +1,14 @@
 """Fused GEMM + communication (iris_jax.ops) vs unfused XLA (jnp.dot + the lax collective).
 
-    python benchmarks/fused.py [--ms 1024,4096,8192] [--nks 4096,8192] [--ops ...] [--reps 20]
+    python benchmarks/fused.py [--ms 1024,4096,8192] [--nks 4096,8192] [--ops ...] [--reps 7]
 
 M is the global row count and N = K. Per rank: matmul_all_reduce a [M, K/W] @ b [K/W, N];
 all_gather_matmul a [M/W, K] gathered, @ b [K, N/W]; matmul_reduce_scatter a [M, K/W] @
 b [K/W, N] -> [M/W, N]; "matmul" is the GEMM core alone on [M, K] @ [K, N] (one device).
 Both paths run the same jit(shard_map(...)) on the same inputs, with impl="fused" vs
-impl="xla"; each point is first checked against the XLA result. Time = median wall time of
-`reps` runs (after warm-up); TFLOP/s per rank = 2 M N K / W / t.
+impl="xla"; each point is first checked against the XLA result. Time = median over `reps` runs
+of the GPUs' span from the profiler (first kernel start to last kernel end, slowest device;
+the host's fixed cost of launching a run is left out); TFLOP/s per rank = 2 M N K / W / t.
 
 Writes benchmarks/out/fused.json and .md. bfloat16 on GPUs. On a machine without GPUs it
 runs a tiny correctness-only pass on the CPU simulator and says so (no timings).
@@ -20,11 +21,13 @@ import json
 import os
 import statistics
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from iris_core.platform import gpus_present  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from collectives import gpu_time  # noqa: E402
 
 
 def main():
@@ -32,7 +35,7 @@ def main():
     parser.add_argument("--ms", default="1024,4096,8192")
     parser.add_argument("--nks", default="4096,8192")
     parser.add_argument("--ops", default="matmul,matmul_all_reduce,all_gather_matmul,matmul_reduce_scatter")
-    parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "out"))
     opts = parser.parse_args()
 
@@ -70,14 +73,7 @@ def main():
                     f = jax.jit(jax.shard_map(fns(impl), mesh=mesh, in_specs=in_specs, out_specs=out_spec))
                     results[impl] = np.asarray(jax.block_until_ready(f(*arrays)), np.float32)
                     if opts.reps:
-                        for _ in range(3):
-                            jax.block_until_ready(f(*arrays))
-                        samples = []
-                        for _ in range(opts.reps):
-                            t = time.perf_counter()
-                            jax.block_until_ready(f(*arrays))
-                            samples.append(time.perf_counter() - t)
-                        times[impl] = statistics.median(samples)
+                        times[impl] = statistics.median(gpu_time(f, *arrays)[0] for _ in range(opts.reps)) / 1e6
                 want = results["xla"]
                 err = float(np.abs(results["fused"] - want).max() / max(1e-6, np.abs(want).max()))
                 row = {"op": op, "M": m, "N": N, "K": K, "W": W, "dtype": jnp.dtype(dtype).name,

@@ -3,7 +3,8 @@
     python benchmarks/latency_floor.py [--bytes 1024] [--out DIR]
 
 Times, by the method of benchmarks/collectives.py (K data-dependent calls in one jit, each
-followed by the same elementwise op), per call:
+followed by the same elementwise op), per call: the GPU time (the benchmark's measure), the
+host's wall time of the jit / K (fixed costs of a run included), and the time kernels run:
 
     elementwise only             the method's own floor (one XLA fusion per call)
     jax_triton copy kernel       + one plain Triton custom call
@@ -27,7 +28,7 @@ import triton.language as tl
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from collectives import _time_per_call, runtime_mesh  # noqa: E402
+from collectives import _chain_jit, _time_per_call, gpu_time, runtime_mesh, wall_time_per_call  # noqa: E402
 
 
 # (jax-triton passes the outputs after the arguments)
@@ -79,10 +80,16 @@ def main():
     cases = [("elementwise only", lambda v: v), ("jax_triton copy kernel", jt_copy),
              ("iris copy kernel (context row)", iris_copy), ("iris copy kernel + group row", iris_group_copy),
              ("iris psum", lambda v: iris_jax.psum(v, "i")), ("lax.psum", lambda v: lax.psum(v, "i"))]
-    print(f"| layer ({opts.bytes} B float32 per device, {W} GPUs) | us per call |\n|---|---|")
+    launch = os.environ.get("IRIS_TRITON_CALL", "ffi")
+    print(f"launch path: IRIS_TRITON_CALL={launch}, XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}")
+    print(f"| layer ({opts.bytes} B float32 per device, {W} GPUs) | GPU us per call | wall us per call "
+          "| GPU busy us per call |\n|---|---|---|---|")
+    f32 = jnp.dtype(jnp.float32)
     for name, fn in cases:
-        us = _time_per_call(fn, x, mesh, n, jnp.dtype(jnp.float32), jax, jnp, P) * 1e6
-        print(f"| {name} | {us:.1f} |", flush=True)
+        us = _time_per_call(fn, x, mesh, n, f32, jax, jnp, P) * 1e6
+        wall = wall_time_per_call(fn, x, mesh, n, f32, jax, jnp, P) * 1e6
+        busy = gpu_time(_chain_jit(fn, mesh, n, f32, 20, jax, jnp, P), x)[1] / 20
+        print(f"| {name} | {us:.1f} | {wall:.1f} | {busy:.1f} |", flush=True)
 
     def chain(v):
         for _ in range(2):

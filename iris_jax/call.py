@@ -16,6 +16,9 @@ vary over the same mesh axes as that index, so `check_vma=True` programs type-ch
 
 from __future__ import annotations
 
+import functools
+import os
+import zlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -264,7 +267,52 @@ def _gpu_lowering(ctx, device_index, *args, fn, symmetric, group_axes, scalar_ar
     op = results[0].owner if results else None
     if op is not None:
         op.attributes["has_side_effect"] = mlir.ir.BoolAttr.get(True)
+        target = graph_target()
+        if target is not None:
+            _retarget(op, target)
     return results
+
+
+# -- launch path ----------------------------------------------------------------------
+# jax-triton 0.3.1 lowers to jaxlib's legacy custom call `triton_kernel_call`. XLA launches
+# a legacy custom call from the host, outside its CUDA graphs (command buffers), which costs
+# ~15 us per call (benchmarks/latency_floor.py). jaxlib also has the same launcher as an FFI
+# handler (`triton_kernel_call_ffi`: same serialized kernel, module loaded at its initialize
+# stage, only a kernel launch at execute). We register that handler once more under our own
+# name with the command-buffer-compatible trait, and point the call at it, so XLA can
+# capture iris kernels into its CUDA graphs together with the surrounding fusions.
+GRAPH_TARGET = "iris_triton_kernel_call"
+
+
+@functools.cache
+def graph_target() -> str | None:
+    """The capturable FFI target, or None where jaxlib lacks the handler (or
+    IRIS_TRITON_CALL=legacy asks for jax-triton's own custom call)."""
+    mode = os.environ.get("IRIS_TRITON_CALL", "ffi")
+    if mode not in ("ffi", "legacy"):
+        raise IrisError(f"IRIS_TRITON_CALL must be 'ffi' or 'legacy', not {mode!r}")
+    if mode == "legacy":
+        return None
+    from jax._src.lib import gpu_triton, xla_client
+
+    plugin = getattr(gpu_triton, "_cuda_triton", None)
+    handler = plugin.registrations().get("triton_kernel_call_ffi") if plugin else None
+    if handler is None:
+        return None
+    jax.ffi.register_ffi_target(GRAPH_TARGET, handler, platform="CUDA",
+                                traits=xla_client.CustomCallTargetTraits.COMMAND_BUFFER_COMPATIBLE)
+    return GRAPH_TARGET
+
+
+def _retarget(op, target: str) -> None:
+    """Turns jax-triton's legacy call (compressed kernel proto as backend_config) into a
+    typed-FFI call of `target` (the same bytes as its `opaque` attribute)."""
+    ir = mlir.ir
+    opaque = ir.StringAttr(op.attributes["backend_config"]).value_bytes
+    zlib.decompress(opaque)  # fails loudly if jax-triton ever changes what it stores there
+    op.attributes["call_target_name"] = ir.StringAttr.get(target)
+    op.attributes["api_version"] = mlir.i32_attr(4)  # API_VERSION_TYPED_FFI
+    op.attributes["backend_config"] = ir.DictAttr.get({"opaque": ir.StringAttr.get(opaque)})
 
 
 mlir.register_lowering(iris_triton_call_p, _gpu_lowering, platform="cuda")

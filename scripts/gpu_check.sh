@@ -39,7 +39,7 @@ step gpu_fused 150 $t tests/gpu/test_gpu_fused.py
 step gpu_examples 240 $t tests/gpu/test_gpu_examples.py
 group=bench
 step rma 120 python3 benchmarks/rma.py --mib 256
-step collectives 400 python3 benchmarks/collectives.py --out "$OUT" --plot
+step collectives 560 python3 benchmarks/collectives.py --out "$OUT" --plot
 step fused 300 python3 benchmarks/fused.py
 step trace_example 120 python3 examples/04_trace_all_reduce.py --out "$OUT"  # the PNG for the README
 group=probe  # quick looks while tuning
@@ -48,6 +48,9 @@ step collectives_quick 200 python3 benchmarks/collectives.py --out "$OUT" --size
 step collectives_bf16 150 python3 benchmarks/collectives.py --out "$OUT/bf16" --dtypes bfloat16 \
   --sizes 1K,64K,1M,16M,256M --ops psum,all_gather,psum_scatter,ppermute
 step floor 120 python3 benchmarks/latency_floor.py --out "$OUT"
+step floor_legacy 120 env IRIS_TRITON_CALL=legacy python3 benchmarks/latency_floor.py --out "$OUT/legacy"
+step floor_nograph 120 env XLA_FLAGS=--xla_gpu_enable_command_buffer= python3 benchmarks/latency_floor.py \
+  --out "$OUT/nograph"
 step tune_collectives 260 python3 benchmarks/tune_collectives.py --cases psum:256M,psum:16M,ppermute:64M,psum:64K \
   --out "$OUT"
 step tune_gemm 200 python3 benchmarks/tune_gemm.py
