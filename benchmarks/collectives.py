@@ -181,13 +181,13 @@ def calls_per_jit(nbytes: int) -> int:
 
 def _time_per_call(fn, x, mesh, n, dtype, jax, jnp, P, in_place=False):
     """GPU time of one call, in seconds: the GPUs' span for 2K chained calls minus that for
-    K calls, divided by K (each span the best of 3 profiled runs). The difference leaves out
+    K calls, divided by K (each span the best of 5 profiled runs). The difference leaves out
     what every run of a jit pays once (the host's launch, CUDA-graph updates)."""
     K = calls_per_jit(n * dtype.itemsize)
     spans = []
     for k in (K, 2 * K):
         f = _chain_jit(fn, mesh, n, dtype, k, jax, jnp, P, in_place)
-        spans.append(min(gpu_time(f, x)[0] for _ in range(3)))
+        spans.append(min(gpu_time(f, x)[0] for _ in range(5)))
     return max(spans[1] - spans[0], 0.0) / K / 1e6
 
 
@@ -206,9 +206,12 @@ def wall_time_per_call(fn, x, mesh, n, dtype, jax, jnp, P) -> float:
 
 
 def gpu_time(f, *args) -> tuple[float, float]:
-    """(span, busy) in us of one run of `f(*args)` on the GPUs, from a profile: span = first
-    kernel start to last kernel end (leading memsets left out: XLA issues one before the
-    host's launch work), busy = time some kernel runs; the slowest device."""
+    """(span, busy) in us of one run of `f(*args)` on the GPUs, from a profile.
+
+    span: from the moment every GPU has started (the latest first kernel) to the moment every
+    GPU is done (the latest last kernel), so the host's launch skew between devices is left
+    out; leading memsets are not counted (XLA issues one before the host's launch work).
+    busy: time some kernel runs, on the busiest device."""
     import glob
     import tempfile
 
@@ -220,24 +223,24 @@ def gpu_time(f, *args) -> tuple[float, float]:
             jax.block_until_ready(f(*args))
         (path,) = glob.glob(os.path.join(d, "**", "*.xplane.pb"), recursive=True)
         data = jax.profiler.ProfileData.from_file(path)
-    spans, busy = [0.0], [0.0]
+    starts, ends, busy = [], [], [0.0]
     for plane in data.planes:
         if not plane.name.startswith("/device:GPU:"):
             continue
         events = sorted((e.start_ns, e.end_ns, e.name) for line in plane.lines if line.name.startswith("Stream")
                         for e in line.events)
-        while events and events[0][2].startswith("Memset"):  # XLA's own, before the host's launch
+        while events and events[0][2].startswith("Memset"):
             events.pop(0)
-        events = [(start, end) for start, end, _ in events]
         if not events:
             continue
-        spans.append(max(end for _, end in events) - events[0][0])
+        starts.append(events[0][0])
+        ends.append(max(end for _, end, _ in events))
         total, reach = 0.0, events[0][0]
-        for start, end in events:  # union of the kernels' intervals
+        for start, end, _ in events:  # union of the kernels' intervals
             total += max(0.0, end - max(start, reach))
             reach = max(reach, end)
         busy.append(total)
-    return max(spans) / 1e3, max(busy) / 1e3
+    return ((max(ends) - max(starts)) / 1e3 if starts else 0.0), max(busy) / 1e3
 
 
 def _format_row(r, gpu):
