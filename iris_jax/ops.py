@@ -14,11 +14,13 @@ float32, result in the input dtype (as `jnp.dot`). Every op is differentiable
 `jnp.dot` and iris collectives).
 
 `impl`: "fused" (the iris kernel), "xla" (jnp.dot + the lax collective, i.e. what XLA
-does unfused) or "auto". On GPUs `auto` takes the unfused path below
-`_AUTO_XLA_BELOW_FLOPS[op]` FLOPs per rank: today everywhere, because the fused kernels lost
-at every shape measured (0.5-0.98x of XLA, bf16, M up to 8192, N = K up to 8192, on
-2 x H200, 2026-11-30, benchmarks/RESULTS.md run 15). The simulator has no speed to choose by; there `auto` runs the
-fused kernels, so that code built on the simulator exercises them.
+does unfused) or "auto". On GPUs `auto` runs the fused kernel up to `AUTO_FUSED_UP_TO_FLOPS`
+(2^34, the FLOPs per rank of M = 1024, N = K = 4096 on 2 GPUs) and XLA's unfused path above:
+measured with benchmarks/fused.py (bf16, 2 x H200, GPU time from the profiler, RESULTS.md
+run 22), the fused ops took 0.55-0.72x of XLA's time at that shape (1.38-1.81x faster: XLA
+launches its NCCL collective from the host) and were 0.57-1.09x as fast at every larger shape
+(M up to 8192, N = K up to 8192). The simulator has no speed to choose by; there `auto` runs
+the fused kernels, so that code built on the simulator exercises them.
 
 Workspace: the kernels push through a fixed region of every heap (`FusedWorkspace`:
 2 x IRIS_FUSED_WORKSPACE_BYTES, default 128 MiB on GPUs and 512 KiB on the simulator, plus
@@ -50,10 +52,9 @@ IMPLS = ("auto", "fused", "xla")
 LINE_BYTES = 128
 MAX_PROGRAMS = 256
 DEFAULT_TIMEOUT_S = float(os.environ.get("IRIS_COLLECTIVE_TIMEOUT", "60"))
-# auto on GPUs: problems with fewer FLOPs per rank than this run unfused (XLA). Measured with
-# benchmarks/fused.py: fused lost at every shape so far, so XLA everywhere (see the docstring).
-_AUTO_XLA_BELOW_FLOPS = {"matmul_all_reduce": math.inf, "all_gather_matmul": math.inf,
-                         "matmul_reduce_scatter": math.inf}
+# auto on GPUs: problems with at most this many FLOPs per rank run fused, larger ones unfused
+# (XLA); measured with benchmarks/fused.py (see the docstring).
+AUTO_FUSED_UP_TO_FLOPS = 2 * 1024 * 2048 * 4096
 
 
 class FusedWorkspace:
@@ -114,7 +115,7 @@ def _impl(impl, what, flops):
     if impl == "auto":
         if runtime_lib.runtime().mode.startswith("sim"):
             return "fused"
-        return "xla" if flops < _AUTO_XLA_BELOW_FLOPS[what] else "fused"
+        return "fused" if flops <= AUTO_FUSED_UP_TO_FLOPS else "xla"
     return impl
 
 

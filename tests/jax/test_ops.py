@@ -204,3 +204,18 @@ def test_errors():
     with pytest.raises(ValueError, match="unknown impl"):
         jax.shard_map(lambda a: ops.matmul_all_reduce(a, a.T, "i", impl="nccl"), mesh=mesh, in_specs=P(),
                       out_specs=P())(a)
+
+
+def test_auto_runs_fused_up_to_the_measured_size_on_gpus(monkeypatch):
+    from types import SimpleNamespace
+
+    from iris_jax import _runtime
+
+    monkeypatch.setattr(ops.runtime_lib, "runtime", lambda: SimpleNamespace(mode=_runtime.GPU_SINGLE))
+    limit = ops.AUTO_FUSED_UP_TO_FLOPS
+    for what in ("matmul_all_reduce", "all_gather_matmul", "matmul_reduce_scatter"):
+        assert ops._impl("auto", what, limit) == "fused"
+        assert ops._impl("auto", what, limit + 1) == "xla"
+        assert ops._impl("fused", what, 10 * limit) == "fused"
+    with pytest.raises(ValueError, match="unknown impl"):
+        ops._impl("fast", "matmul_all_reduce", 1)
