@@ -6,7 +6,7 @@ Times, by the method of benchmarks/collectives.py (K data-dependent calls in one
 followed by the same elementwise op), per call: the GPU time (the benchmark's measure), the
 host's wall time of the jit / K (fixed costs of a run included), and the time kernels run:
 
-    elementwise only             the method's own floor (one XLA fusion per call)
+    elementwise only             the method's own floor (XLA fuses the K ops into one)
     jax_triton copy kernel       + one plain Triton custom call
     iris copy kernel             + the device's context row (selected in-graph)
     iris copy kernel + group     + the group row (what every iris collective receives)

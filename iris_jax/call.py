@@ -12,6 +12,10 @@ At lowering the concrete devices are known, so the context table (one row per de
 mesh order) becomes a constant and the row is selected in-graph. The primitive carries an
 effect, so a kernel whose only output is a remote write is not removed, and its outputs
 vary over the same mesh axes as that index, so `check_vma=True` programs type-check.
+
+On GPUs jax-triton compiles the kernel and builds the custom call; we then point that call
+at jaxlib's Triton FFI handler, registered as command-buffer compatible, so XLA can run iris
+kernels inside its CUDA graphs (see "launch path" below).
 """
 
 from __future__ import annotations
