@@ -20,8 +20,9 @@ kernels inside its CUDA graphs (see "launch path" below).
 
 from __future__ import annotations
 
-import functools
 import os
+import threading
+import warnings
 import zlib
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -286,25 +287,38 @@ def _gpu_lowering(ctx, device_index, *args, fn, symmetric, group_axes, scalar_ar
 # name with the command-buffer-compatible trait, and point the call at it, so XLA can
 # capture iris kernels into its CUDA graphs together with the surrounding fusions.
 GRAPH_TARGET = "iris_triton_kernel_call"
+_registration: dict = {"lock": threading.Lock()}  # "target": the outcome, once tried
 
 
-@functools.cache
 def graph_target() -> str | None:
-    """The capturable FFI target, or None where jaxlib lacks the handler (or
-    IRIS_TRITON_CALL=legacy asks for jax-triton's own custom call)."""
+    """The capturable FFI target, registered with XLA on first use; None (jax-triton's own
+    call) where IRIS_TRITON_CALL=legacy, where jaxlib lacks the FFI handler, or where its
+    plugin refuses handler traits (jaxlib 0.10 says "does not support custom call traits")."""
     mode = os.environ.get("IRIS_TRITON_CALL", "ffi")
     if mode not in ("ffi", "legacy"):
         raise IrisError(f"IRIS_TRITON_CALL must be 'ffi' or 'legacy', not {mode!r}")
     if mode == "legacy":
         return None
+    with _registration["lock"]:
+        if "target" not in _registration:
+            _registration["target"] = _register()
+    return _registration["target"]
+
+
+def _register() -> str | None:
     from jax._src.lib import gpu_triton, xla_client
 
     plugin = getattr(gpu_triton, "_cuda_triton", None)
     handler = plugin.registrations().get("triton_kernel_call_ffi") if plugin else None
     if handler is None:
         return None
-    jax.ffi.register_ffi_target(GRAPH_TARGET, handler, platform="CUDA",
-                                traits=xla_client.CustomCallTargetTraits.COMMAND_BUFFER_COMPATIBLE)
+    try:
+        jax.ffi.register_ffi_target(GRAPH_TARGET, handler, platform="CUDA",
+                                    traits=xla_client.CustomCallTargetTraits.COMMAND_BUFFER_COMPATIBLE)
+    except Exception as e:  # any refusal means: keep the legacy call
+        warnings.warn(f"iris kernels fall back to jax-triton's host-launched call (outside XLA's CUDA graphs, "
+                      f"~15 us more per call): registering {GRAPH_TARGET} failed: {e}", stacklevel=2)
+        return None
     return GRAPH_TARGET
 
 

@@ -4,7 +4,9 @@ without a GPU: the custom call is built and rewritten in MLIR."""
 
 from __future__ import annotations
 
+import warnings
 import zlib
+from types import SimpleNamespace
 
 import pytest
 from jax._src.interpreters import mlir  # custom_call: the builder jax-triton lowers through
@@ -49,25 +51,56 @@ def test_retarget_refuses_what_is_not_a_compressed_kernel():
             call._retarget(op.operation, call.GRAPH_TARGET)
 
 
-@pytest.mark.parametrize("mode", ["legacy", "ffi"])
-def test_graph_target_follows_the_mode_and_jaxlib(monkeypatch, mode):
+@pytest.fixture
+def fresh_registration(monkeypatch):
+    """graph_target as in a new process: not yet registered; registrations are recorded."""
     from jax._src.lib import gpu_triton
 
-    plugin = getattr(gpu_triton, "_cuda_triton", None)
-    has_ffi = bool(plugin) and "triton_kernel_call_ffi" in plugin.registrations()
-    monkeypatch.setenv("IRIS_TRITON_CALL", mode)
-    call.graph_target.cache_clear()
-    try:
-        assert call.graph_target() == (call.GRAPH_TARGET if mode == "ffi" and has_ffi else None)
-    finally:
-        call.graph_target.cache_clear()
+    registered = []
+    monkeypatch.delitem(call._registration, "target", raising=False)
+    fake = SimpleNamespace(registrations=lambda: {"triton_kernel_call_ffi": {"execute": "capsule"}})
+    monkeypatch.setattr(gpu_triton, "_cuda_triton", fake, raising=False)
+    monkeypatch.setattr(call.jax.ffi, "register_ffi_target", lambda *a, **k: registered.append((a, k)))
+    yield registered
+    monkeypatch.delitem(call._registration, "target", raising=False)
+
+
+def test_graph_target_registers_jaxlibs_handler_as_capturable_once(monkeypatch, fresh_registration):
+    from jax._src.lib import xla_client
+
+    monkeypatch.setenv("IRIS_TRITON_CALL", "ffi")
+    assert call.graph_target() == call.GRAPH_TARGET
+    assert call.graph_target() == call.GRAPH_TARGET
+    ((args, kwargs),) = fresh_registration
+    assert args == (call.GRAPH_TARGET, {"execute": "capsule"})
+    assert kwargs == {"platform": "CUDA", "traits": xla_client.CustomCallTargetTraits.COMMAND_BUFFER_COMPATIBLE}
+
+
+def test_graph_target_legacy_mode_and_missing_handler(monkeypatch, fresh_registration):
+    from jax._src.lib import gpu_triton
+
+    monkeypatch.setenv("IRIS_TRITON_CALL", "legacy")
+    assert call.graph_target() is None
+    monkeypatch.setenv("IRIS_TRITON_CALL", "ffi")
+    monkeypatch.setattr(gpu_triton, "_cuda_triton", SimpleNamespace(registrations=lambda: {}))
+    assert call.graph_target() is None
+    assert fresh_registration == []
+
+
+def test_graph_target_falls_back_when_the_plugin_refuses_traits(monkeypatch, fresh_registration):
+    def refuse(*args, **kwargs):
+        raise RuntimeError("UNIMPLEMENTED: The plugin does not support custom call traits.")
+
+    monkeypatch.setattr(call.jax.ffi, "register_ffi_target", refuse)
+    monkeypatch.setenv("IRIS_TRITON_CALL", "ffi")
+    with pytest.warns(UserWarning, match="does not support custom call traits"):
+        assert call.graph_target() is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert call.graph_target() is None  # decided once: no second attempt, no second warning
 
 
 def test_bad_launch_mode_is_refused(monkeypatch):
     monkeypatch.setenv("IRIS_TRITON_CALL", "fast")
-    call.graph_target.cache_clear()
-    try:
-        with pytest.raises(IrisError, match="IRIS_TRITON_CALL"):
-            call.graph_target()
-    finally:
-        call.graph_target.cache_clear()
+    with pytest.raises(IrisError, match="IRIS_TRITON_CALL"):
+        call.graph_target()
