@@ -180,3 +180,23 @@ def test_device_barrier(setup):
         status, y = f(x)
     iris_jax.check_barrier(status)
     np.testing.assert_array_equal(np.asarray(y), np.arange(W * 3.0) * 2)
+
+
+@pytest.mark.parametrize("mode,target", [("ffi", "iris_triton_kernel_call"), ("legacy", "triton_kernel_call")])
+def test_launch_path_in_the_compiled_program(setup, monkeypatch, mode, target):
+    """iris kernels reach XLA as the command-buffer-compatible FFI call (default) or, with
+    IRIS_TRITON_CALL=legacy, as jax-triton's own call; both compute the same thing."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    import iris_jax
+
+    rt, mesh = setup
+    monkeypatch.setenv("IRIS_TRITON_CALL", mode)
+    W, n = len(rt.devices), 301
+    x = jax.device_put(jnp.arange(W * n, dtype=jnp.float32), NamedSharding(mesh, P("i")))
+    f = _smap(mesh, lambda v: iris_jax.psum(v * 2, "i") + 1, 1, out_specs=P())
+    assert f'custom_call_target="{target}"' in f.lower(x).compile().as_text()
+    np.testing.assert_allclose(np.asarray(f(x)), np.asarray(x).reshape(W, n).sum(0) * 2 + 1, rtol=1e-6)
