@@ -5,7 +5,7 @@
 Times, in one run: torch's device-to-device copy GPU0 -> GPU1; `ctx.store` (kernel on
 GPU0 writes GPU1's heap) and `ctx.load` (kernel on GPU1 reads GPU0's heap), each with
 and without `hint`; both directions at once (two copies, two loading kernels: what an
-all-reduce on 2 GPUs does); and the one-way latency of a flag (ping-pong / 2). Prints a
+all-reduce on 2 GPUs does; two storing kernels: what a pushing collective would do); and the one-way latency of a flag (ping-pong / 2). Prints a
 markdown table (GB/s and % of the one-way copy). Needs 2 GPUs; on a machine without them
 it says so and exits.
 """
@@ -52,6 +52,17 @@ def load_persistent_kernel(context_ptr, src_ptr, dst_ptr, n, FROM: tl.constexpr,
         offs = t.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         m = offs < n
         tl.store(dst_ptr + offs, ctx.load(src_ptr + offs, from_rank=FROM, mask=m, cache_modifier=CACHE), mask=m)
+
+
+@triton.jit
+def store_persistent_kernel(context_ptr, src_ptr, dst_ptr, n, TO: tl.constexpr, BLOCK: tl.constexpr,
+                            W: tl.constexpr):
+    """The push twin of load_persistent_kernel: program k stores tiles k, k + P, ... to rank TO."""
+    ctx = Context.initialize(context_ptr, W)
+    for t in range(tl.program_id(0), tl.cdiv(n, BLOCK), tl.num_programs(0)):
+        offs = t.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        m = offs < n
+        ctx.store(dst_ptr + offs, tl.load(src_ptr + offs, mask=m), to_rank=TO, mask=m)
 
 
 @triton.jit
@@ -135,6 +146,10 @@ def main():
     both_ways(f"ctx.load persistent grid={sms}, both directions at once (per direction)", rows, nbytes,
               lambda: [on_device(r, lambda r=r: load_persistent_kernel[(sms,)](
                   ctx[r], src[r], dst[r], n, FROM=1 - r, BLOCK=block, W=2, CACHE="", num_warps=8)) for r in (1, 0)],
+              lambda: torch.equal(dst[1].cpu(), src[0].cpu()) and torch.equal(dst[0].cpu(), src[1].cpu()))
+    both_ways(f"ctx.store persistent grid={sms}, both directions at once (per direction)", rows, nbytes,
+              lambda: [on_device(r, lambda r=r: store_persistent_kernel[(sms,)](
+                  ctx[r], src[r], dst[r], n, TO=1 - r, BLOCK=block, W=2, num_warps=8)) for r in (1, 0)],
               lambda: torch.equal(dst[1].cpu(), src[0].cpu()) and torch.equal(dst[0].cpu(), src[1].cpu()))
     latency = flag_latency_us(heap, ctx, src_off)
     copy_bw = rows[0][2]
