@@ -4,10 +4,10 @@
 
 Times, in one run: torch's device-to-device copy GPU0 -> GPU1; `ctx.store` (kernel on
 GPU0 writes GPU1's heap) and `ctx.load` (kernel on GPU1 reads GPU0's heap), each with
-and without `hint`; both directions at once (two copies, two loading kernels: what an
-all-reduce on 2 GPUs does; two storing kernels: what a pushing collective would do); and the one-way latency of a flag (ping-pong / 2). Prints a
-markdown table (GB/s and % of the one-way copy). Needs 2 GPUs; on a machine without them
-it says so and exits.
+and without `hint`; both directions at once (two copies; two loading kernels, what an
+all-reduce on 2 GPUs does; two storing kernels, what a pushing collective would do); and the
+one-way latency of a flag (ping-pong / 2). Prints a markdown table (GB/s and % of the
+one-way copy). Needs 2 GPUs; on a machine without them it says so and exits.
 """
 
 from __future__ import annotations
