@@ -8,9 +8,10 @@ An op is `name` or `name:variant`; `psum:heap` times psum on an input already on
 Method (../shared/DESIGN.md): inside one jit, K data-dependent calls back to back (each call
 followed by the same cheap elementwise op for both libraries); time per call = GPU time from
 the profiler, (span of a 2K-call jit - span of a K-call jit) / K, so what a run of a jit pays
-once (host launch, CUDA-graph update: ~100-150 us) is left out. Every point is first checked
-against the lax op. Bus bandwidth follows
-nccl-tests: all-reduce 2(W-1)/W * S / t, all-gather and reduce-scatter (W-1)/W * S_total / t,
+once (host launch, CUDA-graph update: ~100-150 us) is left out. The JSON rows also carry
+`iris_comm_us` / `lax_comm_us`: the same difference for the time the communication kernels
+alone run (COMM_KERNELS; without the elementwise op, which at large sizes is a fair share).
+Every point is first checked against the lax op. Bus bandwidth follows nccl-tests: all-reduce 2(W-1)/W * S / t, all-gather and reduce-scatter (W-1)/W * S_total / t,
 all-to-all (W-1)/W * S / t, ppermute and broadcast S / t, with S the bytes per device.
 
 Writes benchmarks/out/collectives.json and .md (and PNG plots with --plot). On a machine
@@ -22,9 +23,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import sys
 import time
+from typing import NamedTuple
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -88,8 +91,9 @@ def main():
                 ok = bool(np.allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), rtol=tol, atol=tol * W))
                 row = {"op": op_name, "dtype": dtype_name, "bytes": n * dtype.itemsize, "correct": ok}
                 if gpu:
-                    row["iris_us"] = _time_per_call(iris_op, xi, mesh, n, dtype, jax, jnp, P, in_place) * 1e6
-                    row["lax_us"] = _time_per_call(lax_op, x, mesh, n, dtype, jax, jnp, P) * 1e6
+                    for lib, fn, arg in (("iris", iris_op, xi), ("lax", lax_op, x)):
+                        per_call, comm = _time_per_call(fn, arg, mesh, n, dtype, jax, jnp, P, in_place and lib == "iris")
+                        row[f"{lib}_us"], row[f"{lib}_comm_us"] = per_call * 1e6, comm * 1e6
                     row["ratio"] = row["lax_us"] / row["iris_us"]
                     row["iris_busbw"] = busbw_factor * row["bytes"] / row["iris_us"] / 1e3
                     row["lax_busbw"] = busbw_factor * row["bytes"] / row["lax_us"] / 1e3
@@ -179,16 +183,17 @@ def calls_per_jit(nbytes: int) -> int:
     return 20 if nbytes <= (4 << 20) else 5 if nbytes <= (256 << 20) else 2
 
 
-def _time_per_call(fn, x, mesh, n, dtype, jax, jnp, P, in_place=False):
+def _time_per_call(fn, x, mesh, n, dtype, jax, jnp, P, in_place=False) -> tuple[float, float]:
     """GPU time of one call, in seconds: the GPUs' span for 2K chained calls minus that for
     K calls, divided by K (each span the best of 5 profiled runs). The difference leaves out
-    what every run of a jit pays once (the host's launch, CUDA-graph updates)."""
+    what every run of a jit pays once (the host's launch, CUDA-graph updates). Also returns,
+    the same way, the time of the communication kernels alone (COMM_KERNELS: no elementwise op)."""
     K = calls_per_jit(n * dtype.itemsize)
-    spans = []
+    runs = []
     for k in (K, 2 * K):
         f = _chain_jit(fn, mesh, n, dtype, k, jax, jnp, P, in_place)
-        spans.append(min(gpu_time(f, x)[0] for _ in range(5)))
-    return max(spans[1] - spans[0], 0.0) / K / 1e6
+        runs.append(min((gpu_time(f, x) for _ in range(5)), key=lambda t: t.span))
+    return (max(runs[1].span - runs[0].span, 0.0) / K / 1e6, max(runs[1].comm - runs[0].comm, 0.0) / K / 1e6)
 
 
 def wall_time_per_call(fn, x, mesh, n, dtype, jax, jnp, P) -> float:
@@ -205,13 +210,19 @@ def wall_time_per_call(fn, x, mesh, n, dtype, jax, jnp, P) -> float:
     return statistics.median(times) / K
 
 
-def gpu_time(f, *args) -> tuple[float, float]:
-    """(span, busy) in us of one run of `f(*args)` on the GPUs, from a profile.
+# the communication kernels in a profile: iris's collective kernel, XLA's NCCL kernels
+COMM_KERNELS = re.compile(r"collective_kernel|nccl", re.IGNORECASE)
 
-    span: from the moment every GPU has started (the latest first kernel) to the moment every
-    GPU is done (the latest last kernel), so the host's launch skew between devices is left
-    out; leading memsets are not counted (XLA issues one before the host's launch work).
-    busy: time some kernel runs, on the busiest device."""
+
+class GpuTime(NamedTuple):
+    """One run on the GPUs, in us (see gpu_activity)."""
+    span: float
+    busy: float
+    comm: float
+
+
+def gpu_time(f, *args) -> GpuTime:
+    """GPU activity of one run of `f(*args)` (after a warm-up run), from a jax.profiler trace."""
     import glob
     import tempfile
 
@@ -223,31 +234,49 @@ def gpu_time(f, *args) -> tuple[float, float]:
             jax.block_until_ready(f(*args))
         (path,) = glob.glob(os.path.join(d, "**", "*.xplane.pb"), recursive=True)
         data = jax.profiler.ProfileData.from_file(path)
-    starts, ends, busy = [], [], [0.0]
-    for plane in data.planes:
-        if not plane.name.startswith("/device:GPU:"):
+    return gpu_activity([(plane.name, [(line.name, [(e.start_ns, e.end_ns, e.name) for e in line.events])
+                                       for line in plane.lines]) for plane in data.planes])
+
+
+def gpu_activity(planes) -> GpuTime:
+    """From a profile's planes, [(plane name, [(line name, [(start ns, end ns, kernel name)])])]:
+
+    span: from the moment every GPU has started (the latest first kernel) to the moment every
+    GPU is done (the latest last kernel), so the host's launch skew between devices is left
+    out; leading memsets are not counted (XLA issues one before the host's launch work).
+    busy: time some kernel runs; comm: time some COMM_KERNELS kernel runs; busiest device."""
+    starts, ends, busy, comm = [], [], [0.0], [0.0]
+    for plane, lines in planes:
+        if not plane.startswith("/device:GPU:"):
             continue
-        events = sorted((e.start_ns, e.end_ns, e.name) for line in plane.lines if line.name.startswith("Stream")
-                        for e in line.events)
+        events = sorted(e for line, line_events in lines if line.startswith("Stream") for e in line_events)
         while events and events[0][2].startswith("Memset"):
             events.pop(0)
         if not events:
             continue
         starts.append(events[0][0])
         ends.append(max(end for _, end, _ in events))
-        total, reach = 0.0, events[0][0]
-        for start, end, _ in events:  # union of the kernels' intervals
-            total += max(0.0, end - max(start, reach))
-            reach = max(reach, end)
-        busy.append(total)
-    return ((max(ends) - max(starts)) / 1e3 if starts else 0.0), max(busy) / 1e3
+        busy.append(_covered(events))
+        comm.append(_covered([e for e in events if COMM_KERNELS.search(e[2])]))
+    span = (max(ends) - max(starts)) / 1e3 if starts else 0.0
+    return GpuTime(span, max(busy) / 1e3, max(comm) / 1e3)
+
+
+def _covered(events) -> float:
+    """Length of the union of sorted (start, end, name) intervals."""
+    total, reach = 0.0, events[0][0] if events else 0.0
+    for start, end, _ in events:
+        total += max(0.0, end - max(start, reach))
+        reach = max(reach, end)
+    return total
 
 
 def _format_row(r, gpu):
     head = f"{r['op']:>16} {r['dtype']:>8} {r['bytes']:>11} B  correct={r['correct']}"
     if not gpu:
         return head
-    return head + f"  iris {r['iris_us']:9.1f} us  lax {r['lax_us']:9.1f} us  x{r['ratio']:.2f}"
+    return head + (f"  iris {r['iris_us']:9.1f} us (kernel {r['iris_comm_us']:.1f})  lax {r['lax_us']:9.1f} us "
+                   f"(kernel {r['lax_comm_us']:.1f})  x{r['ratio']:.2f}")
 
 
 def _markdown(rows, gpu):

@@ -73,7 +73,7 @@ def main():
                     f = jax.jit(jax.shard_map(fns(impl), mesh=mesh, in_specs=in_specs, out_specs=out_spec))
                     results[impl] = np.asarray(jax.block_until_ready(f(*arrays)), np.float32)
                     if opts.reps:
-                        times[impl] = statistics.median(gpu_time(f, *arrays)[0] for _ in range(opts.reps)) / 1e6
+                        times[impl] = statistics.median(gpu_time(f, *arrays).span for _ in range(opts.reps)) / 1e6
                 want = results["xla"]
                 err = float(np.abs(results["fused"] - want).max() / max(1e-6, np.abs(want).max()))
                 row = {"op": op, "M": m, "N": N, "K": K, "W": W, "dtype": jnp.dtype(dtype).name,

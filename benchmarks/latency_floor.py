@@ -86,9 +86,9 @@ def main():
           "| GPU busy us per call |\n|---|---|---|---|")
     f32 = jnp.dtype(jnp.float32)
     for name, fn in cases:
-        us = _time_per_call(fn, x, mesh, n, f32, jax, jnp, P) * 1e6
+        us = _time_per_call(fn, x, mesh, n, f32, jax, jnp, P)[0] * 1e6
         wall = wall_time_per_call(fn, x, mesh, n, f32, jax, jnp, P) * 1e6
-        busy = gpu_time(_chain_jit(fn, mesh, n, f32, 20, jax, jnp, P), x)[1] / 20
+        busy = gpu_time(_chain_jit(fn, mesh, n, f32, 20, jax, jnp, P), x).busy / 20
         print(f"| {name} | {us:.1f} | {wall:.1f} | {busy:.1f} |", flush=True)
 
     def chain(v):

@@ -54,7 +54,7 @@ def main():
             iris_fn, lax_fn, out_spec, busbw_factor = _ops(op, "one_shot", W, iris_jax, lax, jnp)
             run = lambda f: np.asarray(jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P("i"), out_specs=out_spec))(x))
             ok = bool(np.allclose(run(iris_fn), run(lax_fn), rtol=1e-5, atol=1e-5 * W))
-            us = _time_per_call(iris_fn, x, mesh, n, jnp.dtype(jnp.float32), jax, jnp, P) * 1e6
+            us = _time_per_call(iris_fn, x, mesh, n, jnp.dtype(jnp.float32), jax, jnp, P)[0] * 1e6
             row = {"block": block, "programs_per_sm": per_sm, "warps": warps, "case": case, "us": us,
                    "busbw": busbw_factor * n * 4 / us / 1e3, "correct": ok}
             rows.append(row)
