@@ -11,8 +11,9 @@ the profiler, (span of a 2K-call jit - span of a K-call jit) / K, so what a run 
 once (host launch, CUDA-graph update: ~100-150 us) is left out. The JSON rows also carry
 `iris_comm_us` / `lax_comm_us`: the same difference for the time the communication kernels
 alone run (COMM_KERNELS; without the elementwise op, which at large sizes is a fair share).
-Every point is first checked against the lax op. Bus bandwidth follows nccl-tests: all-reduce 2(W-1)/W * S / t, all-gather and reduce-scatter (W-1)/W * S_total / t,
-all-to-all (W-1)/W * S / t, ppermute and broadcast S / t, with S the bytes per device.
+Every point is first checked against the lax op. Bus bandwidth follows nccl-tests:
+all-reduce 2(W-1)/W * S / t, all-gather and reduce-scatter (W-1)/W * S_total / t, all-to-all
+(W-1)/W * S / t, ppermute and broadcast S / t, with S the bytes per device.
 
 Writes benchmarks/out/collectives.json and .md (and PNG plots with --plot). On a machine
 without GPUs it runs a tiny correctness-only pass on the CPU simulator and says so.

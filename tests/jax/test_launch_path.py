@@ -4,6 +4,7 @@ without a GPU: the custom call is built and rewritten in MLIR."""
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 import zlib
 from types import SimpleNamespace
@@ -17,8 +18,10 @@ from iris_core.errors import IrisError
 from iris_jax import call
 
 
-def test_retarget_makes_a_typed_ffi_call_with_the_same_kernel():
-    kernel = zlib.compress(b"serialized TritonAnyKernelCall")
+@contextlib.contextmanager
+def _legacy_call(backend_config: bytes):
+    """(module, op): a custom call as jax-triton emits it (api_version 2, the kernel's bytes
+    as backend_config, side effect set as iris's lowering sets it) in a fresh MLIR module."""
     with mlir.make_ir_context(), ir.Location.unknown():
         module = ir.Module.create()
         tensor = ir.RankedTensorType.get([7], ir.F32Type.get())
@@ -26,8 +29,14 @@ def test_retarget_makes_a_typed_ffi_call_with_the_same_kernel():
             fn = func.FuncOp("main", ir.FunctionType.get([tensor], [tensor]))
             with ir.InsertionPoint(fn.add_entry_block()):
                 op = mlir.custom_call("triton_kernel_call", result_types=[tensor], operands=list(fn.arguments),
-                                      backend_config=kernel, api_version=2, has_side_effect=True)
+                                      backend_config=backend_config, api_version=2, has_side_effect=True)
                 func.ReturnOp(op.results)
+        yield module, op
+
+
+def test_retarget_makes_a_typed_ffi_call_with_the_same_kernel():
+    kernel = zlib.compress(b"serialized TritonAnyKernelCall")
+    with _legacy_call(kernel) as (module, op):
         call._retarget(op.operation, call.GRAPH_TARGET)
         assert ir.StringAttr(op.attributes["call_target_name"]).value == call.GRAPH_TARGET
         assert ir.IntegerAttr(op.attributes["api_version"]).value == 4  # typed FFI
@@ -38,15 +47,7 @@ def test_retarget_makes_a_typed_ffi_call_with_the_same_kernel():
 
 
 def test_retarget_refuses_what_is_not_a_compressed_kernel():
-    with mlir.make_ir_context(), ir.Location.unknown():
-        module = ir.Module.create()
-        tensor = ir.RankedTensorType.get([3], ir.F32Type.get())
-        with ir.InsertionPoint(module.body):
-            fn = func.FuncOp("main", ir.FunctionType.get([tensor], [tensor]))
-            with ir.InsertionPoint(fn.add_entry_block()):
-                op = mlir.custom_call("triton_kernel_call", result_types=[tensor], operands=list(fn.arguments),
-                                      backend_config=b"not zlib", api_version=2)
-                func.ReturnOp(op.results)
+    with _legacy_call(b"not zlib") as (_, op):
         with pytest.raises(zlib.error):
             call._retarget(op.operation, call.GRAPH_TARGET)
 
