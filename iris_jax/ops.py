@@ -76,6 +76,12 @@ class FusedWorkspace:
             sms = getattr(rt.devices[0], "core_count", None) or 132
             self.programs = min(int(sms), MAX_PROGRAMS)
         self.comm_programs = 1 if self.simulated else 8  # all_gather_matmul's pushing programs
+        # matmul_all_reduce / matmul_reduce_scatter: programs that pull and reduce while the
+        # others compute (IRIS_FUSED_REDUCE_PROGRAMS overrides, for tuning)
+        default = 1 if self.simulated else 16
+        self.reduce_programs = int(os.environ.get("IRIS_FUSED_REDUCE_PROGRAMS", default))
+        if not 0 <= self.reduce_programs < self.programs:
+            raise IrisError(f"IRIS_FUSED_REDUCE_PROGRAMS={self.reduce_programs}: must be in [0, {self.programs})")
 
     def config(self, dtype):
         """(BM, BN, BK, GROUP_M, PREC, num_warps, num_stages) for `dtype`. For tuning
@@ -175,8 +181,9 @@ def _launch_reduce(a, b, axes, scatter: bool, what, timeout_s):
     NB = G if scatter else 1
     M = a.shape[0] // NB
     tiles_n = math.ceil(N / BN)
-    row_tile_bytes = G * tiles_n * BM * BN * a.dtype.itemsize
-    row_tiles = min(ws.data_bytes // row_tile_bytes, ws.flag_count // (G * tiles_n))
+    # every rank keeps all tiles it computes (NB row blocks) for its peers to pull
+    row_tile_bytes = NB * tiles_n * BM * BN * a.dtype.itemsize
+    row_tiles = min(ws.data_bytes // row_tile_bytes, ws.flag_count // (NB * tiles_n))
     if row_tiles < 1:
         raise IrisError(f"iris_jax.ops.{what}: N={N} is too wide for the fused workspace "
                         f"({ws.data_bytes} bytes); raise IRIS_FUSED_WORKSPACE_BYTES or use impl='xla'")
@@ -187,11 +194,16 @@ def _launch_reduce(a, b, axes, scatter: bool, what, timeout_s):
     outs = []
     for r0, r1 in _chunks(M, step):
         part = blocks[:, r0:r1].reshape(NB * (r1 - r0), K) if (r0, r1) != (0, M) else a
+        tiles = NB * math.ceil((r1 - r0) / BM) * tiles_n
+        # one round of tiles: every program computes (and reduces its own tile); more: some
+        # programs reduce while the others compute
+        gemm_programs = ws.programs if tiles <= ws.programs else ws.programs - ws.reduce_programs
         outs.append(triton_call(
             part, b, kernel=F.matmul_reduce_kernel, out_shape=jax.ShapeDtypeStruct((r1 - r0, N), a.dtype),
             grid=(ws.programs,), group_axes=axes, out_varying=out_varying,
             M=r1 - r0, N=N, K=K, stride_am=K, stride_ak=1, stride_bk=N, stride_bn=1, SCATTER=int(scatter), G=G,
-            WORLD=rt.world_size, WS_OFFSET=ws.offset, FLAGS=ws.flags, DATA=ws.data, DATA_BYTES=ws.data_bytes,
+            WORLD=rt.world_size, GEMM_PROGRAMS=gemm_programs, WS_OFFSET=ws.offset, FLAGS=ws.flags,
+            DATA=ws.data, DATA_BYTES=ws.data_bytes,
             TIMEOUT_NS=int((timeout_s or DEFAULT_TIMEOUT_S) * 1e9), WHAT=what, **meta, **launch))
     return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=0)
 

@@ -1,5 +1,5 @@
-"""GEMM + communication in one persistent kernel: tiles are produced, pushed to the ranks
-that need them and flagged, while the remaining tiles are still being computed.
+"""GEMM + communication in one persistent kernel: tiles are produced and flagged, and
+moved to the ranks that need them while the remaining tiles are still being computed.
 
     matmul_reduce_kernel(SCATTER=0)   all-reduce:     out = sum over the group of A_i @ B_i
     matmul_reduce_kernel(SCATTER=1)   reduce-scatter: out = rows block `me` of that sum
@@ -8,32 +8,38 @@ that need them and flagged, while the remaining tiles are still being computed.
 Workspace: every rank keeps the same region of its heap (offset WS_OFFSET) with
 
     epochs  [MAX_PROGRAMS] int32, one 128-byte line each: calls this program has made
-    flags   int32 [...]: flag f holds the epoch in which its data last arrived
-    data    [2 parities][DATA_BYTES]: where peers push tiles (parity = epoch % 2)
+    flags   int32 [...]: flag f holds the epoch in which its data was last published
+    data    [2 parities][DATA_BYTES]: tiles (parity = epoch % 2)
 
 Programs and waits. The grid is always the same P programs (the launcher's fixed count), so
 every program's epoch equals the number of fused calls so far, identical on every rank
-(SPMD). Producers *push* (remote stores, then a release flag on the consumer's heap);
-consumers poll their local flags (bounded by TIMEOUT_NS) and read local memory.
+(SPMD). Every wait is bounded by TIMEOUT_NS.
 
-* reduce kernels: tile t is computed by program t % P on every rank and consumed by program
-  t % P of its consumers, so a program waits only for the same program index of its peers,
-  and only after publishing everything that program index publishes before that point
-  (all-reduce: consume tile i-1 after publishing tile i; reduce-scatter: each rank computes
-  the other ranks' blocks first and its own block last, reducing each own tile as soon as it
-  is computed). Correct with all programs resident (GPU, P <= SMs) and with programs run one
-  after another (simulator).
-* all-gather: programs 0..COMM-1 push this rank's A rows (row tile by row tile, with a flag
-  each) and then compute own-block tiles only: they never wait. Programs COMM..P-1 wait on
-  those flags of peers before computing the peers' blocks. A program thus waits only for
-  lower-indexed programs of peers that never wait: no deadlock in either model.
+* reduce kernels *pull*, on their own SMs. The GEMM programs write each C tile into their
+  own heap and raise their own flag (release); they never wait, so the GEMM runs at full
+  speed. The communication programs (the other SMs) poll the members' flags over the link
+  and pull each member's tile, summing in member order. Pushing from the GEMM programs
+  instead (the first design) stalled the tensor cores: every program finished its tile in
+  the same wave and then waited while the link drained 132 tiles at once. Only each GEMM
+  program's last round of tiles (nothing is left to overlap with) is reduced by the GEMM
+  program itself: it waits for the same program index of its peers, which computes the
+  same tile and never waits before publishing it.
+* all-gather pushes: programs 0..COMM-1 push this rank's A rows (row tile by row tile, with
+  a flag each on the peer) and then compute own-block tiles only: they never wait. Programs
+  COMM..P-1 poll their local flags before computing the peers' blocks.
 
-Reuse of the parity buffers: a rank pushes into a peer's buffer of parity e % 2 in call e.
-The peer read that buffer in call e - 2. In call e - 1 this rank waited on a flag the peer
-raised in call e - 1 (every call consumes at least one tile from every member), and kernels
-of one device run in stream order, so the peer had finished call e - 2. This holds when
-consecutive fused calls use the same group (1-D meshes, or always the same axes); see
-iris_jax/ops.py for the multi-axis caveat.
+A program thus only waits for programs that never wait before publishing (or, for the
+tail, for their own publication): all programs resident (GPU, P <= SMs) or run one after
+another in index order (simulator), nothing deadlocks.
+
+Reuse of the parity buffers, all-gather: a rank pushes into a peer's buffer of parity
+e % 2 in call e. The peer read that buffer in call e - 2. In call e - 1 this rank waited on
+a flag the peer raised in call e - 1 (every call consumes at least one tile from every
+member), and kernels of one device run in stream order, so the peer had finished call
+e - 2. Reduce kernels: a rank rewrites its own buffer of parity e % 2 in call e, which peers
+read in call e - 2; in call e - 1 it pulled a tile the peer published in call e - 1, so the
+peer's call e - 2 was over. This holds when consecutive fused calls use the same group (1-D
+meshes, or always the same axes); see iris_jax/ops.py for the multi-axis caveat.
 """
 
 import triton
@@ -95,16 +101,43 @@ def _push(ctx, ptrs, value, rank, ROW_BYTES: tl.constexpr, mask=None):
 
 
 @triton.jit
-def _consume_all(data, flags, group_ptr, l, epoch, offs, out_ptr, M, N, TB, tiles_m, tiles_n,
-                 G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr,
-                 TIMEOUT_NS: tl.constexpr, WHAT: tl.constexpr):
-    """All-reduce: out tile l = sum of every member's pushed tile l (members in order, so
-    every rank gets bit-identical results)."""
-    pid_m, pid_n = tile_coords(l, tiles_m, tiles_n, GROUP_M)
+def _pull(ctx, ptrs, rank, ROW_BYTES: tl.constexpr):
+    """Loads the tile at my-heap pointers `ptrs` from `rank`'s heap, as 16-byte vectors when
+    ROW_BYTES allows. Plain loads: the caller acquired `rank`'s flag and passed a CTA barrier
+    first; `.cg` loads of peer memory run at a quarter of the speed (benchmarks/rma.py)."""
+    if ROW_BYTES % 16 == 0:
+        return ctx.load(ptrs, rank, hint=(1, 16))
+    else:
+        return ctx.load(ptrs, rank)
+
+
+@triton.jit
+def _wait_at(ctx, flag_ptr, epoch, rank, TIMEOUT_NS: tl.constexpr, WHAT: tl.constexpr):
+    """Waits until `rank`'s copy of flag `flag_ptr` reaches `epoch` (polling over the link
+    for a peer), then acquires: the data `rank` published before the flag is visible."""
+    start = global_timer()
+    seen = ctx.load(flag_ptr, rank, volatile=True)
+    while seen < epoch:
+        if global_timer() - start > TIMEOUT_NS:
+            peer_timeout(WHAT, rank)
+        seen = ctx.load(flag_ptr, rank, volatile=True)
+    ctx.atomic_add(flag_ptr, 0, to_rank=rank, sem="acquire", scope="sys")
+    tl.debug_barrier()
+
+
+@triton.jit
+def _reduce_tile(ctx, group_ptr, data, flags, t, epoch, offs, out_ptr, pid_m, pid_n, M, N,
+                 G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, TIMEOUT_NS: tl.constexpr,
+                 WHAT: tl.constexpr):
+    """Out tile (pid_m, pid_n) = the sum of every member's published tile `t`, each pulled
+    from that member's heap once its flag is up (members in order: every rank reducing a
+    tile gets bit-identical results)."""
     total = tl.zeros((BM, BN), dtype=tl.float32)
     for i in tl.static_range(G):
-        _wait(flags + l * G + i, epoch, tl.load(group_ptr + 1 + i), TIMEOUT_NS, WHAT)
-        total += tl.load(_slot(data, i * TB + l, offs, BN), cache_modifier=".cg").to(tl.float32)
+        rank = tl.load(group_ptr + 1 + i)
+        _wait_at(ctx, flags + t, epoch, rank, TIMEOUT_NS, WHAT)
+        value = _pull(ctx, _slot(data, t, offs, BN), rank, BN * (out_ptr.dtype.element_ty.primitive_bitwidth // 8))
+        total += value.to(tl.float32)
     store_tile(out_ptr, total.to(out_ptr.dtype.element_ty), pid_m, pid_n, M, N, N, 1, BM, BN)
 
 
@@ -114,15 +147,20 @@ def matmul_reduce_kernel(context_ptr, group_ptr, a_ptr, b_ptr, out_ptr,
                          stride_am: tl.constexpr, stride_ak: tl.constexpr, stride_bk: tl.constexpr,
                          stride_bn: tl.constexpr, SCATTER: tl.constexpr, G: tl.constexpr,
                          WORLD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                         GROUP_M: tl.constexpr, PREC: tl.constexpr, WS_OFFSET: tl.constexpr,
-                         FLAGS: tl.constexpr, DATA: tl.constexpr, DATA_BYTES: tl.constexpr,
-                         TIMEOUT_NS: tl.constexpr, WHAT: tl.constexpr):
+                         GROUP_M: tl.constexpr, PREC: tl.constexpr, GEMM_PROGRAMS: tl.constexpr,
+                         WS_OFFSET: tl.constexpr, FLAGS: tl.constexpr, DATA: tl.constexpr,
+                         DATA_BYTES: tl.constexpr, TIMEOUT_NS: tl.constexpr, WHAT: tl.constexpr):
     """A is (NB * M) x K with NB = G if SCATTER else 1, B is K x N; C = A @ B is split into NB
     row blocks of M rows. SCATTER=0: out (M x N) = sum over members of C. SCATTER=1: out
     (M x N) = sum over members of C's block `me`.
 
-    Pushed tiles land in the consumer's data buffer at slot [source member][tile in block]
-    (BM x BN contiguous), flag [tile in block][source member]."""
+    Tiles t = l * NB + block (block-interleaved: every block's tile l is made at the same
+    time on every rank). GEMM programs (pid < GEMM_PROGRAMS) compute tiles pid, pid + PG, ...
+    into slot t of my data buffer and raise my flag t; they never wait, except on their last
+    round of tiles (the tail), which they reduce themselves. The other programs (the highest
+    pids, so the simulator runs them last) reduce every earlier tile that this rank outputs
+    (all of them, or block `me`'s), pulling each member's slot t once its flag is up: the
+    communication runs on its own SMs while the GEMM goes on."""
     ctx = Context.initialize(context_ptr, WORLD)
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
@@ -133,51 +171,35 @@ def matmul_reduce_kernel(context_ptr, group_ptr, a_ptr, b_ptr, out_ptr,
     tiles_m = tl.cdiv(M, BM)
     tiles_n = tl.cdiv(N, BN)
     TB = tiles_m * tiles_n
+    NB: tl.constexpr = G if SCATTER else 1
+    T = NB * TB
+    PG: tl.constexpr = GEMM_PROGRAMS
+    # tiles from `tail` on are each GEMM program's last round (all tiles when nobody else reduces)
+    tail = (tl.cdiv(T, PG) - 1) * PG if programs > PG else 0
     offs = tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :]
     out_dtype = out_ptr.dtype.element_ty
-    prev = pid * 0 - 1
-    NB: tl.constexpr = G if SCATTER else 1
-    for bi in range(NB):
-        block = (me + 1 + bi) % NB  # reduce-scatter: others' blocks first, mine last
-        first = block * TB
-        l0 = (pid - first % programs + programs) % programs  # first local tile of mine: (first + l) % P == pid
-        a_block = a_ptr + block * M * stride_am
-        for l in range(l0, TB, programs):
+    if pid < PG:
+        for t in range(pid, T, PG):
+            block = t % NB
+            l = t // NB
             pid_m, pid_n = tile_coords(l, tiles_m, tiles_n, GROUP_M)
-            acc = tile_gemm(a_block, b_ptr, pid_m, pid_n, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
-                            BM, BN, BK, K % BK == 0, PREC, False)
-            slot = _slot(data, me * TB + l, offs, BN)
-            if SCATTER:
-                if block == me:  # reduce my tile now: my part from registers, the others' pushed
-                    total = tl.zeros((BM, BN), dtype=tl.float32)
-                    for i in tl.static_range(G):
-                        if i == me:
-                            total += acc
-                        else:
-                            _wait(flags + l * G + i, epoch, tl.load(group_ptr + 1 + i), TIMEOUT_NS, WHAT)
-                            total += tl.load(_slot(data, i * TB + l, offs, BN), cache_modifier=".cg").to(tl.float32)
-                    store_tile(out_ptr, total.to(out_dtype), pid_m, pid_n, M, N, N, 1, BM, BN)
-                else:
-                    dest = tl.load(group_ptr + 1 + block)
-                    _push(ctx, slot, acc.to(out_dtype), dest, BN * (out_dtype.primitive_bitwidth // 8))
-                    tl.debug_barrier()
-                    ctx.atomic_xchg(flags + l * G + me, epoch, to_rank=dest, sem="release", scope="sys")
-            else:
-                value = acc.to(out_dtype)
-                for i in tl.static_range(G):
-                    _push(ctx, slot, value, tl.load(group_ptr + 1 + i), BN * (out_dtype.primitive_bitwidth // 8))
-                tl.debug_barrier()
-                for i in tl.static_range(G):
-                    ctx.atomic_xchg(flags + l * G + me, epoch, to_rank=tl.load(group_ptr + 1 + i),
-                                    sem="release", scope="sys")
-                if prev >= 0:  # reduce the previous tile while peers finish this one
-                    _consume_all(data, flags, group_ptr, prev, epoch, offs, out_ptr, M, N, TB, tiles_m, tiles_n,
-                                 G, BM, BN, GROUP_M, TIMEOUT_NS, WHAT)
-                prev = l
-    if not SCATTER:
-        if prev >= 0:
-            _consume_all(data, flags, group_ptr, prev, epoch, offs, out_ptr, M, N, TB, tiles_m, tiles_n,
-                         G, BM, BN, GROUP_M, TIMEOUT_NS, WHAT)
+            acc = tile_gemm(a_ptr + block * M * stride_am, b_ptr, pid_m, pid_n, M, N, K, stride_am, stride_ak,
+                            stride_bk, stride_bn, BM, BN, BK, K % BK == 0, PREC, False)
+            tl.store(_slot(data, t, offs, BN), acc.to(out_dtype))
+            tl.debug_barrier()
+            tl.atomic_xchg(flags + t, epoch, sem="release", scope="sys")
+            owner = block if SCATTER else me  # the member that outputs tile t
+            if (t >= tail) & (owner == me):
+                _reduce_tile(ctx, group_ptr, data, flags, t, epoch, offs, out_ptr, pid_m, pid_n, M, N,
+                                 G, BM, BN, TIMEOUT_NS, WHAT)
+    else:
+        C = programs - PG
+        for l in range(pid - PG, TB, C):
+            t = l * NB + me * SCATTER
+            if t < tail:
+                pid_m, pid_n = tile_coords(l, tiles_m, tiles_n, GROUP_M)
+                _reduce_tile(ctx, group_ptr, data, flags, t, epoch, offs, out_ptr, pid_m, pid_n, M, N,
+                             G, BM, BN, TIMEOUT_NS, WHAT)
     _epilogue(epoch_ptr, epoch)
 
 

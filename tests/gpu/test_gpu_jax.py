@@ -24,7 +24,8 @@ def _smap(mesh, f, n_in, out_specs=None):
     import jax
     from jax.sharding import PartitionSpec as P
 
-    return jax.jit(jax.shard_map(f, mesh=mesh, in_specs=(P("i"),) * n_in, out_specs=out_specs or P("i")))
+    out_specs = P("i") if out_specs is None else out_specs  # P() is falsy
+    return jax.jit(jax.shard_map(f, mesh=mesh, in_specs=(P("i"),) * n_in, out_specs=out_specs))
 
 
 @pytest.mark.parametrize("n,hint", [(37, None), (4096, 16), (1 << 20, 16)])
