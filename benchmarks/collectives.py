@@ -96,8 +96,8 @@ def main():
                         per_call, comm = _time_per_call(fn, arg, mesh, n, dtype, jax, jnp, P, in_place and lib == "iris")
                         row[f"{lib}_us"], row[f"{lib}_comm_us"] = per_call * 1e6, comm * 1e6
                     row["ratio"] = row["lax_us"] / row["iris_us"]
-                    row["iris_busbw"] = busbw_factor * row["bytes"] / row["iris_us"] / 1e3
-                    row["lax_busbw"] = busbw_factor * row["bytes"] / row["lax_us"] / 1e3
+                    for key in ("iris_us", "lax_us", "iris_comm_us", "lax_comm_us"):  # GB/s
+                        row[key.replace("_us", "_busbw")] = busbw_factor * row["bytes"] / max(row[key], 1e-9) / 1e3
                 rows.append(row)
                 print(_format_row(row, gpu), flush=True)
                 _save_json(opts.out, W, gpu, rows)  # after every row: a run cut short keeps what it measured
@@ -285,11 +285,16 @@ def _markdown(rows, gpu):
         lines = ["| op | dtype | bytes/device | correct |", "|---|---|---|---|"]
         lines += [f"| {r['op']} | {r['dtype']} | {r['bytes']} | {r['correct']} |" for r in rows]
         return "\n".join(lines) + "\n"
-    lines = ["| op | dtype | bytes/device | iris (us) | lax (us) | lax/iris | iris busbw (GB/s) | lax busbw (GB/s) | correct |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    # per call (with the elementwise op), then the communication kernels alone (nccl-tests' view)
+    lines = ["| op | dtype | bytes/device | iris (us) | lax (us) | lax/iris | iris busbw (GB/s) | lax busbw (GB/s) "
+             "| iris kernel (us) | lax kernel (us) | kernel lax/iris | iris kernel busbw | lax kernel busbw | correct |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
+        ik, lk = r.get("iris_comm_us", 0.0), r.get("lax_comm_us", 0.0)
         lines.append(f"| {r['op']} | {r['dtype']} | {_human(r['bytes'])} | {r['iris_us']:.1f} | {r['lax_us']:.1f} | "
-                     f"{r['ratio']:.2f} | {r['iris_busbw']:.1f} | {r['lax_busbw']:.1f} | {r['correct']} |")
+                     f"{r['ratio']:.2f} | {r['iris_busbw']:.1f} | {r['lax_busbw']:.1f} | {ik:.1f} | {lk:.1f} | "
+                     f"{lk / ik if ik else float('nan'):.2f} | {r.get('iris_comm_busbw', 0):.1f} | "
+                     f"{r.get('lax_comm_busbw', 0):.1f} | {r['correct']} |")
     return "\n".join(lines) + "\n"
 
 
