@@ -181,9 +181,10 @@ def _launch_reduce(a, b, axes, scatter: bool, what, timeout_s):
     NB = G if scatter else 1
     M = a.shape[0] // NB
     tiles_n = math.ceil(N / BN)
-    # every rank keeps all tiles it computes (NB row blocks) for its peers to pull
+    # every rank keeps all tiles it computes (NB row blocks) for its peers to pull, and a flag
+    # per tile and member
     row_tile_bytes = NB * tiles_n * BM * BN * a.dtype.itemsize
-    row_tiles = min(ws.data_bytes // row_tile_bytes, ws.flag_count // (NB * tiles_n))
+    row_tiles = min(ws.data_bytes // row_tile_bytes, ws.flag_count // (NB * tiles_n * G))
     if row_tiles < 1:
         raise IrisError(f"iris_jax.ops.{what}: N={N} is too wide for the fused workspace "
                         f"({ws.data_bytes} bytes); raise IRIS_FUSED_WORKSPACE_BYTES or use impl='xla'")

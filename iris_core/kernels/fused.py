@@ -16,14 +16,14 @@ every program's epoch equals the number of fused calls so far, identical on ever
 (SPMD). Every wait is bounded by TIMEOUT_NS.
 
 * reduce kernels *pull*, on their own SMs. The GEMM programs write each C tile into their
-  own heap and raise their own flag (release); they never wait, so the GEMM runs at full
-  speed. The communication programs (the other SMs) poll the members' flags over the link
-  and pull each member's tile, summing in member order. Pushing from the GEMM programs
-  instead (the first design) stalled the tensor cores: every program finished its tile in
-  the same wave and then waited while the link drained 132 tiles at once. Only each GEMM
-  program's last round of tiles (nothing is left to overlap with) is reduced by the GEMM
-  program itself: it waits for the same program index of its peers, which computes the
-  same tile and never waits before publishing it.
+  own heap and release a flag into the heap of every member that reduces it; they never
+  wait, so the GEMM runs at full speed. The communication programs (the other SMs) poll
+  their local flags and pull each member's tile over the link, summing in member order.
+  Pushing the data from the GEMM programs instead (the first design) stalled the tensor
+  cores: every program finished its tile in the same wave, then waited while the link
+  drained 132 tiles at once. Only each GEMM program's last round of tiles (nothing is left
+  to overlap with) is reduced by the GEMM program itself: it waits for the same program
+  index of its peers, which computes the same tile and never waits before publishing it.
 * all-gather pushes: programs 0..COMM-1 push this rank's A rows (row tile by row tile, with
   a flag each on the peer) and then compute own-block tiles only: they never wait. Programs
   COMM..P-1 poll their local flags before computing the peers' blocks.
@@ -112,30 +112,16 @@ def _pull(ctx, ptrs, rank, ROW_BYTES: tl.constexpr):
 
 
 @triton.jit
-def _wait_at(ctx, flag_ptr, epoch, rank, TIMEOUT_NS: tl.constexpr, WHAT: tl.constexpr):
-    """Waits until `rank`'s copy of flag `flag_ptr` reaches `epoch` (polling over the link
-    for a peer), then acquires: the data `rank` published before the flag is visible."""
-    start = global_timer()
-    seen = ctx.load(flag_ptr, rank, volatile=True)
-    while seen < epoch:
-        if global_timer() - start > TIMEOUT_NS:
-            peer_timeout(WHAT, rank)
-        seen = ctx.load(flag_ptr, rank, volatile=True)
-    ctx.atomic_add(flag_ptr, 0, to_rank=rank, sem="acquire", scope="sys")
-    tl.debug_barrier()
-
-
-@triton.jit
 def _reduce_tile(ctx, group_ptr, data, flags, t, epoch, offs, out_ptr, pid_m, pid_n, M, N,
                  G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, TIMEOUT_NS: tl.constexpr,
                  WHAT: tl.constexpr):
     """Out tile (pid_m, pid_n) = the sum of every member's published tile `t`, each pulled
-    from that member's heap once its flag is up (members in order: every rank reducing a
-    tile gets bit-identical results)."""
+    from that member's heap once its flag (in my heap) is up (members in order: every rank
+    reducing a tile gets bit-identical results)."""
     total = tl.zeros((BM, BN), dtype=tl.float32)
     for i in tl.static_range(G):
         rank = tl.load(group_ptr + 1 + i)
-        _wait_at(ctx, flags + t, epoch, rank, TIMEOUT_NS, WHAT)
+        _wait(flags + t * G + i, epoch, rank, TIMEOUT_NS, WHAT)
         value = _pull(ctx, _slot(data, t, offs, BN), rank, BN * (out_ptr.dtype.element_ty.primitive_bitwidth // 8))
         total += value.to(tl.float32)
     store_tile(out_ptr, total.to(out_ptr.dtype.element_ty), pid_m, pid_n, M, N, N, 1, BM, BN)
@@ -187,7 +173,13 @@ def matmul_reduce_kernel(context_ptr, group_ptr, a_ptr, b_ptr, out_ptr,
                             stride_bk, stride_bn, BM, BN, BK, K % BK == 0, PREC, False)
             tl.store(_slot(data, t, offs, BN), acc.to(out_dtype))
             tl.debug_barrier()
-            tl.atomic_xchg(flags + t, epoch, sem="release", scope="sys")
+            if SCATTER:  # tile t is there: tell the members that reduce it (a result nobody waits for)
+                ctx.atomic_xchg(flags + t * G + me, epoch, to_rank=tl.load(group_ptr + 1 + block), sem="release",
+                                scope="sys")
+            else:
+                for i in tl.static_range(G):
+                    ctx.atomic_xchg(flags + t * G + me, epoch, to_rank=tl.load(group_ptr + 1 + i), sem="release",
+                                    scope="sys")
             owner = block if SCATTER else me  # the member that outputs tile t
             if (t >= tail) & (owner == me):
                 _reduce_tile(ctx, group_ptr, data, flags, t, epoch, offs, out_ptr, pid_m, pid_n, M, N,
