@@ -40,6 +40,10 @@ TWO_SHOT_FROM_BYTES = 1 << 62
 # changes while a peer still reads it), also when its input was staged: at 16 MiB staging
 # costs ~8 us of HBM time per call and the round ~2 us (to be confirmed on the GPU machine).
 ZERO_COPY_FROM_BYTES = 16 << 20
+# The pipelined kinds push (each rank stores into its receivers' buffers, see
+# iris_core.collectives.kernels) from this many bytes of input per rank, and pull below.
+# IRIS_COLLECTIVE_PUSH_FROM overrides it (bytes), for tuning and tests.
+PUSH_FROM_BYTES = 1 << 62
 # GPU launch configuration (see launch_config): the best geometric mean of 8 configurations
 # over psum 64 KiB/16 MiB/256 MiB and ppermute 64 MiB (benchmarks/tune_collectives.py, RESULTS run 13)
 DEFAULT_BLOCK, DEFAULT_PROGRAMS_PER_SM, DEFAULT_WARPS = 8192, 1, 8
@@ -105,7 +109,9 @@ def _launch(kind: int, x2d, axes, out_blocks: int, *, op=K.SUM, variant=K.ONE_SH
     XB, m = x2d.shape
     itemsize = x2d.dtype.itemsize
     block, max_programs, num_warps = launch_config(rt)
-    chunk = max(block, ws.layout.data_bytes // (XB * itemsize) // block * block)
+    push = _push(kind, variant, XB * m * itemsize)
+    slots = G if push else XB  # a buffer holds every sender's slot (push) or my input blocks (pull)
+    chunk = max(block, ws.layout.data_bytes // (slots * itemsize) // block * block)
     tiles = math.ceil(min(m, chunk) / block)
     programs = min(tiles, max_programs)
     acc = "fp32" if jnp.issubdtype(x2d.dtype, jnp.floating) else "int32"
@@ -120,8 +126,8 @@ def _launch(kind: int, x2d, axes, out_blocks: int, *, op=K.SUM, variant=K.ONE_SH
         ACC=tl.float32 if acc == "fp32" else tl.int32, BLOCK=block, CHUNK=chunk,
         DATA=ws.layout.data, DATA2=ws.layout.data2, DATA_BYTES=ws.layout.data_bytes,
         MAX_PROGRAMS=MAX_PROGRAMS, TIMEOUT_NS=int((timeout_s or DEFAULT_TIMEOUT_S) * 1e9), WHAT=what,
-        ZERO_COPY=_zero_copy(kind, variant, XB * m * itemsize), HEAP_BYTES=rt.heap_size,
-        VEC=16 // itemsize if m % (16 // itemsize) == 0 else 1, TRACING=rt.tracing.enabled)
+        ZERO_COPY=not push and _zero_copy(kind, variant, XB * m * itemsize), HEAP_BYTES=rt.heap_size,
+        VEC=16 // itemsize if m % (16 // itemsize) == 0 else 1, TRACING=rt.tracing.enabled, PUSH=push)
     return out
 
 
@@ -129,6 +135,12 @@ def _zero_copy(kind: int, variant: int, nbytes: int) -> bool:
     """Whether inputs on the heap are read in place (the pulling algorithms, large arrays)."""
     pulls = kind != K.ALL_REDUCE or variant in (K.ONE_SHOT, K.TWO_SHOT)
     return pulls and nbytes >= ZERO_COPY_FROM_BYTES
+
+
+def _push(kind: int, variant: int, nbytes: int) -> bool:
+    """Whether the call pushes (the pipelined kinds, from PUSH_FROM_BYTES)."""
+    pipelined = kind != K.ALL_REDUCE or variant == K.ONE_SHOT
+    return pipelined and nbytes >= int(os.environ.get("IRIS_COLLECTIVE_PUSH_FROM", PUSH_FROM_BYTES))
 
 
 # -- all-reduce family ------------------------------------------------------------------------

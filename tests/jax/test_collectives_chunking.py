@@ -72,3 +72,11 @@ def test_chunked_collectives_2d(small_workspace, rng):
     mesh = mesh_of((2, 2), ("x", "y"))
     run_cases(mesh, _cases(("y", "x"), 4, F32)[:8] + _cases("x", 2, F32)[7:], F32, rng)
     assert workspaces().layout.data_bytes == WORKSPACE_BYTES
+
+
+@pytest.mark.parametrize("W,dtype", [(3, F32), (4, BF16), (2, I32)], ids=["3-float32", "4-bfloat16", "2-int32"])
+def test_chunked_collectives_push(small_workspace, monkeypatch, W, dtype, rng):
+    """Push mode (IRIS_COLLECTIVE_PUSH_FROM=0: every size pushes): the same cases, chunked
+    (a buffer then holds one slot per sender, so the chunks are smaller still)."""
+    monkeypatch.setenv("IRIS_COLLECTIVE_PUSH_FROM", "0")
+    run_cases(mesh_of((W,), ("i",)), _cases("i", W, dtype), dtype, rng)
