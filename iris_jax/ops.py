@@ -76,12 +76,15 @@ class FusedWorkspace:
             sms = getattr(rt.devices[0], "core_count", None) or 132
             self.programs = min(int(sms), MAX_PROGRAMS)
         self.comm_programs = 1 if self.simulated else 8  # all_gather_matmul's pushing programs
-        # matmul_all_reduce / matmul_reduce_scatter: programs that pull and reduce while the
-        # others compute (IRIS_FUSED_REDUCE_PROGRAMS overrides, for tuning)
-        default = 1 if self.simulated else 16
-        self.reduce_programs = int(os.environ.get("IRIS_FUSED_REDUCE_PROGRAMS", default))
-        if not 0 <= self.reduce_programs < self.programs:
-            raise IrisError(f"IRIS_FUSED_REDUCE_PROGRAMS={self.reduce_programs}: must be in [0, {self.programs})")
+
+    @property
+    def reduce_programs(self) -> int:
+        """matmul_all_reduce / matmul_reduce_scatter: programs that pull and reduce while the
+        others compute (IRIS_FUSED_REDUCE_PROGRAMS overrides, read when a call is traced)."""
+        count = int(os.environ.get("IRIS_FUSED_REDUCE_PROGRAMS", 1 if self.simulated else 16))
+        if not 0 <= count < self.programs:
+            raise IrisError(f"IRIS_FUSED_REDUCE_PROGRAMS={count}: must be in [0, {self.programs})")
+        return count
 
     def config(self, dtype):
         """(BM, BN, BK, GROUP_M, PREC, num_warps, num_stages) for `dtype`. For tuning
