@@ -5,9 +5,12 @@
     y = iris_jax.ops.matmul_reduce_scatter(a, b, "tp")      # == psum_scatter(a @ b, "tp", tiled)
     c = iris_jax.ops.matmul(a, b)                           # the persistent GEMM core alone
 
-Each fused op is one persistent Triton kernel (iris_core.kernels.fused): C tiles are
-computed, pushed to the ranks that need them and flagged while the remaining tiles are
-still computed; consumers reduce (or, for all-gather, multiply) tiles as they arrive.
+Each fused op is one persistent Triton kernel (iris_core.kernels.fused) that moves data
+tile by tile while the remaining tiles are still computed. matmul_all_reduce and
+matmul_reduce_scatter: most programs compute C tiles into the heap and flag them, the
+others (`FusedWorkspace.reduce_programs`, 16 of 132 on H200) pull the members' tiles over
+the link and reduce them. all_gather_matmul: a few programs push A's row tiles to the peers,
+the others multiply them as they arrive.
 Inputs: float32, bfloat16 or float16 (both operands the same dtype), accumulation in
 float32, result in the input dtype (as `jnp.dot`). Every op is differentiable
 (`jax.custom_vjp`; the backward pass uses the fused ops where they fit, otherwise
@@ -22,7 +25,7 @@ launches its NCCL collective from the host) and were 0.57-1.09x as fast at every
 (M up to 8192, N = K up to 8192). The simulator has no speed to choose by; there `auto` runs
 the fused kernels, so that code built on the simulator exercises them.
 
-Workspace: the kernels push through a fixed region of every heap (`FusedWorkspace`:
+Workspace: the kernels exchange tiles through a fixed region of every heap (`FusedWorkspace`:
 2 x IRIS_FUSED_WORKSPACE_BYTES, default 128 MiB on GPUs and 512 KiB on the simulator, plus
 flags). Problems larger than the workspace run as several kernels over row chunks.
 
@@ -207,6 +210,8 @@ def _launch_reduce(a, b, axes, scatter: bool, what, timeout_s):
             grid=(ws.programs,), group_axes=axes, out_varying=out_varying,
             M=r1 - r0, N=N, K=K, stride_am=K, stride_ak=1, stride_bk=N, stride_bn=1, SCATTER=int(scatter), G=G,
             WORLD=rt.world_size, GEMM_PROGRAMS=gemm_programs, WS_OFFSET=ws.offset, FLAGS=ws.flags,
+            # the flags' release scope; "gpu" only for measuring what the system-scope fence costs
+            FLAG_SCOPE=os.environ.get("IRIS_FUSED_FLAG_SCOPE", "sys"),
             DATA=ws.data, DATA_BYTES=ws.data_bytes,
             TIMEOUT_NS=int((timeout_s or DEFAULT_TIMEOUT_S) * 1e9), WHAT=what, **meta, **launch))
     return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=0)

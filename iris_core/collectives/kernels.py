@@ -40,7 +40,7 @@ import triton
 import triton.language as tl
 
 from iris_core.device import Context, global_timer
-from iris_core.device.nvidia import peer_failed, peer_timeout
+from iris_core.device.nvidia import acquire_fence, peer_failed, peer_timeout
 from iris_core.device.tracing import EVENT_TRANSFER, EVENT_WAIT
 
 ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL, PPERMUTE, BROADCAST = range(6)
@@ -152,7 +152,7 @@ def _wait_member(ctx, group_ptr, ws_base, pid, me, member, stamp, start, G: tl.c
         seen = tl.load(flag, volatile=True)
     if seen >= POISON:
         peer_failed(WHAT, tl.load(group_ptr + 1 + member))
-    tl.atomic_add(flag, 0, sem="acquire", scope="sys")
+    acquire_fence()
 
 
 @triton.jit
@@ -399,11 +399,12 @@ def _take_tile(x_ptr, out_ptr, ws, m, c0, width, t, me, block_in, source, KIND: 
         for i in tl.static_range(G):
             value = _received(x_ptr, ws, m, c0, cols, mask, me, i, block_in, CHUNK, VEC)
             tl.store(_vec(out_ptr, (i * m + c0 + cols).to(tl.int64), VEC), value, mask=mask)
-    else:  # PPERMUTE, BROADCAST
-        if source >= 0:
-            value = _received(x_ptr, ws, m, c0, cols, mask, me, source, block_in, CHUNK, VEC)
-        else:
-            value = tl.zeros([BLOCK], out_ptr.dtype.element_ty)
+    else:  # PPERMUTE, BROADCAST (one input block)
+        value = tl.zeros([BLOCK], out_ptr.dtype.element_ty)
+        if source == me:
+            value = tl.load(_vec(x_ptr, (c0 + cols).to(tl.int64), VEC), mask=mask)
+        elif source >= 0:
+            value = tl.load(_vec(ws, source * CHUNK + cols, VEC), mask=mask)
         tl.store(_vec(out_ptr, (c0 + cols).to(tl.int64), VEC), value, mask=mask)
 
 
@@ -531,7 +532,7 @@ def collective_kernel(context_ptr, group_ptr, x_ptr, m, out_ptr,
     source = tl.full((), -1, tl.int32)
     for i in tl.static_range(G):
         source = tl.where(me == i, SOURCES[i], source)
-    block_in = 0
+    block_in = me * 0  # a tensor in both cases (an int here broke push-mode ppermute's compile)
     if XB > 1:
         block_in = me
     if KIND != 0 or VARIANT == 0:  # every kind that only pulls (incl. one-shot all-reduce)

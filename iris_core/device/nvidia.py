@@ -32,6 +32,9 @@ if interpreting():
     def global_timer():
         return tl.full((), time.time_ns(), tl.int64)
 
+    def acquire_fence():
+        pass  # the simulator's ranks share host memory through ordinary loads and stores
+
 else:
 
     @triton.jit
@@ -57,3 +60,12 @@ else:
         """Nanoseconds from the GPU's global timer (%globaltimer), comparable across SMs."""
         return tl.inline_asm_elementwise(
             "mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
+
+    @triton.jit
+    def acquire_fence():
+        """After a volatile read saw a peer's release (a flag), orders every later read of
+        this thread after it (fence.acq_rel.sys: the PTX fence-based acquire pattern).
+        Needed because Triton drops an atomic whose result is unused, so the usual
+        `tl.atomic_add(flag, 0, sem="acquire")` after a polling loop compiles to nothing."""
+        tl.inline_asm_elementwise("fence.acq_rel.sys;\n mov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False,
+                                  pack=1)

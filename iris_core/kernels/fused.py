@@ -46,7 +46,7 @@ import triton
 import triton.language as tl
 
 from iris_core.device import Context, global_timer
-from iris_core.device.nvidia import peer_timeout
+from iris_core.device.nvidia import acquire_fence, peer_timeout
 from iris_core.kernels.gemm import aligned_rows, store_tile, tile_coords, tile_gemm
 
 LINE: tl.constexpr = tl.constexpr(128)
@@ -78,7 +78,7 @@ def _wait(flag_ptr, epoch, who, TIMEOUT_NS: tl.constexpr, WHAT: tl.constexpr):
         if global_timer() - start > TIMEOUT_NS:
             peer_timeout(WHAT, who)
         seen = tl.load(flag_ptr, volatile=True)
-    tl.atomic_add(flag_ptr, 0, sem="acquire", scope="sys")
+    acquire_fence()
     tl.debug_barrier()
 
 
@@ -134,7 +134,7 @@ def matmul_reduce_kernel(context_ptr, group_ptr, a_ptr, b_ptr, out_ptr,
                          stride_bn: tl.constexpr, SCATTER: tl.constexpr, G: tl.constexpr,
                          WORLD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                          GROUP_M: tl.constexpr, PREC: tl.constexpr, GEMM_PROGRAMS: tl.constexpr,
-                         WS_OFFSET: tl.constexpr, FLAGS: tl.constexpr, DATA: tl.constexpr,
+                         FLAG_SCOPE: tl.constexpr, WS_OFFSET: tl.constexpr, FLAGS: tl.constexpr, DATA: tl.constexpr,
                          DATA_BYTES: tl.constexpr, TIMEOUT_NS: tl.constexpr, WHAT: tl.constexpr):
     """A is (NB * M) x K with NB = G if SCATTER else 1, B is K x N; C = A @ B is split into NB
     row blocks of M rows. SCATTER=0: out (M x N) = sum over members of C. SCATTER=1: out
@@ -175,11 +175,11 @@ def matmul_reduce_kernel(context_ptr, group_ptr, a_ptr, b_ptr, out_ptr,
             tl.debug_barrier()
             if SCATTER:  # tile t is there: tell the members that reduce it (a result nobody waits for)
                 ctx.atomic_xchg(flags + t * G + me, epoch, to_rank=tl.load(group_ptr + 1 + block), sem="release",
-                                scope="sys")
+                                scope=FLAG_SCOPE)
             else:
                 for i in tl.static_range(G):
                     ctx.atomic_xchg(flags + t * G + me, epoch, to_rank=tl.load(group_ptr + 1 + i), sem="release",
-                                    scope="sys")
+                                    scope=FLAG_SCOPE)
             owner = block if SCATTER else me  # the member that outputs tile t
             if (t >= tail) & (owner == me):
                 _reduce_tile(ctx, group_ptr, data, flags, t, epoch, offs, out_ptr, pid_m, pid_n, M, N,
