@@ -43,7 +43,7 @@ ZERO_COPY_FROM_BYTES = 16 << 20
 # The pipelined kinds push (each rank stores into its receivers' buffers, see
 # iris_core.collectives.kernels) from this many bytes of input per rank, and pull below.
 # IRIS_COLLECTIVE_PUSH_FROM overrides it (bytes), for tuning and tests.
-PUSH_FROM_BYTES = 1 << 62
+PUSH_FROM_BYTES = 32 << 20  # run 28: push won every op at 256 MiB (1.07-1.14x pull), was even at 16 MiB
 # GPU launch configuration (see launch_config): the best geometric mean of 8 configurations
 # over psum 64 KiB/16 MiB/256 MiB and ppermute 64 MiB (benchmarks/tune_collectives.py, RESULTS run 13)
 DEFAULT_BLOCK, DEFAULT_PROGRAMS_PER_SM, DEFAULT_WARPS = 8192, 1, 8

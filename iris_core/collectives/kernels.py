@@ -40,7 +40,7 @@ import triton
 import triton.language as tl
 
 from iris_core.device import Context, global_timer
-from iris_core.device.nvidia import acquire_fence, peer_failed, peer_timeout
+from iris_core.device.nvidia import load_acquire, peer_failed, peer_timeout
 from iris_core.device.tracing import EVENT_TRANSFER, EVENT_WAIT
 
 ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL, PPERMUTE, BROADCAST = range(6)
@@ -144,15 +144,14 @@ def _wait_member(ctx, group_ptr, ws_base, pid, me, member, stamp, start, G: tl.c
     """Spins until `member`'s flag reached `stamp` (acquire); fails after the timeout, or at
     once when the member gave up on an earlier call (its flag is POISON)."""
     flag = _flag(ws_base, pid, member, MAX_PROGRAMS, WORLD)
-    seen = tl.load(flag, volatile=True)
+    seen = load_acquire(flag)
     while seen < stamp:
         if global_timer() - start > TIMEOUT_NS:
             _give_up(ctx, group_ptr, ws_base, pid, me, tl.load(group_ptr + 1 + member), G, MAX_PROGRAMS, WORLD,
                      WHAT)
-        seen = tl.load(flag, volatile=True)
+        seen = load_acquire(flag)
     if seen >= POISON:
         peer_failed(WHAT, tl.load(group_ptr + 1 + member))
-    acquire_fence()
 
 
 @triton.jit

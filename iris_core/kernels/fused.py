@@ -46,7 +46,7 @@ import triton
 import triton.language as tl
 
 from iris_core.device import Context, global_timer
-from iris_core.device.nvidia import acquire_fence, peer_timeout
+from iris_core.device.nvidia import load_acquire, peer_timeout
 from iris_core.kernels.gemm import aligned_rows, store_tile, tile_coords, tile_gemm
 
 LINE: tl.constexpr = tl.constexpr(128)
@@ -73,12 +73,11 @@ def _epilogue(epoch_ptr, epoch):
 def _wait(flag_ptr, epoch, who, TIMEOUT_NS: tl.constexpr, WHAT: tl.constexpr):
     """Waits until my local flag reaches `epoch` (pushed by rank `who`), then acquires."""
     start = global_timer()
-    seen = tl.load(flag_ptr, volatile=True)
+    seen = load_acquire(flag_ptr)
     while seen < epoch:
         if global_timer() - start > TIMEOUT_NS:
             peer_timeout(WHAT, who)
-        seen = tl.load(flag_ptr, volatile=True)
-    acquire_fence()
+        seen = load_acquire(flag_ptr)
     tl.debug_barrier()
 
 
