@@ -1,10 +1,12 @@
 """Drop-in replacements for JAX's collectives, on the symmetric heap.
 
 Inside `jax.shard_map`, `iris_jax.psum(x, "i")` returns what `lax.psum(x, "i")` returns.
-Every call runs one persistent Triton kernel (iris_core.collectives.kernels): the input
-is read by the kernel and staged into a fixed heap workspace (large inputs already on the
-heap are read in place instead), peers are signalled through flags with epochs, and each
-rank pulls what it needs from its peers.
+Every call runs one persistent Triton kernel (iris_core.collectives.kernels): below
+PUSH_FROM_BYTES (32 MiB per rank) the input is staged into a fixed heap workspace (or, from
+16 MiB, read in place when it already lies on the heap), peers are signalled through flags
+with epochs, and each rank pulls what it needs from its peers; from PUSH_FROM_BYTES each rank
+stores what its peers need straight into their workspaces and reads its own (push: no staging
+copy, and stores move more than loads when both directions are busy).
 `axis_name` may be any mesh axis or a tuple of axes, as in lax.
 """
 
@@ -188,7 +190,8 @@ def all_reduce(x, axis_name, op: str = "sum", variant: str = "auto", *, timeout_
     Inputs are staged into the group's heap workspace; an input of ZERO_COPY_FROM_BYTES or more
     that already lies on the heap (made by iris_jax and passed straight into the jitted
     function) is read in place instead (every variant but ring, atomic and spinlock; the same
-    holds for the other collectives here).
+    holds for the other collectives here). From PUSH_FROM_BYTES, one-shot and the other
+    collectives push into the peers' workspaces instead (see the module docstring).
     """
     axes = _axes(axis_name)
     return tree_util.tree_map(lambda leaf: _all_reduce_leaf(leaf, axes, op, variant, timeout_s), x)
