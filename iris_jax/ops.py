@@ -17,13 +17,15 @@ float32, result in the input dtype (as `jnp.dot`). Every op is differentiable
 `jnp.dot` and iris collectives).
 
 `impl`: "fused" (the iris kernel), "xla" (jnp.dot + the lax collective, i.e. what XLA
-does unfused) or "auto". On GPUs `auto` runs the fused kernel up to `AUTO_FUSED_UP_TO_FLOPS`
-(2^34, the FLOPs per rank of M = 1024, N = K = 4096 on 2 GPUs) and XLA's unfused path above:
-measured with benchmarks/fused.py (bf16, 2 x H200, GPU time from the profiler, RESULTS.md
-run 22), the fused ops took 0.55-0.72x of XLA's time at that shape (1.38-1.81x faster: XLA
-launches its NCCL collective from the host) and were 0.57-1.09x as fast at every larger shape
-(M up to 8192, N = K up to 8192). The simulator has no speed to choose by; there `auto` runs
-the fused kernels, so that code built on the simulator exercises them.
+does unfused) or "auto". On GPUs `auto` runs matmul_all_reduce and matmul_reduce_scatter
+fused up to `AUTO_FUSED_UP_TO_FLOPS` (2^34 FLOPs per rank: M = 1024, N = K = 4096 on 2
+GPUs) and XLA's unfused path above, and all_gather_matmul always unfused. Measured with
+benchmarks/fused.py (bf16, 2 x H200, GPU time from the profiler, RESULTS.md runs 22-30): at
+that shape the fused reduce ops took 1.33-1.81x less time than XLA (XLA launches its NCCL
+collective from the host); above it they ranged 0.80-1.09x (the all-reduce 1.09x at M = N
+= 8192), and all_gather_matmul 0.57-0.93x except 1.38x once at the smallest shape (0.83x
+when measured again). The simulator has no speed to choose by; there `auto` runs the fused
+kernels, so that code built on the simulator exercises them.
 
 Workspace: the kernels exchange tiles through a fixed region of every heap (`FusedWorkspace`:
 2 x IRIS_FUSED_WORKSPACE_BYTES, default 128 MiB on GPUs and 512 KiB on the simulator, plus
@@ -56,8 +58,9 @@ LINE_BYTES = 128
 MAX_PROGRAMS = 256
 DEFAULT_TIMEOUT_S = float(os.environ.get("IRIS_COLLECTIVE_TIMEOUT", "60"))
 # auto on GPUs: problems with at most this many FLOPs per rank run fused, larger ones unfused
-# (XLA); measured with benchmarks/fused.py (see the docstring).
-AUTO_FUSED_UP_TO_FLOPS = 2 * 1024 * 2048 * 4096
+# (XLA); measured with benchmarks/fused.py (see the docstring). all_gather_matmul: never.
+AUTO_FUSED_UP_TO_FLOPS = {"matmul_all_reduce": 2 * 1024 * 2048 * 4096, "matmul_reduce_scatter": 2 * 1024 * 2048 * 4096,
+                          "all_gather_matmul": 0}
 
 
 class FusedWorkspace:
@@ -127,7 +130,7 @@ def _impl(impl, what, flops):
     if impl == "auto":
         if runtime_lib.runtime().mode.startswith("sim"):
             return "fused"
-        return "fused" if flops <= AUTO_FUSED_UP_TO_FLOPS else "xla"
+        return "fused" if flops <= AUTO_FUSED_UP_TO_FLOPS[what] else "xla"
     return impl
 
 

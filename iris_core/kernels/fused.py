@@ -111,19 +111,26 @@ def _pull(ctx, ptrs, rank, ROW_BYTES: tl.constexpr):
 
 
 @triton.jit
-def _reduce_tile(ctx, group_ptr, data, flags, t, epoch, offs, out_ptr, pid_m, pid_n, M, N,
-                 G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, TIMEOUT_NS: tl.constexpr,
+def _reduce_tile(ctx, group_ptr, data, flags, t, epoch, offs, out_ptr, pid_m, pid_n, M: tl.constexpr,
+                 N: tl.constexpr, G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, TIMEOUT_NS: tl.constexpr,
                  WHAT: tl.constexpr):
     """Out tile (pid_m, pid_n) = the sum of every member's published tile `t`, each pulled
     from that member's heap once its flag (in my heap) is up (members in order: every rank
-    reducing a tile gets bit-identical results)."""
+    reducing a tile gets bit-identical results). All flags first, then all loads back to
+    back, so the members' transfers overlap; full tiles are stored in 16-byte vectors."""
+    for i in tl.static_range(G):
+        _wait(flags + t * G + i, epoch, tl.load(group_ptr + 1 + i), TIMEOUT_NS, WHAT)
+    out_dtype = out_ptr.dtype.element_ty
+    item: tl.constexpr = out_dtype.primitive_bitwidth // 8
     total = tl.zeros((BM, BN), dtype=tl.float32)
     for i in tl.static_range(G):
-        rank = tl.load(group_ptr + 1 + i)
-        _wait(flags + t * G + i, epoch, rank, TIMEOUT_NS, WHAT)
-        value = _pull(ctx, _slot(data, t, offs, BN), rank, BN * (out_ptr.dtype.element_ty.primitive_bitwidth // 8))
-        total += value.to(tl.float32)
-    store_tile(out_ptr, total.to(out_ptr.dtype.element_ty), pid_m, pid_n, M, N, N, 1, BM, BN)
+        total += _pull(ctx, _slot(data, t, offs, BN), tl.load(group_ptr + 1 + i), BN * item).to(tl.float32)
+    if M % BM == 0 and N % BN == 0:
+        rows = pid_m * BM + tl.arange(0, BM)
+        cols = pid_n * BN + tl.arange(0, BN)
+        tl.store(aligned_rows(out_ptr, rows[:, None] * N + cols[None, :], N * item, BN), total.to(out_dtype))
+    else:
+        store_tile(out_ptr, total.to(out_dtype), pid_m, pid_n, M, N, N, 1, BM, BN)
 
 
 @triton.jit

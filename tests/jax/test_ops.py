@@ -116,6 +116,21 @@ def test_fused_ops(rng, W, dtype):
         _close(got[key], want[key], dtype, key)
 
 
+@pytest.mark.parametrize("W", [2, 3])
+def test_reduce_whole_tiles(rng, W):
+    """Products made of whole 16 x 16 tiles: the reducing programs store unmasked vectors."""
+    mesh = _mesh(W)
+    a = _put(mesh, _rand(rng, (16 * W * 3, W * 16), BF16), P(None, "i"))   # [48W, 16] per rank
+    b = _put(mesh, _rand(rng, (W * 16, 32), BF16), P("i", None))          # [16, 32] per rank
+    specs = (P(), P("i"))
+    got = _jit(lambda a, b: (ops.matmul_all_reduce(a, b, "i"), ops.matmul_reduce_scatter(a, b, "i")), mesh,
+               (P(None, "i"), P("i", None)), specs)(a, b)
+    want = _jit(lambda a, b: (lax.psum(_ref_dot(a, b), "i"), lax.psum_scatter(_ref_dot(a, b), "i", tiled=True)),
+                mesh, (P(None, "i"), P("i", None)), specs)(a, b)
+    _close(got[0], want[0], BF16, "matmul_all_reduce")
+    _close(got[1], want[1], BF16, "matmul_reduce_scatter")
+
+
 def test_chunked_and_repeated(rng):
     """A workspace smaller than the problem (several kernels over row chunks), ten calls in a
     fori_loop (epochs, parity buffers), impl='xla' agreeing with impl='fused'."""
@@ -212,10 +227,12 @@ def test_auto_runs_fused_up_to_the_measured_size_on_gpus(monkeypatch):
     from iris_jax import _runtime
 
     monkeypatch.setattr(ops.runtime_lib, "runtime", lambda: SimpleNamespace(mode=_runtime.GPU_SINGLE))
-    limit = ops.AUTO_FUSED_UP_TO_FLOPS
-    for what in ("matmul_all_reduce", "all_gather_matmul", "matmul_reduce_scatter"):
+    for what in ("matmul_all_reduce", "matmul_reduce_scatter"):
+        limit = ops.AUTO_FUSED_UP_TO_FLOPS[what]
         assert ops._impl("auto", what, limit) == "fused"
         assert ops._impl("auto", what, limit + 1) == "xla"
         assert ops._impl("fused", what, 10 * limit) == "fused"
+    assert ops._impl("auto", "all_gather_matmul", 1) == "xla"  # measured slower at every size
+    assert ops._impl("fused", "all_gather_matmul", 1) == "fused"
     with pytest.raises(ValueError, match="unknown impl"):
         ops._impl("fast", "matmul_all_reduce", 1)
