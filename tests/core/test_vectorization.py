@@ -46,14 +46,14 @@ def test_collective_kernel_moves_data_in_16_byte_vectors(kind, variant):
 
 
 @pytest.mark.parametrize("kernel", ["matmul_reduce", "all_gather_matmul"])
-def test_fused_kernels_push_tiles_in_16_byte_vectors(kernel):
+def test_fused_kernels_move_tiles_in_16_byte_vectors(kernel):
     pytest.importorskip("triton.backends.nvidia")
     M = N = K = 256
     consts = dict(M=M, N=N, K=K, stride_am=K, stride_ak=1, stride_bk=N, stride_bn=1, G=2, WORLD=2, BM=64, BN=64,
                   BK=32, GROUP_M=8, PREC="tf32", WS_OFFSET=1 << 20, FLAGS=0, DATA=1 << 16, DATA_BYTES=1 << 24,
                   TIMEOUT_NS=10**9, WHAT="test")
     if kernel == "matmul_reduce":
-        fn, consts = F.matmul_reduce_kernel, dict(consts, SCATTER=0)
+        fn, consts = F.matmul_reduce_kernel, dict(consts, SCATTER=0, GEMM_PROGRAMS=12, FLAG_SCOPE="sys")
     else:
         fn, consts = F.all_gather_matmul_kernel, dict(consts, BKC=64, COMM=2)
     signature = {"context_ptr": "*i32", "group_ptr": "*i32", "a_ptr": "*bf16", "b_ptr": "*bf16", "out_ptr": "*bf16"}
