@@ -27,22 +27,26 @@ def _accesses(fn, signature, constexprs, **options) -> set:
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if sig[n].startswith("*")}
     source = ASTSource(fn, sig, constexprs={(names.index(k),): v for k, v in constexprs.items()}, attrs=attrs)
     ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
-    return set(re.findall(r"(?:ld|st)\.global[a-z0-9.]*", ptx))
+    return set(re.findall(r"(?:ld|st)(?:\.acquire\.sys)?\.global[a-z0-9.]*", ptx))
 
 
-@pytest.mark.parametrize("kind,variant", [(C.ALL_REDUCE, C.ONE_SHOT), (C.ALL_REDUCE, C.TWO_SHOT),
-                                          (C.ALL_GATHER, C.ONE_SHOT), (C.PPERMUTE, C.ONE_SHOT)])
-def test_collective_kernel_moves_data_in_16_byte_vectors(kind, variant):
+@pytest.mark.parametrize("kind,variant,push", [(C.ALL_REDUCE, C.ONE_SHOT, False), (C.ALL_REDUCE, C.TWO_SHOT, False),
+                                               (C.ALL_GATHER, C.ONE_SHOT, False), (C.PPERMUTE, C.ONE_SHOT, False),
+                                               (C.ALL_REDUCE, C.ONE_SHOT, True), (C.ALL_GATHER, C.ONE_SHOT, True),
+                                               (C.PPERMUTE, C.ONE_SHOT, True)])
+def test_collective_kernel_moves_data_in_16_byte_vectors(kind, variant, push):
     pytest.importorskip("triton.backends.nvidia")
     layout = WorkspaceLayout(2, 1 << 20)
     consts = dict(KIND=kind, OP=C.SUM, VARIANT=variant, G=2, WORLD=2, XB=1, OB=2 if kind == C.ALL_GATHER else 1,
-                  SOURCES=(1, 0), ACC=tl.float32, BLOCK=2048, CHUNK=(1 << 20) // 4, DATA=layout.data,
+                  SOURCES=(1, 0), ACC=tl.float32, BLOCK=2048, CHUNK=(1 << 20) // 8, DATA=layout.data,
                   DATA2=layout.data2, DATA_BYTES=layout.data_bytes, MAX_PROGRAMS=MAX_PROGRAMS, TIMEOUT_NS=10**9,
-                  WHAT="test", ZERO_COPY=True, HEAP_BYTES=1 << 30, VEC=4)
+                  WHAT="test", ZERO_COPY=not push, HEAP_BYTES=1 << 30, VEC=4, PUSH=push)
     signature = {"context_ptr": "*i32", "group_ptr": "*i32", "x_ptr": "*fp32", "m": "i32", "out_ptr": "*fp32"}
     accesses = _accesses(C.collective_kernel, signature, consts, num_warps=8)
     assert "st.global.v4.b32" in accesses and "ld.global.v4.b32" in accesses, accesses
     assert "st.global.b32" not in accesses, accesses  # only flags and epochs (64-bit) are scalar
+    # flag waits acquire (an unused `tl.atomic_add(flag, 0, sem="acquire")` compiled to nothing)
+    assert "ld.acquire.sys.global.b64" in accesses, accesses
 
 
 @pytest.mark.parametrize("kernel", ["matmul_reduce", "all_gather_matmul"])
@@ -60,3 +64,4 @@ def test_fused_kernels_move_tiles_in_16_byte_vectors(kernel):
     accesses = _accesses(fn, signature, consts, num_warps=4, num_stages=2)
     assert not {a for a in accesses if a.endswith(".b16")}, accesses  # no 2-byte loads or stores
     assert "st.global.v4.b32" in accesses, accesses
+    assert "ld.acquire.sys.global.b32" in accesses, accesses  # the flag waits
