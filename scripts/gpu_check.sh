@@ -4,7 +4,8 @@
 # A device call lasts at most 600 s: `tests` takes about 450 s when nothing hangs, `bench` more
 # than one call, so name steps to split them (e.g. `gpu_fused gpu_examples`, `rma collectives`).
 # Steps run in this file's order whatever the order of the arguments; `probe` holds quick
-# looks for tuning (a collectives subset, bf16, the latency floor, the launch and GEMM sweeps).
+# looks for tuning (a collectives subset, bf16, the latency floor, the launch and GEMM sweeps,
+# where a fused call's time goes).
 # Uses the machine's own python3/jax/triton/torch; jax-triton comes from the carried .whl/
 # (carry: [".whl"]). Every step has its own time limit so one hang cannot eat the lease;
 # full logs go to $OUT. Record what it prints in benchmarks/RESULTS.md.
@@ -54,3 +55,4 @@ step floor_nograph 120 env XLA_FLAGS=--xla_gpu_enable_command_buffer= python3 be
 step tune_collectives 260 python3 benchmarks/tune_collectives.py --cases psum:256M,psum:16M,ppermute:64M,psum:64K \
   --out "$OUT"
 step tune_gemm 200 python3 benchmarks/tune_gemm.py
+step fused_breakdown 120 python3 benchmarks/fused_breakdown.py --reduce-programs 8,16
