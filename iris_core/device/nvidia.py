@@ -1,4 +1,4 @@
-"""NVIDIA hardware registers (inline PTX), with simulator equivalents.
+"""NVIDIA hardware registers and an acquiring flag load (inline PTX), with simulator equivalents.
 
 Under the interpreter there is no SM and no global timer: `sm_id` is the program id and
 `global_timer` reads the host clock (nanoseconds), which keeps traces meaningful.

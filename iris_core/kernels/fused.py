@@ -71,7 +71,7 @@ def _epilogue(epoch_ptr, epoch):
 
 @triton.jit
 def _wait(flag_ptr, epoch, who, TIMEOUT_NS: tl.constexpr, WHAT: tl.constexpr):
-    """Waits until my local flag reaches `epoch` (pushed by rank `who`), then acquires."""
+    """Waits until my local flag reaches `epoch` (raised by rank `who`), acquiring it."""
     start = global_timer()
     seen = load_acquire(flag_ptr)
     while seen < epoch:
@@ -148,11 +148,12 @@ def matmul_reduce_kernel(context_ptr, group_ptr, a_ptr, b_ptr, out_ptr,
 
     Tiles t = l * NB + block (block-interleaved: every block's tile l is made at the same
     time on every rank). GEMM programs (pid < GEMM_PROGRAMS) compute tiles pid, pid + PG, ...
-    into slot t of my data buffer and raise my flag t; they never wait, except on their last
-    round of tiles (the tail), which they reduce themselves. The other programs (the highest
-    pids, so the simulator runs them last) reduce every earlier tile that this rank outputs
-    (all of them, or block `me`'s), pulling each member's slot t once its flag is up: the
-    communication runs on its own SMs while the GEMM goes on."""
+    into slot t of my data buffer and release flag [t][me] into the heap of every member that
+    reduces tile t; they never wait, except on their last round of tiles (the tail), which
+    they reduce themselves. The other programs (the highest pids, so the simulator runs them
+    last) reduce every earlier tile that this rank outputs (all of them, or block `me`'s),
+    pulling each member's slot t once its flag is up: the communication runs on its own SMs
+    while the GEMM goes on."""
     ctx = Context.initialize(context_ptr, WORLD)
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
@@ -179,7 +180,7 @@ def matmul_reduce_kernel(context_ptr, group_ptr, a_ptr, b_ptr, out_ptr,
                             stride_bk, stride_bn, BM, BN, BK, K % BK == 0, PREC, False)
             tl.store(_slot(data, t, offs, BN), acc.to(out_dtype))
             tl.debug_barrier()
-            if SCATTER:  # tile t is there: tell the members that reduce it (a result nobody waits for)
+            if SCATTER:  # tile t is there: tell the member that reduces it
                 ctx.atomic_xchg(flags + t * G + me, epoch, to_rank=tl.load(group_ptr + 1 + block), sem="release",
                                 scope=FLAG_SCOPE)
             else:
@@ -189,7 +190,7 @@ def matmul_reduce_kernel(context_ptr, group_ptr, a_ptr, b_ptr, out_ptr,
             owner = block if SCATTER else me  # the member that outputs tile t
             if (t >= tail) & (owner == me):
                 _reduce_tile(ctx, group_ptr, data, flags, t, epoch, offs, out_ptr, pid_m, pid_n, M, N,
-                                 G, BM, BN, TIMEOUT_NS, WHAT)
+                             G, BM, BN, TIMEOUT_NS, WHAT)
     else:
         C = programs - PG
         for l in range(pid - PG, TB, C):
