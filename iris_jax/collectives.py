@@ -141,8 +141,13 @@ def _zero_copy(kind: int, variant: int, nbytes: int) -> bool:
 
 def _push(kind: int, variant: int, nbytes: int) -> bool:
     """Whether the call pushes (the pipelined kinds, from PUSH_FROM_BYTES)."""
+    setting = os.environ.get("IRIS_COLLECTIVE_PUSH_FROM", str(PUSH_FROM_BYTES))
+    try:
+        push_from = int(setting)
+    except ValueError:
+        raise ValueError(f"IRIS_COLLECTIVE_PUSH_FROM={setting!r}: expected a byte count (0: always push)") from None
     pipelined = kind != K.ALL_REDUCE or variant == K.ONE_SHOT
-    return pipelined and nbytes >= int(os.environ.get("IRIS_COLLECTIVE_PUSH_FROM", PUSH_FROM_BYTES))
+    return pipelined and nbytes >= push_from
 
 
 # -- all-reduce family ------------------------------------------------------------------------

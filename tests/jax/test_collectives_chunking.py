@@ -80,3 +80,15 @@ def test_chunked_collectives_push(small_workspace, monkeypatch, W, dtype, rng):
     (a buffer then holds one slot per sender, so the chunks are smaller still)."""
     monkeypatch.setenv("IRIS_COLLECTIVE_PUSH_FROM", "0")
     run_cases(mesh_of((W,), ("i",)), _cases("i", W, dtype), dtype, rng)
+
+
+def test_push_setting_must_be_a_byte_count(monkeypatch):
+    from iris_jax import collectives
+
+    monkeypatch.setenv("IRIS_COLLECTIVE_PUSH_FROM", "16M")
+    with pytest.raises(ValueError, match="IRIS_COLLECTIVE_PUSH_FROM='16M'"):
+        collectives._push(collectives.K.ALL_GATHER, collectives.K.ONE_SHOT, 1 << 20)
+    monkeypatch.setenv("IRIS_COLLECTIVE_PUSH_FROM", str(1 << 20))
+    assert collectives._push(collectives.K.ALL_GATHER, collectives.K.ONE_SHOT, 1 << 20)
+    assert not collectives._push(collectives.K.ALL_REDUCE, collectives.K.TWO_SHOT, 1 << 20)  # not pipelined
+    assert not collectives._push(collectives.K.ALL_GATHER, collectives.K.ONE_SHOT, (1 << 20) - 1)

@@ -16,6 +16,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import iris_jax
+from iris_core.errors import IrisError
 from iris_jax import ops
 from tests.jax.helpers import use_runtime
 
@@ -219,6 +220,17 @@ def test_errors():
     with pytest.raises(ValueError, match="unknown impl"):
         jax.shard_map(lambda a: ops.matmul_all_reduce(a, a.T, "i", impl="nccl"), mesh=mesh, in_specs=P(),
                       out_specs=P())(a)
+
+
+def test_reduce_programs_setting(monkeypatch):
+    """IRIS_FUSED_REDUCE_PROGRAMS is read when a call is traced; out of range is an error."""
+    _mesh(2)
+    ws = ops.workspace()
+    monkeypatch.setenv("IRIS_FUSED_REDUCE_PROGRAMS", "2")
+    assert ws.reduce_programs == 2
+    monkeypatch.setenv("IRIS_FUSED_REDUCE_PROGRAMS", str(ws.programs))
+    with pytest.raises(IrisError, match="IRIS_FUSED_REDUCE_PROGRAMS"):
+        _ = ws.reduce_programs
 
 
 def test_auto_runs_fused_up_to_the_measured_size_on_gpus(monkeypatch):
