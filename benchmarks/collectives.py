@@ -48,11 +48,12 @@ def main():
     parser.add_argument("--sizes", default=SIZES)
     parser.add_argument("--dtypes", default="float32")
     parser.add_argument("--ops", default=OPS)
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "out"))
+    parser.add_argument("--out", help="results folder (default: see out_dir)")
     parser.add_argument("--plot", action="store_true")
     opts = parser.parse_args()
 
     gpu = os.environ.get("JAX_PLATFORMS") != "cpu" and gpus_present()
+    opts.out = out_dir(opts.out, gpu)
     if gpu:  # psum:heap at 1 GiB puts a 1 GiB input on the heap next to the workspaces
         os.environ.setdefault("IRIS_HEAP_SIZE", str(4 << 30))
     else:
@@ -110,6 +111,16 @@ def main():
         plot(os.path.join(opts.out, "collectives.json"), opts.out)
     if not all(r["correct"] for r in rows):
         sys.exit("some results differ from lax")
+
+
+OUT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "out")
+
+
+def out_dir(requested: str | None, gpu: bool) -> str:
+    """Where a benchmark writes: `requested` (--out), else benchmarks/out on GPUs and
+    benchmarks/out/simulator (git-ignored) for the CPU correctness pass, so that a run
+    without GPUs never overwrites the measured results kept in the repository."""
+    return requested or (OUT_DIR if gpu else os.path.join(OUT_DIR, "simulator"))
 
 
 def runtime_mesh(needs_gpus: str | None = None):
@@ -285,16 +296,25 @@ def _markdown(rows, gpu):
         lines = ["| op | dtype | bytes/device | correct |", "|---|---|---|---|"]
         lines += [f"| {r['op']} | {r['dtype']} | {r['bytes']} | {r['correct']} |" for r in rows]
         return "\n".join(lines) + "\n"
-    # per call (with the elementwise op), then the communication kernels alone (nccl-tests' view)
+    # per call (with the elementwise op), then the communication kernels alone (nccl-tests' view;
+    # blank where the profile had none); merged tables also say which run a row comes from
+    runs = any("run" in r for r in rows)
     lines = ["| op | dtype | bytes/device | iris (us) | lax (us) | lax/iris | iris busbw (GB/s) | lax busbw (GB/s) "
-             "| iris kernel (us) | lax kernel (us) | kernel lax/iris | iris kernel busbw | lax kernel busbw | correct |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| iris kernel (us) | lax kernel (us) | kernel lax/iris | iris kernel busbw | lax kernel busbw | correct |"
+             + (" run |" if runs else ""),
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if runs else "")]
+
+    def kernel(r, key, digits=1):
+        value = r.get(key)
+        return "" if not value else f"{value:.{digits}f}"
+
     for r in rows:
-        ik, lk = r.get("iris_comm_us", 0.0), r.get("lax_comm_us", 0.0)
+        ik, lk = r.get("iris_comm_us"), r.get("lax_comm_us")
+        ratio = f"{lk / ik:.2f}" if ik and lk else ""
         lines.append(f"| {r['op']} | {r['dtype']} | {_human(r['bytes'])} | {r['iris_us']:.1f} | {r['lax_us']:.1f} | "
-                     f"{r['ratio']:.2f} | {r['iris_busbw']:.1f} | {r['lax_busbw']:.1f} | {ik:.1f} | {lk:.1f} | "
-                     f"{lk / ik if ik else float('nan'):.2f} | {r.get('iris_comm_busbw', 0):.1f} | "
-                     f"{r.get('lax_comm_busbw', 0):.1f} | {r['correct']} |")
+                     f"{r['ratio']:.2f} | {r['iris_busbw']:.1f} | {r['lax_busbw']:.1f} | {kernel(r, 'iris_comm_us')} | "
+                     f"{kernel(r, 'lax_comm_us')} | {ratio} | {kernel(r, 'iris_comm_busbw')} | "
+                     f"{kernel(r, 'lax_comm_busbw')} | {r['correct']} |" + (f" {r.get('run', '')} |" if runs else ""))
     return "\n".join(lines) + "\n"
 
 

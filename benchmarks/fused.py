@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from iris_core.platform import gpus_present  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from collectives import gpu_time  # noqa: E402
+from collectives import gpu_time, out_dir  # noqa: E402
 
 
 def main():
@@ -36,10 +36,11 @@ def main():
     parser.add_argument("--nks", default="4096,8192")
     parser.add_argument("--ops", default="matmul,matmul_all_reduce,all_gather_matmul,matmul_reduce_scatter")
     parser.add_argument("--reps", type=int, default=7)
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "out"))
+    parser.add_argument("--out", help="results folder (default: benchmarks/out, on the simulator benchmarks/out/simulator)")
     opts = parser.parse_args()
 
     gpu = gpus_present()
+    opts.out = out_dir(opts.out, gpu)
     if gpu:
         os.environ.setdefault("IRIS_HEAP_SIZE", str(8 << 30))
         os.environ.setdefault("IRIS_FUSED_WORKSPACE_BYTES", str(1 << 30))
@@ -89,14 +90,22 @@ def main():
     with open(os.path.join(opts.out, "fused.json"), "w") as fh:
         json.dump(rows, fh, indent=1)
     with open(os.path.join(opts.out, "fused.md"), "w") as fh:
-        fh.write("| op | M | N=K | W | fused (us) | xla (us) | fused TFLOP/s | xla TFLOP/s | xla/fused | correct |\n")
-        fh.write("|---|---|---|---|---|---|---|---|---|---|\n")
-        for r in rows:
-            fh.write(f"| {r['op']} | {r['M']} | {r['N']} | {r['W']} | {r.get('fused_us', float('nan')):.1f} | "
-                     f"{r.get('xla_us', float('nan')):.1f} | {r.get('fused_tflops', float('nan')):.1f} | "
-                     f"{r.get('xla_tflops', float('nan')):.1f} | {r.get('speedup', float('nan')):.2f} | {r['correct']} |\n")
+        fh.write(markdown(rows))
     if not gpu:
         print("CPU simulator: correctness only;", sum(r["correct"] for r in rows), "of", len(rows), "correct")
+
+
+def markdown(rows) -> str:
+    """The table of fused.md (merged tables also say which run a row comes from)."""
+    runs = any("run" in r for r in rows)
+    lines = ["| op | M | N=K | W | fused (us) | xla (us) | fused TFLOP/s | xla TFLOP/s | xla/fused | correct |"
+             + (" run |" if runs else ""), "|---|---|---|---|---|---|---|---|---|---|" + ("---|" if runs else "")]
+    for r in rows:
+        lines.append(f"| {r['op']} | {r['M']} | {r['N']} | {r['W']} | {r.get('fused_us', float('nan')):.1f} | "
+                     f"{r.get('xla_us', float('nan')):.1f} | {r.get('fused_tflops', float('nan')):.1f} | "
+                     f"{r.get('xla_tflops', float('nan')):.1f} | {r.get('speedup', float('nan')):.2f} | {r['correct']} |"
+                     + (f" {r.get('run', '')} |" if runs else ""))
+    return "\n".join(lines) + "\n"
 
 
 def _case(op, m, N, K, W, dtype, mesh, jax, jnp, ops, P, NamedSharding):
