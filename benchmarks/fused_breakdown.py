@@ -29,7 +29,6 @@ def main():
     parser.add_argument("--n", type=int, default=8192)
     parser.add_argument("--k", type=int, default=4096)
     parser.add_argument("--reduce-programs", default="8,16")
-    parser.add_argument("--scopes", default="sys", help="flag release scopes to time (sys, gpu: a measurement only)")
     opts = parser.parse_args()
     os.environ.setdefault("IRIS_HEAP_SIZE", str(8 << 30))
     os.environ.setdefault("IRIS_FUSED_WORKSPACE_BYTES", str(1 << 30))
@@ -79,10 +78,8 @@ def main():
     timed("XLA dot + lax.psum", smap(lambda a, b: ops.matmul_all_reduce(a, b, "i", impl="xla")), a, b)
     timed("XLA dot + lax.psum_scatter", smap(lambda a, b: ops.matmul_reduce_scatter(a, b, "i", impl="xla"),
                                              out=P("i")), a, b)
-    for count, scope in [(c, sc) for sc in opts.scopes.split(",") for c in opts.reduce_programs.split(",")]:
+    for count in opts.reduce_programs.split(","):
         os.environ["IRIS_FUSED_REDUCE_PROGRAMS"] = count
-        os.environ["IRIS_FUSED_FLAG_SCOPE"] = scope
-        count = f"{count} ({scope}-scope flags)"
         timed(f"fused matmul_all_reduce, group of one, {count} reducing programs",
               smap(lambda a, b: ops.matmul_all_reduce(a, b, "one", impl="fused"), m=mesh1,
                    out=P("i", None)), a1, b1)

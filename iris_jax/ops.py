@@ -213,8 +213,6 @@ def _launch_reduce(a, b, axes, scatter: bool, what, timeout_s):
             grid=(ws.programs,), group_axes=axes, out_varying=out_varying,
             M=r1 - r0, N=N, K=K, stride_am=K, stride_ak=1, stride_bk=N, stride_bn=1, SCATTER=int(scatter), G=G,
             WORLD=rt.world_size, GEMM_PROGRAMS=gemm_programs, WS_OFFSET=ws.offset, FLAGS=ws.flags,
-            # the flags' release scope; "gpu" only for measuring what the system-scope fence costs
-            FLAG_SCOPE=os.environ.get("IRIS_FUSED_FLAG_SCOPE", "sys"),
             DATA=ws.data, DATA_BYTES=ws.data_bytes,
             TIMEOUT_NS=int((timeout_s or DEFAULT_TIMEOUT_S) * 1e9), WHAT=what, **meta, **launch))
     return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=0)

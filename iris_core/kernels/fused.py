@@ -140,7 +140,7 @@ def matmul_reduce_kernel(context_ptr, group_ptr, a_ptr, b_ptr, out_ptr,
                          stride_bn: tl.constexpr, SCATTER: tl.constexpr, G: tl.constexpr,
                          WORLD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                          GROUP_M: tl.constexpr, PREC: tl.constexpr, GEMM_PROGRAMS: tl.constexpr,
-                         FLAG_SCOPE: tl.constexpr, WS_OFFSET: tl.constexpr, FLAGS: tl.constexpr, DATA: tl.constexpr,
+                         WS_OFFSET: tl.constexpr, FLAGS: tl.constexpr, DATA: tl.constexpr,
                          DATA_BYTES: tl.constexpr, TIMEOUT_NS: tl.constexpr, WHAT: tl.constexpr):
     """A is (NB * M) x K with NB = G if SCATTER else 1, B is K x N; C = A @ B is split into NB
     row blocks of M rows. SCATTER=0: out (M x N) = sum over members of C. SCATTER=1: out
@@ -182,11 +182,11 @@ def matmul_reduce_kernel(context_ptr, group_ptr, a_ptr, b_ptr, out_ptr,
             tl.debug_barrier()
             if SCATTER:  # tile t is there: tell the member that reduces it
                 ctx.atomic_xchg(flags + t * G + me, epoch, to_rank=tl.load(group_ptr + 1 + block), sem="release",
-                                scope=FLAG_SCOPE)
+                                scope="sys")
             else:
                 for i in tl.static_range(G):
                     ctx.atomic_xchg(flags + t * G + me, epoch, to_rank=tl.load(group_ptr + 1 + i), sem="release",
-                                    scope=FLAG_SCOPE)
+                                    scope="sys")
             owner = block if SCATTER else me  # the member that outputs tile t
             if (t >= tail) & (owner == me):
                 _reduce_tile(ctx, group_ptr, data, flags, t, epoch, offs, out_ptr, pid_m, pid_n, M, N,

@@ -57,7 +57,7 @@ def test_fused_kernels_move_tiles_in_16_byte_vectors(kernel):
                   BK=32, GROUP_M=8, PREC="tf32", WS_OFFSET=1 << 20, FLAGS=0, DATA=1 << 16, DATA_BYTES=1 << 24,
                   TIMEOUT_NS=10**9, WHAT="test")
     if kernel == "matmul_reduce":
-        fn, consts = F.matmul_reduce_kernel, dict(consts, SCATTER=0, GEMM_PROGRAMS=12, FLAG_SCOPE="sys")
+        fn, consts = F.matmul_reduce_kernel, dict(consts, SCATTER=0, GEMM_PROGRAMS=12)
     else:
         fn, consts = F.all_gather_matmul_kernel, dict(consts, BKC=64, COMM=2)
     signature = {"context_ptr": "*i32", "group_ptr": "*i32", "a_ptr": "*bf16", "b_ptr": "*bf16", "out_ptr": "*bf16"}
