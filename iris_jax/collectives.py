@@ -113,7 +113,7 @@ def _launch(kind: int, x2d, axes, out_blocks: int, *, op=K.SUM, variant=K.ONE_SH
     block, max_programs, num_warps = launch_config(rt)
     push = _push(kind, variant, XB * m * itemsize)
     slots = G if push else XB  # a buffer holds every sender's slot (push) or my input blocks (pull)
-    chunk = max(block, ws.layout.data_bytes // (slots * itemsize) // block * block)
+    chunk = max(block, min(ws.layout.data_bytes // slots, _chunk_cap()) // itemsize // block * block)
     tiles = math.ceil(min(m, chunk) / block)
     programs = min(tiles, max_programs)
     acc = "fp32" if jnp.issubdtype(x2d.dtype, jnp.floating) else "int32"
@@ -137,6 +137,17 @@ def _zero_copy(kind: int, variant: int, nbytes: int) -> bool:
     """Whether inputs on the heap are read in place (the pulling algorithms, large arrays)."""
     pulls = kind != K.ALL_REDUCE or variant in (K.ONE_SHOT, K.TWO_SHOT)
     return pulls and nbytes >= ZERO_COPY_FROM_BYTES
+
+
+def _chunk_cap() -> int:
+    """Most bytes per block and chunk: the workspace's share unless IRIS_COLLECTIVE_CHUNK_BYTES
+    says less. Smaller chunks overlap more of sending chunk c + 1 with receiving chunk c, at a
+    flag round per chunk (a tuning knob: mid-size arrays are one or two chunks by default)."""
+    setting = os.environ.get("IRIS_COLLECTIVE_CHUNK_BYTES", "")
+    try:
+        return int(setting) if setting else 1 << 62
+    except ValueError:
+        raise ValueError(f"IRIS_COLLECTIVE_CHUNK_BYTES={setting!r}: expected a byte count") from None
 
 
 def _push(kind: int, variant: int, nbytes: int) -> bool:

@@ -92,3 +92,15 @@ def test_push_setting_must_be_a_byte_count(monkeypatch):
     assert collectives._push(collectives.K.ALL_GATHER, collectives.K.ONE_SHOT, 1 << 20)
     assert not collectives._push(collectives.K.ALL_REDUCE, collectives.K.TWO_SHOT, 1 << 20)  # not pipelined
     assert not collectives._push(collectives.K.ALL_GATHER, collectives.K.ONE_SHOT, (1 << 20) - 1)
+
+
+@pytest.mark.parametrize("push_from", ["0", str(1 << 40)], ids=["push", "pull"])
+def test_chunk_cap_splits_a_large_workspace(monkeypatch, push_from, rng):
+    """IRIS_COLLECTIVE_CHUNK_BYTES caps the chunk below what the workspace holds: the same
+    cases, in chunks of 2048 bytes per block, pushing and pulling."""
+    monkeypatch.setenv("IRIS_COLLECTIVE_CHUNK_BYTES", "2048")
+    monkeypatch.setenv("IRIS_COLLECTIVE_PUSH_FROM", push_from)
+    run_cases(mesh_of((3,), ("i",)), _cases("i", 3, F32), F32, rng)
+    monkeypatch.setenv("IRIS_COLLECTIVE_CHUNK_BYTES", "2K")
+    with pytest.raises(ValueError, match="IRIS_COLLECTIVE_CHUNK_BYTES='2K'"):
+        iris_jax.collectives._chunk_cap()
