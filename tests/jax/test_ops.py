@@ -117,9 +117,11 @@ def test_fused_ops(rng, W, dtype):
         _close(got[key], want[key], dtype, key)
 
 
-@pytest.mark.parametrize("W", [2, 3])
-def test_reduce_whole_tiles(rng, W):
-    """Products made of whole 16 x 16 tiles: the reducing programs store unmasked vectors."""
+@pytest.mark.parametrize("W,reducers", [(2, "1"), (3, "1"), (2, "0"), (3, "2")])
+def test_reduce_whole_tiles(rng, monkeypatch, W, reducers):
+    """Products made of whole 16 x 16 tiles: the reducing programs store unmasked vectors.
+    Of the simulator's 3 programs, 0, 1 or 2 reduce (0: every producer reduces its own)."""
+    monkeypatch.setenv("IRIS_FUSED_REDUCE_PROGRAMS", reducers)
     mesh = _mesh(W)
     a = _put(mesh, _rand(rng, (16 * W * 3, W * 16), BF16), P(None, "i"))   # [48W, 16] per rank
     b = _put(mesh, _rand(rng, (W * 16, 32), BF16), P("i", None))          # [16, 32] per rank
