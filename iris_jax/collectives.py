@@ -111,7 +111,8 @@ def _launch(kind: int, x2d, axes, out_blocks: int, *, op=K.SUM, variant=K.ONE_SH
     XB, m = x2d.shape
     itemsize = x2d.dtype.itemsize
     block, max_programs, num_warps = launch_config(rt)
-    push = _push(kind, variant, XB * m * itemsize)
+    nbytes = XB * m * itemsize
+    push = _push(kind, variant, nbytes)
     slots = G if push else XB  # a buffer holds every sender's slot (push) or my input blocks (pull)
     chunk = max(block, min(ws.layout.data_bytes // slots, _chunk_cap()) // itemsize // block * block)
     tiles = math.ceil(min(m, chunk) / block)
@@ -128,7 +129,7 @@ def _launch(kind: int, x2d, axes, out_blocks: int, *, op=K.SUM, variant=K.ONE_SH
         ACC=tl.float32 if acc == "fp32" else tl.int32, BLOCK=block, CHUNK=chunk,
         DATA=ws.layout.data, DATA2=ws.layout.data2, DATA_BYTES=ws.layout.data_bytes,
         MAX_PROGRAMS=MAX_PROGRAMS, TIMEOUT_NS=int((timeout_s or DEFAULT_TIMEOUT_S) * 1e9), WHAT=what,
-        ZERO_COPY=not push and _zero_copy(kind, variant, XB * m * itemsize), HEAP_BYTES=rt.heap_size,
+        ZERO_COPY=not push and _zero_copy(kind, variant, nbytes), HEAP_BYTES=rt.heap_size,
         VEC=16 // itemsize if m % (16 // itemsize) == 0 else 1, TRACING=rt.tracing.enabled, PUSH=push)
     return out
 
@@ -139,26 +140,26 @@ def _zero_copy(kind: int, variant: int, nbytes: int) -> bool:
     return pulls and nbytes >= ZERO_COPY_FROM_BYTES
 
 
+def _env_bytes(name: str, default: int) -> int:
+    """A byte count from the environment (read when a call is traced), else `default`."""
+    setting = os.environ.get(name, "")
+    try:
+        return int(setting) if setting else default
+    except ValueError:
+        raise ValueError(f"{name}={setting!r}: expected a byte count") from None
+
+
 def _chunk_cap() -> int:
     """Most bytes per block and chunk: the workspace's share unless IRIS_COLLECTIVE_CHUNK_BYTES
     says less. Smaller chunks overlap more of sending chunk c + 1 with receiving chunk c, at a
     flag round per chunk (a tuning knob: mid-size arrays are one or two chunks by default)."""
-    setting = os.environ.get("IRIS_COLLECTIVE_CHUNK_BYTES", "")
-    try:
-        return int(setting) if setting else 1 << 62
-    except ValueError:
-        raise ValueError(f"IRIS_COLLECTIVE_CHUNK_BYTES={setting!r}: expected a byte count") from None
+    return _env_bytes("IRIS_COLLECTIVE_CHUNK_BYTES", 1 << 62)
 
 
 def _push(kind: int, variant: int, nbytes: int) -> bool:
-    """Whether the call pushes (the pipelined kinds, from PUSH_FROM_BYTES)."""
-    setting = os.environ.get("IRIS_COLLECTIVE_PUSH_FROM", str(PUSH_FROM_BYTES))
-    try:
-        push_from = int(setting)
-    except ValueError:
-        raise ValueError(f"IRIS_COLLECTIVE_PUSH_FROM={setting!r}: expected a byte count (0: always push)") from None
+    """Whether the call pushes (the pipelined kinds, from PUSH_FROM_BYTES; 0: always)."""
     pipelined = kind != K.ALL_REDUCE or variant == K.ONE_SHOT
-    return pipelined and nbytes >= push_from
+    return pipelined and nbytes >= _env_bytes("IRIS_COLLECTIVE_PUSH_FROM", PUSH_FROM_BYTES)
 
 
 # -- all-reduce family ------------------------------------------------------------------------

@@ -59,8 +59,8 @@ MAX_PROGRAMS = 256
 DEFAULT_TIMEOUT_S = float(os.environ.get("IRIS_COLLECTIVE_TIMEOUT", "60"))
 # auto on GPUs: problems with at most this many FLOPs per rank run fused, larger ones unfused
 # (XLA); measured with benchmarks/fused.py (see the docstring). all_gather_matmul: never.
-AUTO_FUSED_UP_TO_FLOPS = {"matmul_all_reduce": 2 * 1024 * 2048 * 4096, "matmul_reduce_scatter": 2 * 1024 * 2048 * 4096,
-                          "all_gather_matmul": 0}
+_SMALL = 2 * 1024 * 2048 * 4096  # 2^34: M = 1024, N = K = 4096 on 2 GPUs
+AUTO_FUSED_UP_TO_FLOPS = {"matmul_all_reduce": _SMALL, "matmul_reduce_scatter": _SMALL, "all_gather_matmul": 0}
 
 
 class FusedWorkspace:
