@@ -56,6 +56,7 @@ step tune_collectives 260 python3 benchmarks/tune_collectives.py --cases psum:25
   --out "$OUT"
 step tune_gemm 200 python3 benchmarks/tune_gemm.py
 step fused_breakdown 120 python3 benchmarks/fused_breakdown.py --reduce-programs 8,16
+step fused_probe 150 python3 benchmarks/fused_probe.py  # the fused kernel piece by piece, one GPU
 # mid sizes (the 1.3x target at 16-64 MiB): push vs pull, chunk cap 2/4/8 MiB or none
 step mid_sizes 400 bash -c 'for p in 0 4611686018427387904; do for c in 2097152 4194304 8388608 ""; do
   echo "== IRIS_COLLECTIVE_PUSH_FROM=$p IRIS_COLLECTIVE_CHUNK_BYTES=$c"
