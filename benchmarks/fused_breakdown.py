@@ -1,12 +1,13 @@
 """Where the time of one fused matmul_all_reduce / matmul_reduce_scatter goes (2 GPUs, bf16).
 
-    python benchmarks/fused_breakdown.py [--m 8192] [--n 8192] [--k 4096] [--reduce-programs 8,16]
+    python benchmarks/fused_breakdown.py [--m 8192] [--n 8192] [--k 4096] [--reduce-programs 8,16] [--poll-ns 500]
 
 Per rank a [M, K] @ b [K, N] (K per rank), each piece timed alone by the GPU span of one
 call (median of 5, benchmarks/collectives.gpu_time; `busy` = time some kernel runs on the
 busiest GPU): XLA's dot and the iris GEMM core (every GPU on its own), the collective alone
 (iris and lax on the [M, N] result), the fused kernel over a group of one (the same kernel
-and programs, no link traffic) and over both GPUs, for each count of reducing programs.
+and programs, no link traffic) and over both GPUs, for each count of reducing programs and flag polling interval
+(IRIS_FUSED_REDUCE_PROGRAMS, IRIS_FUSED_POLL_NS).
 GPUs only.
 """
 
@@ -29,6 +30,7 @@ def main():
     parser.add_argument("--n", type=int, default=8192)
     parser.add_argument("--k", type=int, default=4096)
     parser.add_argument("--reduce-programs", default="8,16")
+    parser.add_argument("--poll-ns", default="500")
     opts = parser.parse_args()
     os.environ.setdefault("IRIS_HEAP_SIZE", str(8 << 30))
     os.environ.setdefault("IRIS_FUSED_WORKSPACE_BYTES", str(1 << 30))
@@ -79,14 +81,17 @@ def main():
     timed("XLA dot + lax.psum_scatter", smap(lambda a, b: ops.matmul_reduce_scatter(a, b, "i", impl="xla"),
                                              out=P("i")), a, b)
     for count in opts.reduce_programs.split(","):
-        os.environ["IRIS_FUSED_REDUCE_PROGRAMS"] = count
-        timed(f"fused matmul_all_reduce, group of one, {count} reducing programs",
-              smap(lambda a, b: ops.matmul_all_reduce(a, b, "one", impl="fused"), m=mesh1,
-                   out=P("i", None)), a1, b1)
-        timed(f"fused matmul_all_reduce, {count} reducing programs",
-              smap(lambda a, b: ops.matmul_all_reduce(a, b, "i", impl="fused")), a, b)
-        timed(f"fused matmul_reduce_scatter, {count} reducing programs",
-              smap(lambda a, b: ops.matmul_reduce_scatter(a, b, "i", impl="fused"), out=P("i")), a, b)
+        for poll in opts.poll_ns.split(","):
+            os.environ["IRIS_FUSED_REDUCE_PROGRAMS"] = count
+            os.environ["IRIS_FUSED_POLL_NS"] = poll
+            how = f"{count} reducing programs, polling every {poll} ns"
+            timed(f"fused matmul_all_reduce, group of one, {how}",
+                  smap(lambda a, b: ops.matmul_all_reduce(a, b, "one", impl="fused"), m=mesh1,
+                       out=P("i", None)), a1, b1)
+            timed(f"fused matmul_all_reduce, {how}", smap(lambda a, b: ops.matmul_all_reduce(a, b, "i", impl="fused")),
+                  a, b)
+            timed(f"fused matmul_reduce_scatter, {how}",
+                  smap(lambda a, b: ops.matmul_reduce_scatter(a, b, "i", impl="fused"), out=P("i")), a, b)
 
 
 if __name__ == "__main__":

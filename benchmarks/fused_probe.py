@@ -13,7 +13,7 @@ buffer) and times, with CUDA events (mean of `reps` back-to-back launches):
     (SLOT: tiles go to the heap slot and not straight to the output; FLAG: the release
     per tile; REDUCE: what the reducing programs do: 0 nothing, 1 wait for the flag,
     2 wait and pull the tile, 3 wait, pull and store the result);
-  * the fused kernel per GROUP_M;
+  * the waits polling flat out or sleeping POLL_NS between reads (nanosleep), per reducer count;
   * the SM clock and power while the plain GEMM and the fused kernel run (nvidia-smi).
 GPUs only; a probe for tuning, not a benchmark of the library's API.
 """
@@ -40,7 +40,8 @@ from iris_core.kernels import gemm as Gm  # noqa: E402
 def probe_kernel(context_ptr, group_ptr, a_ptr, b_ptr, out_ptr, M: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
                  GEMM_PROGRAMS: tl.constexpr, WS_OFFSET: tl.constexpr, FLAGS: tl.constexpr, DATA: tl.constexpr,
-                 DATA_BYTES: tl.constexpr, SLOT: tl.constexpr, FLAG: tl.constexpr, REDUCE: tl.constexpr):
+                 DATA_BYTES: tl.constexpr, SLOT: tl.constexpr, FLAG: tl.constexpr, REDUCE: tl.constexpr,
+                 POLL_NS: tl.constexpr):
     """matmul_reduce_kernel(SCATTER=0) over a group of one, with pieces switched off."""
     ctx = Context.initialize(context_ptr, 1)
     pid = tl.program_id(0)
@@ -68,17 +69,17 @@ def probe_kernel(context_ptr, group_ptr, a_ptr, b_ptr, out_ptr, M: tl.constexpr,
                 ctx.atomic_xchg(flags + t, epoch, to_rank=0, sem="release", scope="sys")
             if SLOT & (REDUCE == 3) & (t >= tail):
                 F._reduce_tile(ctx, group_ptr, data, flags, t, epoch, offs, out_ptr, pid_m, pid_n, M, N, 1, BM, BN,
-                               10**10, "probe")
+                               POLL_NS, 10**10, "probe")
     elif REDUCE > 0:
         for t in range(pid - PG, tail, programs - PG):
-            F._wait(flags + t, epoch, 0, 10**10, "probe")
+            F._wait(flags + t, epoch, 0, POLL_NS, 10**10, "probe")
             if REDUCE == 2:
                 x = tl.load(F._slot(data, t, offs, BN))
                 tl.store(F._slot(data, t, offs, BN), x, mask=x == 12345.0)  # keeps the load, stores nothing
             if REDUCE == 3:
                 pid_m, pid_n = Gm.tile_coords(t, tiles_m, tiles_n, GROUP_M)
                 F._reduce_tile(ctx, group_ptr, data, flags, t, epoch, offs, out_ptr, pid_m, pid_n, M, N, 1, BM, BN,
-                               10**10, "probe")
+                               POLL_NS, 10**10, "probe")
     F._epilogue(epoch_ptr, epoch)
 
 
@@ -134,14 +135,15 @@ def main():
         return lambda: Gm.matmul_kernel[(grid,)](ctx, a, b, out, stride_am=K, stride_ak=1, stride_bk=N, stride_bn=1,
                                                   GROUP_M=group_m, PREC="tf32", **gemm)
 
-    def fused(group_m=GROUP_M, pg=PG):
+    def fused(pg=PG, poll=0):
         return lambda: F.matmul_reduce_kernel[(SMS,)](
             ctx, group, a, b, out, stride_am=K, stride_ak=1, stride_bk=N, stride_bn=1, SCATTER=0, G=1, WORLD=1,
-            GROUP_M=group_m, PREC="tf32", GEMM_PROGRAMS=pg, TIMEOUT_NS=10**10, WHAT="probe", **ws, **gemm)
+            GROUP_M=GROUP_M, PREC="tf32", GEMM_PROGRAMS=pg, POLL_NS=poll, TIMEOUT_NS=10**10, WHAT="probe", **ws,
+            **gemm)
 
-    def probe(slot, flag, reduce, pg=PG):
+    def probe(slot, flag, reduce, pg=PG, poll=0):
         return lambda: probe_kernel[(SMS,)](ctx, group, a, b, out, GROUP_M=GROUP_M, GEMM_PROGRAMS=pg, SLOT=slot,
-                                            FLAG=flag, REDUCE=reduce, **ws, **gemm)
+                                            FLAG=flag, REDUCE=reduce, POLL_NS=poll, **ws, **gemm)
 
     print(f"M={M} N={N} K={K} bf16, {SMS} SMs, {PG} GEMM programs, mean of {opts.reps} launches (CUDA events)")
     print("| kernel | us | correct |\n|---|---|---|")
@@ -150,18 +152,16 @@ def main():
     timed("fused all-reduce kernel, group of one", fused())
     timed(f"fused, no reducers ({SMS} programs reduce their own tiles)", fused(pg=SMS))
     timed("probe: GEMM programs only, tiles to the output", probe(0, 0, 0), check=True)
-    timed("probe: GEMM programs, tiles to the slot", probe(1, 0, 0), check=False)
     timed("probe: slot + flag", probe(1, 1, 0), check=False)
     timed("probe: slot + flag, reducers wait", probe(1, 1, 1), check=False)
-    timed("probe: slot + flag, reducers wait + load", probe(1, 1, 2), check=False)
-    timed("probe: slot + flag, reducers wait + load + store (= fused)", probe(1, 1, 3))
-    timed("probe: output + flag, reducers wait", probe(0, 1, 1))
-    for gm in (4, 16, 32):
-        timed(f"GEMM core, grid {SMS}, GROUP_M {gm}", plain(SMS, gm))
-        timed(f"fused, GROUP_M {gm}", fused(group_m=gm))
+    for poll in (100, 500, 2000):
+        timed(f"probe: slot + flag, reducers wait, polling every {poll} ns", probe(1, 1, 1, poll=poll), check=False)
+        timed(f"fused, polling every {poll} ns", fused(poll=poll))
+    for reducers in (8, 12, 24):
+        timed(f"fused, {reducers} reducing programs, polling every 500 ns", fused(SMS - reducers, 500))
 
     # clocks and power while each kernel runs back to back for ~2 s
-    for name, launch in (("GEMM core", plain(SMS)), ("fused", fused())):
+    for name, launch in (("GEMM core", plain(SMS)), ("fused, polling every 500 ns", fused(poll=500))):
         smi = subprocess.Popen(["nvidia-smi", "-i", "0", "--query-gpu=clocks.sm,clocks.mem,power.draw,temperature.gpu",
                                 "--format=csv,noheader", "-lms", "200"], stdout=subprocess.PIPE, text=True)
         for _ in range(2500 if name == "GEMM core" else 1800):

@@ -59,6 +59,7 @@ MAX_PROGRAMS = 256
 DEFAULT_TIMEOUT_S = float(os.environ.get("IRIS_COLLECTIVE_TIMEOUT", "60"))
 # auto on GPUs: problems with at most this many FLOPs per rank run fused, larger ones unfused
 # (XLA); measured with benchmarks/fused.py (see the docstring). all_gather_matmul: never.
+DEFAULT_POLL_NS = 500  # FusedWorkspace.poll_ns
 _SMALL = 2 * 1024 * 2048 * 4096  # 2^34: M = 1024, N = K = 4096 on 2 GPUs
 AUTO_FUSED_UP_TO_FLOPS = {"matmul_all_reduce": _SMALL, "matmul_reduce_scatter": _SMALL, "all_gather_matmul": 0}
 
@@ -91,6 +92,16 @@ class FusedWorkspace:
         if not 0 <= count < self.programs:
             raise IrisError(f"IRIS_FUSED_REDUCE_PROGRAMS={count}: must be in [0, {self.programs})")
         return count
+
+    @property
+    def poll_ns(self) -> int:
+        """How long a waiting program sleeps between two reads of a flag, in ns: the reducing
+        programs poll while the GEMM programs compute, and polling flat out slowed those by
+        40% (benchmarks/fused_probe.py). IRIS_FUSED_POLL_NS overrides (read at trace time)."""
+        ns = int(os.environ.get("IRIS_FUSED_POLL_NS", 0 if self.simulated else DEFAULT_POLL_NS))
+        if not 0 <= ns <= 1_000_000:
+            raise IrisError(f"IRIS_FUSED_POLL_NS={ns}: must be in [0, 1000000]")
+        return ns
 
     def config(self, dtype):
         """(BM, BN, BK, GROUP_M, PREC, num_warps, num_stages) for `dtype`. For tuning
@@ -213,7 +224,7 @@ def _launch_reduce(a, b, axes, scatter: bool, what, timeout_s):
             grid=(ws.programs,), group_axes=axes, out_varying=out_varying,
             M=r1 - r0, N=N, K=K, stride_am=K, stride_ak=1, stride_bk=N, stride_bn=1, SCATTER=int(scatter), G=G,
             WORLD=rt.world_size, GEMM_PROGRAMS=gemm_programs, WS_OFFSET=ws.offset, FLAGS=ws.flags,
-            DATA=ws.data, DATA_BYTES=ws.data_bytes,
+            DATA=ws.data, DATA_BYTES=ws.data_bytes, POLL_NS=ws.poll_ns,
             TIMEOUT_NS=int((timeout_s or DEFAULT_TIMEOUT_S) * 1e9), WHAT=what, **meta, **launch))
     return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=0)
 
@@ -328,7 +339,7 @@ def _launch_gather(a, b, axes, timeout_s):
             out_varying=out_varying, M=r1 - r0, N=N, K=K, stride_am=K, stride_ak=1, stride_bk=N, stride_bn=1,
             G=G, WORLD=rt.world_size, BKC=min(256, max(16, 1 << (K - 1).bit_length())),
             COMM=ws.comm_programs, WS_OFFSET=ws.offset, FLAGS=ws.flags, DATA=ws.data,
-            DATA_BYTES=ws.data_bytes, TIMEOUT_NS=int((timeout_s or DEFAULT_TIMEOUT_S) * 1e9),
+            DATA_BYTES=ws.data_bytes, POLL_NS=ws.poll_ns, TIMEOUT_NS=int((timeout_s or DEFAULT_TIMEOUT_S) * 1e9),
             WHAT="all_gather_matmul", **meta, **launch)
         outs.append(out.reshape(G, r1 - r0, N))
     out = outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=1)

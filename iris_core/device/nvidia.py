@@ -35,6 +35,9 @@ if interpreting():
     def load_acquire(ptr):
         return tl.load(ptr, volatile=True)  # the simulator's ranks share host memory
 
+    def nanosleep(ns):
+        pass  # the interpreter's polling loops are slow enough
+
 else:
 
     @triton.jit
@@ -60,6 +63,14 @@ else:
         """Nanoseconds from the GPU's global timer (%globaltimer), comparable across SMs."""
         return tl.inline_asm_elementwise(
             "mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
+
+    @triton.jit
+    def nanosleep(ns):
+        """Suspends the thread for about `ns` nanoseconds (an int32; at most ~1 ms). Polling
+        loops sleep between reads: 16 programs of 256 threads spinning on flags (one L2
+        slice) slowed a GEMM on the other SMs by 40% (benchmarks/fused_probe.py, RESULTS run 32)."""
+        tl.inline_asm_elementwise("nanosleep.u32 $1; mov.u32 $0, 0;", "=r,r", [tl.full((), 0, tl.int32) + ns], dtype=tl.int32, is_pure=False,
+                                  pack=1)
 
     @triton.jit
     def load_acquire(ptr):

@@ -46,7 +46,7 @@ import triton
 import triton.language as tl
 
 from iris_core.device import Context, global_timer
-from iris_core.device.nvidia import load_acquire, peer_timeout
+from iris_core.device.nvidia import load_acquire, nanosleep, peer_timeout
 from iris_core.kernels.gemm import aligned_rows, store_tile, tile_coords, tile_gemm
 
 LINE: tl.constexpr = tl.constexpr(128)
@@ -70,11 +70,15 @@ def _epilogue(epoch_ptr, epoch):
 
 
 @triton.jit
-def _wait(flag_ptr, epoch, who, TIMEOUT_NS: tl.constexpr, WHAT: tl.constexpr):
-    """Waits until my local flag reaches `epoch` (raised by rank `who`), acquiring it."""
+def _wait(flag_ptr, epoch, who, POLL_NS: tl.constexpr, TIMEOUT_NS: tl.constexpr, WHAT: tl.constexpr):
+    """Waits until my local flag reaches `epoch` (raised by rank `who`), acquiring it, reading
+    it every POLL_NS: polling flat out, the waiting programs slowed the GEMM programs on the
+    other SMs by 40% (benchmarks/fused_probe.py)."""
     start = global_timer()
     seen = load_acquire(flag_ptr)
     while seen < epoch:
+        if POLL_NS > 0:
+            nanosleep(POLL_NS)
         if global_timer() - start > TIMEOUT_NS:
             peer_timeout(WHAT, who)
         seen = load_acquire(flag_ptr)
@@ -112,14 +116,14 @@ def _pull(ctx, ptrs, rank, ROW_BYTES: tl.constexpr):
 
 @triton.jit
 def _reduce_tile(ctx, group_ptr, data, flags, t, epoch, offs, out_ptr, pid_m, pid_n, M: tl.constexpr,
-                 N: tl.constexpr, G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, TIMEOUT_NS: tl.constexpr,
-                 WHAT: tl.constexpr):
+                 N: tl.constexpr, G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, POLL_NS: tl.constexpr,
+                 TIMEOUT_NS: tl.constexpr, WHAT: tl.constexpr):
     """Out tile (pid_m, pid_n) = the sum of every member's published tile `t`, each pulled
     from that member's heap once its flag (in my heap) is up (members in order: every rank
     reducing a tile gets bit-identical results). All flags first, then all loads back to
     back, so the members' transfers overlap; full tiles are stored in 16-byte vectors."""
     for i in tl.static_range(G):
-        _wait(flags + t * G + i, epoch, tl.load(group_ptr + 1 + i), TIMEOUT_NS, WHAT)
+        _wait(flags + t * G + i, epoch, tl.load(group_ptr + 1 + i), POLL_NS, TIMEOUT_NS, WHAT)
     out_dtype = out_ptr.dtype.element_ty
     item: tl.constexpr = out_dtype.primitive_bitwidth // 8
     total = tl.zeros((BM, BN), dtype=tl.float32)
@@ -141,7 +145,8 @@ def matmul_reduce_kernel(context_ptr, group_ptr, a_ptr, b_ptr, out_ptr,
                          WORLD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                          GROUP_M: tl.constexpr, PREC: tl.constexpr, GEMM_PROGRAMS: tl.constexpr,
                          WS_OFFSET: tl.constexpr, FLAGS: tl.constexpr, DATA: tl.constexpr,
-                         DATA_BYTES: tl.constexpr, TIMEOUT_NS: tl.constexpr, WHAT: tl.constexpr):
+                         DATA_BYTES: tl.constexpr, POLL_NS: tl.constexpr, TIMEOUT_NS: tl.constexpr,
+                         WHAT: tl.constexpr):
     """A is (NB * M) x K with NB = G if SCATTER else 1, B is K x N; C = A @ B is split into NB
     row blocks of M rows. SCATTER=0: out (M x N) = sum over members of C. SCATTER=1: out
     (M x N) = sum over members of C's block `me`.
@@ -190,7 +195,7 @@ def matmul_reduce_kernel(context_ptr, group_ptr, a_ptr, b_ptr, out_ptr,
             owner = block if SCATTER else me  # the member that outputs tile t
             if (t >= tail) & (owner == me):
                 _reduce_tile(ctx, group_ptr, data, flags, t, epoch, offs, out_ptr, pid_m, pid_n, M, N,
-                             G, BM, BN, TIMEOUT_NS, WHAT)
+                             G, BM, BN, POLL_NS, TIMEOUT_NS, WHAT)
     else:
         C = programs - PG
         for l in range(pid - PG, TB, C):
@@ -198,7 +203,7 @@ def matmul_reduce_kernel(context_ptr, group_ptr, a_ptr, b_ptr, out_ptr,
             if t < tail:
                 pid_m, pid_n = tile_coords(l, tiles_m, tiles_n, GROUP_M)
                 _reduce_tile(ctx, group_ptr, data, flags, t, epoch, offs, out_ptr, pid_m, pid_n, M, N,
-                             G, BM, BN, TIMEOUT_NS, WHAT)
+                             G, BM, BN, POLL_NS, TIMEOUT_NS, WHAT)
     _epilogue(epoch_ptr, epoch)
 
 
@@ -210,7 +215,8 @@ def all_gather_matmul_kernel(context_ptr, group_ptr, a_ptr, b_ptr, out_ptr,
                              BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BKC: tl.constexpr,
                              GROUP_M: tl.constexpr, PREC: tl.constexpr, COMM: tl.constexpr,
                              WS_OFFSET: tl.constexpr, FLAGS: tl.constexpr, DATA: tl.constexpr,
-                             DATA_BYTES: tl.constexpr, TIMEOUT_NS: tl.constexpr, WHAT: tl.constexpr):
+                             DATA_BYTES: tl.constexpr, POLL_NS: tl.constexpr, TIMEOUT_NS: tl.constexpr,
+                             WHAT: tl.constexpr):
     """A is my M x K block, B is K x N; out ((G * M) x N) = [A_0; ...; A_{G-1}] @ B.
 
     Every rank's data buffer holds the gathered A ((G * M) x K, row-major); flag
@@ -261,7 +267,7 @@ def all_gather_matmul_kernel(context_ptr, group_ptr, a_ptr, b_ptr, out_ptr,
                 a_s = gathered + s * M * K
                 for l in range(pid - COMM, TB, programs - COMM):
                     pid_m, pid_n = tile_coords(l, tiles_m, tiles_n, GROUP_M)
-                    _wait(flags + s * tiles_m + pid_m, epoch, source, TIMEOUT_NS, WHAT)
+                    _wait(flags + s * tiles_m + pid_m, epoch, source, POLL_NS, TIMEOUT_NS, WHAT)
                     acc = tile_gemm(a_s, b_ptr, pid_m, pid_n, M, N, K, K, 1, stride_bk, stride_bn,
                                     BM, BN, BK, K % BK == 0, PREC, True)
                     store_tile(out_ptr + s * M * N, acc.to(out_dtype), pid_m, pid_n, M, N, N, 1, BM, BN)

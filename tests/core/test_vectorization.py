@@ -27,7 +27,7 @@ def _accesses(fn, signature, constexprs, **options) -> set:
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if sig[n].startswith("*")}
     source = ASTSource(fn, sig, constexprs={(names.index(k),): v for k, v in constexprs.items()}, attrs=attrs)
     ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
-    return set(re.findall(r"(?:ld|st)(?:\.acquire\.sys)?\.global[a-z0-9.]*", ptx))
+    return set(re.findall(r"(?:ld|st)(?:\.acquire\.sys)?\.global[a-z0-9.]*|nanosleep\.u32", ptx))
 
 
 @pytest.mark.parametrize("kind,variant,push", [(C.ALL_REDUCE, C.ONE_SHOT, False), (C.ALL_REDUCE, C.TWO_SHOT, False),
@@ -55,7 +55,7 @@ def test_fused_kernels_move_tiles_in_16_byte_vectors(kernel):
     M = N = K = 256
     consts = dict(M=M, N=N, K=K, stride_am=K, stride_ak=1, stride_bk=N, stride_bn=1, G=2, WORLD=2, BM=64, BN=64,
                   BK=32, GROUP_M=8, PREC="tf32", WS_OFFSET=1 << 20, FLAGS=0, DATA=1 << 16, DATA_BYTES=1 << 24,
-                  TIMEOUT_NS=10**9, WHAT="test")
+                  POLL_NS=500, TIMEOUT_NS=10**9, WHAT="test")
     if kernel == "matmul_reduce":
         fn, consts = F.matmul_reduce_kernel, dict(consts, SCATTER=0, GEMM_PROGRAMS=12)
     else:
@@ -65,3 +65,4 @@ def test_fused_kernels_move_tiles_in_16_byte_vectors(kernel):
     assert not {a for a in accesses if a.endswith(".b16")}, accesses  # no 2-byte loads or stores
     assert "st.global.v4.b32" in accesses, accesses
     assert "ld.acquire.sys.global.b32" in accesses, accesses  # the flag waits
+    assert "nanosleep.u32" in accesses, accesses  # ... sleep between reads (POLL_NS)
