@@ -55,7 +55,7 @@ step floor_nograph 120 env XLA_FLAGS=--xla_gpu_enable_command_buffer= python3 be
 step tune_collectives 260 python3 benchmarks/tune_collectives.py --cases psum:256M,psum:16M,ppermute:64M,psum:64K \
   --out "$OUT"
 step tune_gemm 200 python3 benchmarks/tune_gemm.py
-step fused_breakdown 220 python3 benchmarks/fused_breakdown.py --reduce-programs 12,16,20 --poll-ns 500
+step fused_breakdown 220 python3 benchmarks/fused_breakdown.py --reduce-programs 8,16 --poll-ns 500
 step fused_probe 150 python3 benchmarks/fused_probe.py  # the fused kernel piece by piece, one GPU
 # mid sizes (the 1.3x target at 16-64 MiB): push vs pull, chunk cap 2/4/8 MiB or none
 step mid_sizes 400 bash -c 'for p in 0 4611686018427387904; do for c in 2097152 4194304 8388608 ""; do

@@ -13,7 +13,7 @@ from iris_core.device.compat import interpreting
 
 if interpreting():
 
-    def peer_timeout(what, rank):
+    def peer_timeout(what, rank, REPORT=True):
         from iris_core.errors import PeerTimeoutError
 
         raise PeerTimeoutError(f"iris {what}: timed out waiting for rank {int(rank)} (it never arrived)")
@@ -41,9 +41,15 @@ if interpreting():
 else:
 
     @triton.jit
-    def peer_timeout(what: tl.constexpr, rank):
-        """Reports a peer that never arrived and aborts the kernel (the launch fails)."""
-        tl.device_print("iris: timed out waiting for a peer rank in", rank)
+    def peer_timeout(what: tl.constexpr, rank, REPORT: tl.constexpr = True):
+        """Reports a peer that never arrived and aborts the kernel (the launch fails).
+
+        REPORT=False aborts without printing. Kernels with tensor-core GEMMs must pass it: the
+        print is an extern call (`vprintf`), and ptxas then serializes every wgmma of the
+        kernel (each waits for the previous one), which made the fused GEMM kernels 40%
+        slower (benchmarks/fused_probe.py, RESULTS run 33)."""
+        if REPORT:
+            tl.device_print("iris: timed out waiting for a peer rank in", rank)
         tl.inline_asm_elementwise("trap;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
 
     @triton.jit

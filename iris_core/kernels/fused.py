@@ -80,7 +80,7 @@ def _wait(flag_ptr, epoch, who, POLL_NS: tl.constexpr, TIMEOUT_NS: tl.constexpr,
         if POLL_NS > 0:
             nanosleep(POLL_NS)
         if global_timer() - start > TIMEOUT_NS:
-            peer_timeout(WHAT, who)
+            peer_timeout(WHAT, who, REPORT=False)  # a print would serialize the kernel's wgmma
         seen = load_acquire(flag_ptr)
     tl.debug_barrier()
 

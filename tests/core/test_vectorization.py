@@ -18,7 +18,7 @@ from iris_core.collectives.workspace import MAX_PROGRAMS, WorkspaceLayout
 from iris_core.kernels import fused as F
 
 
-def _accesses(fn, signature, constexprs, **options) -> set:
+def _ptx(fn, signature, constexprs, **options) -> str:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
@@ -26,7 +26,11 @@ def _accesses(fn, signature, constexprs, **options) -> set:
     sig = {n: signature.get(n, "constexpr") for n in names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if sig[n].startswith("*")}
     source = ASTSource(fn, sig, constexprs={(names.index(k),): v for k, v in constexprs.items()}, attrs=attrs)
-    ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
+
+
+def _accesses(ptx: str) -> set:
+    """The kinds of global loads and stores in `ptx` (and its sleeps)."""
     return set(re.findall(r"(?:ld|st)(?:\.acquire\.sys)?\.global[a-z0-9.]*|nanosleep\.u32", ptx))
 
 
@@ -42,7 +46,7 @@ def test_collective_kernel_moves_data_in_16_byte_vectors(kind, variant, push):
                   DATA2=layout.data2, DATA_BYTES=layout.data_bytes, MAX_PROGRAMS=MAX_PROGRAMS, TIMEOUT_NS=10**9,
                   WHAT="test", ZERO_COPY=not push, HEAP_BYTES=1 << 30, VEC=4, PUSH=push)
     signature = {"context_ptr": "*i32", "group_ptr": "*i32", "x_ptr": "*fp32", "m": "i32", "out_ptr": "*fp32"}
-    accesses = _accesses(C.collective_kernel, signature, consts, num_warps=8)
+    accesses = _accesses(_ptx(C.collective_kernel, signature, consts, num_warps=8))
     assert "st.global.v4.b32" in accesses and "ld.global.v4.b32" in accesses, accesses
     assert "st.global.b32" not in accesses, accesses  # only flags and epochs (64-bit) are scalar
     # flag waits acquire (an unused `tl.atomic_add(flag, 0, sem="acquire")` compiled to nothing)
@@ -61,8 +65,11 @@ def test_fused_kernels_move_tiles_in_16_byte_vectors(kernel):
     else:
         fn, consts = F.all_gather_matmul_kernel, dict(consts, BKC=64, COMM=2)
     signature = {"context_ptr": "*i32", "group_ptr": "*i32", "a_ptr": "*bf16", "b_ptr": "*bf16", "out_ptr": "*bf16"}
-    accesses = _accesses(fn, signature, consts, num_warps=4, num_stages=2)
+    ptx = _ptx(fn, signature, consts, num_warps=4, num_stages=2)
+    accesses = _accesses(ptx)
     assert not {a for a in accesses if a.endswith(".b16")}, accesses  # no 2-byte loads or stores
     assert "st.global.v4.b32" in accesses, accesses
     assert "ld.acquire.sys.global.b32" in accesses, accesses  # the flag waits
     assert "nanosleep.u32" in accesses, accesses  # ... sleep between reads (POLL_NS)
+    # no printing: an extern call (vprintf) makes ptxas serialize every wgmma of the kernel
+    assert "vprintf" not in ptx
