@@ -10,6 +10,7 @@ from jax.sharding import PartitionSpec as P
 
 import iris_jax
 from iris_jax import collectives as C
+from iris_jax import ops
 from tests.jax.test_collectives import F32, mesh_of, rand, runtime, shard
 
 ALL = {
@@ -176,6 +177,16 @@ def test_missing_peer_default_timeout(fresh_runtime, rng, monkeypatch):
     x = shard(mesh, rand(rng, (3, 2, 6), F32))
     message = _run_missing_peer(lambda v: iris_jax.ppermute(v, "i", [(0, 1), (1, 2), (2, 0)]), x)
     assert "iris ppermute: timed out waiting for rank 1" in message
+
+
+def test_fused_op_missing_peer_times_out(fresh_runtime, rng):
+    """The fused kernels' waits are bounded too. (On GPUs they trap without this message: a
+    print in a kernel makes ptxas serialize its tensor-core instructions.)"""
+    mesh = mesh_of((3,), ("i",))
+    x = shard(mesh, rand(rng, (3, 7, 7), F32))
+    message = _run_missing_peer(lambda v: ops.matmul_all_reduce(v, v.T, "i", impl="fused", timeout_s=2), x)
+    assert "PeerTimeoutError" in message
+    assert "iris matmul_all_reduce: timed out waiting for rank 1" in message
 
 
 def test_runtime_works_again_after_shutdown_and_init(fresh_runtime, rng):
