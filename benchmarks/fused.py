@@ -1,6 +1,7 @@
 """Fused GEMM + communication (iris_jax.ops) vs unfused XLA (jnp.dot + the lax collective).
 
-    python benchmarks/fused.py [--ms 1024,4096,8192] [--nks 4096,8192] [--ops ...] [--reps 7]
+    python benchmarks/fused.py [--ms 1024,4096,8192] [--nks 4096,8192] [--ops ...] [--reps 7] [--plot]
+    python benchmarks/fused.py --plot-from benchmarks/out/fused.json   # only redraw the plot
 
 M is the global row count and N = K. Per rank: matmul_all_reduce a [M, K/W] @ b [K/W, N];
 all_gather_matmul a [M/W, K] gathered, @ b [K, N/W]; matmul_reduce_scatter a [M, K/W] @
@@ -10,7 +11,8 @@ impl="xla"; each point is first checked against the XLA result. Time = median ov
 of the GPUs' span from the profiler (first kernel start to last kernel end, slowest device;
 the host's fixed cost of launching a run is left out); TFLOP/s per rank = 2 M N K / W / t.
 
-Writes benchmarks/out/fused.json and .md. bfloat16 on GPUs. On a machine without GPUs it
+Writes benchmarks/out/fused.json and .md, and with --plot benchmarks/fused_bf16.png (xla/fused
+per shape and op). bfloat16 on GPUs. On a machine without GPUs it
 runs a tiny correctness-only pass on the CPU simulator and says so (no timings).
 """
 
@@ -37,7 +39,13 @@ def main():
     parser.add_argument("--ops", default="matmul,matmul_all_reduce,all_gather_matmul,matmul_reduce_scatter")
     parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--out", help="results folder (default: benchmarks/out, on the simulator benchmarks/out/simulator)")
+    parser.add_argument("--plot", action="store_true", help="also draw fused_bf16.png into the results folder")
+    parser.add_argument("--plot-from", help="draw benchmarks/fused_bf16.png from this fused.json and exit")
     opts = parser.parse_args()
+    if opts.plot_from:
+        with open(opts.plot_from) as fh:
+            plot(json.load(fh), os.path.join(os.path.dirname(os.path.abspath(__file__)), "fused_bf16.png"))
+        return
 
     gpu = gpus_present()
     opts.out = out_dir(opts.out, gpu)
@@ -91,8 +99,36 @@ def main():
         json.dump(rows, fh, indent=1)
     with open(os.path.join(opts.out, "fused.md"), "w") as fh:
         fh.write(markdown(rows))
+    if opts.plot and gpu:
+        plot(rows, os.path.join(opts.out, "fused_bf16.png"))
     if not gpu:
         print("CPU simulator: correctness only;", sum(r["correct"] for r in rows), "of", len(rows), "correct")
+
+
+def plot(rows, path):
+    """Bars of xla time / fused time per shape, one color per op (> 1: fused faster)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ops_ = [op for op in dict.fromkeys(r["op"] for r in rows) if op != "matmul"]
+    shapes = list(dict.fromkeys((r["M"], r["N"]) for r in rows))
+    fig, ax = plt.subplots(figsize=(11, 4.5))
+    width = 0.8 / len(ops_)
+    for i, op in enumerate(ops_):
+        by_shape = {(r["M"], r["N"]): r.get("speedup", float("nan")) for r in rows if r["op"] == op}
+        ax.bar([x + (i - (len(ops_) - 1) / 2) * width for x in range(len(shapes))],
+               [by_shape.get(s, float("nan")) for s in shapes], width, label=op)
+    ax.axhline(1.0, color="black", lw=0.8)
+    ax.set_xticks(range(len(shapes)), [f"M={m}\nN=K={n}" for m, n in shapes])
+    ax.set_ylabel("XLA unfused time / fused time")
+    ax.set_title(f"iris fused GEMM + collective vs jnp.dot + lax collective ({rows[0]['dtype']}, "
+                 f"{rows[0]['W']} GPUs)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print("wrote", path)
 
 
 def markdown(rows) -> str:

@@ -17,15 +17,21 @@ float32, result in the input dtype (as `jnp.dot`). Every op is differentiable
 `jnp.dot` and iris collectives).
 
 `impl`: "fused" (the iris kernel), "xla" (jnp.dot + the lax collective, i.e. what XLA
-does unfused) or "auto". On GPUs `auto` runs matmul_all_reduce and matmul_reduce_scatter
-fused up to `AUTO_FUSED_UP_TO_FLOPS` (2^34 FLOPs per rank: M = 1024, N = K = 4096 on 2
-GPUs) and XLA's unfused path above, and all_gather_matmul always unfused. Measured with
-benchmarks/fused.py (bf16, 2 x H200, GPU time from the profiler, RESULTS.md runs 22-30): at
-that shape the fused reduce ops took 1.33-1.81x less time than XLA (XLA launches its NCCL
-collective from the host); above it they ranged 0.80-1.09x (the all-reduce 1.09x at M = N
-= 8192), and all_gather_matmul 0.57-0.93x except 1.38x once at the smallest shape (0.83x
-when measured again). The simulator has no speed to choose by; there `auto` runs the fused
-kernels, so that code built on the simulator exercises them.
+does unfused) or "auto". On GPUs `auto` runs an op fused when (`_auto_fused`)
+
+* the problem is small, at most 2^34 FLOPs per rank (M = 1024, N = K = 4096 on 2 GPUs):
+  XLA launches its NCCL collective from the host, the fused kernel is 1.28-1.58x faster; or
+* the GEMM covers the communication: at least 4096 FLOPs per byte that a rank receives
+  over the link (bf16 on 2 GPUs: K per rank >= 4096 for matmul_all_reduce, >= 2048 for
+  matmul_reduce_scatter, N >= 4096 for all_gather_matmul), with a product of at least 2^24
+  elements per rank (~4 rounds of tiles, so the last one, which nothing overlaps, is short).
+
+Measured with benchmarks/fused.py (bf16, 2 x H200, GPU time from the profiler, RESULTS.md
+run 34): every shape this rule runs fused was 1.07-1.58x faster than XLA (matmul_all_reduce
+at M = N = 8192, K = 4096 per rank 1.35x); every shape it leaves to XLA was 0.71-0.94x
+fused (the link, not the GEMM, bounds those: 16 reducing programs pull ~170 GB/s). The
+simulator has no speed to choose by; there `auto` runs the fused kernels, so that code
+built on the simulator exercises them.
 
 Workspace: the kernels exchange tiles through a fixed region of every heap (`FusedWorkspace`:
 2 x IRIS_FUSED_WORKSPACE_BYTES, default 128 MiB on GPUs and 512 KiB on the simulator, plus
@@ -57,11 +63,11 @@ IMPLS = ("auto", "fused", "xla")
 LINE_BYTES = 128
 MAX_PROGRAMS = 256
 DEFAULT_TIMEOUT_S = float(os.environ.get("IRIS_COLLECTIVE_TIMEOUT", "60"))
-# auto on GPUs: problems with at most this many FLOPs per rank run fused, larger ones unfused
-# (XLA); measured with benchmarks/fused.py (see the docstring). all_gather_matmul: never.
 DEFAULT_POLL_NS = 500  # FusedWorkspace.poll_ns
-_SMALL = 2 * 1024 * 2048 * 4096  # 2^34: M = 1024, N = K = 4096 on 2 GPUs
-AUTO_FUSED_UP_TO_FLOPS = {"matmul_all_reduce": _SMALL, "matmul_reduce_scatter": _SMALL, "all_gather_matmul": 0}
+# auto on GPUs (see the docstring and _auto_fused; benchmarks/fused.py, RESULTS.md run 34)
+AUTO_SMALL_FLOPS = 2 ** 34  # per rank: M = 1024, N = K = 4096 on 2 GPUs
+AUTO_MIN_INTENSITY = 4096  # FLOPs per byte a rank receives over the link
+AUTO_MIN_PRODUCT = 2 ** 24  # elements of the product each rank computes
 
 
 class FusedWorkspace:
@@ -135,13 +141,20 @@ def _check(a, b, what):
         raise TypeError(f"iris_jax.ops.{what}: unsupported dtype {a.dtype}; supported: float32, bfloat16, float16")
 
 
-def _impl(impl, what, flops):
+def _auto_fused(flops: int, link_bytes: int, product: int) -> bool:
+    """`auto`'s choice on GPUs for a call doing `flops` per rank, receiving `link_bytes` per
+    rank and computing `product` elements of the GEMM per rank (the module docstring)."""
+    covered = flops >= AUTO_MIN_INTENSITY * link_bytes and product >= AUTO_MIN_PRODUCT
+    return flops <= AUTO_SMALL_FLOPS or covered
+
+
+def _impl(impl, what, flops, link_bytes, product):
     if impl not in IMPLS:
         raise ValueError(f"iris_jax.ops.{what}: unknown impl {impl!r}; choose one of {IMPLS}")
     if impl == "auto":
         if runtime_lib.runtime().mode.startswith("sim"):
             return "fused"
-        return "fused" if flops <= AUTO_FUSED_UP_TO_FLOPS[what] else "xla"
+        return "fused" if _auto_fused(flops, link_bytes, product) else "xla"
     return impl
 
 
@@ -245,7 +258,8 @@ def matmul_all_reduce(a, b, axis_name, *, impl: str = "auto", timeout_s: float |
     [K_local, N]); the result [M, N] is the same on every member."""
     axes = C._axes(axis_name)
     _check(a, b, "matmul_all_reduce")
-    chosen = _impl(impl, "matmul_all_reduce", 2 * a.shape[0] * a.shape[1] * b.shape[1])
+    (M, K), N, G = a.shape, b.shape[1], C._group_size(axes)
+    chosen = _impl(impl, "matmul_all_reduce", 2 * M * K * N, (G - 1) * M * N * a.dtype.itemsize, M * N)
 
     @jax.custom_vjp
     def f(a, b):
@@ -291,7 +305,8 @@ def matmul_reduce_scatter(a, b, axis_name, scatter_dimension: int = 0, *, impl: 
     if size % G:
         raise ValueError(f"matmul_reduce_scatter: dimension {d} of the product has size {size}, "
                          f"not divisible by the axis size {G}")
-    chosen = _impl(impl, "matmul_reduce_scatter", 2 * a.shape[0] * a.shape[1] * b.shape[1])
+    (M, K), N = a.shape, b.shape[1]
+    chosen = _impl(impl, "matmul_reduce_scatter", 2 * M * K * N, (G - 1) * M * N // G * a.dtype.itemsize, M * N)
 
     @jax.custom_vjp
     def f(a, b):
@@ -375,7 +390,8 @@ def all_gather_matmul(a, b, axis_name, gather_axis: int = 0, *, impl: str = "aut
         _check(jnp.zeros((1, b.shape[0]), a.dtype), b, "all_gather_matmul")
     else:
         _check(a, b, "all_gather_matmul")
-    chosen = _impl(impl, "all_gather_matmul", 2 * G * a.shape[0] * a.shape[1] * b.shape[1])
+    (M, K), N = a.shape, b.shape[1]  # per rank: a's rows M, b's columns N
+    chosen = _impl(impl, "all_gather_matmul", 2 * G * M * K * N, (G - 1) * M * K * a.dtype.itemsize, G * M * N)
 
     @jax.custom_vjp
     def f(a, b):

@@ -41,7 +41,7 @@ step gpu_examples 240 $t tests/gpu/test_gpu_examples.py
 group=bench
 step rma 120 python3 benchmarks/rma.py --mib 256
 step collectives 560 python3 benchmarks/collectives.py --out "$OUT" --plot
-step fused 300 python3 benchmarks/fused.py --out "$OUT"
+step fused 300 python3 benchmarks/fused.py --out "$OUT" --plot
 step trace_example 120 python3 examples/04_trace_all_reduce.py --out "$OUT"  # the PNG for the README
 group=probe  # quick looks while tuning
 step collectives_quick 200 python3 benchmarks/collectives.py --out "$OUT" --sizes 1K,64K,1M,16M,256M \
