@@ -72,11 +72,11 @@ else:
 
     @triton.jit
     def nanosleep(ns):
-        """Suspends the thread for about `ns` nanoseconds (an int32; at most ~1 ms). Polling
-        loops sleep between reads: 16 programs of 256 threads spinning on flags (one L2
-        slice) slowed a GEMM on the other SMs by 40% (benchmarks/fused_probe.py, RESULTS run 32)."""
-        tl.inline_asm_elementwise("nanosleep.u32 $1; mov.u32 $0, 0;", "=r,r", [tl.full((), 0, tl.int32) + ns], dtype=tl.int32, is_pure=False,
-                                  pack=1)
+        """Suspends the thread for about `ns` nanoseconds (an int32; at most ~1 ms), e.g.
+        between two reads of a flag, so that programs waiting beside busy ones issue fewer
+        L2 requests and draw less of the power budget."""
+        tl.inline_asm_elementwise("nanosleep.u32 $1; mov.u32 $0, 0;", "=r,r", [tl.full((), 0, tl.int32) + ns],
+                                  dtype=tl.int32, is_pure=False, pack=1)
 
     @triton.jit
     def load_acquire(ptr):

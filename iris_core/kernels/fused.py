@@ -32,6 +32,10 @@ A program thus only waits for programs that never wait before publishing (or, fo
 tail, for their own publication): all programs resident (GPU, P <= SMs) or run one after
 another in index order (simulator), nothing deadlocks.
 
+No printing in these kernels: a `tl.device_print` (an extern call) makes ptxas serialize
+every wgmma of the kernel, 40% off the GEMM (RESULTS.md run 33); timeouts trap silently on
+GPUs (the simulator raises PeerTimeoutError naming the op and the rank).
+
 Reuse of the parity buffers, all-gather: a rank pushes into a peer's buffer of parity
 e % 2 in call e. The peer read that buffer in call e - 2. In call e - 1 this rank waited on
 a flag the peer raised in call e - 1 (every call consumes at least one tile from every
@@ -72,15 +76,16 @@ def _epilogue(epoch_ptr, epoch):
 @triton.jit
 def _wait(flag_ptr, epoch, who, POLL_NS: tl.constexpr, TIMEOUT_NS: tl.constexpr, WHAT: tl.constexpr):
     """Waits until my local flag reaches `epoch` (raised by rank `who`), acquiring it, reading
-    it every POLL_NS: polling flat out, the waiting programs slowed the GEMM programs on the
-    other SMs by 40% (benchmarks/fused_probe.py)."""
+    it every POLL_NS (the reducers wait beside the GEMM programs: no need to spin flat out;
+    0-2000 ns measured the same, RESULTS run 33). A timeout traps without a message (see
+    peer_timeout: a print would serialize the kernel's wgmma)."""
     start = global_timer()
     seen = load_acquire(flag_ptr)
     while seen < epoch:
         if POLL_NS > 0:
             nanosleep(POLL_NS)
         if global_timer() - start > TIMEOUT_NS:
-            peer_timeout(WHAT, who, REPORT=False)  # a print would serialize the kernel's wgmma
+            peer_timeout(WHAT, who, REPORT=False)
         seen = load_acquire(flag_ptr)
     tl.debug_barrier()
 
