@@ -46,6 +46,9 @@ ZERO_COPY_FROM_BYTES = 16 << 20
 # iris_core.collectives.kernels) from this many bytes of input per rank, and pull below.
 # IRIS_COLLECTIVE_PUSH_FROM overrides it (bytes), for tuning and tests.
 PUSH_FROM_BYTES = 32 << 20  # run 28: push won every op at 256 MiB (1.07-1.14x pull), was even at 16 MiB
+# Streamed push (one chunk, senders and receivers on their own programs, tile flags) from
+# this many bytes per rank up to PUSH_FROM_BYTES; IRIS_COLLECTIVE_STREAM_FROM overrides.
+STREAM_FROM_BYTES = 1 << 62  # off until measured on GPUs
 # GPU launch configuration (see launch_config): the best geometric mean of 8 configurations
 # over psum 64 KiB/16 MiB/256 MiB and ppermute 64 MiB (benchmarks/tune_collectives.py, RESULTS run 13)
 DEFAULT_BLOCK, DEFAULT_PROGRAMS_PER_SM, DEFAULT_WARPS = 8192, 1, 8
@@ -112,11 +115,16 @@ def _launch(kind: int, x2d, axes, out_blocks: int, *, op=K.SUM, variant=K.ONE_SH
     itemsize = x2d.dtype.itemsize
     block, max_programs, num_warps = launch_config(rt)
     nbytes = XB * m * itemsize
-    push = _push(kind, variant, nbytes)
-    slots = G if push else XB  # a buffer holds every sender's slot (push) or my input blocks (pull)
-    chunk = max(block, min(ws.layout.data_bytes // slots, _chunk_cap()) // itemsize // block * block)
+
+    def chunk_of(slots):  # a buffer holds every sender's slot (push) or my input blocks (pull)
+        return max(block, min(ws.layout.data_bytes // slots, _chunk_cap()) // itemsize // block * block)
+
+    stream = _stream(kind, variant, nbytes, G) and m <= chunk_of(G)
+    push = stream or _push(kind, variant, nbytes)
+    chunk = chunk_of(G if push else XB)
     tiles = math.ceil(min(m, chunk) / block)
-    programs = min(tiles, max_programs)
+    # streamed: half the programs send, half receive (at least one of each)
+    programs = min(2 * tiles, max_programs) if stream else min(tiles, max_programs)
     acc = "fp32" if jnp.issubdtype(x2d.dtype, jnp.floating) else "int32"
     import triton.language as tl
 
@@ -130,7 +138,8 @@ def _launch(kind: int, x2d, axes, out_blocks: int, *, op=K.SUM, variant=K.ONE_SH
         DATA=ws.layout.data, DATA2=ws.layout.data2, DATA_BYTES=ws.layout.data_bytes,
         MAX_PROGRAMS=MAX_PROGRAMS, TIMEOUT_NS=int((timeout_s or DEFAULT_TIMEOUT_S) * 1e9), WHAT=what,
         ZERO_COPY=not push and _zero_copy(kind, variant, nbytes), HEAP_BYTES=rt.heap_size,
-        VEC=16 // itemsize if m % (16 // itemsize) == 0 else 1, TRACING=rt.tracing.enabled, PUSH=push)
+        VEC=16 // itemsize if m % (16 // itemsize) == 0 else 1, TRACING=rt.tracing.enabled, PUSH=push,
+        STREAM=stream, TILE_FLAGS=ws.layout.tile_flags)
     return out
 
 
@@ -154,6 +163,18 @@ def _chunk_cap() -> int:
     says less. Smaller chunks overlap more of sending chunk c + 1 with receiving chunk c, at a
     flag round per chunk (a tuning knob: mid-size arrays are one or two chunks by default)."""
     return _env_bytes("IRIS_COLLECTIVE_CHUNK_BYTES", 1 << 62)
+
+
+def _stream(kind: int, variant: int, nbytes: int, G: int) -> bool:
+    """Whether the call may stream (iris_core.collectives.kernels._streamed; if it is one
+    chunk): a kind in which every member sends to every other, G >= 2, an input of
+    STREAM_FROM_BYTES up to PUSH_FROM_BYTES per rank (IRIS_COLLECTIVE_STREAM_FROM overrides
+    the lower bound)."""
+    every_pair = kind in (K.ALL_GATHER, K.REDUCE_SCATTER, K.ALL_TO_ALL) or (
+        kind == K.ALL_REDUCE and variant == K.ONE_SHOT)
+    lower = _env_bytes("IRIS_COLLECTIVE_STREAM_FROM", STREAM_FROM_BYTES)
+    return every_pair and G > 1 and lower <= nbytes < _env_bytes("IRIS_COLLECTIVE_PUSH_FROM",
+                                                                          PUSH_FROM_BYTES)
 
 
 def _push(kind: int, variant: int, nbytes: int) -> bool:

@@ -498,6 +498,56 @@ def _pipelined(ctx, group_ptr, x_ptr, out_ptr, heap_base, ws_base, m, pid, progr
 
 
 @triton.jit
+def _streamed(ctx, group_ptr, x_ptr, out_ptr, ws_base, m, pid, programs, me, epoch, block_in, source,
+              KIND: tl.constexpr, OP: tl.constexpr, G: tl.constexpr, XB: tl.constexpr, SOURCES: tl.constexpr,
+              ACC: tl.constexpr, BLOCK: tl.constexpr, CHUNK: tl.constexpr, DATA: tl.constexpr,
+              DATA_BYTES: tl.constexpr, TILE_FLAGS: tl.constexpr, MAX_PROGRAMS: tl.constexpr,
+              WORLD: tl.constexpr, TIMEOUT_NS: tl.constexpr, WHAT: tl.constexpr, VEC: tl.constexpr):
+    """Streamed push of a one-chunk call (m <= CHUNK) of a kind in which every member sends
+    to every other one (all-reduce one-shot, all-gather, reduce-scatter, all-to-all).
+
+    The lower half of the programs send: each stores its tiles into slot `me` of every
+    receiver's buffer (as push mode) and flags each tile on the receiver (tile flag [t][me],
+    stamped with this call's epoch). They never wait. The upper half receive: each waits for
+    its tiles' flags from every member and makes its output tiles from its own buffer (local
+    reads), while the senders are still sending. Against the pipelined path, nothing waits
+    for a whole chunk: the local reduce overlaps the transfer tile by tile, and there is no
+    round in which no program sends. Returns this call's epoch.
+
+    Buffer reuse: as for the pipelined path, a rank writes into a member's buffer of parity
+    e % 2 only in call e, after its call e - 1 ended, in which it waited for that member's
+    flags of call e - 1; so the member had finished call e - 2 (stream order)."""
+    e = epoch + 1
+    width = _width(m, 0, CHUNK, VEC)
+    tiles = tl.cdiv(width, BLOCK)
+    ws = _buffer(ws_base, e, DATA, DATA_BYTES, x_ptr.dtype)
+    flags = tl.cast(ws_base + TILE_FLAGS, tl.pointer_type(tl.int32))
+    senders = programs // 2
+    if pid < senders:
+        for t in range(pid, tiles, senders):
+            _push_tile(ctx, group_ptr, x_ptr, ws, m, 0, width, t, me, KIND, G, XB, SOURCES, BLOCK, CHUNK, VEC)
+            tl.debug_barrier()  # every thread's stores precede the release
+            for i in tl.static_range(G):
+                if i != me:
+                    ctx.atomic_xchg(flags + t * G + me, e.to(tl.int32), to_rank=_rank(group_ptr, i), sem="release",
+                                    scope="sys")
+    else:
+        start = global_timer()
+        for t in range(pid - senders, tiles, programs - senders):
+            for i in tl.static_range(G):
+                if i != me:
+                    seen = load_acquire(flags + t * G + i)
+                    while seen < e:
+                        if global_timer() - start > TIMEOUT_NS:
+                            _give_up(ctx, group_ptr, ws_base, pid, me, _rank(group_ptr, i), G, MAX_PROGRAMS, WORLD,
+                                     WHAT)
+                        seen = load_acquire(flags + t * G + i)
+            tl.debug_barrier()  # every thread's reads follow the acquires
+            _take_tile(x_ptr, out_ptr, ws, m, 0, width, t, me, block_in, source, KIND, OP, G, ACC, BLOCK, CHUNK, VEC)
+    return e
+
+
+@triton.jit
 def collective_kernel(context_ptr, group_ptr, x_ptr, m, out_ptr,
                       KIND: tl.constexpr, OP: tl.constexpr, VARIANT: tl.constexpr, G: tl.constexpr,
                       WORLD: tl.constexpr, XB: tl.constexpr, OB: tl.constexpr, SOURCES: tl.constexpr,
@@ -505,9 +555,11 @@ def collective_kernel(context_ptr, group_ptr, x_ptr, m, out_ptr,
                       DATA2: tl.constexpr, DATA_BYTES: tl.constexpr,
                       MAX_PROGRAMS: tl.constexpr, TIMEOUT_NS: tl.constexpr, WHAT: tl.constexpr,
                       ZERO_COPY: tl.constexpr = False, HEAP_BYTES: tl.constexpr = 0, VEC: tl.constexpr = 1,
-                      TRACING: tl.constexpr = False, PUSH: tl.constexpr = False):
+                      TRACING: tl.constexpr = False, PUSH: tl.constexpr = False, STREAM: tl.constexpr = False,
+                      TILE_FLAGS: tl.constexpr = 0):
     """See the module docstring. `m` is the column count; SOURCES[i] is member i's source
-    (PPERMUTE/BROADCAST; -1: none, output zeros); VEC > 1: m is a multiple of VEC, the
+    (PPERMUTE/BROADCAST; -1: none, output zeros); STREAM: the streamed push of a one-chunk
+    call (_streamed; TILE_FLAGS: the workspace's tile flags); VEC > 1: m is a multiple of VEC, the
     elements of 16 bytes (tiles are then accessed in 16-byte vectors). With TRACING, each chunk's exchange is a
     `transfer` span (pid_m: the chunk) holding `wait` spans and the Context's own RMA events."""
     ctx = Context.initialize(context_ptr, WORLD, tracing=TRACING)
@@ -534,7 +586,11 @@ def collective_kernel(context_ptr, group_ptr, x_ptr, m, out_ptr,
     block_in = me * 0  # a tensor in both cases (an int here broke push-mode ppermute's compile)
     if XB > 1:
         block_in = me
-    if KIND != 0 or VARIANT == 0:  # every kind that only pulls (incl. one-shot all-reduce)
+    if STREAM:  # one chunk, streamed tile by tile (the all-to-all kinds, see _streamed)
+        epoch = _streamed(ctx, group_ptr, x_ptr, out_ptr, ws_base, m, pid, programs, me, epoch, block_in, source, KIND,
+                          OP, G, XB, SOURCES, ACC, BLOCK, CHUNK, DATA, DATA_BYTES, TILE_FLAGS, MAX_PROGRAMS, WORLD,
+                          TIMEOUT_NS, WHAT, VEC)
+    elif KIND != 0 or VARIANT == 0:  # every kind that only pulls (incl. one-shot all-reduce)
         epoch = _pipelined(ctx, group_ptr, x_ptr, out_ptr, heap_base, ws_base, m, pid, programs, me, epoch, in_place,
                            block_in, source, KIND, OP, G, XB, SOURCES, ACC, BLOCK, CHUNK, DATA, DATA_BYTES,
                            MAX_PROGRAMS, WORLD, TIMEOUT_NS, WHAT, ZERO_COPY, VEC, PUSH)

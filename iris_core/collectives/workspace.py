@@ -4,6 +4,8 @@
     flags   [MAX_PROGRAMS][W]           flag p of program k on my heap: the last stamp rank p raised
     data    [2 buffers][data_bytes]     staged inputs / accumulators (buffer = epoch parity)
     data2   [2 buffers][data_bytes]     two-shot results, ring partials, spinlock locks
+    tiles   int32 [data_bytes / 256]    streamed mode: flag [tile][p] on my heap, the last epoch
+                                        in which rank p delivered that tile to me
 
 Every flag sits on its own 128-byte line. A call's flags carry stamps epoch * STEPS + round,
 so they only grow; buffers alternate with the epoch's parity, so back-to-back calls need no
@@ -37,5 +39,14 @@ class WorkspaceLayout:
         return self.data + 2 * self.data_bytes
 
     @property
-    def total_bytes(self) -> int:
+    def tile_flags(self) -> int:
         return self.data2 + 2 * self.data_bytes
+
+    @property
+    def tile_flag_count(self) -> int:
+        """Enough for [tiles][W] when a tile holds >= 128 elements of >= 2 bytes."""
+        return self.data_bytes // 256
+
+    @property
+    def total_bytes(self) -> int:
+        return self.tile_flags + 4 * self.tile_flag_count

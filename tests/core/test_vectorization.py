@@ -34,23 +34,27 @@ def _accesses(ptx: str) -> set:
     return set(re.findall(r"(?:ld|st)(?:\.acquire\.sys)?\.global[a-z0-9.]*|nanosleep\.u32", ptx))
 
 
-@pytest.mark.parametrize("kind,variant,push", [(C.ALL_REDUCE, C.ONE_SHOT, False), (C.ALL_REDUCE, C.TWO_SHOT, False),
-                                               (C.ALL_GATHER, C.ONE_SHOT, False), (C.PPERMUTE, C.ONE_SHOT, False),
-                                               (C.ALL_REDUCE, C.ONE_SHOT, True), (C.ALL_GATHER, C.ONE_SHOT, True),
-                                               (C.PPERMUTE, C.ONE_SHOT, True)])
-def test_collective_kernel_moves_data_in_16_byte_vectors(kind, variant, push):
+@pytest.mark.parametrize("kind,variant,push,stream", [
+    (C.ALL_REDUCE, C.ONE_SHOT, False, False), (C.ALL_REDUCE, C.TWO_SHOT, False, False),
+    (C.ALL_GATHER, C.ONE_SHOT, False, False), (C.PPERMUTE, C.ONE_SHOT, False, False),
+    (C.ALL_REDUCE, C.ONE_SHOT, True, False), (C.ALL_GATHER, C.ONE_SHOT, True, False),
+    (C.PPERMUTE, C.ONE_SHOT, True, False), (C.ALL_REDUCE, C.ONE_SHOT, True, True), (C.ALL_TO_ALL, C.ONE_SHOT, True, True)])
+def test_collective_kernel_moves_data_in_16_byte_vectors(kind, variant, push, stream):
     pytest.importorskip("triton.backends.nvidia")
     layout = WorkspaceLayout(2, 1 << 20)
-    consts = dict(KIND=kind, OP=C.SUM, VARIANT=variant, G=2, WORLD=2, XB=1, OB=2 if kind == C.ALL_GATHER else 1,
+    consts = dict(KIND=kind, OP=C.SUM, VARIANT=variant, G=2, WORLD=2, XB=2 if kind == C.ALL_TO_ALL else 1,
+                  OB=2 if kind in (C.ALL_GATHER, C.ALL_TO_ALL) else 1,
                   SOURCES=(1, 0), ACC=tl.float32, BLOCK=2048, CHUNK=(1 << 20) // 8, DATA=layout.data,
                   DATA2=layout.data2, DATA_BYTES=layout.data_bytes, MAX_PROGRAMS=MAX_PROGRAMS, TIMEOUT_NS=10**9,
-                  WHAT="test", ZERO_COPY=not push, HEAP_BYTES=1 << 30, VEC=4, PUSH=push)
+                  WHAT="test", ZERO_COPY=not push, HEAP_BYTES=1 << 30, VEC=4, PUSH=push, STREAM=stream,
+                  TILE_FLAGS=layout.tile_flags)
     signature = {"context_ptr": "*i32", "group_ptr": "*i32", "x_ptr": "*fp32", "m": "i32", "out_ptr": "*fp32"}
     accesses = _accesses(_ptx(C.collective_kernel, signature, consts, num_warps=8))
     assert "st.global.v4.b32" in accesses and "ld.global.v4.b32" in accesses, accesses
     assert "st.global.b32" not in accesses, accesses  # only flags and epochs (64-bit) are scalar
-    # flag waits acquire (an unused `tl.atomic_add(flag, 0, sem="acquire")` compiled to nothing)
-    assert "ld.acquire.sys.global.b64" in accesses, accesses
+    # flag waits acquire (an unused `tl.atomic_add(flag, 0, sem="acquire")` compiled to nothing);
+    # streamed calls wait on int32 tile flags
+    assert f"ld.acquire.sys.global.b{32 if stream else 64}" in accesses, accesses
 
 
 @pytest.mark.parametrize("kernel", ["matmul_reduce", "all_gather_matmul"])

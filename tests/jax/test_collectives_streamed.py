@@ -1,0 +1,59 @@
+"""Streamed push (iris_core.collectives.kernels._streamed) on the CPU simulator: the kinds in
+which every member sends to every other, one chunk, half the programs sending and half
+receiving tile by tile. IRIS_COLLECTIVE_STREAM_FROM=0 makes every such call stream."""
+
+import pytest
+from jax import lax
+
+import iris_jax
+from iris_jax import collectives
+from tests.jax.test_collectives import BF16, F32, I32, Case, _reduce_tol, mesh_of, run_cases
+
+N = 1001  # per device: several tiles of the simulator's 256 elements, the last one partial
+
+
+def _cases(G, dtype):
+    n = N // G * G
+    return [
+        Case("psum", (N,), lambda v: iris_jax.psum(v, "i"), lambda v: lax.psum(v, "i"), True,
+             tol=_reduce_tol(dtype, G, "one_shot")),
+        Case("pmax 2-D", (7, 143), lambda v: iris_jax.pmax(v, "i"), lambda v: lax.pmax(v, "i")),
+        Case("all_gather", (N,), lambda v: iris_jax.all_gather(v, "i"), lambda v: lax.all_gather(v, "i")),
+        Case("psum_scatter", (n,), lambda v: iris_jax.psum_scatter(v, "i", tiled=True),
+             lambda v: lax.psum_scatter(v, "i", tiled=True), True),
+        Case("all_to_all", (n,), lambda v: iris_jax.all_to_all(v, "i", 0, 0, tiled=True),
+             lambda v: lax.all_to_all(v, "i", 0, 0, tiled=True)),
+        Case("ppermute (never streams)", (N,), lambda v: iris_jax.ppermute(v, "i", [(i, (i + 1) % G) for i in range(G)]),
+             lambda v: lax.ppermute(v, "i", [(i, (i + 1) % G) for i in range(G)])),
+    ]
+
+
+@pytest.mark.parametrize("W,dtype", [(2, F32), (3, BF16), (4, I32)], ids=["2-float32", "3-bfloat16", "4-int32"])
+def test_streamed_collectives_match_lax(monkeypatch, W, dtype, rng):
+    launched = []
+    real_call = collectives.triton_call
+
+    def spy(*args, **kwargs):
+        launched.append(kwargs["STREAM"])
+        return real_call(*args, **kwargs)
+
+    monkeypatch.setattr(collectives, "triton_call", spy)
+    monkeypatch.setenv("IRIS_COLLECTIVE_STREAM_FROM", "0")
+    run_cases(mesh_of((W,), ("i",)), _cases(W, dtype), dtype, rng)
+    assert launched == [True] * 5 + [False]  # every kind but ppermute streamed
+    # twice in a row: the parity buffers and tile flags of the previous call are reused
+    run_cases(mesh_of((W,), ("i",)), _cases(W, dtype), dtype, rng)
+
+
+def test_stream_setting(monkeypatch):
+    K = collectives.K
+    monkeypatch.setenv("IRIS_COLLECTIVE_STREAM_FROM", str(1 << 20))
+    assert collectives._stream(K.ALL_REDUCE, K.ONE_SHOT, 1 << 20, 2)
+    assert not collectives._stream(K.ALL_REDUCE, K.ONE_SHOT, (1 << 20) - 1, 2)
+    assert not collectives._stream(K.ALL_REDUCE, K.TWO_SHOT, 1 << 20, 2)
+    assert not collectives._stream(K.PPERMUTE, K.ONE_SHOT, 1 << 20, 2)  # not every member sends to every other
+    assert not collectives._stream(K.ALL_GATHER, K.ONE_SHOT, 1 << 20, 1)  # a group of one has no peer
+    assert not collectives._stream(K.ALL_GATHER, K.ONE_SHOT, collectives.PUSH_FROM_BYTES, 2)  # pushed in chunks
+    monkeypatch.setenv("IRIS_COLLECTIVE_STREAM_FROM", "1M")
+    with pytest.raises(ValueError, match="IRIS_COLLECTIVE_STREAM_FROM='1M'"):
+        collectives._stream(K.ALL_GATHER, K.ONE_SHOT, 1 << 20, 2)
