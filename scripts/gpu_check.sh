@@ -34,7 +34,7 @@ t="python3 -m pytest -m gpu -q -rfE --tb=short -p no:cacheprovider -o faulthandl
 step gpu_jax 120 $t tests/gpu/test_gpu_jax.py
 step gpu_multi 200 $t tests/gpu/test_gpu_multiprocess.py
 step gpu_tracing 150 $t tests/gpu/test_gpu_tracing.py
-step gpu_collectives 220 $t tests/gpu/test_gpu_collectives.py
+step gpu_collectives 300 $t tests/gpu/test_gpu_collectives.py
 step gpu_tiles 120 $t tests/gpu/test_gpu_tiles.py
 step gpu_fused 150 $t tests/gpu/test_gpu_fused.py
 step gpu_examples 240 $t tests/gpu/test_gpu_examples.py
@@ -62,3 +62,7 @@ step mid_sizes 400 bash -c 'for p in 0 4611686018427387904; do for c in 2097152 
   echo "== IRIS_COLLECTIVE_PUSH_FROM=$p IRIS_COLLECTIVE_CHUNK_BYTES=$c"
   IRIS_COLLECTIVE_PUSH_FROM=$p IRIS_COLLECTIVE_CHUNK_BYTES=$c python3 benchmarks/collectives.py \
     --out "$OUT/mid_${p}_$c" --sizes 4M,16M,64M --ops psum,all_gather,ppermute | grep "^| [a-z]"; done; done'
+# streamed push (one chunk, senders / receivers on their own programs) vs the default, 256 KiB - 16 MiB
+step stream 300 bash -c 'for s in 0 ""; do echo "== IRIS_COLLECTIVE_STREAM_FROM=$s"
+  IRIS_COLLECTIVE_STREAM_FROM=$s python3 benchmarks/collectives.py --out "$OUT/stream_$s" --sizes 256K,1M,4M,16M \
+    --ops psum,all_gather,psum_scatter,all_to_all | grep "^| [a-z]"; done'
