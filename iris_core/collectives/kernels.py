@@ -25,6 +25,12 @@ Push mode (PUSH, large arrays, the pipelined kinds): instead of staging into its
 for members to pull, each rank stores what member i needs straight into slot `me` of member
 i's buffer ([G][CHUNK] per buffer), signals, and every rank reads its own buffer locally.
 
+Streamed push (STREAM, one-chunk calls of the kinds in which every member sends to every
+other: all-reduce one-shot, all-gather, reduce-scatter, all-to-all): half the programs push
+tiles and flag each one on its receiver, the other half wait for those tile flags and make
+the output tile by tile (_streamed), so the local work overlaps the transfer without
+chunk-wide rounds.
+
 Zero-copy (ZERO_COPY, large arrays; not ring/atomic/spinlock): a rank whose input lies on
 its heap skips staging and publishes the input's heap offset to every member (word 1 of its
 flag line there, -1 otherwise), once per call; members read that input in place. Since a
