@@ -139,7 +139,7 @@ def _launch(kind: int, x2d, axes, out_blocks: int, *, op=K.SUM, variant=K.ONE_SH
         MAX_PROGRAMS=MAX_PROGRAMS, TIMEOUT_NS=int((timeout_s or DEFAULT_TIMEOUT_S) * 1e9), WHAT=what,
         ZERO_COPY=not push and _zero_copy(kind, variant, nbytes), HEAP_BYTES=rt.heap_size,
         VEC=16 // itemsize if m % (16 // itemsize) == 0 else 1, TRACING=rt.tracing.enabled, PUSH=push,
-        STREAM=stream, TILE_FLAGS=ws.layout.tile_flags)
+        STREAM=stream, STREAM_AT=ws.layout.stream)
     return out
 
 

@@ -62,7 +62,7 @@ step mid_sizes 400 bash -c 'for p in 0 4611686018427387904; do for c in 2097152 
   echo "== IRIS_COLLECTIVE_PUSH_FROM=$p IRIS_COLLECTIVE_CHUNK_BYTES=$c"
   IRIS_COLLECTIVE_PUSH_FROM=$p IRIS_COLLECTIVE_CHUNK_BYTES=$c python3 benchmarks/collectives.py \
     --out "$OUT/mid_${p}_$c" --sizes 4M,16M,64M --ops psum,all_gather,ppermute | grep "^| [a-z]"; done; done'
-# streamed push (one chunk, senders / receivers on their own programs) vs the default, 256 KiB - 16 MiB
+# streamed push (one chunk, senders / receivers on their own programs) vs the default, 64 KiB - 16 MiB
 step stream 300 bash -c 'for s in 0 ""; do echo "== IRIS_COLLECTIVE_STREAM_FROM=$s"
-  IRIS_COLLECTIVE_STREAM_FROM=$s python3 benchmarks/collectives.py --out "$OUT/stream_$s" --sizes 256K,1M,4M,16M \
+  IRIS_COLLECTIVE_STREAM_FROM=$s python3 benchmarks/collectives.py --out "$OUT/stream_$s" --sizes 64K,256K,1M,4M,16M \
     --ops psum,all_gather,psum_scatter,all_to_all | grep "^| [a-z]"; done'

@@ -504,53 +504,69 @@ def _pipelined(ctx, group_ptr, x_ptr, out_ptr, heap_base, ws_base, m, pid, progr
 
 
 @triton.jit
-def _streamed(ctx, group_ptr, x_ptr, out_ptr, ws_base, m, pid, programs, me, epoch, block_in, source,
-              KIND: tl.constexpr, OP: tl.constexpr, G: tl.constexpr, XB: tl.constexpr, SOURCES: tl.constexpr,
-              ACC: tl.constexpr, BLOCK: tl.constexpr, CHUNK: tl.constexpr, DATA: tl.constexpr,
-              DATA_BYTES: tl.constexpr, TILE_FLAGS: tl.constexpr, MAX_PROGRAMS: tl.constexpr,
-              WORLD: tl.constexpr, TIMEOUT_NS: tl.constexpr, WHAT: tl.constexpr, VEC: tl.constexpr):
+def _streamed(ctx, group_ptr, x_ptr, out_ptr, ws_base, m, pid, programs, me, block_in, source, KIND: tl.constexpr,
+              OP: tl.constexpr, G: tl.constexpr, XB: tl.constexpr, SOURCES: tl.constexpr, ACC: tl.constexpr,
+              BLOCK: tl.constexpr, CHUNK: tl.constexpr, DATA_BYTES: tl.constexpr, STREAM_AT: tl.constexpr,
+              MAX_PROGRAMS: tl.constexpr, WORLD: tl.constexpr, TIMEOUT_NS: tl.constexpr, WHAT: tl.constexpr,
+              VEC: tl.constexpr):
     """Streamed push of a one-chunk call (m <= CHUNK) of a kind in which every member sends
-    to every other one (all-reduce one-shot, all-gather, reduce-scatter, all-to-all).
+    to every other (all-reduce one-shot, all-gather, reduce-scatter, all-to-all).
 
     The lower half of the programs send: each stores its tiles into slot `me` of every
-    receiver's buffer (as push mode) and flags each tile on the receiver (tile flag [t][me],
-    stamped with this call's epoch). They never wait. The upper half receive: each waits for
-    its tiles' flags from every member and makes its output tiles from its own buffer (local
-    reads), while the senders are still sending. Against the pipelined path, nothing waits
-    for a whole chunk: the local reduce overlaps the transfer tile by tile, and there is no
-    round in which no program sends. Returns this call's epoch.
+    receiver's streamed buffer and raises the tile's flag there. They never wait. The upper
+    half receive: each waits for its tiles' flags from every member and makes its output
+    tiles from its own buffer (local reads) while the senders are still sending. Nothing
+    waits for a whole chunk: the local work overlaps the transfer tile by tile, and no round
+    leaves the link idle.
 
-    Buffer reuse: as for the pipelined path, a rank writes into a member's buffer of parity
-    e % 2 only in call e, after its call e - 1 ended, in which it waited for that member's
-    flags of call e - 1; so the member had finished call e - 2 (stream order)."""
-    e = epoch + 1
+    Senders and receivers are different programs, whose epochs (per program) need not agree,
+    so tiles carry their own count: the k-th delivery of tile t (k = 1 + my `sent`/`got`
+    count of t, equal on every rank: SPMD) goes into buffer k % 2 and sets flag [t][me] to k.
+    Reuse: a rank writes delivery k of tile t into a member's buffer k % 2 only after its
+    call of delivery k - 1 ended, in which it waited for the member's delivery k - 1, sent
+    after the member's call of delivery k - 2 (which consumed it) had ended (stream order).
+    The region is the streamed calls' own, so other modes' calls cannot collide with it."""
+    region = ws_base + STREAM_AT
+    T: tl.constexpr = DATA_BYTES // 256
+    failed = tl.cast(region, tl.pointer_type(tl.int64))
+    sdata = region + LINE
+    flags = tl.cast(sdata + 2 * DATA_BYTES, tl.pointer_type(tl.int32))
+    sent = flags + T
+    got = sent + T
+    if tl.load(failed, volatile=True) != 0:  # a member gave up on an earlier call of this group
+        peer_failed(WHAT, tl.load(failed, volatile=True).to(tl.int32) - 1)
     width = _width(m, 0, CHUNK, VEC)
     tiles = tl.cdiv(width, BLOCK)
-    ws = _buffer(ws_base, e, DATA, DATA_BYTES, x_ptr.dtype)
-    flags = tl.cast(ws_base + TILE_FLAGS, tl.pointer_type(tl.int32))
     senders = programs // 2
     if pid < senders:
         for t in range(pid, tiles, senders):
+            k = tl.load(sent + t) + 1
+            ws = tl.cast(sdata + (k % 2).to(tl.uint64) * DATA_BYTES, x_ptr.dtype)
             _push_tile(ctx, group_ptr, x_ptr, ws, m, 0, width, t, me, KIND, G, XB, SOURCES, BLOCK, CHUNK, VEC)
             tl.debug_barrier()  # every thread's stores precede the release
             for i in tl.static_range(G):
                 if i != me:
-                    ctx.atomic_xchg(flags + t * G + me, e.to(tl.int32), to_rank=_rank(group_ptr, i), sem="release",
-                                    scope="sys")
+                    ctx.atomic_xchg(flags + t * G + me, k, to_rank=_rank(group_ptr, i), sem="release", scope="sys")
+            tl.store(sent + t, k)
     else:
         start = global_timer()
         for t in range(pid - senders, tiles, programs - senders):
+            k = tl.load(got + t) + 1
             for i in tl.static_range(G):
                 if i != me:
                     seen = load_acquire(flags + t * G + i)
-                    while seen < e:
+                    while seen < k:
                         if global_timer() - start > TIMEOUT_NS:
+                            for j in tl.static_range(G):  # later calls of this group fail at once
+                                ctx.store(failed, (_rank(group_ptr, me) + 1).to(tl.int64), to_rank=_rank(group_ptr, j))
                             _give_up(ctx, group_ptr, ws_base, pid, me, _rank(group_ptr, i), G, MAX_PROGRAMS, WORLD,
                                      WHAT)
                         seen = load_acquire(flags + t * G + i)
             tl.debug_barrier()  # every thread's reads follow the acquires
+            ws = tl.cast(sdata + (k % 2).to(tl.uint64) * DATA_BYTES, x_ptr.dtype)
             _take_tile(x_ptr, out_ptr, ws, m, 0, width, t, me, block_in, source, KIND, OP, G, ACC, BLOCK, CHUNK, VEC)
-    return e
+            tl.debug_barrier()  # every thread has read the count before it changes
+            tl.store(got + t, k)
 
 
 @triton.jit
@@ -562,10 +578,10 @@ def collective_kernel(context_ptr, group_ptr, x_ptr, m, out_ptr,
                       MAX_PROGRAMS: tl.constexpr, TIMEOUT_NS: tl.constexpr, WHAT: tl.constexpr,
                       ZERO_COPY: tl.constexpr = False, HEAP_BYTES: tl.constexpr = 0, VEC: tl.constexpr = 1,
                       TRACING: tl.constexpr = False, PUSH: tl.constexpr = False, STREAM: tl.constexpr = False,
-                      TILE_FLAGS: tl.constexpr = 0):
+                      STREAM_AT: tl.constexpr = 0):
     """See the module docstring. `m` is the column count; SOURCES[i] is member i's source
     (PPERMUTE/BROADCAST; -1: none, output zeros); STREAM: the streamed push of a one-chunk
-    call (_streamed; TILE_FLAGS: the workspace's tile flags); VEC > 1: m is a multiple of VEC, the
+    call (_streamed; STREAM_AT: the workspace's streamed region); VEC > 1: m is a multiple of VEC, the
     elements of 16 bytes (tiles are then accessed in 16-byte vectors). With TRACING, each chunk's exchange is a
     `transfer` span (pid_m: the chunk) holding `wait` spans and the Context's own RMA events."""
     ctx = Context.initialize(context_ptr, WORLD, tracing=TRACING)
@@ -592,10 +608,9 @@ def collective_kernel(context_ptr, group_ptr, x_ptr, m, out_ptr,
     block_in = me * 0  # a tensor in both cases (an int here broke push-mode ppermute's compile)
     if XB > 1:
         block_in = me
-    if STREAM:  # one chunk, streamed tile by tile (the all-to-all kinds, see _streamed)
-        epoch = _streamed(ctx, group_ptr, x_ptr, out_ptr, ws_base, m, pid, programs, me, epoch, block_in, source, KIND,
-                          OP, G, XB, SOURCES, ACC, BLOCK, CHUNK, DATA, DATA_BYTES, TILE_FLAGS, MAX_PROGRAMS, WORLD,
-                          TIMEOUT_NS, WHAT, VEC)
+    if STREAM:  # one chunk, streamed tile by tile in its own region (epochs unchanged, see _streamed)
+        _streamed(ctx, group_ptr, x_ptr, out_ptr, ws_base, m, pid, programs, me, block_in, source, KIND, OP, G, XB,
+                  SOURCES, ACC, BLOCK, CHUNK, DATA_BYTES, STREAM_AT, MAX_PROGRAMS, WORLD, TIMEOUT_NS, WHAT, VEC)
     elif KIND != 0 or VARIANT == 0:  # every kind that only pulls (incl. one-shot all-reduce)
         epoch = _pipelined(ctx, group_ptr, x_ptr, out_ptr, heap_base, ws_base, m, pid, programs, me, epoch, in_place,
                            block_in, source, KIND, OP, G, XB, SOURCES, ACC, BLOCK, CHUNK, DATA, DATA_BYTES,

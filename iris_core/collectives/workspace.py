@@ -4,8 +4,13 @@
     flags   [MAX_PROGRAMS][W]           flag p of program k on my heap: the last stamp rank p raised
     data    [2 buffers][data_bytes]     staged inputs / accumulators (buffer = epoch parity)
     data2   [2 buffers][data_bytes]     two-shot results, ring partials, spinlock locks
-    tiles   int32 [data_bytes / 256]    streamed mode: flag [tile][p] on my heap, the last epoch
-                                        in which rank p delivered that tile to me
+    stream  streamed calls' own region (never shared with the other modes' buffers):
+      failed  one line: set on every member when a rank gives up (a timeout)
+      sdata   [2 buffers][data_bytes]   deliveries (buffer = the tile's delivery count parity)
+      flags   int32 [T]                 [tile][p]: deliveries of that tile rank p made to me
+      sent    int32 [T]                 [tile]: deliveries of that tile I made (to each member)
+      got     int32 [T]                 [tile]: deliveries of that tile I consumed (from each)
+      with T = data_bytes / 256 (tiles x members <= T for tiles of >= 128 elements of >= 2 bytes)
 
 Every flag sits on its own 128-byte line. A call's flags carry stamps epoch * STEPS + round,
 so they only grow; buffers alternate with the epoch's parity, so back-to-back calls need no
@@ -39,14 +44,10 @@ class WorkspaceLayout:
         return self.data + 2 * self.data_bytes
 
     @property
-    def tile_flags(self) -> int:
+    def stream(self) -> int:
+        """Offset of the streamed region (sub-offsets: iris_core.collectives.kernels._streamed)."""
         return self.data2 + 2 * self.data_bytes
 
     @property
-    def tile_flag_count(self) -> int:
-        """Enough for [tiles][W] when a tile holds >= 128 elements of >= 2 bytes."""
-        return self.data_bytes // 256
-
-    @property
     def total_bytes(self) -> int:
-        return self.tile_flags + 4 * self.tile_flag_count
+        return self.stream + LINE_BYTES + 2 * self.data_bytes + 3 * 4 * (self.data_bytes // 256)

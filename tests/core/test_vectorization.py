@@ -47,11 +47,12 @@ def test_collective_kernel_moves_data_in_16_byte_vectors(kind, variant, push, st
                   SOURCES=(1, 0), ACC=tl.float32, BLOCK=2048, CHUNK=(1 << 20) // 8, DATA=layout.data,
                   DATA2=layout.data2, DATA_BYTES=layout.data_bytes, MAX_PROGRAMS=MAX_PROGRAMS, TIMEOUT_NS=10**9,
                   WHAT="test", ZERO_COPY=not push, HEAP_BYTES=1 << 30, VEC=4, PUSH=push, STREAM=stream,
-                  TILE_FLAGS=layout.tile_flags)
+                  STREAM_AT=layout.stream)
     signature = {"context_ptr": "*i32", "group_ptr": "*i32", "x_ptr": "*fp32", "m": "i32", "out_ptr": "*fp32"}
     accesses = _accesses(_ptx(C.collective_kernel, signature, consts, num_warps=8))
     assert "st.global.v4.b32" in accesses and "ld.global.v4.b32" in accesses, accesses
-    assert "st.global.b32" not in accesses, accesses  # only flags and epochs (64-bit) are scalar
+    if not stream:  # only flags and epochs (64-bit) are scalar (streamed: also the int32 tile counts)
+        assert "st.global.b32" not in accesses, accesses
     # flag waits acquire (an unused `tl.atomic_add(flag, 0, sem="acquire")` compiled to nothing);
     # streamed calls wait on int32 tile flags
     assert f"ld.acquire.sys.global.b{32 if stream else 64}" in accesses, accesses

@@ -179,6 +179,25 @@ def test_missing_peer_default_timeout(fresh_runtime, rng, monkeypatch):
     assert "iris ppermute: timed out waiting for rank 1" in message
 
 
+def test_streamed_call_missing_peer_times_out_then_the_group_fails(fresh_runtime, rng, monkeypatch):
+    """Streamed calls (IRIS_COLLECTIVE_STREAM_FROM=0) time out the same way, and later streamed
+    calls of that group fail at once (the workspace's `failed` word), not with stale data."""
+    import time
+
+    monkeypatch.setenv("IRIS_COLLECTIVE_STREAM_FROM", "0")
+    mesh = mesh_of((3,), ("i",))
+    x = shard(mesh, rand(rng, (3, 37), F32))
+    message = _run_missing_peer(lambda v: iris_jax.all_reduce(v, "i", timeout_s=2), x)
+    assert "iris all_reduce(sum): timed out waiting for rank 1" in message
+    f = jax.jit(jax.shard_map(lambda v: iris_jax.all_reduce(v[0], "i", timeout_s=30)[None], mesh=mesh,
+                              in_specs=P("i"), out_specs=P("i"), check_vma=False))
+    start = time.monotonic()
+    with pytest.raises(Exception) as info:
+        jax.block_until_ready(f(x))
+    assert "PeerFailedError" in str(info.value), str(info.value)
+    assert time.monotonic() - start < 20, "failed by timing out, not at once"
+
+
 def test_fused_op_missing_peer_times_out(fresh_runtime, rng):
     """The fused kernels' waits are bounded too. (On GPUs they trap without this message: a
     print in a kernel makes ptxas serialize its tensor-core instructions.)"""
