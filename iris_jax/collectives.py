@@ -49,6 +49,7 @@ PUSH_FROM_BYTES = 32 << 20  # run 28: push won every op at 256 MiB (1.07-1.14x p
 # Streamed push (one chunk, senders and receivers on their own programs, tile flags) from
 # this many bytes per rank up to PUSH_FROM_BYTES; IRIS_COLLECTIVE_STREAM_FROM overrides.
 STREAM_FROM_BYTES = 1 << 62  # off until measured on GPUs
+STREAM_SENDERS_PERCENT = 50
 # GPU launch configuration (see launch_config): the best geometric mean of 8 configurations
 # over psum 64 KiB/16 MiB/256 MiB and ppermute 64 MiB (benchmarks/tune_collectives.py, RESULTS run 13)
 DEFAULT_BLOCK, DEFAULT_PROGRAMS_PER_SM, DEFAULT_WARPS = 8192, 1, 8
@@ -123,8 +124,8 @@ def _launch(kind: int, x2d, axes, out_blocks: int, *, op=K.SUM, variant=K.ONE_SH
     push = stream or _push(kind, variant, nbytes)
     chunk = chunk_of(G if push else XB)
     tiles = math.ceil(min(m, chunk) / block)
-    # streamed: half the programs send, half receive (at least one of each)
     programs = min(2 * tiles, max_programs) if stream else min(tiles, max_programs)
+    senders = _stream_senders(programs) if stream else 1
     acc = "fp32" if jnp.issubdtype(x2d.dtype, jnp.floating) else "int32"
     import triton.language as tl
 
@@ -139,7 +140,7 @@ def _launch(kind: int, x2d, axes, out_blocks: int, *, op=K.SUM, variant=K.ONE_SH
         MAX_PROGRAMS=MAX_PROGRAMS, TIMEOUT_NS=int((timeout_s or DEFAULT_TIMEOUT_S) * 1e9), WHAT=what,
         ZERO_COPY=not push and _zero_copy(kind, variant, nbytes), HEAP_BYTES=rt.heap_size,
         VEC=16 // itemsize if m % (16 // itemsize) == 0 else 1, TRACING=rt.tracing.enabled, PUSH=push,
-        STREAM=stream, STREAM_AT=ws.layout.stream)
+        STREAM=stream, STREAM_AT=ws.layout.stream, SENDERS=senders)
     return out
 
 
@@ -175,6 +176,13 @@ def _stream(kind: int, variant: int, nbytes: int, G: int) -> bool:
     lower = _env_bytes("IRIS_COLLECTIVE_STREAM_FROM", STREAM_FROM_BYTES)
     return every_pair and G > 1 and lower <= nbytes < _env_bytes("IRIS_COLLECTIVE_PUSH_FROM",
                                                                           PUSH_FROM_BYTES)
+
+
+def _stream_senders(programs: int) -> int:
+    """How many of a streamed call's programs send (the others receive; at least one each):
+    STREAM_SENDERS_PERCENT of them, IRIS_COLLECTIVE_STREAM_SENDERS (percent) overrides."""
+    percent = int(os.environ.get("IRIS_COLLECTIVE_STREAM_SENDERS", STREAM_SENDERS_PERCENT))
+    return min(max(programs * percent // 100, 1), programs - 1)
 
 
 def _push(kind: int, variant: int, nbytes: int) -> bool:

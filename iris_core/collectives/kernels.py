@@ -507,14 +507,14 @@ def _pipelined(ctx, group_ptr, x_ptr, out_ptr, heap_base, ws_base, m, pid, progr
 def _streamed(ctx, group_ptr, x_ptr, out_ptr, ws_base, m, pid, programs, me, block_in, source, KIND: tl.constexpr,
               OP: tl.constexpr, G: tl.constexpr, XB: tl.constexpr, SOURCES: tl.constexpr, ACC: tl.constexpr,
               BLOCK: tl.constexpr, CHUNK: tl.constexpr, DATA_BYTES: tl.constexpr, STREAM_AT: tl.constexpr,
-              MAX_PROGRAMS: tl.constexpr, WORLD: tl.constexpr, TIMEOUT_NS: tl.constexpr, WHAT: tl.constexpr,
-              VEC: tl.constexpr):
+              SENDERS: tl.constexpr, MAX_PROGRAMS: tl.constexpr, WORLD: tl.constexpr, TIMEOUT_NS: tl.constexpr,
+              WHAT: tl.constexpr, VEC: tl.constexpr):
     """Streamed push of a one-chunk call (m <= CHUNK) of a kind in which every member sends
     to every other (all-reduce one-shot, all-gather, reduce-scatter, all-to-all).
 
-    The lower half of the programs send: each stores its tiles into slot `me` of every
-    receiver's streamed buffer and raises the tile's flag there. They never wait. The upper
-    half receive: each waits for its tiles' flags from every member and makes its output
+    Programs 0..SENDERS-1 send: each stores its tiles into slot `me` of every
+    receiver's streamed buffer and raises the tile's flag there. They never wait. The others
+    receive: each waits for its tiles' flags from every member and makes its output
     tiles from its own buffer (local reads) while the senders are still sending. Nothing
     waits for a whole chunk: the local work overlaps the transfer tile by tile, and no round
     leaves the link idle.
@@ -537,7 +537,7 @@ def _streamed(ctx, group_ptr, x_ptr, out_ptr, ws_base, m, pid, programs, me, blo
         peer_failed(WHAT, tl.load(failed, volatile=True).to(tl.int32) - 1)
     width = _width(m, 0, CHUNK, VEC)
     tiles = tl.cdiv(width, BLOCK)
-    senders = programs // 2
+    senders = SENDERS
     if pid < senders:
         for t in range(pid, tiles, senders):
             k = tl.load(sent + t) + 1
@@ -578,12 +578,13 @@ def collective_kernel(context_ptr, group_ptr, x_ptr, m, out_ptr,
                       MAX_PROGRAMS: tl.constexpr, TIMEOUT_NS: tl.constexpr, WHAT: tl.constexpr,
                       ZERO_COPY: tl.constexpr = False, HEAP_BYTES: tl.constexpr = 0, VEC: tl.constexpr = 1,
                       TRACING: tl.constexpr = False, PUSH: tl.constexpr = False, STREAM: tl.constexpr = False,
-                      STREAM_AT: tl.constexpr = 0):
+                      STREAM_AT: tl.constexpr = 0, SENDERS: tl.constexpr = 1):
     """See the module docstring. `m` is the column count; SOURCES[i] is member i's source
     (PPERMUTE/BROADCAST; -1: none, output zeros); STREAM: the streamed push of a one-chunk
-    call (_streamed; STREAM_AT: the workspace's streamed region); VEC > 1: m is a multiple of VEC, the
-    elements of 16 bytes (tiles are then accessed in 16-byte vectors). With TRACING, each chunk's exchange is a
-    `transfer` span (pid_m: the chunk) holding `wait` spans and the Context's own RMA events."""
+    call (_streamed; STREAM_AT: the workspace's streamed region, SENDERS: its sending
+    programs); VEC > 1: m is a multiple of VEC, the elements of 16 bytes (tiles are then
+    accessed in 16-byte vectors). With TRACING, each chunk's exchange is a `transfer` span
+    (pid_m: the chunk) holding `wait` spans and the Context's own RMA events."""
     ctx = Context.initialize(context_ptr, WORLD, tracing=TRACING)
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
@@ -610,7 +611,8 @@ def collective_kernel(context_ptr, group_ptr, x_ptr, m, out_ptr,
         block_in = me
     if STREAM:  # one chunk, streamed tile by tile in its own region (epochs unchanged, see _streamed)
         _streamed(ctx, group_ptr, x_ptr, out_ptr, ws_base, m, pid, programs, me, block_in, source, KIND, OP, G, XB,
-                  SOURCES, ACC, BLOCK, CHUNK, DATA_BYTES, STREAM_AT, MAX_PROGRAMS, WORLD, TIMEOUT_NS, WHAT, VEC)
+                  SOURCES, ACC, BLOCK, CHUNK, DATA_BYTES, STREAM_AT, SENDERS, MAX_PROGRAMS, WORLD, TIMEOUT_NS, WHAT,
+                  VEC)
     elif KIND != 0 or VARIANT == 0:  # every kind that only pulls (incl. one-shot all-reduce)
         epoch = _pipelined(ctx, group_ptr, x_ptr, out_ptr, heap_base, ws_base, m, pid, programs, me, epoch, in_place,
                            block_in, source, KIND, OP, G, XB, SOURCES, ACC, BLOCK, CHUNK, DATA, DATA_BYTES,
