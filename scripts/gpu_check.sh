@@ -66,3 +66,7 @@ step mid_sizes 400 bash -c 'for p in 0 4611686018427387904; do for c in 2097152 
 step stream 300 bash -c 'for s in 0 ""; do echo "== IRIS_COLLECTIVE_STREAM_FROM=$s"
   IRIS_COLLECTIVE_STREAM_FROM=$s python3 benchmarks/collectives.py --out "$OUT/stream_$s" --sizes 64K,256K,1M,4M,16M \
     --ops psum,all_gather,psum_scatter,all_to_all | grep "^| [a-z]"; done'
+# streamed: share of sending programs (percent)
+step stream_senders 300 bash -c 'for p in 50 75 25; do echo "== IRIS_COLLECTIVE_STREAM_SENDERS=$p"
+  IRIS_COLLECTIVE_STREAM_FROM=0 IRIS_COLLECTIVE_STREAM_SENDERS=$p python3 benchmarks/collectives.py \
+    --out "$OUT/senders_$p" --sizes 4M,16M --ops psum,all_gather,psum_scatter,all_to_all | grep "^| [a-z]"; done'
