@@ -8,8 +8,9 @@ workspace, allocated from the symmetric heap the first time it is used. Disjoint
 one partition share the offset (they never touch each other's heaps).
 
 Size per partition: `WorkspaceLayout(world_size, data_bytes).total_bytes`, about
-6 x data_bytes (2 x 2 buffers, and 2 more of the streamed calls' own); data_bytes defaults to 32 MiB on GPUs and 256 KiB on the simulator
-(environment IRIS_WORKSPACE_BYTES). Larger arrays are processed in chunks.
+6 x data_bytes (2 x 2 buffers, and the streamed calls' own 2); data_bytes defaults to 32 MiB
+on GPUs and 256 KiB on the simulator (environment IRIS_WORKSPACE_BYTES). Larger arrays are
+processed in chunks.
 """
 
 from __future__ import annotations
