@@ -28,8 +28,9 @@ does unfused) or "auto". On GPUs `auto` runs an op fused when (`_auto_fused`)
 
 Measured with benchmarks/fused.py (bf16, 2 x H200, GPU time from the profiler, RESULTS.md
 run 34): every shape this rule runs fused was 1.07-1.58x faster than XLA (matmul_all_reduce
-at M = N = 8192, K = 4096 per rank 1.35x); every shape it leaves to XLA was 0.71-0.94x
-fused (the link, not the GEMM, bounds those: 16 reducing programs pull ~170 GB/s). The
+at M = N = 8192, K = 4096 per rank 1.35x); every shape it leaves to XLA was 0.71-1.02x
+fused (bound by the link: 16 reducing programs pull ~170 GB/s; or by a last round of tiles
+that nothing overlaps). The
 simulator has no speed to choose by; there `auto` runs the fused kernels, so that code
 built on the simulator exercises them.
 
