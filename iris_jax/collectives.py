@@ -181,8 +181,8 @@ def _stream(kind: int, variant: int, nbytes: int, G: int) -> bool:
     every_pair = kind in (K.ALL_GATHER, K.REDUCE_SCATTER, K.ALL_TO_ALL) or (
         kind == K.ALL_REDUCE and variant == K.ONE_SHOT)
     lower = _env_bytes("IRIS_COLLECTIVE_STREAM_FROM", STREAM_FROM_BYTES)
-    return every_pair and G > 1 and lower <= nbytes < _env_bytes("IRIS_COLLECTIVE_PUSH_FROM",
-                                                                          PUSH_FROM_BYTES)
+    upper = _env_bytes("IRIS_COLLECTIVE_PUSH_FROM", PUSH_FROM_BYTES)
+    return every_pair and G > 1 and lower <= nbytes < upper
 
 
 def _stream_senders(programs: int) -> int:
