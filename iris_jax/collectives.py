@@ -50,10 +50,12 @@ ZERO_COPY_FROM_BYTES = 16 << 20
 # IRIS_COLLECTIVE_PUSH_FROM overrides it (bytes), for tuning and tests.
 PUSH_FROM_BYTES = 32 << 20  # run 28: push won every op at 256 MiB (1.07-1.14x pull), was even at 16 MiB
 # Streamed push (one chunk, senders and receivers on their own programs, a flag per tile) from
-# this many bytes per rank up to PUSH_FROM_BYTES, when the call fits one chunk (16 MiB with 2
-# ranks); IRIS_COLLECTIVE_STREAM_FROM overrides. RESULTS runs 36-37: at 16 MiB 1.06-1.15x
+# this many bytes per rank, when the call fits one chunk of the streamed buffers (by default
+# as large as the others: 16 MiB per rank with 2 ranks; IRIS_STREAM_BYTES raises it);
+# IRIS_COLLECTIVE_STREAM_FROM overrides. RESULTS runs 36-37: at 16 MiB 1.06-1.15x
 # faster than the default path for every kind it covers (psum 71.4 -> 64.8 us, 1.30x lax);
-# at 4 MiB 3 us slower for psum and all_gather (fewer tiles than programs), even below.
+# at 4 MiB 3 us slower for psum and all_gather (fewer tiles than programs), even below. Run 38
+# (IRIS_WORKSPACE_BYTES = 128 MiB): at 64 MiB 1.04-1.09x faster than pushing in chunks.
 STREAM_FROM_BYTES = 16 << 20
 # Share of a streamed call's programs that send (run 37: 50% beat 25% and 75% at 4 and 16 MiB)
 STREAM_SENDERS_PERCENT = 50
@@ -124,12 +126,12 @@ def _launch(kind: int, x2d, axes, out_blocks: int, *, op=K.SUM, variant=K.ONE_SH
     block, max_programs, num_warps = launch_config(rt)
     nbytes = XB * m * itemsize
 
-    def chunk_of(slots):  # a buffer holds every sender's slot (push) or my input blocks (pull)
-        return max(block, min(ws.layout.data_bytes // slots, _chunk_cap()) // itemsize // block * block)
+    def chunk_of(buffer_bytes, slots):  # a buffer holds every sender's slot (push) or my input blocks (pull)
+        return max(block, min(buffer_bytes // slots, _chunk_cap()) // itemsize // block * block)
 
-    stream = _stream(kind, variant, nbytes, G) and m <= chunk_of(G)
+    stream = _stream(kind, variant, nbytes, G) and m <= chunk_of(ws.layout.stream_capacity, G)  # one chunk
     push = stream or _push(kind, variant, nbytes)
-    chunk = chunk_of(G if push else XB)
+    chunk = chunk_of(ws.layout.stream_capacity if stream else ws.layout.data_bytes, G if push else XB)
     tiles = math.ceil(min(m, chunk) / block)
     programs = min(2 * tiles, max_programs) if stream else min(tiles, max_programs)
     senders = _stream_senders(programs) if stream else 1
@@ -147,7 +149,7 @@ def _launch(kind: int, x2d, axes, out_blocks: int, *, op=K.SUM, variant=K.ONE_SH
         MAX_PROGRAMS=MAX_PROGRAMS, TIMEOUT_NS=int((timeout_s or DEFAULT_TIMEOUT_S) * 1e9), WHAT=what,
         ZERO_COPY=not push and _zero_copy(kind, variant, nbytes), HEAP_BYTES=rt.heap_size,
         VEC=16 // itemsize if m % (16 // itemsize) == 0 else 1, TRACING=rt.tracing.enabled, PUSH=push,
-        STREAM=stream, STREAM_AT=ws.layout.stream, SENDERS=senders)
+        STREAM=stream, STREAM_AT=ws.layout.stream, STREAM_BYTES=ws.layout.stream_capacity, SENDERS=senders)
     return out
 
 
@@ -174,15 +176,13 @@ def _chunk_cap() -> int:
 
 
 def _stream(kind: int, variant: int, nbytes: int, G: int) -> bool:
-    """Whether the call may stream (iris_core.collectives.kernels._streamed; if it is one
-    chunk): a kind in which every member sends to every other, G >= 2, an input of
-    STREAM_FROM_BYTES up to PUSH_FROM_BYTES per rank (IRIS_COLLECTIVE_STREAM_FROM overrides
-    the lower bound)."""
+    """Whether the call may stream (iris_core.collectives.kernels._streamed; it does if it
+    fits one chunk of the streamed buffers, IRIS_STREAM_BYTES): a kind in which every member
+    sends to every other, G >= 2, at least STREAM_FROM_BYTES per rank
+    (IRIS_COLLECTIVE_STREAM_FROM overrides)."""
     every_pair = kind in (K.ALL_GATHER, K.REDUCE_SCATTER, K.ALL_TO_ALL) or (
         kind == K.ALL_REDUCE and variant == K.ONE_SHOT)
-    lower = _env_bytes("IRIS_COLLECTIVE_STREAM_FROM", STREAM_FROM_BYTES)
-    upper = _env_bytes("IRIS_COLLECTIVE_PUSH_FROM", PUSH_FROM_BYTES)
-    return every_pair and G > 1 and lower <= nbytes < upper
+    return every_pair and G > 1 and nbytes >= _env_bytes("IRIS_COLLECTIVE_STREAM_FROM", STREAM_FROM_BYTES)
 
 
 def _stream_senders(programs: int) -> int:

@@ -7,9 +7,10 @@ y axes, or two meshes over overlapping devices) would not, so each partition get
 workspace, allocated from the symmetric heap the first time it is used. Disjoint groups of
 one partition share the offset (they never touch each other's heaps).
 
-Size per partition: `WorkspaceLayout(world_size, data_bytes).total_bytes`, about
-6 x data_bytes (2 x 2 buffers, and the streamed calls' own 2); data_bytes defaults to 32 MiB
-on GPUs and 256 KiB on the simulator (environment IRIS_WORKSPACE_BYTES). Larger arrays are
+Size per partition: `WorkspaceLayout(world_size, data_bytes, stream_bytes).total_bytes`,
+about 4 x data_bytes + 2 x stream_bytes (2 x 2 buffers, and the streamed calls' own 2);
+data_bytes defaults to 32 MiB on GPUs and 256 KiB on the simulator (environment
+IRIS_WORKSPACE_BYTES), stream_bytes to data_bytes (IRIS_STREAM_BYTES). Larger arrays are
 processed in chunks.
 """
 
@@ -27,7 +28,9 @@ class GroupWorkspaces:
     def __init__(self, rt):
         self.simulated = rt.mode.startswith("sim")
         default = (256 << 10) if self.simulated else (32 << 20)
-        self.layout = WorkspaceLayout(rt.world_size, int(os.environ.get("IRIS_WORKSPACE_BYTES", default)))
+        data_bytes = int(os.environ.get("IRIS_WORKSPACE_BYTES", default))
+        # the streamed calls' buffers (IRIS_STREAM_BYTES: e.g. 128 MiB streams 64 MiB psums on 2 GPUs)
+        self.layout = WorkspaceLayout(rt.world_size, data_bytes, int(os.environ.get("IRIS_STREAM_BYTES", data_bytes)))
         self._rt = rt
         self._offsets: dict[tuple, int] = {}
         self._lock = threading.Lock()

@@ -506,7 +506,7 @@ def _pipelined(ctx, group_ptr, x_ptr, out_ptr, heap_base, ws_base, m, pid, progr
 @triton.jit
 def _streamed(ctx, group_ptr, x_ptr, out_ptr, ws_base, m, pid, programs, me, block_in, source, KIND: tl.constexpr,
               OP: tl.constexpr, G: tl.constexpr, XB: tl.constexpr, SOURCES: tl.constexpr, ACC: tl.constexpr,
-              BLOCK: tl.constexpr, CHUNK: tl.constexpr, DATA_BYTES: tl.constexpr, STREAM_AT: tl.constexpr,
+              BLOCK: tl.constexpr, CHUNK: tl.constexpr, STREAM_BYTES: tl.constexpr, STREAM_AT: tl.constexpr,
               SENDERS: tl.constexpr, MAX_PROGRAMS: tl.constexpr, WORLD: tl.constexpr, TIMEOUT_NS: tl.constexpr,
               WHAT: tl.constexpr, VEC: tl.constexpr):
     """Streamed push of a one-chunk call (m <= CHUNK) of a kind in which every member sends
@@ -527,10 +527,10 @@ def _streamed(ctx, group_ptr, x_ptr, out_ptr, ws_base, m, pid, programs, me, blo
     after the member's call of delivery k - 2 (which consumed it) had ended (stream order).
     The region is the streamed calls' own, so other modes' calls cannot collide with it."""
     region = ws_base + STREAM_AT
-    T: tl.constexpr = DATA_BYTES // 256
+    T: tl.constexpr = STREAM_BYTES // 256
     failed = tl.cast(region, tl.pointer_type(tl.int64))
     sdata = region + LINE
-    flags = tl.cast(sdata + 2 * DATA_BYTES, tl.pointer_type(tl.int32))
+    flags = tl.cast(sdata + 2 * STREAM_BYTES, tl.pointer_type(tl.int32))
     sent = flags + T
     got = sent + T
     if tl.load(failed, volatile=True) != 0:  # a member gave up on an earlier call of this group
@@ -541,7 +541,7 @@ def _streamed(ctx, group_ptr, x_ptr, out_ptr, ws_base, m, pid, programs, me, blo
     if pid < senders:
         for t in range(pid, tiles, senders):
             k = tl.load(sent + t) + 1
-            ws = tl.cast(sdata + (k % 2).to(tl.uint64) * DATA_BYTES, x_ptr.dtype)
+            ws = tl.cast(sdata + (k % 2).to(tl.uint64) * STREAM_BYTES, x_ptr.dtype)
             _push_tile(ctx, group_ptr, x_ptr, ws, m, 0, width, t, me, KIND, G, XB, SOURCES, BLOCK, CHUNK, VEC)
             tl.debug_barrier()  # every thread's stores precede the release
             for i in tl.static_range(G):
@@ -563,7 +563,7 @@ def _streamed(ctx, group_ptr, x_ptr, out_ptr, ws_base, m, pid, programs, me, blo
                                      WHAT)
                         seen = load_acquire(flags + t * G + i)
             tl.debug_barrier()  # every thread's reads follow the acquires
-            ws = tl.cast(sdata + (k % 2).to(tl.uint64) * DATA_BYTES, x_ptr.dtype)
+            ws = tl.cast(sdata + (k % 2).to(tl.uint64) * STREAM_BYTES, x_ptr.dtype)
             _take_tile(x_ptr, out_ptr, ws, m, 0, width, t, me, block_in, source, KIND, OP, G, ACC, BLOCK, CHUNK, VEC)
             tl.debug_barrier()  # every thread has read the count before it changes
             tl.store(got + t, k)
@@ -578,11 +578,11 @@ def collective_kernel(context_ptr, group_ptr, x_ptr, m, out_ptr,
                       MAX_PROGRAMS: tl.constexpr, TIMEOUT_NS: tl.constexpr, WHAT: tl.constexpr,
                       ZERO_COPY: tl.constexpr = False, HEAP_BYTES: tl.constexpr = 0, VEC: tl.constexpr = 1,
                       TRACING: tl.constexpr = False, PUSH: tl.constexpr = False, STREAM: tl.constexpr = False,
-                      STREAM_AT: tl.constexpr = 0, SENDERS: tl.constexpr = 1):
+                      STREAM_AT: tl.constexpr = 0, STREAM_BYTES: tl.constexpr = 0, SENDERS: tl.constexpr = 1):
     """See the module docstring. `m` is the column count; SOURCES[i] is member i's source
     (PPERMUTE/BROADCAST; -1: none, output zeros); STREAM: the streamed push of a one-chunk
-    call (_streamed; STREAM_AT: the workspace's streamed region, SENDERS: its sending
-    programs); VEC > 1: m is a multiple of VEC, the elements of 16 bytes (tiles are then
+    call (_streamed; STREAM_AT, STREAM_BYTES: the workspace's streamed region and its buffer
+    size, SENDERS: its sending programs); VEC > 1: m is a multiple of VEC, the elements of 16 bytes (tiles are then
     accessed in 16-byte vectors). With TRACING, each chunk's exchange is a `transfer` span
     (pid_m: the chunk) holding `wait` spans and the Context's own RMA events."""
     ctx = Context.initialize(context_ptr, WORLD, tracing=TRACING)
@@ -611,8 +611,8 @@ def collective_kernel(context_ptr, group_ptr, x_ptr, m, out_ptr,
         block_in = me
     if STREAM:  # one chunk, streamed tile by tile in its own region (epochs unchanged, see _streamed)
         _streamed(ctx, group_ptr, x_ptr, out_ptr, ws_base, m, pid, programs, me, block_in, source, KIND, OP, G, XB,
-                  SOURCES, ACC, BLOCK, CHUNK, DATA_BYTES, STREAM_AT, SENDERS, MAX_PROGRAMS, WORLD, TIMEOUT_NS, WHAT,
-                  VEC)
+                  SOURCES, ACC, BLOCK, CHUNK, STREAM_BYTES, STREAM_AT, SENDERS, MAX_PROGRAMS, WORLD, TIMEOUT_NS,
+                  WHAT, VEC)
     elif KIND != 0 or VARIANT == 0:  # every kind that only pulls (incl. one-shot all-reduce)
         epoch = _pipelined(ctx, group_ptr, x_ptr, out_ptr, heap_base, ws_base, m, pid, programs, me, epoch, in_place,
                            block_in, source, KIND, OP, G, XB, SOURCES, ACC, BLOCK, CHUNK, DATA, DATA_BYTES,

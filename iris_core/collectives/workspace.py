@@ -6,11 +6,12 @@
     data2   [2 buffers][data_bytes]     two-shot results, ring partials, spinlock locks
     stream  streamed calls' own region (never shared with the other modes' buffers):
       failed  one line: set on every member when a rank gives up (a timeout)
-      sdata   [2 buffers][data_bytes]   deliveries (buffer = the tile's delivery count parity)
+      sdata   [2 buffers][stream_bytes] deliveries (buffer = the tile's delivery count parity)
       flags   int32 [T]                 [tile][p]: deliveries of that tile rank p made to me
       sent    int32 [T]                 [tile]: deliveries of that tile I made (to each member)
       got     int32 [T]                 [tile]: deliveries of that tile I consumed (from each)
-      with T = data_bytes / 256 (tiles x members <= T for tiles of >= 128 elements of >= 2 bytes)
+      with T = stream_bytes / 256 (tiles x members <= T for tiles of >= 128 elements of >= 2
+      bytes); stream_bytes defaults to data_bytes
 
 Every flag sits on its own 128-byte line. A call's flags carry stamps epoch * STEPS + round,
 so they only grow; buffers alternate with the epoch's parity, so back-to-back calls need no
@@ -30,6 +31,12 @@ MAX_PROGRAMS = 256
 class WorkspaceLayout:
     world_size: int
     data_bytes: int
+    stream_bytes: int = 0  # 0: data_bytes
+
+    @property
+    def stream_capacity(self) -> int:
+        """Bytes per buffer of the streamed region (a call streams if each sender's slot fits)."""
+        return self.stream_bytes or self.data_bytes
 
     @property
     def flags(self) -> int:
@@ -50,4 +57,4 @@ class WorkspaceLayout:
 
     @property
     def total_bytes(self) -> int:
-        return self.stream + LINE_BYTES + 2 * self.data_bytes + 3 * 4 * (self.data_bytes // 256)
+        return self.stream + LINE_BYTES + 2 * self.stream_capacity + 3 * 4 * (self.stream_capacity // 256)

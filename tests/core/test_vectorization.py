@@ -47,7 +47,7 @@ def test_collective_kernel_moves_data_in_16_byte_vectors(kind, variant, push, st
                   SOURCES=(1, 0), ACC=tl.float32, BLOCK=2048, CHUNK=(1 << 20) // 8, DATA=layout.data,
                   DATA2=layout.data2, DATA_BYTES=layout.data_bytes, MAX_PROGRAMS=MAX_PROGRAMS, TIMEOUT_NS=10**9,
                   WHAT="test", ZERO_COPY=not push, HEAP_BYTES=1 << 30, VEC=4, PUSH=push, STREAM=stream,
-                  STREAM_AT=layout.stream, SENDERS=4)
+                  STREAM_AT=layout.stream, STREAM_BYTES=layout.stream_capacity, SENDERS=4)
     signature = {"context_ptr": "*i32", "group_ptr": "*i32", "x_ptr": "*fp32", "m": "i32", "out_ptr": "*fp32"}
     accesses = _accesses(_ptx(C.collective_kernel, signature, consts, num_warps=8))
     assert "st.global.v4.b32" in accesses and "ld.global.v4.b32" in accesses, accesses

@@ -79,7 +79,7 @@ def shard(mesh, array, spec=None):
 
 def poison():
     """Fills every rank's staging area (XLA buffers pass through it to the workers) and the
-    data buffers of every collective workspace with POISON_BYTE; flags and epochs are left
+    data buffers (streamed ones too) of every collective workspace with POISON_BYTE; flags and epochs are left
     alone. A kernel must neither leave an output element unwritten nor rely on a zeroed
     workspace (accumulators and locks are its own to reset)."""
     from iris_jax.cpu_lowering import StagingAreas
@@ -95,6 +95,11 @@ def poison():
             data = rt.heap.host_view(rank, offset + pool.layout.data, (4 * pool.layout.data_bytes,), np.uint8)
             data[:] = POISON_BYTE
             del data
+            # the streamed calls' buffers (after their `failed` line)
+            sdata = rt.heap.host_view(rank, offset + pool.layout.stream + 128, (2 * pool.layout.stream_capacity,),
+                                      np.uint8)
+            sdata[:] = POISON_BYTE
+            del sdata
 
 
 @dataclass

@@ -48,6 +48,32 @@ def test_streamed_collectives_match_lax(monkeypatch, W, dtype, rng):
     run_cases(mesh_of((W,), ("i",)), _cases(W, dtype), dtype, rng)
 
 
+@pytest.fixture
+def small_workspace_big_stream_buffers(monkeypatch):
+    """A fresh runtime whose workspace buffers hold 8 KiB but whose streamed buffers hold
+    256 KiB (IRIS_STREAM_BYTES), dropped afterwards."""
+    iris_jax.shutdown()
+    monkeypatch.setenv("IRIS_WORKSPACE_BYTES", "8192")
+    monkeypatch.setenv("IRIS_STREAM_BYTES", str(256 << 10))
+    yield
+    iris_jax.shutdown()
+
+
+def test_streamed_buffers_sized_apart(small_workspace_big_stream_buffers, monkeypatch, rng):
+    """Calls larger than the workspace's chunk still stream when they fit the streamed
+    buffers (as 64 MiB calls on 2 GPUs with IRIS_STREAM_BYTES = 128 MiB, RESULTS run 38)."""
+    launched = []
+    real_call = collectives.triton_call
+    monkeypatch.setattr(collectives, "triton_call", lambda *a, **k: launched.append(k["STREAM"]) or real_call(*a, **k))
+    monkeypatch.setenv("IRIS_COLLECTIVE_STREAM_FROM", "0")
+    run_cases(mesh_of((3,), ("i",)), _cases(3, F32), F32, rng)
+    assert launched == [True] * 6 + [False]
+    from iris_jax.workspace import workspaces
+
+    layout = workspaces().layout
+    assert (layout.data_bytes, layout.stream_capacity) == (8192, 256 << 10)
+
+
 def test_stream_setting(monkeypatch):
     K = collectives.K
     monkeypatch.setenv("IRIS_COLLECTIVE_STREAM_FROM", str(1 << 20))
@@ -56,7 +82,6 @@ def test_stream_setting(monkeypatch):
     assert not collectives._stream(K.ALL_REDUCE, K.TWO_SHOT, 1 << 20, 2)
     assert not collectives._stream(K.PPERMUTE, K.ONE_SHOT, 1 << 20, 2)  # not every member sends to every other
     assert not collectives._stream(K.ALL_GATHER, K.ONE_SHOT, 1 << 20, 1)  # a group of one has no peer
-    assert not collectives._stream(K.ALL_GATHER, K.ONE_SHOT, collectives.PUSH_FROM_BYTES, 2)  # pushed in chunks
     monkeypatch.setenv("IRIS_COLLECTIVE_STREAM_FROM", "1M")
     with pytest.raises(ValueError, match="IRIS_COLLECTIVE_STREAM_FROM='1M'"):
         collectives._stream(K.ALL_GATHER, K.ONE_SHOT, 1 << 20, 2)
