@@ -30,9 +30,8 @@ Measured with benchmarks/fused.py (bf16, 2 x H200, GPU time from the profiler, R
 run 34): every shape this rule runs fused was 1.07-1.58x faster than XLA (matmul_all_reduce
 at M = N = 8192, K = 4096 per rank 1.35x); every shape it leaves to XLA was 0.71-1.02x
 fused (bound by the link: 16 reducing programs pull ~170 GB/s; or by a last round of tiles
-that nothing overlaps). The
-simulator has no speed to choose by; there `auto` runs the fused kernels, so that code
-built on the simulator exercises them.
+that nothing overlaps). The simulator has no speed to choose by; there `auto` runs the fused
+kernels, so that code built on the simulator exercises them.
 
 Workspace: the kernels exchange tiles through a fixed region of every heap (`FusedWorkspace`:
 2 x IRIS_FUSED_WORKSPACE_BYTES, default 128 MiB on GPUs and 512 KiB on the simulator, plus

@@ -533,8 +533,9 @@ def _streamed(ctx, group_ptr, x_ptr, out_ptr, ws_base, m, pid, programs, me, blo
     flags = tl.cast(sdata + 2 * STREAM_BYTES, tl.pointer_type(tl.int32))
     sent = flags + T
     got = sent + T
-    if tl.load(failed, volatile=True) != 0:  # a member gave up on an earlier call of this group
-        peer_failed(WHAT, tl.load(failed, volatile=True).to(tl.int32) - 1)
+    gave_up = tl.load(failed, volatile=True)  # 1 + the rank that gave up on an earlier call, or 0
+    if gave_up != 0:
+        peer_failed(WHAT, gave_up.to(tl.int32) - 1)
     width = _width(m, 0, CHUNK, VEC)
     tiles = tl.cdiv(width, BLOCK)
     senders = SENDERS
@@ -582,9 +583,9 @@ def collective_kernel(context_ptr, group_ptr, x_ptr, m, out_ptr,
     """See the module docstring. `m` is the column count; SOURCES[i] is member i's source
     (PPERMUTE/BROADCAST; -1: none, output zeros); STREAM: the streamed push of a one-chunk
     call (_streamed; STREAM_AT, STREAM_BYTES: the workspace's streamed region and its buffer
-    size, SENDERS: its sending programs); VEC > 1: m is a multiple of VEC, the elements of 16 bytes (tiles are then
-    accessed in 16-byte vectors). With TRACING, each chunk's exchange is a `transfer` span
-    (pid_m: the chunk) holding `wait` spans and the Context's own RMA events."""
+    size, SENDERS: its sending programs); VEC > 1: m is a multiple of VEC, the elements of 16
+    bytes (tiles are then accessed in 16-byte vectors). With TRACING, each chunk's exchange is
+    a `transfer` span (pid_m: the chunk) holding `wait` spans and the Context's own RMA events."""
     ctx = Context.initialize(context_ptr, WORLD, tracing=TRACING)
     pid = tl.program_id(0)
     programs = tl.num_programs(0)

@@ -31,17 +31,24 @@ def _cases(G, dtype):
     ]
 
 
-@pytest.mark.parametrize("W,dtype", [(2, F32), (3, BF16), (4, I32)], ids=["2-float32", "3-bfloat16", "4-int32"])
-def test_streamed_collectives_match_lax(monkeypatch, W, dtype, rng):
-    launched = []
+@pytest.fixture
+def launched(monkeypatch):
+    """The STREAM argument of every collective kernel launched (traced) from now on, with
+    every call that can stream streaming (IRIS_COLLECTIVE_STREAM_FROM=0)."""
+    streams = []
     real_call = collectives.triton_call
 
     def spy(*args, **kwargs):
-        launched.append(kwargs["STREAM"])
+        streams.append(kwargs["STREAM"])
         return real_call(*args, **kwargs)
 
     monkeypatch.setattr(collectives, "triton_call", spy)
     monkeypatch.setenv("IRIS_COLLECTIVE_STREAM_FROM", "0")
+    return streams
+
+
+@pytest.mark.parametrize("W,dtype", [(2, F32), (3, BF16), (4, I32)], ids=["2-float32", "3-bfloat16", "4-int32"])
+def test_streamed_collectives_match_lax(launched, W, dtype, rng):
     run_cases(mesh_of((W,), ("i",)), _cases(W, dtype), dtype, rng)
     assert launched == [True] * 6 + [False]  # every kind but ppermute streamed
     # twice in a row: the parity buffers and tile flags of the previous call are reused
@@ -59,13 +66,9 @@ def small_workspace_big_stream_buffers(monkeypatch):
     iris_jax.shutdown()
 
 
-def test_streamed_buffers_sized_apart(small_workspace_big_stream_buffers, monkeypatch, rng):
+def test_streamed_buffers_sized_apart(small_workspace_big_stream_buffers, launched, rng):
     """Calls larger than the workspace's chunk still stream when they fit the streamed
     buffers (as 64 MiB calls on 2 GPUs with IRIS_STREAM_BYTES = 128 MiB, RESULTS run 38)."""
-    launched = []
-    real_call = collectives.triton_call
-    monkeypatch.setattr(collectives, "triton_call", lambda *a, **k: launched.append(k["STREAM"]) or real_call(*a, **k))
-    monkeypatch.setenv("IRIS_COLLECTIVE_STREAM_FROM", "0")
     run_cases(mesh_of((3,), ("i",)), _cases(3, F32), F32, rng)
     assert launched == [True] * 6 + [False]
     from iris_jax.workspace import workspaces
