@@ -9,8 +9,9 @@ Method (../shared/DESIGN.md): inside one jit, K data-dependent calls back to bac
 followed by the same cheap elementwise op for both libraries); time per call = GPU time from
 the profiler, (span of a 2K-call jit - span of a K-call jit) / K, so what a run of a jit pays
 once (host launch, CUDA-graph update: ~100-150 us) is left out. The JSON rows also carry
-`iris_comm_us` / `lax_comm_us`: the same difference for the time the communication kernels
-alone run (COMM_KERNELS; without the elementwise op, which at large sizes is a fair share).
+`iris_comm_us` / `lax_comm_us`: the time the communication kernels alone run per call
+(COMM_KERNELS; without the elementwise op, which at large sizes is a fair share), from the
+2K-call jit's kernels after the first call's (those also wait out the GPUs' launch skew).
 Every point is first checked against the lax op. Bus bandwidth follows nccl-tests:
 all-reduce 2(W-1)/W * S / t, all-gather and reduce-scatter (W-1)/W * S_total / t, all-to-all
 (W-1)/W * S / t, ppermute and broadcast S / t, with S the bytes per device.
@@ -199,13 +200,13 @@ def _time_per_call(fn, x, mesh, n, dtype, jax, jnp, P, in_place=False) -> tuple[
     """GPU time of one call, in seconds: the GPUs' span for 2K chained calls minus that for
     K calls, divided by K (each span the best of 5 profiled runs). The difference leaves out
     what every run of a jit pays once (the host's launch, CUDA-graph updates). Also returns,
-    the same way, the time of the communication kernels alone (COMM_KERNELS: no elementwise op)."""
+    the time of the communication kernels alone per call (GpuTime.comm of the 2K-call run)."""
     K = calls_per_jit(n * dtype.itemsize)
     runs = []
     for k in (K, 2 * K):
         f = _chain_jit(fn, mesh, n, dtype, k, jax, jnp, P, in_place)
-        runs.append(min((gpu_time(f, x) for _ in range(5)), key=lambda t: t.span))
-    return (max(runs[1].span - runs[0].span, 0.0) / K / 1e6, max(runs[1].comm - runs[0].comm, 0.0) / K / 1e6)
+        runs.append(min((gpu_time(f, x, calls=k) for _ in range(5)), key=lambda t: t.span))
+    return max(runs[1].span - runs[0].span, 0.0) / K / 1e6, runs[1].comm / 1e6
 
 
 def wall_time_per_call(fn, x, mesh, n, dtype, jax, jnp, P) -> float:
@@ -233,8 +234,9 @@ class GpuTime(NamedTuple):
     comm: float
 
 
-def gpu_time(f, *args) -> GpuTime:
-    """GPU activity of one run of `f(*args)` (after a warm-up run), from a jax.profiler trace."""
+def gpu_time(f, *args, calls: int = 1) -> GpuTime:
+    """GPU activity of one run of `f(*args)` (after a warm-up run), from a jax.profiler trace;
+    `calls`: how many collective calls the run makes (see gpu_activity)."""
     import glob
     import tempfile
 
@@ -247,16 +249,19 @@ def gpu_time(f, *args) -> GpuTime:
         (path,) = glob.glob(os.path.join(d, "**", "*.xplane.pb"), recursive=True)
         data = jax.profiler.ProfileData.from_file(path)
     return gpu_activity([(plane.name, [(line.name, [(e.start_ns, e.end_ns, e.name) for e in line.events])
-                                       for line in plane.lines]) for plane in data.planes])
+                                       for line in plane.lines]) for plane in data.planes], calls)
 
 
-def gpu_activity(planes) -> GpuTime:
-    """From a profile's planes, [(plane name, [(line name, [(start ns, end ns, kernel name)])])]:
+def gpu_activity(planes, calls: int = 1) -> GpuTime:
+    """From a profile's planes, [(plane name, [(line name, [(start ns, end ns, kernel name)])])]
+    of a run of `calls` collective calls:
 
     span: from the moment every GPU has started (the latest first kernel) to the moment every
     GPU is done (the latest last kernel), so the host's launch skew between devices is left
     out; leading memsets are not counted (XLA issues one before the host's launch work).
-    busy: time some kernel runs; comm: time some COMM_KERNELS kernel runs; busiest device."""
+    busy: time some kernel runs, busiest device. comm: time the COMM_KERNELS kernels run per
+    call, busiest device; with calls > 1, the first call's kernels are left out (they also
+    wait for the GPUs the host launched later), else the time some of them runs."""
     starts, ends, busy, comm = [], [], [0.0], [0.0]
     for plane, lines in planes:
         if not plane.startswith("/device:GPU:"):
@@ -269,7 +274,12 @@ def gpu_activity(planes) -> GpuTime:
         starts.append(events[0][0])
         ends.append(max(end for _, end, _ in events))
         busy.append(_covered(events))
-        comm.append(_covered([e for e in events if COMM_KERNELS.search(e[2])]))
+        kernels = [e for e in events if COMM_KERNELS.search(e[2])]
+        first = len(kernels) // calls  # kernels per call
+        if calls > 1 and first:
+            comm.append(_covered(kernels[first:]) / (calls - 1))
+        else:
+            comm.append(_covered(kernels))
     span = (max(ends) - max(starts)) / 1e3 if starts else 0.0
     return GpuTime(span, max(busy) / 1e3, max(comm) / 1e3)
 

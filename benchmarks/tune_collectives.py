@@ -1,9 +1,12 @@
 """Sweeps the collective kernel's launch configuration (tile size, programs per SM, warps).
 
     python benchmarks/tune_collectives.py [--cases ppermute:64M,psum:64M,psum:256K] [--out DIR]
+        [--configs 8192/1/8,16384/2/8/50]
 
 Each configuration is set through the environment knobs of iris_jax.collectives.launch_config,
-checked against lax, then timed as in benchmarks/collectives.py. Configurations run from the
+checked against lax, then timed as in benchmarks/collectives.py. A configuration is
+tile elements / programs per SM / warps, and optionally / the streamed calls' sending share
+(percent, IRIS_COLLECTIVE_STREAM_SENDERS). Configurations run from the
 safest to the most demanding: every program must be resident, and one that is not ends the
 run at the collective timeout (10 s here). GPUs only.
 """
@@ -22,7 +25,7 @@ os.environ.setdefault("IRIS_COLLECTIVE_TIMEOUT", "10")
 from collectives import _ops, _time_per_call, parse_size, runtime_mesh  # noqa: E402
 
 # (elements per tile, programs per SM, warps), the current default first
-CONFIGS = [(2048, 1, 8), (4096, 1, 8), (8192, 1, 8), (8192, 1, 16), (16384, 1, 16), (2048, 2, 8), (4096, 2, 8), (8192, 2, 8)]
+CONFIGS = "2048/1/8,4096/1/8,8192/1/8,8192/1/16,16384/1/16,2048/2/8,4096/2/8,8192/2/8"
 
 
 def main():
@@ -31,7 +34,9 @@ def main():
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "out"))
     parser.add_argument("--best-env", help="write the best configuration (geometric mean of the cases' "
                         "times, correct ones only) here as shell `export` lines")
+    parser.add_argument("--configs", default=CONFIGS)
     opts = parser.parse_args()
+    configs = [tuple(int(v) for v in c.split("/")) for c in opts.configs.split(",")]
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -43,9 +48,13 @@ def main():
 
     W, mesh = runtime_mesh("tune_collectives.py")
     rows = []
-    for block, per_sm, warps in CONFIGS:
+    for config in configs:
+        block, per_sm, warps = config[:3]
         os.environ.update(IRIS_COLLECTIVE_BLOCK=str(block), IRIS_COLLECTIVE_PROGRAMS_PER_SM=str(per_sm),
                           IRIS_COLLECTIVE_WARPS=str(warps))
+        os.environ.pop("IRIS_COLLECTIVE_STREAM_SENDERS", None)
+        if len(config) > 3:
+            os.environ["IRIS_COLLECTIVE_STREAM_SENDERS"] = str(config[3])
         for case in opts.cases.split(","):
             op, _, size = case.partition(":")
             n = max(W, parse_size(size) // 4 // W * W)
@@ -54,30 +63,32 @@ def main():
             iris_fn, lax_fn, out_spec, busbw_factor = _ops(op, "one_shot", W, iris_jax, lax, jnp)
             run = lambda f: np.asarray(jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P("i"), out_specs=out_spec))(x))
             ok = bool(np.allclose(run(iris_fn), run(lax_fn), rtol=1e-5, atol=1e-5 * W))
-            us = _time_per_call(iris_fn, x, mesh, n, jnp.dtype(jnp.float32), jax, jnp, P)[0] * 1e6
-            row = {"block": block, "programs_per_sm": per_sm, "warps": warps, "case": case, "us": us,
+            us, kernel_us = (t * 1e6 for t in _time_per_call(iris_fn, x, mesh, n, jnp.dtype(jnp.float32), jax, jnp, P))
+            row = {"config": "/".join(map(str, config)), "case": case, "us": us, "kernel_us": kernel_us,
                    "busbw": busbw_factor * n * 4 / us / 1e3, "correct": ok}
             rows.append(row)
-            print(f"block={block:6d} per_sm={per_sm} warps={warps:2d} {case:>14}: {us:9.1f} us "
+            print(f"config={row['config']:>14} {case:>14}: {us:9.1f} us (kernel {kernel_us:.1f}) "
                   f"{row['busbw']:7.1f} GB/s correct={ok}", flush=True)
     os.makedirs(opts.out, exist_ok=True)
     with open(os.path.join(opts.out, "tune_collectives.json"), "w") as f:
         json.dump(rows, f, indent=1)
-    print("| case | " + " | ".join(f"{b}/{p}/{w}" for b, p, w in CONFIGS) + " |")
-    print("|---|" + "---|" * len(CONFIGS))
+    names = list(dict.fromkeys(r["config"] for r in rows))
+    print("| case | " + " | ".join(names) + " |")
+    print("|---|" + "---|" * len(names))
     for case in dict.fromkeys(r["case"] for r in rows):
         print(f"| {case} | " + " | ".join(f"{r['us']:.1f}" for r in rows if r["case"] == case) + " |")
     scores = {}
-    for b, p, w in CONFIGS:
-        mine = [r for r in rows if (r["block"], r["programs_per_sm"], r["warps"]) == (b, p, w)]
-        if mine and all(r["correct"] for r in mine):
-            scores[(b, p, w)] = float(np.exp(np.mean(np.log([r["us"] for r in mine]))))
+    for name in names:
+        mine = [r for r in rows if r["config"] == name]
+        if all(r["correct"] for r in mine):
+            scores[name] = float(np.exp(np.mean(np.log([r["us"] for r in mine]))))
     best = min(scores, key=scores.get)
-    print(f"best (geometric mean {scores[best]:.1f} us): block={best[0]} programs_per_sm={best[1]} warps={best[2]}")
+    print(f"best (geometric mean {scores[best]:.1f} us): {best} (tile elements/programs per SM/warps[/senders %])")
     if opts.best_env:
+        block, per_sm, warps = best.split("/")[:3]
         with open(opts.best_env, "w") as f:
-            f.write(f"export IRIS_COLLECTIVE_BLOCK={best[0]} IRIS_COLLECTIVE_PROGRAMS_PER_SM={best[1]} "
-                    f"IRIS_COLLECTIVE_WARPS={best[2]}\n")
+            f.write(f"export IRIS_COLLECTIVE_BLOCK={block} IRIS_COLLECTIVE_PROGRAMS_PER_SM={per_sm} "
+                    f"IRIS_COLLECTIVE_WARPS={warps}\n")
     if not all(r["correct"] for r in rows):
         sys.exit("some results differ from lax")
 

@@ -43,3 +43,15 @@ def test_overlapping_kernels_and_other_lines_count_once():
 def test_no_gpu_events():
     assert tuple(gpu_activity([("/host:CPU", [])])) == (0.0, 0.0, 0.0)
     assert tuple(gpu_activity([_gpu(0, (0, 1, "Memset 0"))])) == (0.0, 0.0, 0.0)
+
+
+def test_kernel_time_per_call_leaves_out_the_first_calls_wait_for_the_later_gpu():
+    # 3 calls; GPU 1 was launched 50 us later, so GPU 0's first collective waited for it
+    planes = [_gpu(0, (0, 55, "collective_kernel"), (55, 56, "fusion"), (56, 61, "collective_kernel"),
+                   (61, 62, "fusion"), (62, 68, "collective_kernel")),
+              _gpu(1, (50, 55, "collective_kernel"), (55, 56, "fusion"), (56, 61, "collective_kernel"),
+                   (61, 62, "fusion"), (62, 67, "collective_kernel"))]
+    t = gpu_activity(planes, calls=3)
+    assert t.comm == pytest.approx((5 + 6) / 2)  # calls 2 and 3 of the busiest GPU
+    assert t.span == pytest.approx(68 - 50)
+    assert gpu_activity(planes).comm == pytest.approx(55 + 5 + 6)  # one call: every kernel counts
