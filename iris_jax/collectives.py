@@ -59,10 +59,6 @@ PUSH_FROM_BYTES = 32 << 20  # run 28: push won every op at 256 MiB (1.07-1.14x p
 STREAM_FROM_BYTES = 16 << 20
 # Share of a streamed call's programs that send (run 37: 50% beat 25% and 75% at 4 and 16 MiB)
 STREAM_SENDERS_PERCENT = 50
-# Calls of the streamed kinds up to this many bytes per rank stream with LL words (the tile's
-# count beside each value in one 8-byte store: no release fence, no flag; twice or four times
-# the bytes on the link). IRIS_COLLECTIVE_LL_UNTIL overrides (0: never).
-LL_UNTIL_BYTES = 256 << 10
 # GPU launch configuration (see launch_config): the best geometric mean of 8 configurations
 # over psum 64 KiB/16 MiB/256 MiB and ppermute 64 MiB (benchmarks/tune_collectives.py, RESULTS run 13)
 DEFAULT_BLOCK, DEFAULT_PROGRAMS_PER_SM, DEFAULT_WARPS = 8192, 1, 8
@@ -133,12 +129,9 @@ def _launch(kind: int, x2d, axes, out_blocks: int, *, op=K.SUM, variant=K.ONE_SH
     def chunk_of(buffer_bytes, slots):  # a buffer holds every sender's slot (push) or my input blocks (pull)
         return max(block, min(buffer_bytes // slots, _chunk_cap()) // itemsize // block * block)
 
-    ll = _ll(nbytes)
-    stream_bytes = ws.layout.stream_capacity * itemsize // 8 if ll else ws.layout.stream_capacity  # LL: 8 B a value
-    stream = _stream(kind, variant, nbytes, G) and m <= chunk_of(stream_bytes, G)  # one chunk
-    ll = ll and stream
+    stream = _stream(kind, variant, nbytes, G) and m <= chunk_of(ws.layout.stream_capacity, G)  # one chunk
     push = stream or _push(kind, variant, nbytes)
-    chunk = chunk_of(stream_bytes if stream else ws.layout.data_bytes, G if push else XB)
+    chunk = chunk_of(ws.layout.stream_capacity if stream else ws.layout.data_bytes, G if push else XB)
     tiles = math.ceil(min(m, chunk) / block)
     programs = min(2 * tiles, max_programs) if stream else min(tiles, max_programs)
     senders = _stream_senders(programs) if stream else 1
@@ -156,7 +149,7 @@ def _launch(kind: int, x2d, axes, out_blocks: int, *, op=K.SUM, variant=K.ONE_SH
         MAX_PROGRAMS=MAX_PROGRAMS, TIMEOUT_NS=int((timeout_s or DEFAULT_TIMEOUT_S) * 1e9), WHAT=what,
         ZERO_COPY=not push and _zero_copy(kind, variant, nbytes), HEAP_BYTES=rt.heap_size,
         VEC=16 // itemsize if m % (16 // itemsize) == 0 else 1, TRACING=rt.tracing.enabled, PUSH=push,
-        STREAM=stream, STREAM_AT=ws.layout.stream, STREAM_BYTES=ws.layout.stream_capacity, SENDERS=senders, LL=ll)
+        STREAM=stream, STREAM_AT=ws.layout.stream, STREAM_BYTES=ws.layout.stream_capacity, SENDERS=senders)
     return out
 
 
@@ -186,17 +179,10 @@ def _stream(kind: int, variant: int, nbytes: int, G: int) -> bool:
     """Whether the call may stream (iris_core.collectives.kernels._streamed; it does if it
     fits one chunk of the streamed buffers, IRIS_STREAM_BYTES): a kind in which every member
     sends to every other, G >= 2, at least STREAM_FROM_BYTES per rank
-    (IRIS_COLLECTIVE_STREAM_FROM overrides) or small enough for LL words (_ll)."""
+    (IRIS_COLLECTIVE_STREAM_FROM overrides)."""
     every_pair = kind in (K.ALL_GATHER, K.REDUCE_SCATTER, K.ALL_TO_ALL) or (
         kind == K.ALL_REDUCE and variant == K.ONE_SHOT)
-    large = nbytes >= _env_bytes("IRIS_COLLECTIVE_STREAM_FROM", STREAM_FROM_BYTES)
-    return every_pair and G > 1 and (large or _ll(nbytes))
-
-
-def _ll(nbytes: int) -> bool:
-    """Whether a streamed call of `nbytes` per rank sends LL words: up to LL_UNTIL_BYTES
-    (IRIS_COLLECTIVE_LL_UNTIL overrides; 0: never)."""
-    return nbytes <= _env_bytes("IRIS_COLLECTIVE_LL_UNTIL", LL_UNTIL_BYTES)
+    return every_pair and G > 1 and nbytes >= _env_bytes("IRIS_COLLECTIVE_STREAM_FROM", STREAM_FROM_BYTES)
 
 
 def _stream_senders(programs: int) -> int:

@@ -44,7 +44,6 @@ step collectives 560 python3 benchmarks/collectives.py --out "$OUT" --plot
 step fused 300 python3 benchmarks/fused.py --out "$OUT" --plot
 step trace_example 120 python3 examples/04_trace_all_reduce.py --out "$OUT"  # the PNG for the README
 group=probe  # quick looks while tuning
-step gpu_ll 150 $t tests/gpu/test_gpu_collectives.py -k "ll_collectives or ten_thousand or (other_collectives and 4099)"
 step collectives_quick 200 python3 benchmarks/collectives.py --out "$OUT" --sizes 1K,64K,1M,16M,256M \
   --ops psum,psum:heap,all_gather,ppermute
 step collectives_bf16 150 python3 benchmarks/collectives.py --out "$OUT/bf16" --dtypes bfloat16 \
@@ -71,11 +70,10 @@ step stream 300 bash -c 'for s in 0 ""; do echo "== IRIS_COLLECTIVE_STREAM_FROM=
 step stream_senders 300 bash -c 'for p in 50 75 25; do echo "== IRIS_COLLECTIVE_STREAM_SENDERS=$p"
   IRIS_COLLECTIVE_STREAM_FROM=0 IRIS_COLLECTIVE_STREAM_SENDERS=$p python3 benchmarks/collectives.py \
     --out "$OUT/senders_$p" --sizes 4M,16M --ops psum,all_gather,psum_scatter,all_to_all | grep "^| [a-z]"; done'
-# small calls: LL words (LL_UNTIL = 1 MiB) vs streamed with tile flags vs the default pull
-step small_protocols 300 bash -c 'for e in "IRIS_COLLECTIVE_LL_UNTIL=1048576" \
-    "IRIS_COLLECTIVE_LL_UNTIL=0 IRIS_COLLECTIVE_STREAM_FROM=0" "IRIS_COLLECTIVE_LL_UNTIL=0"; do echo "== $e"
-  env $e python3 benchmarks/collectives.py --out "$OUT/small_${e// /_}" --sizes 1K,16K,64K,256K,1M \
-    --ops psum,psum_scatter,all_gather | grep "^| [a-z]"; done'
+# streamed below 2 MiB too? every call of the four kinds streams (0) or none does (2^62)
+step small_stream 200 bash -c 'for s in 0 4611686018427387904; do echo "== IRIS_COLLECTIVE_STREAM_FROM=$s"
+  IRIS_COLLECTIVE_STREAM_FROM=$s python3 benchmarks/collectives.py --out "$OUT/small_stream_$s" \
+    --sizes 1K,16K,256K,1M --ops psum,psum_scatter,all_gather | grep "^| [a-z]"; done'
 # large sizes, per call and the communication kernels alone (steady-state kernels)
 step large 200 python3 benchmarks/collectives.py --out "$OUT/large" --sizes 64M,256M,1G --ops psum,ppermute
 # the streamed kernel's launch configuration at 64 MiB (streamed buffers large enough to stream it)

@@ -29,9 +29,7 @@ Streamed push (STREAM, one-chunk calls of the kinds in which every member sends 
 other: all-reduce one-shot, all-gather, reduce-scatter, all-to-all): half the programs push
 tiles and flag each one on its receiver, the other half wait for those tile flags and make
 the output tile by tile (_streamed), so the local work overlaps the transfer without
-chunk-wide rounds. LL (small calls, as NCCL's low-latency protocol): the tile's count travels
-in every 8-byte word beside a 32- or 16-bit value, so a sender needs no release fence (a
-round trip over the link) and no flag, and a receiver polls the words themselves.
+chunk-wide rounds.
 
 Zero-copy (ZERO_COPY, large arrays; not ring/atomic/spinlock): a rank whose input lies on
 its heap skips staging and publishes the input's heap offset to every member (word 1 of its
@@ -359,10 +357,10 @@ def _pull_tile(ctx, group_ptr, x_ptr, out_ptr, ws, ws2, heap_base, ws_base, m, c
 @triton.jit
 def _push_tile(ctx, group_ptr, x_ptr, ws, m, c0, width, t, me, KIND: tl.constexpr, G: tl.constexpr,
                XB: tl.constexpr, SOURCES: tl.constexpr, BLOCK: tl.constexpr, CHUNK: tl.constexpr,
-               VEC: tl.constexpr, LL: tl.constexpr = False, count=0):
+               VEC: tl.constexpr):
     """Push mode, sending: stores tile t of what each peer needs from my input (block i for
     member i when XB > 1, else my whole input; PPERMUTE/BROADCAST: only to members whose
-    source I am) into slot `me` of that peer's buffer `ws` (LL: as _ll_words of `count`)."""
+    source I am) into slot `me` of that peer's buffer `ws`."""
     cols = t * BLOCK + tl.arange(0, BLOCK)
     mask = cols < width
     dst = _vec(ws, me * CHUNK + cols, VEC)
@@ -375,48 +373,38 @@ def _push_tile(ctx, group_ptr, x_ptr, ws, m, c0, width, t, me, KIND: tl.constexp
         if wanted:
             if XB > 1:
                 value = tl.load(_vec(x_ptr, (i * m + c0 + cols).to(tl.int64), VEC), mask=mask)
-            sent = value
-            if LL:
-                sent = _ll_words(value, count)
             if VEC > 1:
-                ctx.store(dst, sent, to_rank=_rank(group_ptr, i), mask=mask, hint=16)
+                ctx.store(dst, value, to_rank=_rank(group_ptr, i), mask=mask, hint=16)
             else:
-                ctx.store(dst, sent, to_rank=_rank(group_ptr, i), mask=mask)
+                ctx.store(dst, value, to_rank=_rank(group_ptr, i), mask=mask)
 
 
 @triton.jit
-def _received(x_ptr, ws, m, c0, cols, mask, me, member, block_in, CHUNK: tl.constexpr, VEC: tl.constexpr,
-              LL: tl.constexpr):
+def _received(x_ptr, ws, m, c0, cols, mask, me, member, block_in, CHUNK: tl.constexpr, VEC: tl.constexpr):
     """Push mode, receiving: `cols` of what `member` sent me (slot `member` of my buffer), or
     of my own input block `block_in` when that member is me."""
     if member == me:
         return tl.load(_vec(x_ptr, (block_in * m + c0 + cols).to(tl.int64), VEC), mask=mask)
     else:
-        value = tl.load(_vec(ws, member * CHUNK + cols, VEC), mask=mask)
-        if LL:
-            value = _ll_value(value, x_ptr.dtype.element_ty)
-        return value
+        return tl.load(_vec(ws, member * CHUNK + cols, VEC), mask=mask)
 
 
 @triton.jit
 def _take_tile(x_ptr, out_ptr, ws, m, c0, width, t, me, block_in, source, KIND: tl.constexpr, OP: tl.constexpr,
-               G: tl.constexpr, ACC: tl.constexpr, BLOCK: tl.constexpr, CHUNK: tl.constexpr, VEC: tl.constexpr,
-               LL: tl.constexpr = False):
-    """Push mode, _pull_tile's twin: tile t of the output from my own buffer (local reads;
-    LL: the buffer holds _ll_words)."""
+               G: tl.constexpr, ACC: tl.constexpr, BLOCK: tl.constexpr, CHUNK: tl.constexpr, VEC: tl.constexpr):
+    """Push mode, _pull_tile's twin: tile t of the output from my own buffer (local reads)."""
     cols = t * BLOCK + tl.arange(0, BLOCK)
     mask = cols < width
     if KIND == 0 or KIND == 2:  # ALL_REDUCE (one-shot), REDUCE_SCATTER: members in order
-        acc = _received(x_ptr, ws, m, c0, cols, mask, me, 0, block_in, CHUNK, VEC, LL).to(ACC)
+        acc = _received(x_ptr, ws, m, c0, cols, mask, me, 0, block_in, CHUNK, VEC).to(ACC)
         for i in tl.static_range(1, G):
-            acc = _combine(acc, _received(x_ptr, ws, m, c0, cols, mask, me, i, block_in, CHUNK, VEC, LL).to(ACC),
-                           OP)
+            acc = _combine(acc, _received(x_ptr, ws, m, c0, cols, mask, me, i, block_in, CHUNK, VEC).to(ACC), OP)
         tl.store(_vec(out_ptr, (c0 + cols).to(tl.int64), VEC), acc.to(out_ptr.dtype.element_ty), mask=mask)
     elif KIND == 1 or KIND == 3:  # ALL_GATHER, ALL_TO_ALL
         for i in tl.static_range(G):
-            value = _received(x_ptr, ws, m, c0, cols, mask, me, i, block_in, CHUNK, VEC, LL)
+            value = _received(x_ptr, ws, m, c0, cols, mask, me, i, block_in, CHUNK, VEC)
             tl.store(_vec(out_ptr, (i * m + c0 + cols).to(tl.int64), VEC), value, mask=mask)
-    else:  # PPERMUTE, BROADCAST (one input block; never LL)
+    else:  # PPERMUTE, BROADCAST (one input block)
         value = tl.zeros([BLOCK], out_ptr.dtype.element_ty)
         if source == me:
             value = tl.load(_vec(x_ptr, (c0 + cols).to(tl.int64), VEC), mask=mask)
@@ -516,43 +504,11 @@ def _pipelined(ctx, group_ptr, x_ptr, out_ptr, heap_base, ws_base, m, pid, progr
 
 
 @triton.jit
-def _ll_words(value, count):
-    """LL words: each value's bits in the low half of an int64, `count` (< 2^31) in the high
-    half, so one 8-byte store (single-copy atomic) delivers both."""
-    if value.dtype.primitive_bitwidth == 32:
-        bits = value.to(tl.uint32, bitcast=True).to(tl.uint64)
-    else:  # 16-bit values
-        bits = value.to(tl.uint16, bitcast=True).to(tl.uint64)
-    return (bits | (count.to(tl.uint64) << 32)).to(tl.int64, bitcast=True)
-
-
-@triton.jit
-def _ll_value(words, dtype: tl.constexpr):
-    """The values of _ll_words."""
-    if dtype.primitive_bitwidth == 32:
-        return words.to(tl.uint32).to(dtype, bitcast=True)
-    else:
-        return words.to(tl.uint16).to(dtype, bitcast=True)
-
-
-@triton.jit
-def _undelivered(flags, ws, t, member, k, cols, mask, G: tl.constexpr, CHUNK: tl.constexpr, VEC: tl.constexpr,
-                 LL: tl.constexpr):
-    """Whether `member`'s delivery k of tile t is still missing: its flag [t][member] (acquire)
-    is below k, or (LL) some word of the tile in its slot does not carry k yet."""
-    if LL:
-        words = tl.load(_vec(ws, member * CHUNK + cols, VEC), mask=mask, volatile=True)
-        return tl.max((((words >> 32).to(tl.int32) != k) & mask).to(tl.int32), axis=0) > 0
-    else:
-        return load_acquire(flags + t * G + member) < k
-
-
-@triton.jit
 def _streamed(ctx, group_ptr, x_ptr, out_ptr, ws_base, m, pid, programs, me, block_in, source, KIND: tl.constexpr,
               OP: tl.constexpr, G: tl.constexpr, XB: tl.constexpr, SOURCES: tl.constexpr, ACC: tl.constexpr,
               BLOCK: tl.constexpr, CHUNK: tl.constexpr, STREAM_BYTES: tl.constexpr, STREAM_AT: tl.constexpr,
               SENDERS: tl.constexpr, MAX_PROGRAMS: tl.constexpr, WORLD: tl.constexpr, TIMEOUT_NS: tl.constexpr,
-              WHAT: tl.constexpr, VEC: tl.constexpr, LL: tl.constexpr):
+              WHAT: tl.constexpr, VEC: tl.constexpr):
     """Streamed push of a one-chunk call (m <= CHUNK) of a kind in which every member sends
     to every other (all-reduce one-shot, all-gather, reduce-scatter, all-to-all).
 
@@ -569,10 +525,7 @@ def _streamed(ctx, group_ptr, x_ptr, out_ptr, ws_base, m, pid, programs, me, blo
     Reuse: a rank writes delivery k of tile t into a member's buffer k % 2 only after its
     call of delivery k - 1 ended, in which it waited for the member's delivery k - 1, sent
     after the member's call of delivery k - 2 (which consumed it) had ended (stream order).
-    The region is the streamed calls' own, so other modes' calls cannot collide with it.
-
-    LL: the buffers hold _ll_words of k (CHUNK words per slot), in place of the data, the
-    release and the flag; receivers poll the words, then read them again to make the output."""
+    The region is the streamed calls' own, so other modes' calls cannot collide with it."""
     region = ws_base + STREAM_AT
     T: tl.constexpr = STREAM_BYTES // 256
     failed = tl.cast(region, tl.pointer_type(tl.int64))
@@ -586,37 +539,33 @@ def _streamed(ctx, group_ptr, x_ptr, out_ptr, ws_base, m, pid, programs, me, blo
     width = _width(m, 0, CHUNK, VEC)
     tiles = tl.cdiv(width, BLOCK)
     senders = SENDERS
-    buffer_type = tl.pointer_type(tl.int64) if LL else x_ptr.dtype
     if pid < senders:
         for t in range(pid, tiles, senders):
             k = tl.load(sent + t) + 1
-            ws = tl.cast(sdata + (k % 2).to(tl.uint64) * STREAM_BYTES, buffer_type)
-            _push_tile(ctx, group_ptr, x_ptr, ws, m, 0, width, t, me, KIND, G, XB, SOURCES, BLOCK, CHUNK, VEC, LL, k)
-            if not LL:
-                tl.debug_barrier()  # every thread's stores precede the release
-                for i in tl.static_range(G):
-                    if i != me:
-                        ctx.atomic_xchg(flags + t * G + me, k, to_rank=_rank(group_ptr, i), sem="release",
-                                        scope="sys")
+            ws = tl.cast(sdata + (k % 2).to(tl.uint64) * STREAM_BYTES, x_ptr.dtype)
+            _push_tile(ctx, group_ptr, x_ptr, ws, m, 0, width, t, me, KIND, G, XB, SOURCES, BLOCK, CHUNK, VEC)
+            tl.debug_barrier()  # every thread's stores precede the release
+            for i in tl.static_range(G):
+                if i != me:
+                    ctx.atomic_xchg(flags + t * G + me, k, to_rank=_rank(group_ptr, i), sem="release", scope="sys")
             tl.store(sent + t, k)
     else:
         start = global_timer()
-        lanes = tl.arange(0, BLOCK)
         for t in range(pid - senders, tiles, programs - senders):
             k = tl.load(got + t) + 1
-            ws = tl.cast(sdata + (k % 2).to(tl.uint64) * STREAM_BYTES, buffer_type)
-            cols = t * BLOCK + lanes
             for i in tl.static_range(G):
                 if i != me:
-                    while _undelivered(flags, ws, t, i, k, cols, cols < width, G, CHUNK, VEC, LL):
+                    seen = load_acquire(flags + t * G + i)
+                    while seen < k:
                         if global_timer() - start > TIMEOUT_NS:
                             for j in tl.static_range(G):  # later calls of this group fail at once
                                 ctx.store(failed, (_rank(group_ptr, me) + 1).to(tl.int64), to_rank=_rank(group_ptr, j))
                             _give_up(ctx, group_ptr, ws_base, pid, me, _rank(group_ptr, i), G, MAX_PROGRAMS, WORLD,
                                      WHAT)
+                        seen = load_acquire(flags + t * G + i)
             tl.debug_barrier()  # every thread's reads follow the acquires
-            _take_tile(x_ptr, out_ptr, ws, m, 0, width, t, me, block_in, source, KIND, OP, G, ACC, BLOCK, CHUNK, VEC,
-                       LL)
+            ws = tl.cast(sdata + (k % 2).to(tl.uint64) * STREAM_BYTES, x_ptr.dtype)
+            _take_tile(x_ptr, out_ptr, ws, m, 0, width, t, me, block_in, source, KIND, OP, G, ACC, BLOCK, CHUNK, VEC)
             tl.debug_barrier()  # every thread has read the count before it changes
             tl.store(got + t, k)
 
@@ -630,15 +579,13 @@ def collective_kernel(context_ptr, group_ptr, x_ptr, m, out_ptr,
                       MAX_PROGRAMS: tl.constexpr, TIMEOUT_NS: tl.constexpr, WHAT: tl.constexpr,
                       ZERO_COPY: tl.constexpr = False, HEAP_BYTES: tl.constexpr = 0, VEC: tl.constexpr = 1,
                       TRACING: tl.constexpr = False, PUSH: tl.constexpr = False, STREAM: tl.constexpr = False,
-                      STREAM_AT: tl.constexpr = 0, STREAM_BYTES: tl.constexpr = 0, SENDERS: tl.constexpr = 1,
-                      LL: tl.constexpr = False):
+                      STREAM_AT: tl.constexpr = 0, STREAM_BYTES: tl.constexpr = 0, SENDERS: tl.constexpr = 1):
     """See the module docstring. `m` is the column count; SOURCES[i] is member i's source
     (PPERMUTE/BROADCAST; -1: none, output zeros); STREAM: the streamed push of a one-chunk
     call (_streamed; STREAM_AT, STREAM_BYTES: the workspace's streamed region and its buffer
-    size, SENDERS: its sending programs, LL: count and value in each word); VEC > 1: m is a
-    multiple of VEC, the elements of 16 bytes (tiles are then accessed in 16-byte vectors).
-    With TRACING, each chunk's exchange is a `transfer` span (pid_m: the chunk) holding `wait`
-    spans and the Context's own RMA events."""
+    size, SENDERS: its sending programs); VEC > 1: m is a multiple of VEC, the elements of 16
+    bytes (tiles are then accessed in 16-byte vectors). With TRACING, each chunk's exchange is
+    a `transfer` span (pid_m: the chunk) holding `wait` spans and the Context's own RMA events."""
     ctx = Context.initialize(context_ptr, WORLD, tracing=TRACING)
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
@@ -666,7 +613,7 @@ def collective_kernel(context_ptr, group_ptr, x_ptr, m, out_ptr,
     if STREAM:  # one chunk, streamed tile by tile in its own region (epochs unchanged, see _streamed)
         _streamed(ctx, group_ptr, x_ptr, out_ptr, ws_base, m, pid, programs, me, block_in, source, KIND, OP, G, XB,
                   SOURCES, ACC, BLOCK, CHUNK, STREAM_BYTES, STREAM_AT, SENDERS, MAX_PROGRAMS, WORLD, TIMEOUT_NS,
-                  WHAT, VEC, LL)
+                  WHAT, VEC)
     elif KIND != 0 or VARIANT == 0:  # every kind that only pulls (incl. one-shot all-reduce)
         epoch = _pipelined(ctx, group_ptr, x_ptr, out_ptr, heap_base, ws_base, m, pid, programs, me, epoch, in_place,
                            block_in, source, KIND, OP, G, XB, SOURCES, ACC, BLOCK, CHUNK, DATA, DATA_BYTES,

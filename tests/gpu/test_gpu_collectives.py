@@ -62,9 +62,9 @@ def test_all_reduce_other_algorithms(mesh, n, variant):
 @pytest.mark.parametrize("n", [5, 4099, 1 << 22])
 @pytest.mark.parametrize("mode", ["default", "push", "stream"])
 def test_other_collectives(mesh, monkeypatch, n, mode):
-    """Every kind against lax; "push": every size pushes (IRIS_COLLECTIVE_PUSH_FROM=0, no LL),
-    as arrays of PUSH_FROM_BYTES and more do by default; "stream": every one-chunk call of the
-    kinds that can streams with tile flags (IRIS_COLLECTIVE_STREAM_FROM=0, no LL)."""
+    """Every kind against lax; "push": every size pushes (IRIS_COLLECTIVE_PUSH_FROM=0), as
+    arrays of PUSH_FROM_BYTES and more do by default; "stream": every one-chunk call of the
+    kinds that can streams (IRIS_COLLECTIVE_STREAM_FROM=0)."""
     import jax.numpy as jnp
 
     from tests.gpu.cases import collective_cases
@@ -73,8 +73,6 @@ def test_other_collectives(mesh, monkeypatch, n, mode):
         monkeypatch.setenv("IRIS_COLLECTIVE_PUSH_FROM", "0")
     if mode == "stream":
         monkeypatch.setenv("IRIS_COLLECTIVE_STREAM_FROM", "0")
-    if mode != "default":
-        monkeypatch.setenv("IRIS_COLLECTIVE_LL_UNTIL", "0")
 
     for dtype in (jnp.float32, jnp.bfloat16, jnp.int32):
         x = _input(mesh, n, jnp.float32, seed=n) * 100
@@ -83,35 +81,6 @@ def test_other_collectives(mesh, monkeypatch, n, mode):
             got, want = _pair(mesh, iris_fn, lax_fn, x, spec)
             tol = 1e-5 if dtype != jnp.bfloat16 else 3e-2
             np.testing.assert_allclose(got, want, rtol=tol, atol=tol * 100, err_msg=f"{name} {dtype}")
-
-
-@pytest.mark.parametrize("n", [5, 4099, (1 << 18) + 4])
-def test_ll_collectives(mesh, monkeypatch, n):
-    """Every kind against lax with LL words for every call that fits them (up to 1 MiB here;
-    IRIS_COLLECTIVE_LL_UNTIL): the spy checks that the four streamed kinds did use them."""
-    import jax.numpy as jnp
-
-    from iris_jax import collectives
-    from tests.gpu.cases import collective_cases
-
-    monkeypatch.setenv("IRIS_COLLECTIVE_LL_UNTIL", str(1 << 30))
-    used = []
-    real_call = collectives.triton_call
-
-    def spy(*args, **kwargs):
-        used.append((kwargs["KIND"], kwargs["LL"]))
-        return real_call(*args, **kwargs)
-
-    monkeypatch.setattr(collectives, "triton_call", spy)
-    for dtype in (jnp.float32, jnp.bfloat16, jnp.int32):
-        x = (_input(mesh, n, jnp.float32, seed=n) * 100).astype(dtype)
-        for name, iris_fn, lax_fn, spec in collective_cases(n, mesh.size):
-            got, want = _pair(mesh, iris_fn, lax_fn, x, spec)
-            tol = 1e-5 if dtype != jnp.bfloat16 else 3e-2
-            np.testing.assert_allclose(got, want, rtol=tol, atol=tol * 100, err_msg=f"{name} {dtype}")
-    K = collectives.K
-    assert {kind for kind, ll in used if ll} == {K.ALL_REDUCE, K.ALL_GATHER, K.REDUCE_SCATTER, K.ALL_TO_ALL}
-    assert all(ll for kind, ll in used if kind not in (K.PPERMUTE, K.BROADCAST))
 
 
 def test_ten_thousand_back_to_back(mesh):

@@ -1,7 +1,6 @@
 """Streamed push (iris_core.collectives.kernels._streamed) on the CPU simulator: the kinds in
 which every member sends to every other, one chunk, half the programs sending and half
-receiving tile by tile, with tile flags or LL words. IRIS_COLLECTIVE_STREAM_FROM=0 makes
-every such call stream; IRIS_COLLECTIVE_LL_UNTIL picks the protocol."""
+receiving tile by tile. IRIS_COLLECTIVE_STREAM_FROM=0 makes every such call stream."""
 
 import pytest
 from jax import lax
@@ -32,23 +31,19 @@ def _cases(G, dtype):
     ]
 
 
-@pytest.fixture(params=["flags", "ll"])
-def launched(request, monkeypatch):
+@pytest.fixture
+def launched(monkeypatch):
     """The STREAM argument of every collective kernel launched (traced) from now on, with
-    every call that can stream streaming (IRIS_COLLECTIVE_STREAM_FROM=0), with tile flags or
-    LL words (the param; the spy checks the LL argument)."""
+    every call that can stream streaming (IRIS_COLLECTIVE_STREAM_FROM=0)."""
     streams = []
     real_call = collectives.triton_call
-    ll = request.param == "ll"
 
     def spy(*args, **kwargs):
         streams.append(kwargs["STREAM"])
-        assert kwargs["LL"] == (ll and kwargs["STREAM"])
         return real_call(*args, **kwargs)
 
     monkeypatch.setattr(collectives, "triton_call", spy)
     monkeypatch.setenv("IRIS_COLLECTIVE_STREAM_FROM", "0")
-    monkeypatch.setenv("IRIS_COLLECTIVE_LL_UNTIL", str(1 << 30) if ll else "0")
     return streams
 
 
@@ -56,7 +51,7 @@ def launched(request, monkeypatch):
 def test_streamed_collectives_match_lax(launched, W, dtype, rng):
     run_cases(mesh_of((W,), ("i",)), _cases(W, dtype), dtype, rng)
     assert launched == [True] * 6 + [False]  # every kind but ppermute streamed
-    # twice in a row: the parity buffers and the tiles' delivery counts of the previous call are reused
+    # twice in a row: the parity buffers and tile flags of the previous call are reused
     run_cases(mesh_of((W,), ("i",)), _cases(W, dtype), dtype, rng)
 
 
@@ -90,10 +85,6 @@ def test_stream_setting(monkeypatch):
     assert not collectives._stream(K.ALL_REDUCE, K.TWO_SHOT, 1 << 20, 2)
     assert not collectives._stream(K.PPERMUTE, K.ONE_SHOT, 1 << 20, 2)  # not every member sends to every other
     assert not collectives._stream(K.ALL_GATHER, K.ONE_SHOT, 1 << 20, 1)  # a group of one has no peer
-    monkeypatch.setenv("IRIS_COLLECTIVE_LL_UNTIL", "4096")  # small calls stream with LL words
-    assert collectives._stream(K.ALL_REDUCE, K.ONE_SHOT, 4096, 2) and collectives._ll(4096)
-    assert not collectives._stream(K.ALL_REDUCE, K.ONE_SHOT, 4097, 2) and not collectives._ll(4097)
-    assert not collectives._stream(K.PPERMUTE, K.ONE_SHOT, 4096, 2)
     monkeypatch.setenv("IRIS_COLLECTIVE_STREAM_FROM", "1M")
     with pytest.raises(ValueError, match="IRIS_COLLECTIVE_STREAM_FROM='1M'"):
         collectives._stream(K.ALL_GATHER, K.ONE_SHOT, 1 << 20, 2)
