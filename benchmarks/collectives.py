@@ -98,8 +98,9 @@ def main():
                         per_call, comm = _time_per_call(fn, arg, mesh, n, dtype, jax, jnp, P, in_place and lib == "iris")
                         row[f"{lib}_us"], row[f"{lib}_comm_us"] = per_call * 1e6, comm * 1e6
                     row["ratio"] = row["lax_us"] / row["iris_us"]
-                    for key in ("iris_us", "lax_us", "iris_comm_us", "lax_comm_us"):  # GB/s
-                        row[key.replace("_us", "_busbw")] = busbw_factor * row["bytes"] / max(row[key], 1e-9) / 1e3
+                    for key in ("iris_us", "lax_us", "iris_comm_us", "lax_comm_us"):  # GB/s; None: no such kernel
+                        t = row[key]  # (XLA's own small all-reduce kernel is not in COMM_KERNELS)
+                        row[key.replace("_us", "_busbw")] = busbw_factor * row["bytes"] / t / 1e3 if t else None
                 rows.append(row)
                 print(_format_row(row, gpu), flush=True)
                 _save_json(opts.out, W, gpu, rows)  # after every row: a run cut short keeps what it measured

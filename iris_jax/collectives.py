@@ -7,9 +7,10 @@ PUSH_FROM_BYTES (32 MiB per rank) the input is staged into a fixed heap workspac
 with epochs, and each rank pulls what it needs from its peers; from PUSH_FROM_BYTES each rank
 stores what its peers need straight into their workspaces and reads its own (push: no staging
 copy, and stores move more than loads when both directions are busy). In between, from
-STREAM_FROM_BYTES (16 MiB), calls of the kinds where every rank sends to every other that fit
-one chunk are streamed: half the programs push tiles and flag each one, the other half make
-the output from the tiles as they arrive.
+STREAM_FROM_BYTES (16 MiB), and up to STREAM_UNTIL_BYTES (1 MiB; not all_gather), calls of
+the kinds where every rank sends to every other that fit one chunk are streamed: half the
+programs push tiles and flag each one, the other half make the output from the tiles as they
+arrive.
 `axis_name` may be any mesh axis or a tuple of axes, as in lax.
 """
 
@@ -57,6 +58,11 @@ PUSH_FROM_BYTES = 32 << 20  # run 28: push won every op at 256 MiB (1.07-1.14x p
 # at 4 MiB 3 us slower for psum and all_gather (fewer tiles than programs), even below. Run 38
 # (IRIS_WORKSPACE_BYTES = 128 MiB): at 64 MiB 1.04-1.09x faster than pushing in chunks.
 STREAM_FROM_BYTES = 16 << 20
+# Small calls stream too, up to this many bytes per rank, except all_gather (RESULTS runs 36
+# and 40: streamed psum and psum_scatter 0.4-1.7 us faster at 16 KiB-1 MiB, all_to_all
+# 0.2-0.4; all_gather 0.3-0.5 us slower; psum 3 us slower at 4 MiB). IRIS_COLLECTIVE_STREAM_UNTIL
+# overrides (0: never).
+STREAM_UNTIL_BYTES = 1 << 20
 # Share of a streamed call's programs that send (run 37: 50% beat 25% and 75% at 4 and 16 MiB)
 STREAM_SENDERS_PERCENT = 50
 # GPU launch configuration (see launch_config): the best geometric mean of 8 configurations
@@ -178,11 +184,14 @@ def _chunk_cap() -> int:
 def _stream(kind: int, variant: int, nbytes: int, G: int) -> bool:
     """Whether the call may stream (iris_core.collectives.kernels._streamed; it does if it
     fits one chunk of the streamed buffers, IRIS_STREAM_BYTES): a kind in which every member
-    sends to every other, G >= 2, at least STREAM_FROM_BYTES per rank
-    (IRIS_COLLECTIVE_STREAM_FROM overrides)."""
+    sends to every other, G >= 2, and at least STREAM_FROM_BYTES per rank
+    (IRIS_COLLECTIVE_STREAM_FROM overrides) or, but for all_gather, at most
+    STREAM_UNTIL_BYTES (IRIS_COLLECTIVE_STREAM_UNTIL overrides)."""
     every_pair = kind in (K.ALL_GATHER, K.REDUCE_SCATTER, K.ALL_TO_ALL) or (
         kind == K.ALL_REDUCE and variant == K.ONE_SHOT)
-    return every_pair and G > 1 and nbytes >= _env_bytes("IRIS_COLLECTIVE_STREAM_FROM", STREAM_FROM_BYTES)
+    large = nbytes >= _env_bytes("IRIS_COLLECTIVE_STREAM_FROM", STREAM_FROM_BYTES)
+    small = kind != K.ALL_GATHER and nbytes <= _env_bytes("IRIS_COLLECTIVE_STREAM_UNTIL", STREAM_UNTIL_BYTES)
+    return every_pair and G > 1 and (large or small)
 
 
 def _stream_senders(programs: int) -> int:

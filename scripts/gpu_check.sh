@@ -44,6 +44,12 @@ step collectives 560 python3 benchmarks/collectives.py --out "$OUT" --plot
 step fused 300 python3 benchmarks/fused.py --out "$OUT" --plot
 step trace_example 120 python3 examples/04_trace_all_reduce.py --out "$OUT"  # the PNG for the README
 group=probe  # quick looks while tuning
+# the collectives' GPU tests without their largest sizes (after a change of the small-call paths)
+step gpu_small 200 $t tests/gpu/test_gpu_collectives.py \
+  -k "((all_reduce and not other_algorithms) or other_collectives or ten_thousand) and not 268435459 and not 4194304"
+# the README's table (1 GiB: runs 29 and 40)
+step headline 420 python3 benchmarks/collectives.py --out "$OUT/headline" --plot \
+  --sizes 1K,4K,16K,64K,256K,1M,4M,16M,64M,256M --ops psum,all_gather,psum_scatter,all_to_all,ppermute
 step collectives_quick 200 python3 benchmarks/collectives.py --out "$OUT" --sizes 1K,64K,1M,16M,256M \
   --ops psum,psum:heap,all_gather,ppermute
 step collectives_bf16 150 python3 benchmarks/collectives.py --out "$OUT/bf16" --dtypes bfloat16 \

@@ -62,15 +62,17 @@ def test_all_reduce_other_algorithms(mesh, n, variant):
 @pytest.mark.parametrize("n", [5, 4099, 1 << 22])
 @pytest.mark.parametrize("mode", ["default", "push", "stream"])
 def test_other_collectives(mesh, monkeypatch, n, mode):
-    """Every kind against lax; "push": every size pushes (IRIS_COLLECTIVE_PUSH_FROM=0), as
-    arrays of PUSH_FROM_BYTES and more do by default; "stream": every one-chunk call of the
-    kinds that can streams (IRIS_COLLECTIVE_STREAM_FROM=0)."""
+    """Every kind against lax; "push": every size pushes (IRIS_COLLECTIVE_PUSH_FROM=0; small
+    calls do not stream, IRIS_COLLECTIVE_STREAM_UNTIL=0), as arrays of PUSH_FROM_BYTES and
+    more do by default; "stream": every one-chunk call of the kinds that can streams
+    (IRIS_COLLECTIVE_STREAM_FROM=0)."""
     import jax.numpy as jnp
 
     from tests.gpu.cases import collective_cases
 
     if mode == "push":
         monkeypatch.setenv("IRIS_COLLECTIVE_PUSH_FROM", "0")
+        monkeypatch.setenv("IRIS_COLLECTIVE_STREAM_UNTIL", "0")
     if mode == "stream":
         monkeypatch.setenv("IRIS_COLLECTIVE_STREAM_FROM", "0")
 

@@ -217,11 +217,14 @@ def test_runtime_works_again_after_shutdown_and_init(fresh_runtime, rng):
     _recover(3)
 
 
-def test_group_fails_clearly_after_a_timeout_other_groups_work(fresh_runtime, rng):
+def test_group_fails_clearly_after_a_timeout_other_groups_work(fresh_runtime, rng, monkeypatch):
     """A timed-out call loses its epoch on the ranks that gave up, so their flags become
     POISON: every later call of that group fails at once with PeerFailedError (never stale
-    data), on the rank that was missing too; other partitions of the ranks keep working."""
+    data), on the rank that was missing too; other partitions of the ranks keep working.
+    (Pulling calls: small ones do not stream here, IRIS_COLLECTIVE_STREAM_UNTIL=0.)"""
     import time
+
+    monkeypatch.setenv("IRIS_COLLECTIVE_STREAM_UNTIL", "0")
 
     mesh = mesh_of((3,), ("i",))
     x = shard(mesh, rand(rng, (3, 37), F32))

@@ -1,6 +1,7 @@
 """Streamed push (iris_core.collectives.kernels._streamed) on the CPU simulator: the kinds in
 which every member sends to every other, one chunk, half the programs sending and half
-receiving tile by tile. IRIS_COLLECTIVE_STREAM_FROM=0 makes every such call stream."""
+receiving tile by tile. IRIS_COLLECTIVE_STREAM_FROM=0 makes every such call stream,
+IRIS_COLLECTIVE_STREAM_UNTIL=0 makes small calls pull."""
 
 import pytest
 from jax import lax
@@ -35,6 +36,11 @@ def _cases(G, dtype):
 def launched(monkeypatch):
     """The STREAM argument of every collective kernel launched (traced) from now on, with
     every call that can stream streaming (IRIS_COLLECTIVE_STREAM_FROM=0)."""
+    monkeypatch.setenv("IRIS_COLLECTIVE_STREAM_FROM", "0")
+    return _spy(monkeypatch)
+
+
+def _spy(monkeypatch):
     streams = []
     real_call = collectives.triton_call
 
@@ -43,7 +49,6 @@ def launched(monkeypatch):
         return real_call(*args, **kwargs)
 
     monkeypatch.setattr(collectives, "triton_call", spy)
-    monkeypatch.setenv("IRIS_COLLECTIVE_STREAM_FROM", "0")
     return streams
 
 
@@ -53,6 +58,18 @@ def test_streamed_collectives_match_lax(launched, W, dtype, rng):
     assert launched == [True] * 6 + [False]  # every kind but ppermute streamed
     # twice in a row: the parity buffers and tile flags of the previous call are reused
     run_cases(mesh_of((W,), ("i",)), _cases(W, dtype), dtype, rng)
+
+
+def test_small_calls_stream_by_default_but_all_gather(monkeypatch, rng):
+    """By default small calls stream (up to STREAM_UNTIL_BYTES) except all_gather's; with
+    IRIS_COLLECTIVE_STREAM_UNTIL=0 they all pull, as calls of 1-16 MiB do."""
+    launched = _spy(monkeypatch)
+    run_cases(mesh_of((2,), ("i",)), _cases(2, F32), F32, rng)
+    assert launched == [True] * 3 + [False, True, True, False]
+    monkeypatch.setenv("IRIS_COLLECTIVE_STREAM_UNTIL", "0")
+    launched.clear()
+    run_cases(mesh_of((2,), ("i",)), _cases(2, F32), F32, rng)
+    assert launched == [False] * 7
 
 
 @pytest.fixture
@@ -80,8 +97,12 @@ def test_streamed_buffers_sized_apart(small_workspace_big_stream_buffers, launch
 def test_stream_setting(monkeypatch):
     K = collectives.K
     monkeypatch.setenv("IRIS_COLLECTIVE_STREAM_FROM", str(1 << 20))
+    monkeypatch.setenv("IRIS_COLLECTIVE_STREAM_UNTIL", "4096")
     assert collectives._stream(K.ALL_REDUCE, K.ONE_SHOT, 1 << 20, 2)
     assert not collectives._stream(K.ALL_REDUCE, K.ONE_SHOT, (1 << 20) - 1, 2)
+    assert collectives._stream(K.ALL_REDUCE, K.ONE_SHOT, 4096, 2)  # small calls stream too
+    assert collectives._stream(K.ALL_TO_ALL, K.ONE_SHOT, 4096, 2)
+    assert not collectives._stream(K.ALL_GATHER, K.ONE_SHOT, 4096, 2)  # but all_gather's
     assert not collectives._stream(K.ALL_REDUCE, K.TWO_SHOT, 1 << 20, 2)
     assert not collectives._stream(K.PPERMUTE, K.ONE_SHOT, 1 << 20, 2)  # not every member sends to every other
     assert not collectives._stream(K.ALL_GATHER, K.ONE_SHOT, 1 << 20, 1)  # a group of one has no peer
