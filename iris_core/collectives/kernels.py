@@ -525,7 +525,8 @@ def _streamed(ctx, group_ptr, x_ptr, out_ptr, ws_base, m, pid, programs, me, blo
     Reuse: a rank writes delivery k of tile t into a member's buffer k % 2 only after its
     call of delivery k - 1 ended, in which it waited for the member's delivery k - 1, sent
     after the member's call of delivery k - 2 (which consumed it) had ended (stream order).
-    The region is the streamed calls' own, so other modes' calls cannot collide with it."""
+    The region is the streamed calls' own, so other modes' calls cannot collide with it.
+    Traced, each program's share is a `transfer` span; a receiver's wait for a tile a `wait`."""
     region = ws_base + STREAM_AT
     T: tl.constexpr = STREAM_BYTES // 256
     failed = tl.cast(region, tl.pointer_type(tl.int64))
@@ -539,6 +540,7 @@ def _streamed(ctx, group_ptr, x_ptr, out_ptr, ws_base, m, pid, programs, me, blo
     width = _width(m, 0, CHUNK, VEC)
     tiles = tl.cdiv(width, BLOCK)
     senders = SENDERS
+    transfer = ctx.tracing.record_event_start(EVENT_TRANSFER, ctx.rank, None, 0, 0)  # each program's share
     if pid < senders:
         for t in range(pid, tiles, senders):
             k = tl.load(sent + t) + 1
@@ -553,6 +555,7 @@ def _streamed(ctx, group_ptr, x_ptr, out_ptr, ws_base, m, pid, programs, me, blo
         start = global_timer()
         for t in range(pid - senders, tiles, programs - senders):
             k = tl.load(got + t) + 1
+            wait = ctx.tracing.record_event_start(EVENT_WAIT, ctx.rank, None, t, 0)  # pid_m: the tile
             for i in tl.static_range(G):
                 if i != me:
                     seen = load_acquire(flags + t * G + i)
@@ -564,10 +567,12 @@ def _streamed(ctx, group_ptr, x_ptr, out_ptr, ws_base, m, pid, programs, me, blo
                                      WHAT)
                         seen = load_acquire(flags + t * G + i)
             tl.debug_barrier()  # every thread's reads follow the acquires
+            ctx.tracing.record_event_end(wait)
             ws = tl.cast(sdata + (k % 2).to(tl.uint64) * STREAM_BYTES, x_ptr.dtype)
             _take_tile(x_ptr, out_ptr, ws, m, 0, width, t, me, block_in, source, KIND, OP, G, ACC, BLOCK, CHUNK, VEC)
             tl.debug_barrier()  # every thread has read the count before it changes
             tl.store(got + t, k)
+    ctx.tracing.record_event_end(transfer)
 
 
 @triton.jit

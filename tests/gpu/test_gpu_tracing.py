@@ -61,7 +61,8 @@ def _check_events(traces, W):
 
 
 def _check_traced_psum(mesh, W):
-    """A traced library psum: its phases on every rank, timestamps monotone within each track."""
+    """A traced library psum (small: streamed): its phases on every rank, timestamps monotone
+    within each track."""
     import jax
     import numpy as np
     from jax.sharding import NamedSharding
@@ -70,7 +71,7 @@ def _check_traced_psum(mesh, W):
     import iris_jax
     from iris_jax.tracing import events
 
-    n = 4099  # 3 tiles: 3 programs per rank
+    n = 4099  # one tile: a sending and a receiving program per rank
     x = jax.make_array_from_callback((W * n,), NamedSharding(mesh, P("i")),
                                      lambda idx: np.arange(W * n, dtype=np.float32)[idx])
     iris_jax.tracing.reset()
@@ -81,7 +82,7 @@ def _check_traced_psum(mesh, W):
     for t in iris_jax.tracing.read():
         e = t.events
         names = {events.event_name(int(i)) for i in e["event_id"]}
-        assert {"transfer", "wait", "load", "atomic_max"} <= names, names
+        assert {"transfer", "wait", "store", "atomic_xchg"} <= names, names
         assert t.dropped == 0 and np.all(e["duration"] >= 0)
         for track in {(int(s), int(p)) for s, p in zip(e["sm_id"], e["pid"], strict=True)}:
             mine = e[(e["sm_id"] == track[0]) & (e["pid"] == track[1])]

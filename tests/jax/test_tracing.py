@@ -78,10 +78,12 @@ def test_a_jitted_step_records_barrier_rma_and_phase_events(setup):
 
 
 @pytest.mark.parametrize("variant", ["one_shot", "two_shot"])
-def test_library_collectives_record_their_phases(variant):
-    """A traced psum (3 ranks, 37 values: one tile, so one program per rank in the simulator's
-    grid) records per rank: a `transfer` span over the exchange holding its `wait` spans, one
-    `atomic_max` signal per member and round, and one `load` per member read."""
+def test_library_collectives_record_their_phases(variant, monkeypatch):
+    """A traced pulling psum (3 ranks, 37 values: one tile, so one program per rank in the
+    simulator's grid; small calls do not stream here) records per rank: a `transfer` span over
+    the exchange holding its `wait` spans, one `atomic_max` signal per member and round, and
+    one `load` per member read."""
+    monkeypatch.setenv("IRIS_COLLECTIVE_STREAM_UNTIL", "0")
     rt = use_runtime(3)
     mesh = jax.make_mesh((3,), ("i",), devices=rt.devices)
     x = jax.device_put(jnp.arange(3 * 37, dtype=jnp.float32), NamedSharding(mesh, P("i")))
@@ -105,6 +107,27 @@ def test_library_collectives_record_their_phases(variant):
             assert np.all(inner["timestamp"] + inner["duration"] <= transfer["timestamp"] + transfer["duration"])
             targets = sorted(e[e["event_id"] == events.LOAD]["target_rank"].tolist())
             assert targets == ([0, 1, 2] if loads == 3 else [0])
+    finally:
+        iris_jax.tracing.disable()
+
+
+def test_streamed_collective_records_each_programs_share():
+    """A traced streamed psum (3 ranks, 37 values: one tile, one sending and one receiving
+    program per rank) records per rank a `transfer` span per program; the sender's holds a
+    `store` of the tile and an `atomic_xchg` of its flag per peer, the receiver's a `wait`."""
+    rt = use_runtime(3)
+    mesh = jax.make_mesh((3,), ("i",), devices=rt.devices)
+    x = jax.device_put(jnp.arange(3 * 37, dtype=jnp.float32), NamedSharding(mesh, P("i")))
+    iris_jax.tracing.enable(max_events=256)
+    try:
+        out = smap(mesh, lambda v: iris_jax.psum(v, "i"), P("i"), P())(x)
+        np.testing.assert_allclose(np.asarray(out), np.arange(3 * 37, dtype=np.float32).reshape(3, 37).sum(0))
+        for t in iris_jax.tracing.read():
+            e = t.events
+            names = sorted(events.event_name(int(i)) for i in e["event_id"])
+            assert names == ["atomic_xchg"] * 2 + ["store"] * 2 + ["transfer"] * 2 + ["wait"], names
+            peers = sorted({0, 1, 2} - {t.rank})
+            assert sorted(e[e["event_id"] == events.STORE]["target_rank"].tolist()) == peers
     finally:
         iris_jax.tracing.disable()
 
