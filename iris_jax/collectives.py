@@ -6,11 +6,12 @@ PUSH_FROM_BYTES (32 MiB per rank) the input is staged into a fixed heap workspac
 16 MiB, read in place when it already lies on the heap), peers are signalled through flags
 with epochs, and each rank pulls what it needs from its peers; from PUSH_FROM_BYTES each rank
 stores what its peers need straight into their workspaces and reads its own (push: no staging
-copy, and stores move more than loads when both directions are busy). In between, from
-STREAM_FROM_BYTES (16 MiB), and up to STREAM_UNTIL_BYTES (1 MiB; not all_gather), calls of
-the kinds where every rank sends to every other that fit one chunk are streamed: half the
-programs push tiles and flag each one, the other half make the output from the tiles as they
-arrive.
+copy, and stores move more than loads when both directions are busy). Calls of the kinds
+where every rank sends to every other (psum one-shot, all_gather, psum_scatter, all_to_all)
+that fit the streamed buffers in one chunk (64 MiB per rank with 2 ranks) stream instead,
+from STREAM_FROM_BYTES (16 MiB) and up to STREAM_UNTIL_BYTES (1 MiB; not all_gather): half
+the programs push tiles and flag each one, the other half make the output from the tiles as
+they arrive.
 `axis_name` may be any mesh axis or a tuple of axes, as in lax.
 """
 
@@ -52,7 +53,7 @@ ZERO_COPY_FROM_BYTES = 16 << 20
 PUSH_FROM_BYTES = 32 << 20  # run 28: push won every op at 256 MiB (1.07-1.14x pull), was even at 16 MiB
 # Streamed push (one chunk, senders and receivers on their own programs, a flag per tile) from
 # this many bytes per rank, when the call fits one chunk of the streamed buffers (by default
-# as large as the others: 16 MiB per rank with 2 ranks; IRIS_STREAM_BYTES raises it);
+# 64 MiB per rank with 2 ranks, 21 MiB with 4; IRIS_STREAM_BYTES sizes them);
 # IRIS_COLLECTIVE_STREAM_FROM overrides. RESULTS runs 36-37: at 16 MiB 1.06-1.15x
 # faster than the default path for every kind it covers (psum 71.4 -> 64.8 us, 1.30x lax);
 # at 4 MiB 3 us slower for psum and all_gather (fewer tiles than programs), even below. Run 38
@@ -114,8 +115,8 @@ def launch_config(rt) -> tuple[int, int, int]:
     block = int(env("IRIS_COLLECTIVE_BLOCK", DEFAULT_BLOCK))
     per_sm = int(env("IRIS_COLLECTIVE_PROGRAMS_PER_SM", DEFAULT_PROGRAMS_PER_SM))
     warps = int(env("IRIS_COLLECTIVE_WARPS", DEFAULT_WARPS))
-    if block < 128 or block & (block - 1) or per_sm < 1 or warps not in (1, 2, 4, 8, 16, 32):
-        raise ValueError(f"bad collective launch config: block={block} (a power of two >= 128), "
+    if block < 256 or block & (block - 1) or per_sm < 1 or warps not in (1, 2, 4, 8, 16, 32):
+        raise ValueError(f"bad collective launch config: block={block} (a power of two >= 256), "
                          f"programs per SM={per_sm} (>= 1), warps={warps} (a power of two <= 32)")
     sms = getattr(rt.devices[0], "core_count", None) or 132
     return block, min(per_sm * sms, MAX_PROGRAMS), warps
@@ -132,12 +133,14 @@ def _launch(kind: int, x2d, axes, out_blocks: int, *, op=K.SUM, variant=K.ONE_SH
     block, max_programs, num_warps = launch_config(rt)
     nbytes = XB * m * itemsize
 
-    def chunk_of(buffer_bytes, slots):  # a buffer holds every sender's slot (push) or my input blocks (pull)
+    def chunk_of(buffer_bytes, slots):  # a buffer holds a slot per sender (push) or my input blocks (pull)
         return max(block, min(buffer_bytes // slots, _chunk_cap()) // itemsize // block * block)
 
-    stream = _stream(kind, variant, nbytes, G) and m <= chunk_of(ws.layout.stream_capacity, G)  # one chunk
+    senders_per_buffer = max(G - 1, 1)  # push: every member but the buffer's owner
+    stream = _stream(kind, variant, nbytes, G) and m <= chunk_of(ws.layout.stream_capacity, senders_per_buffer)
     push = stream or _push(kind, variant, nbytes)
-    chunk = chunk_of(ws.layout.stream_capacity if stream else ws.layout.data_bytes, G if push else XB)
+    chunk = chunk_of(ws.layout.stream_capacity if stream else ws.layout.data_bytes,
+                     senders_per_buffer if push else XB)
     tiles = math.ceil(min(m, chunk) / block)
     programs = min(2 * tiles, max_programs) if stream else min(tiles, max_programs)
     senders = _stream_senders(programs) if stream else 1

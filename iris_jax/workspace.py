@@ -9,9 +9,11 @@ one partition share the offset (they never touch each other's heaps).
 
 Size per partition: `WorkspaceLayout(world_size, data_bytes, stream_bytes).total_bytes`,
 about 4 x data_bytes + 2 x stream_bytes (2 x 2 buffers, and the streamed calls' own 2);
-data_bytes defaults to 32 MiB on GPUs and 256 KiB on the simulator (environment
-IRIS_WORKSPACE_BYTES), stream_bytes to data_bytes (IRIS_STREAM_BYTES). Larger arrays are
-processed in chunks.
+data_bytes defaults to 16 MiB on GPUs and 256 KiB on the simulator (environment
+IRIS_WORKSPACE_BYTES), stream_bytes to 4 x data_bytes (IRIS_STREAM_BYTES): 192 MiB per
+partition on GPUs, in which a streamed buffer holds a 64 MiB slot for each of G - 1 = 1
+senders (psum, all_gather, psum_scatter and all_to_all of 64 MiB per rank stream on 2 GPUs).
+Larger arrays are processed in chunks.
 """
 
 from __future__ import annotations
@@ -27,10 +29,10 @@ class GroupWorkspaces:
 
     def __init__(self, rt):
         self.simulated = rt.mode.startswith("sim")
-        default = (256 << 10) if self.simulated else (32 << 20)
+        default = (256 << 10) if self.simulated else (16 << 20)
         data_bytes = int(os.environ.get("IRIS_WORKSPACE_BYTES", default))
-        # the streamed calls' buffers (IRIS_STREAM_BYTES: e.g. 128 MiB streams 64 MiB psums on 2 GPUs)
-        self.layout = WorkspaceLayout(rt.world_size, data_bytes, int(os.environ.get("IRIS_STREAM_BYTES", data_bytes)))
+        stream_bytes = int(os.environ.get("IRIS_STREAM_BYTES", 4 * data_bytes))  # the streamed calls' buffers
+        self.layout = WorkspaceLayout(rt.world_size, data_bytes, stream_bytes)
         self._rt = rt
         self._offsets: dict[tuple, int] = {}
         self._lock = threading.Lock()

@@ -47,6 +47,9 @@ group=probe  # quick looks while tuning
 # the collectives' GPU tests without their largest sizes (after a change of the small-call paths)
 step gpu_small 200 $t tests/gpu/test_gpu_collectives.py \
   -k "((all_reduce and not other_algorithms) or other_collectives or ten_thousand) and not 268435459 and not 4194304"
+# push and streamed buffers with G - 1 slots: 64 MiB calls stream by default
+step slots 200 python3 benchmarks/collectives.py --out "$OUT/slots" --sizes 16M,64M,256M \
+  --ops psum,all_gather,psum_scatter,all_to_all
 # the README's table (1 GiB: runs 29 and 40)
 step headline 420 python3 benchmarks/collectives.py --out "$OUT/headline" --plot \
   --sizes 1K,4K,16K,64K,256K,1M,4M,16M,64M,256M --ops psum,all_gather,psum_scatter,all_to_all,ppermute

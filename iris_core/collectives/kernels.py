@@ -22,8 +22,9 @@ the pipelined kinds (all but two-shot, ring, atomic and spinlock all-reduce) sen
 in the same tile loop that receives chunk c (_pipelined).
 
 Push mode (PUSH, large arrays, the pipelined kinds): instead of staging into its own buffer
-for members to pull, each rank stores what member i needs straight into slot `me` of member
-i's buffer ([G][CHUNK] per buffer), signals, and every rank reads its own buffer locally.
+for members to pull, each rank stores what member i needs straight into its slot in member
+i's buffer ([G - 1][CHUNK] per buffer: one slot per sender, none for i itself, _slot),
+signals, and every rank reads its own buffer locally.
 
 Streamed push (STREAM, one-chunk calls of the kinds in which every member sends to every
 other: all-reduce one-shot, all-gather, reduce-scatter, all-to-all): half the programs push
@@ -355,15 +356,21 @@ def _pull_tile(ctx, group_ptr, x_ptr, out_ptr, ws, ws2, heap_base, ws_base, m, c
 
 
 @triton.jit
+def _slot(sender, receiver):
+    """The slot of `sender`'s data in `receiver`'s push buffer: the members in order, the
+    receiver left out (it reads its own input)."""
+    return sender - (sender > receiver).to(tl.int32)
+
+
+@triton.jit
 def _push_tile(ctx, group_ptr, x_ptr, ws, m, c0, width, t, me, KIND: tl.constexpr, G: tl.constexpr,
                XB: tl.constexpr, SOURCES: tl.constexpr, BLOCK: tl.constexpr, CHUNK: tl.constexpr,
                VEC: tl.constexpr):
     """Push mode, sending: stores tile t of what each peer needs from my input (block i for
     member i when XB > 1, else my whole input; PPERMUTE/BROADCAST: only to members whose
-    source I am) into slot `me` of that peer's buffer `ws`."""
+    source I am) into my slot of that peer's buffer `ws`."""
     cols = t * BLOCK + tl.arange(0, BLOCK)
     mask = cols < width
-    dst = _vec(ws, me * CHUNK + cols, VEC)
     if XB == 1:
         value = tl.load(_vec(x_ptr, (c0 + cols).to(tl.int64), VEC), mask=mask)
     for i in tl.static_range(G):
@@ -373,6 +380,7 @@ def _push_tile(ctx, group_ptr, x_ptr, ws, m, c0, width, t, me, KIND: tl.constexp
         if wanted:
             if XB > 1:
                 value = tl.load(_vec(x_ptr, (i * m + c0 + cols).to(tl.int64), VEC), mask=mask)
+            dst = _vec(ws, _slot(me, i) * CHUNK + cols, VEC)
             if VEC > 1:
                 ctx.store(dst, value, to_rank=_rank(group_ptr, i), mask=mask, hint=16)
             else:
@@ -381,12 +389,12 @@ def _push_tile(ctx, group_ptr, x_ptr, ws, m, c0, width, t, me, KIND: tl.constexp
 
 @triton.jit
 def _received(x_ptr, ws, m, c0, cols, mask, me, member, block_in, CHUNK: tl.constexpr, VEC: tl.constexpr):
-    """Push mode, receiving: `cols` of what `member` sent me (slot `member` of my buffer), or
-    of my own input block `block_in` when that member is me."""
+    """Push mode, receiving: `cols` of what `member` sent me (its slot of my buffer), or of
+    my own input block `block_in` when that member is me."""
     if member == me:
         return tl.load(_vec(x_ptr, (block_in * m + c0 + cols).to(tl.int64), VEC), mask=mask)
     else:
-        return tl.load(_vec(ws, member * CHUNK + cols, VEC), mask=mask)
+        return tl.load(_vec(ws, _slot(member, me) * CHUNK + cols, VEC), mask=mask)
 
 
 @triton.jit
@@ -409,7 +417,7 @@ def _take_tile(x_ptr, out_ptr, ws, m, c0, width, t, me, block_in, source, KIND: 
         if source == me:
             value = tl.load(_vec(x_ptr, (c0 + cols).to(tl.int64), VEC), mask=mask)
         elif source >= 0:
-            value = tl.load(_vec(ws, source * CHUNK + cols, VEC), mask=mask)
+            value = tl.load(_vec(ws, _slot(source, me) * CHUNK + cols, VEC), mask=mask)
         tl.store(_vec(out_ptr, (c0 + cols).to(tl.int64), VEC), value, mask=mask)
 
 
@@ -450,7 +458,7 @@ def _pipelined(ctx, group_ptr, x_ptr, out_ptr, heap_base, ws_base, m, pid, progr
     sent in the same tile loop that receives chunk c, so the two overlap.
 
     Pull mode: chunk c + 1 is staged into my buffer (a local copy) and members read it over
-    the link. Push mode (PUSH): chunk c + 1 goes straight into slot `me` of each receiver's
+    the link. Push mode (PUSH): chunk c + 1 goes straight into my slot of each receiver's
     buffer (remote stores), and chunk c is read from my own buffer (local reads): no staging
     copy, and with traffic both ways stores move 8% more than loads (benchmarks/rma.py).
 
@@ -512,7 +520,7 @@ def _streamed(ctx, group_ptr, x_ptr, out_ptr, ws_base, m, pid, programs, me, blo
     """Streamed push of a one-chunk call (m <= CHUNK) of a kind in which every member sends
     to every other (all-reduce one-shot, all-gather, reduce-scatter, all-to-all).
 
-    Programs 0..SENDERS-1 send: each stores its tiles into slot `me` of every
+    Programs 0..SENDERS-1 send: each stores its tiles into my slot of every
     receiver's streamed buffer and raises the tile's flag there. They never wait. The others
     receive: each waits for its tiles' flags from every member and makes its output
     tiles from its own buffer (local reads) while the senders are still sending. Nothing

@@ -21,17 +21,21 @@ N = 5000  # per device: several chunks of every kind, not a multiple of the bloc
 
 @pytest.fixture(scope="module")
 def small_workspace():
-    saved = os.environ.get("IRIS_WORKSPACE_BYTES")
+    """A fresh runtime with IRIS_WORKSPACE_BYTES = WORKSPACE_BYTES, in which small calls do not
+    stream (IRIS_COLLECTIVE_STREAM_UNTIL=0: they would fit the streamed buffers, 4 x as large)."""
+    settings = {"IRIS_WORKSPACE_BYTES": str(WORKSPACE_BYTES), "IRIS_COLLECTIVE_STREAM_UNTIL": "0"}
+    saved = {name: os.environ.get(name) for name in settings}
     iris_jax.shutdown()
-    os.environ["IRIS_WORKSPACE_BYTES"] = str(WORKSPACE_BYTES)
+    os.environ.update(settings)
     try:
         yield
     finally:
         iris_jax.shutdown()
-        if saved is None:
-            os.environ.pop("IRIS_WORKSPACE_BYTES", None)
-        else:
-            os.environ["IRIS_WORKSPACE_BYTES"] = saved
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _cases(ax, G, dtype):
