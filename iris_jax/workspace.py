@@ -10,7 +10,7 @@ one partition share the offset (they never touch each other's heaps).
 Size per partition: `WorkspaceLayout(world_size, data_bytes, stream_bytes).total_bytes`,
 about 4 x data_bytes + 2 x stream_bytes (2 x 2 buffers, and the streamed calls' own 2);
 data_bytes defaults to 16 MiB on GPUs and 256 KiB on the simulator (environment
-IRIS_WORKSPACE_BYTES), stream_bytes to 4 x data_bytes (IRIS_STREAM_BYTES): 192 MiB per
+IRIS_WORKSPACE_BYTES), stream_bytes to 4 x data_bytes (IRIS_STREAM_BYTES): ~195 MiB per
 partition on GPUs, in which a streamed buffer holds a 64 MiB slot for each of G - 1 = 1
 senders (psum, all_gather, psum_scatter and all_to_all of 64 MiB per rank stream on 2 GPUs).
 Larger arrays are processed in chunks.
