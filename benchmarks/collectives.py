@@ -99,7 +99,7 @@ def main():
                         row[f"{lib}_us"], row[f"{lib}_comm_us"] = per_call * 1e6, comm * 1e6
                     row["ratio"] = row["lax_us"] / row["iris_us"]
                     for key in ("iris_us", "lax_us", "iris_comm_us", "lax_comm_us"):  # GB/s; None: no such kernel
-                        t = row[key]  # (XLA's own small all-reduce kernel is not in COMM_KERNELS)
+                        t = row[key]
                         row[key.replace("_us", "_busbw")] = busbw_factor * row["bytes"] / t / 1e3 if t else None
                 rows.append(row)
                 print(_format_row(row, gpu), flush=True)
@@ -224,8 +224,11 @@ def wall_time_per_call(fn, x, mesh, n, dtype, jax, jnp, P) -> float:
     return statistics.median(times) / K
 
 
-# the communication kernels in a profile: iris's collective kernel, XLA's NCCL kernels
-COMM_KERNELS = re.compile(r"collective_kernel|nccl", re.IGNORECASE)
+# the communication kernels in a profile: iris's collective kernel, XLA's NCCL kernels, and
+# XLA's own all-reduce kernel (stream_executor::gpu::AllReduceKernelImpl; lax.psum's profiles
+# at <= 1 MiB in runs 40-41 held no NCCL kernel, presumably this one: its name is taken from
+# XLA's source, not yet seen in one of our profiles)
+COMM_KERNELS = re.compile(r"collective_kernel|nccl|AllReduceKernel", re.IGNORECASE)
 
 
 class GpuTime(NamedTuple):
