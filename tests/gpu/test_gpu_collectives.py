@@ -62,19 +62,29 @@ def test_all_reduce_other_algorithms(mesh, n, variant):
 @pytest.mark.parametrize("n", [5, 4099, 1 << 22])
 @pytest.mark.parametrize("mode", ["default", "push", "stream"])
 def test_other_collectives(mesh, monkeypatch, n, mode):
-    """Every kind against lax; "push": every size pushes (IRIS_COLLECTIVE_PUSH_FROM=0; small
-    calls do not stream, IRIS_COLLECTIVE_STREAM_UNTIL=0), as arrays of PUSH_FROM_BYTES and
-    more do by default; "stream": every one-chunk call of the kinds that can streams
-    (IRIS_COLLECTIVE_STREAM_FROM=0)."""
+    """Every kind against lax; "push": every size pushes in chunks and none streams
+    (IRIS_COLLECTIVE_PUSH_FROM=0, IRIS_COLLECTIVE_STREAM_UNTIL=0, IRIS_COLLECTIVE_STREAM_FROM
+    huge), as arrays too large to stream do by default; "stream": every one-chunk call of the
+    kinds that can streams (IRIS_COLLECTIVE_STREAM_FROM=0). A spy checks what ran."""
     import jax.numpy as jnp
 
+    from iris_jax import collectives
     from tests.gpu.cases import collective_cases
 
     if mode == "push":
         monkeypatch.setenv("IRIS_COLLECTIVE_PUSH_FROM", "0")
         monkeypatch.setenv("IRIS_COLLECTIVE_STREAM_UNTIL", "0")
+        monkeypatch.setenv("IRIS_COLLECTIVE_STREAM_FROM", str(1 << 62))
     if mode == "stream":
         monkeypatch.setenv("IRIS_COLLECTIVE_STREAM_FROM", "0")
+    launched = []  # (kind, PUSH, STREAM) of every collective kernel traced
+    real_call = collectives.triton_call
+
+    def spy(*args, **kwargs):
+        launched.append((kwargs["KIND"], kwargs["PUSH"], kwargs["STREAM"]))
+        return real_call(*args, **kwargs)
+
+    monkeypatch.setattr(collectives, "triton_call", spy)
 
     for dtype in (jnp.float32, jnp.bfloat16, jnp.int32):
         x = _input(mesh, n, jnp.float32, seed=n) * 100
@@ -83,6 +93,12 @@ def test_other_collectives(mesh, monkeypatch, n, mode):
             got, want = _pair(mesh, iris_fn, lax_fn, x, spec)
             tol = 1e-5 if dtype != jnp.bfloat16 else 3e-2
             np.testing.assert_allclose(got, want, rtol=tol, atol=tol * 100, err_msg=f"{name} {dtype}")
+    K = collectives.K
+    if mode == "push":  # the pipelined kinds pushed in chunks, nothing streamed
+        assert launched and all(push and not stream for _, push, stream in launched), launched
+    if mode == "stream":  # every kind in which each member sends to every other streamed, the others did not
+        assert launched and all(stream == (kind not in (K.PPERMUTE, K.BROADCAST)) for kind, _, stream in launched), \
+            launched
 
 
 def test_ten_thousand_back_to_back(mesh):
