@@ -57,7 +57,8 @@ PUSH_FROM_BYTES = 32 << 20  # run 28: push won every op at 256 MiB (1.07-1.14x p
 # IRIS_COLLECTIVE_STREAM_FROM overrides. RESULTS runs 36-37: at 16 MiB 1.06-1.15x
 # faster than the default path for every kind it covers (psum 71.4 -> 64.8 us, 1.30x lax);
 # at 4 MiB 3 us slower for psum and all_gather (fewer tiles than programs), even below. Run 38
-# (IRIS_WORKSPACE_BYTES = 128 MiB): at 64 MiB 1.04-1.09x faster than pushing in chunks.
+# (IRIS_WORKSPACE_BYTES = 128 MiB) and run 42 (the default buffers): at 64 MiB 1.04-1.09x
+# faster than pushing in chunks (psum 1.25x lax).
 STREAM_FROM_BYTES = 16 << 20
 # Small calls stream too, up to this many bytes per rank, except all_gather (RESULTS runs 36
 # and 40: streamed psum and psum_scatter 0.4-1.7 us faster at 16 KiB-1 MiB, all_to_all

@@ -11,9 +11,9 @@ Size per partition: `WorkspaceLayout(world_size, data_bytes, stream_bytes).total
 about 4 x data_bytes + 2 x stream_bytes (2 x 2 buffers, and the streamed calls' own 2);
 data_bytes defaults to 16 MiB on GPUs and 256 KiB on the simulator (environment
 IRIS_WORKSPACE_BYTES), stream_bytes to 4 x data_bytes (IRIS_STREAM_BYTES): ~195 MiB per
-partition on GPUs, in which a streamed buffer holds a 64 MiB slot for each of G - 1 = 1
-senders (psum, all_gather, psum_scatter and all_to_all of 64 MiB per rank stream on 2 GPUs).
-Larger arrays are processed in chunks.
+partition on GPUs. A 64 MiB streamed buffer holds one slot per sender (G - 1 of them), so
+psum, all_gather, psum_scatter and all_to_all calls of up to 64 MiB per rank stream on 2
+GPUs (21 MiB on 4). Larger arrays are processed in chunks.
 """
 
 from __future__ import annotations

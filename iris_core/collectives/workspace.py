@@ -11,7 +11,8 @@
       sent    int32 [T]                 [tile]: deliveries of that tile I made (to each member)
       got     int32 [T]                 [tile]: deliveries of that tile I consumed (from each)
       with T = stream_bytes / 256 (tiles x members <= T for tiles of >= 256 elements of >= 2
-      bytes: a buffer holds G - 1 slots); stream_bytes defaults to data_bytes
+      bytes: a buffer holds G - 1 slots); stream_bytes 0 means data_bytes (iris_jax's
+      workspaces default to 4 x data_bytes)
 
 Every flag sits on its own 128-byte line. A call's flags carry stamps epoch * STEPS + round,
 so they only grow; buffers alternate with the epoch's parity, so back-to-back calls need no
