@@ -79,13 +79,14 @@ step stream 300 bash -c 'for s in 0 ""; do echo "== IRIS_COLLECTIVE_STREAM_FROM=
 step stream_senders 300 bash -c 'for p in 50 75 25; do echo "== IRIS_COLLECTIVE_STREAM_SENDERS=$p"
   IRIS_COLLECTIVE_STREAM_FROM=0 IRIS_COLLECTIVE_STREAM_SENDERS=$p python3 benchmarks/collectives.py \
     --out "$OUT/senders_$p" --sizes 4M,16M --ops psum,all_gather,psum_scatter,all_to_all | grep "^| [a-z]"; done'
-# streamed below 2 MiB too? every call of the four kinds streams (0) or none does (2^62)
-step small_stream 200 bash -c 'for s in 0 4611686018427387904; do echo "== IRIS_COLLECTIVE_STREAM_FROM=$s"
-  IRIS_COLLECTIVE_STREAM_FROM=$s python3 benchmarks/collectives.py --out "$OUT/small_stream_$s" \
+# small calls streamed or pulled: every call of the four kinds streams (STREAM_FROM=0) or no
+# small one does (STREAM_UNTIL=0)
+step small_stream 200 bash -c 'for e in IRIS_COLLECTIVE_STREAM_FROM=0 IRIS_COLLECTIVE_STREAM_UNTIL=0; do echo "== $e"
+  n=${e%=*}; env $e python3 benchmarks/collectives.py --out "$OUT/small_stream_${n##*_}" \
     --sizes 1K,16K,256K,1M --ops psum,psum_scatter,all_gather | grep "^| [a-z]"; done'
 # large sizes, per call and the communication kernels alone (steady-state kernels)
 step large 200 python3 benchmarks/collectives.py --out "$OUT/large" --sizes 64M,256M,1G --ops psum,ppermute
-# the streamed kernel's launch configuration at 64 MiB (streamed buffers large enough to stream it)
-step tune_stream 260 env IRIS_HEAP_SIZE=4294967296 IRIS_STREAM_BYTES=134217728 python3 benchmarks/tune_collectives.py \
+# the streamed kernel's launch configuration at 16 and 64 MiB (both stream by default on 2 GPUs)
+step tune_stream 260 python3 benchmarks/tune_collectives.py \
   --out "$OUT/tune_stream" --cases psum:64M,all_gather:64M,psum:16M \
   --configs 8192/1/8,16384/1/8,16384/1/16,32768/1/16,4096/2/8,8192/2/8,16384/2/8,8192/1/8/40
