@@ -143,8 +143,10 @@ def _launch(kind: int, x2d, axes, out_blocks: int, *, op=K.SUM, variant=K.ONE_SH
     chunk = chunk_of(ws.layout.stream_capacity if stream else ws.layout.data_bytes,
                      senders_per_buffer if push else XB)
     tiles = math.ceil(min(m, chunk) / block)
-    programs = min(2 * tiles, max_programs) if stream else min(tiles, max_programs)
-    senders = _stream_senders(programs) if stream else 1
+    senders, programs = 1, min(tiles, max_programs)
+    if stream:
+        senders, receivers = _stream_programs(tiles, max_programs)
+        programs = senders + receivers
     acc = "fp32" if jnp.issubdtype(x2d.dtype, jnp.floating) else "int32"
     import triton.language as tl
 
@@ -198,11 +200,21 @@ def _stream(kind: int, variant: int, nbytes: int, G: int) -> bool:
     return every_pair and G > 1 and (large or small)
 
 
-def _stream_senders(programs: int) -> int:
-    """How many of a streamed call's programs send (the others receive; at least one each):
-    STREAM_SENDERS_PERCENT of them, IRIS_COLLECTIVE_STREAM_SENDERS (percent) overrides."""
+def _stream_programs(tiles: int, max_programs: int) -> tuple[int, int]:
+    """(senders, receivers) of a streamed call of `tiles` tiles: STREAM_SENDERS_PERCENT of
+    the programs send (IRIS_COLLECTIVE_STREAM_SENDERS overrides), the others receive, at
+    least one each. Each side takes tiles in rounds (program p: tiles p, p + n, ...), and
+    its program count n is the fewest that needs as few rounds as the most programs would,
+    which fills the last round best: 2048 tiles over 66 senders are 31 full rounds and a
+    last one of 2 tiles, which then cross the link at one SM's rate; over 64, 32 full rounds.
+    """
     percent = int(os.environ.get("IRIS_COLLECTIVE_STREAM_SENDERS", STREAM_SENDERS_PERCENT))
-    return min(max(programs * percent // 100, 1), programs - 1)
+    most_senders = min(max(max_programs * percent // 100, 1), max_programs - 1)
+
+    def balanced(most):
+        return math.ceil(tiles / math.ceil(tiles / most))
+
+    return balanced(most_senders), balanced(max_programs - most_senders)
 
 
 def _push(kind: int, variant: int, nbytes: int) -> bool:

@@ -47,6 +47,15 @@ group=probe  # quick looks while tuning
 # the collectives' GPU tests without their largest sizes (after a change of the small-call paths)
 step gpu_small 200 $t tests/gpu/test_gpu_collectives.py \
   -k "((all_reduce and not other_algorithms) or other_collectives or ten_thousand) and not 268435459 and not 4194304"
+# test_other_collectives alone (its spy: "push" mode pushes, "stream" mode streams)
+step gpu_spy 150 $t tests/gpu/test_gpu_collectives.py -k other_collectives
+# A/B: this tree against _ab_old (a copy of an earlier commit's iris_core, iris_jax and benchmarks,
+# git-ignored: name it in the device call's carry), twice each
+step ab 240 bash -c 'for tree in . _ab_old . _ab_old; do echo "== $tree"
+  python3 $tree/benchmarks/collectives.py --out "$OUT/ab" --sizes 4M,16M,64M --ops psum,all_gather | grep "^| [a-z]"; done'
+# a streamed psum's device trace, phase by phase (4, 16, 64 MiB)
+step timeline 120 bash -c 'for tree in . _ab_old; do echo "== $tree"
+  python3 $tree/benchmarks/stream_timeline.py --out "$OUT/timeline"; done'
 # push and streamed buffers with G - 1 slots: 64 MiB calls stream by default
 step slots 200 python3 benchmarks/collectives.py --out "$OUT/slots" --sizes 16M,64M,256M \
   --ops psum,all_gather,psum_scatter,all_to_all
@@ -88,5 +97,5 @@ step small_stream 200 bash -c 'for e in IRIS_COLLECTIVE_STREAM_FROM=0 IRIS_COLLE
 step large 200 python3 benchmarks/collectives.py --out "$OUT/large" --sizes 64M,256M,1G --ops psum,ppermute
 # the streamed kernel's launch configuration at 16 and 64 MiB (both stream by default on 2 GPUs)
 step tune_stream 260 python3 benchmarks/tune_collectives.py \
-  --out "$OUT/tune_stream" --cases psum:64M,all_gather:64M,psum:16M \
+  --out "$OUT/tune_stream" --cases psum:64M,all_gather:64M,psum:16M,psum:4M \
   --configs 8192/1/8,16384/1/8,16384/1/16,32768/1/16,4096/2/8,8192/2/8,16384/2/8,8192/1/8/40

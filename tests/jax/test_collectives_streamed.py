@@ -109,3 +109,17 @@ def test_stream_setting(monkeypatch):
     monkeypatch.setenv("IRIS_COLLECTIVE_STREAM_FROM", "1M")
     with pytest.raises(ValueError, match="IRIS_COLLECTIVE_STREAM_FROM='1M'"):
         collectives._stream(K.ALL_GATHER, K.ONE_SHOT, 1 << 20, 2)
+
+
+def test_stream_programs_balance_rounds(monkeypatch):
+    """Senders and receivers: the fewest programs that take as few rounds of tiles as the most
+    would, so no round but the last is short and the last is as full as it can be."""
+    monkeypatch.delenv("IRIS_COLLECTIVE_STREAM_SENDERS", raising=False)
+    split = collectives._stream_programs
+    assert split(2048, 132) == (64, 64)  # 32 rounds each, not 31 and 2 tiles over 66
+    assert split(2049, 132) == (65, 65)  # 32 rounds: the last holds 34 tiles, not 3
+    assert split(128, 132) == (64, 64)
+    assert split(5, 132) == (5, 5)  # one round: a program per tile
+    assert split(7, 2) == (1, 1)  # the simulator's two programs
+    monkeypatch.setenv("IRIS_COLLECTIVE_STREAM_SENDERS", "25")
+    assert split(2048, 132) == (33, 98)  # at most 33 senders: 63 rounds; at most 99 receivers: 21
