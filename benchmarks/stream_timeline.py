@@ -2,7 +2,8 @@
 
     python benchmarks/stream_timeline.py [--sizes 4M,16M,64M] [--out DIR]
 
-Traces one warm streamed psum (float32) per size (iris_jax.tracing: a `transfer` span per
+Traces one warm streamed psum (float32) per size, every size streamed
+(IRIS_COLLECTIVE_STREAM_FROM=0 unless set; iris_jax.tracing: a `transfer` span per
 program, a `wait` span per received tile) and prints, per rank, in us from the first
 program's start: when the first tile arrived, when 10/50/90/100% of the tiles had, the
 arrival rate between 10% and 90% (GB/s of tiles received), when the senders and receivers
@@ -20,6 +21,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.environ.setdefault("IRIS_COLLECTIVE_STREAM_FROM", "0")
 
 from collectives import parse_size, runtime_mesh  # noqa: E402
 

@@ -53,9 +53,18 @@ step gpu_spy 150 $t tests/gpu/test_gpu_collectives.py -k other_collectives
 # git-ignored: name it in the device call's carry), twice each
 step ab 240 bash -c 'for tree in . _ab_old . _ab_old; do echo "== $tree"
   python3 $tree/benchmarks/collectives.py --out "$OUT/ab" --sizes 4M,16M,64M --ops psum,all_gather | grep "^| [a-z]"; done'
-# a streamed psum's device trace, phase by phase (4, 16, 64 MiB)
-step timeline 120 bash -c 'for tree in . _ab_old; do echo "== $tree"
-  python3 $tree/benchmarks/stream_timeline.py --out "$OUT/timeline"; done'
+# a streamed psum's device trace, phase by phase (4, 16, 64 MiB), one and two programs per SM
+step timeline 120 bash -c 'for c in 1/8 2/4; do echo "== programs per SM / warps: $c"
+  IRIS_COLLECTIVE_PROGRAMS_PER_SM=${c%/*} IRIS_COLLECTIVE_WARPS=${c#*/} python3 benchmarks/stream_timeline.py \
+    --out "$OUT/timeline"; done'
+# streamed calls, one or two programs per SM (tile elements / programs per SM / warps)
+step tune_stream2 240 python3 benchmarks/tune_collectives.py --out "$OUT/tune_stream2" \
+  --cases psum:64M,all_gather:64M,psum_scatter:64M,all_to_all:64M,psum:16M,all_gather:16M \
+  --configs 8192/1/8,8192/2/8,8192/2/4,4096/2/4
+# mid sizes streamed (STREAM_FROM=0), one or two programs per SM
+step stream_mid 150 bash -c 'for c in 1/8 2/4; do echo "== programs per SM / warps: $c"
+  IRIS_COLLECTIVE_STREAM_FROM=0 IRIS_COLLECTIVE_PROGRAMS_PER_SM=${c%/*} IRIS_COLLECTIVE_WARPS=${c#*/} python3 \
+    benchmarks/collectives.py --out "$OUT/stream_mid" --sizes 1M,4M --ops psum,all_gather | grep "^| [a-z]"; done'
 # push and streamed buffers with G - 1 slots: 64 MiB calls stream by default
 step slots 200 python3 benchmarks/collectives.py --out "$OUT/slots" --sizes 16M,64M,256M \
   --ops psum,all_gather,psum_scatter,all_to_all
