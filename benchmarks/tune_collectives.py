@@ -3,8 +3,8 @@
     python benchmarks/tune_collectives.py [--cases ppermute:64M,psum:64M,psum:256K] [--out DIR]
         [--configs 8192/1/8,16384/2/8/50]
 
-Each configuration is set through the environment knobs of iris_jax.collectives.launch_config,
-checked against lax, then timed as in benchmarks/collectives.py. A configuration is
+Each configuration is set through the environment knobs of iris_jax.collectives.launch_config
+(for streamed calls and the others alike), checked against lax, then timed as in benchmarks/collectives.py. A configuration is
 tile elements / programs per SM / warps, and optionally / the streamed calls' sending share
 (percent, IRIS_COLLECTIVE_STREAM_SENDERS). Configurations run from the
 safest to the most demanding: every program must be resident, and one that is not ends the
@@ -51,7 +51,8 @@ def main():
     for config in configs:
         block, per_sm, warps = config[:3]
         os.environ.update(IRIS_COLLECTIVE_BLOCK=str(block), IRIS_COLLECTIVE_PROGRAMS_PER_SM=str(per_sm),
-                          IRIS_COLLECTIVE_WARPS=str(warps))
+                          IRIS_COLLECTIVE_WARPS=str(warps), IRIS_COLLECTIVE_STREAM_PROGRAMS_PER_SM=str(per_sm),
+                          IRIS_COLLECTIVE_STREAM_WARPS=str(warps))
         os.environ.pop("IRIS_COLLECTIVE_STREAM_SENDERS", None)
         if len(config) > 3:
             os.environ["IRIS_COLLECTIVE_STREAM_SENDERS"] = str(config[3])
@@ -88,7 +89,8 @@ def main():
         block, per_sm, warps = best.split("/")[:3]
         with open(opts.best_env, "w") as f:
             f.write(f"export IRIS_COLLECTIVE_BLOCK={block} IRIS_COLLECTIVE_PROGRAMS_PER_SM={per_sm} "
-                    f"IRIS_COLLECTIVE_WARPS={warps}\n")
+                    f"IRIS_COLLECTIVE_WARPS={warps} IRIS_COLLECTIVE_STREAM_PROGRAMS_PER_SM={per_sm} "
+                    f"IRIS_COLLECTIVE_STREAM_WARPS={warps}\n")
     if not all(r["correct"] for r in rows):
         sys.exit("some results differ from lax")
 

@@ -70,6 +70,9 @@ STREAM_SENDERS_PERCENT = 50
 # GPU launch configuration (see launch_config): the best geometric mean of 8 configurations
 # over psum 64 KiB/16 MiB/256 MiB and ppermute 64 MiB (benchmarks/tune_collectives.py, RESULTS run 13)
 DEFAULT_BLOCK, DEFAULT_PROGRAMS_PER_SM, DEFAULT_WARPS = 8192, 1, 8
+# Streamed calls: two programs per SM (RESULTS run 44: 2-5% faster than one at 16-64 MiB;
+# 4 and 8 warps alike)
+DEFAULT_STREAM_PROGRAMS_PER_SM, DEFAULT_STREAM_WARPS = 2, 4
 
 
 def _axes(axis_name) -> tuple[str, ...]:
@@ -102,20 +105,24 @@ def _check_dtype(x, what):
                         f"{', '.join(jnp.dtype(d).name for d in SUPPORTED_DTYPES)}")
 
 
-def launch_config(rt) -> tuple[int, int, int]:
+def launch_config(rt, streamed: bool = False) -> tuple[int, int, int]:
     """(elements per tile, most programs, warps per program) of the collective kernel.
 
     Every program of the persistent grid must be resident at once (they wait on their
     peers' twins), so programs stay within `programs_per_sm` x SMs and MAX_PROGRAMS.
-    Environment overrides, for tuning (benchmarks/tune_collectives.py):
-    IRIS_COLLECTIVE_BLOCK, IRIS_COLLECTIVE_PROGRAMS_PER_SM, IRIS_COLLECTIVE_WARPS.
+    Streamed calls (`streamed`) run two programs of 4 warps per SM: two always fit an SM's
+    registers (at most 255 per thread), and each SM then both sends and receives.
+    Environment overrides, for tuning (benchmarks/tune_collectives.py): IRIS_COLLECTIVE_BLOCK,
+    IRIS_COLLECTIVE_PROGRAMS_PER_SM and IRIS_COLLECTIVE_WARPS, and for streamed calls
+    IRIS_COLLECTIVE_STREAM_PROGRAMS_PER_SM and IRIS_COLLECTIVE_STREAM_WARPS.
     """
     if rt.mode.startswith("sim"):
         return 256, 2, 4
     env = os.environ.get
+    knob = "IRIS_COLLECTIVE_STREAM_" if streamed else "IRIS_COLLECTIVE_"
     block = int(env("IRIS_COLLECTIVE_BLOCK", DEFAULT_BLOCK))
-    per_sm = int(env("IRIS_COLLECTIVE_PROGRAMS_PER_SM", DEFAULT_PROGRAMS_PER_SM))
-    warps = int(env("IRIS_COLLECTIVE_WARPS", DEFAULT_WARPS))
+    per_sm = int(env(knob + "PROGRAMS_PER_SM", DEFAULT_STREAM_PROGRAMS_PER_SM if streamed else DEFAULT_PROGRAMS_PER_SM))
+    warps = int(env(knob + "WARPS", DEFAULT_STREAM_WARPS if streamed else DEFAULT_WARPS))
     if block < 256 or block & (block - 1) or per_sm < 1 or warps not in (1, 2, 4, 8, 16, 32):
         raise ValueError(f"bad collective launch config: block={block} (a power of two >= 256), "
                          f"programs per SM={per_sm} (>= 1), warps={warps} (a power of two <= 32)")
@@ -139,6 +146,8 @@ def _launch(kind: int, x2d, axes, out_blocks: int, *, op=K.SUM, variant=K.ONE_SH
 
     senders_per_buffer = max(G - 1, 1)  # push: every member but the buffer's owner
     stream = _stream(kind, variant, nbytes, G) and m <= chunk_of(ws.layout.stream_capacity, senders_per_buffer)
+    if stream:
+        _, max_programs, num_warps = launch_config(rt, streamed=True)
     push = stream or _push(kind, variant, nbytes)
     chunk = chunk_of(ws.layout.stream_capacity if stream else ws.layout.data_bytes,
                      senders_per_buffer if push else XB)
