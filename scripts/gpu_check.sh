@@ -50,9 +50,11 @@ step gpu_small 200 $t tests/gpu/test_gpu_collectives.py \
 # test_other_collectives alone (its spy: "push" mode pushes, "stream" mode streams)
 step gpu_spy 150 $t tests/gpu/test_gpu_collectives.py -k other_collectives
 # A/B: this tree against _ab_old (a copy of an earlier commit's iris_core, iris_jax and benchmarks,
-# git-ignored: name it in the device call's carry), twice each
-step ab 240 bash -c 'for tree in . _ab_old . _ab_old; do echo "== $tree"
-  python3 $tree/benchmarks/collectives.py --out "$OUT/ab" --sizes 4M,16M,64M --ops psum,all_gather | grep "^| [a-z]"; done'
+# git-ignored: name it in the device call's carry), each with the settings given, the first and last twice
+step ab 300 bash -c 'for v in ".:" "_ab_old:" ".:IRIS_COLLECTIVE_STREAM_PROGRAMS_PER_SM=1 IRIS_COLLECTIVE_STREAM_WARPS=8" \
+    "_ab_old:IRIS_COLLECTIVE_PROGRAMS_PER_SM=2 IRIS_COLLECTIVE_WARPS=4" ".:" "_ab_old:"; do echo "== $v"
+  env ${v#*:} python3 ${v%%:*}/benchmarks/collectives.py --out "$OUT/ab" --sizes 64K,1M,16M,64M \
+    --ops psum,all_gather,psum_scatter | grep "^| [a-z]"; done'
 # a streamed psum's device trace, phase by phase (4, 16, 64 MiB), one and two programs per SM
 step timeline 120 bash -c 'for c in 1/8 2/4; do echo "== programs per SM / warps: $c"
   IRIS_COLLECTIVE_PROGRAMS_PER_SM=${c%/*} IRIS_COLLECTIVE_WARPS=${c#*/} python3 benchmarks/stream_timeline.py \
