@@ -70,8 +70,9 @@ STREAM_SENDERS_PERCENT = 50
 # GPU launch configuration (see launch_config): the best geometric mean of 8 configurations
 # over psum 64 KiB/16 MiB/256 MiB and ppermute 64 MiB (benchmarks/tune_collectives.py, RESULTS run 13)
 DEFAULT_BLOCK, DEFAULT_PROGRAMS_PER_SM, DEFAULT_WARPS = 8192, 1, 8
-# Streamed calls: two programs per SM (RESULTS run 44: 2-5% faster than one at 16-64 MiB;
-# 4 and 8 warps alike)
+# Streamed calls of more tiles than half the SMs: two programs per SM (RESULTS runs 44-45:
+# 2-4% faster than one at 16-64 MiB, 4 and 8 warps alike; 4 warps were 0.3 us slower than 8
+# for calls of one round of tiles, <= 1 MiB, which keep the default)
 DEFAULT_STREAM_PROGRAMS_PER_SM, DEFAULT_STREAM_WARPS = 2, 4
 
 
@@ -110,8 +111,9 @@ def launch_config(rt, streamed: bool = False) -> tuple[int, int, int]:
 
     Every program of the persistent grid must be resident at once (they wait on their
     peers' twins), so programs stay within `programs_per_sm` x SMs and MAX_PROGRAMS.
-    Streamed calls (`streamed`) run two programs of 4 warps per SM: two always fit an SM's
-    registers (at most 255 per thread), and each SM then both sends and receives.
+    Streamed calls of more tiles than half the programs (`streamed`) run two programs of
+    4 warps per SM: two always fit an SM's registers (at most 255 per thread), and each SM
+    then both sends and receives.
     Environment overrides, for tuning (benchmarks/tune_collectives.py): IRIS_COLLECTIVE_BLOCK,
     IRIS_COLLECTIVE_PROGRAMS_PER_SM and IRIS_COLLECTIVE_WARPS, and for streamed calls
     IRIS_COLLECTIVE_STREAM_PROGRAMS_PER_SM and IRIS_COLLECTIVE_STREAM_WARPS.
@@ -146,12 +148,12 @@ def _launch(kind: int, x2d, axes, out_blocks: int, *, op=K.SUM, variant=K.ONE_SH
 
     senders_per_buffer = max(G - 1, 1)  # push: every member but the buffer's owner
     stream = _stream(kind, variant, nbytes, G) and m <= chunk_of(ws.layout.stream_capacity, senders_per_buffer)
-    if stream:
-        _, max_programs, num_warps = launch_config(rt, streamed=True)
     push = stream or _push(kind, variant, nbytes)
     chunk = chunk_of(ws.layout.stream_capacity if stream else ws.layout.data_bytes,
                      senders_per_buffer if push else XB)
     tiles = math.ceil(min(m, chunk) / block)
+    if stream and tiles > max_programs // 2:  # more tiles than senders: the streamed launch configuration
+        _, max_programs, num_warps = launch_config(rt, streamed=True)
     senders, programs = 1, min(tiles, max_programs)
     if stream:
         senders, receivers = _stream_programs(tiles, max_programs)

@@ -92,15 +92,6 @@ def _get(ctx, ptrs, rank, mask, VEC: tl.constexpr):
 
 
 @triton.jit
-def _put(ctx, ptrs, value, rank, mask, VEC: tl.constexpr):
-    """ctx.store of a tile to `rank`, vectorized as _get."""
-    if VEC > 1:
-        ctx.store(ptrs, value, to_rank=rank, mask=mask, hint=16)
-    else:
-        ctx.store(ptrs, value, to_rank=rank, mask=mask)
-
-
-@triton.jit
 def _flag(ws_base, pid, member, MAX_PROGRAMS: tl.constexpr, WORLD: tl.constexpr):
     """Pointer (in my heap) to the flag `member` raises for program `pid`."""
     line = MAX_PROGRAMS + pid * WORLD + member
@@ -372,37 +363,28 @@ def _slot(sender, receiver):
 
 
 @triton.jit
-def _my_tile(x_ptr, m, c0, width, t, XB: tl.constexpr, BLOCK: tl.constexpr, VEC: tl.constexpr):
-    """Push mode: tile t of my columns [c0, c0 + width) when I send one input block to every
-    peer (XB == 1; nothing is read when t is past the last tile), else a placeholder
-    (_push_tile loads each peer's block itself)."""
-    if XB == 1:
-        cols = t * BLOCK + tl.arange(0, BLOCK)
-        return tl.load(_vec(x_ptr, (c0 + cols).to(tl.int64), VEC), mask=cols < width)
-    else:
-        return tl.full((), 0, tl.int32)
-
-
-@triton.jit
-def _push_tile(ctx, group_ptr, x_ptr, ws, value, m, c0, width, t, me, KIND: tl.constexpr, G: tl.constexpr,
+def _push_tile(ctx, group_ptr, x_ptr, ws, m, c0, width, t, me, KIND: tl.constexpr, G: tl.constexpr,
                XB: tl.constexpr, SOURCES: tl.constexpr, BLOCK: tl.constexpr, CHUNK: tl.constexpr,
                VEC: tl.constexpr):
-    """Push mode, sending: stores tile t of what each peer needs from my input (`value`, my
-    tile t from _my_tile, when XB == 1; else block i for member i; PPERMUTE/BROADCAST: only
-    to members whose source I am) into my slot of that peer's buffer `ws`."""
+    """Push mode, sending: stores tile t of what each peer needs from my input (block i for
+    member i when XB > 1, else my whole input; PPERMUTE/BROADCAST: only to members whose
+    source I am) into my slot of that peer's buffer `ws`."""
     cols = t * BLOCK + tl.arange(0, BLOCK)
     mask = cols < width
+    if XB == 1:
+        value = tl.load(_vec(x_ptr, (c0 + cols).to(tl.int64), VEC), mask=mask)
     for i in tl.static_range(G):
         wanted = i != me
         if KIND == 4 or KIND == 5:  # PPERMUTE, BROADCAST
             wanted = wanted & (SOURCES[i] == me)
         if wanted:
-            dst = _vec(ws, _slot(me, i) * CHUNK + cols, VEC)
             if XB > 1:
-                _put(ctx, dst, tl.load(_vec(x_ptr, (i * m + c0 + cols).to(tl.int64), VEC), mask=mask),
-                     _rank(group_ptr, i), mask, VEC)
+                value = tl.load(_vec(x_ptr, (i * m + c0 + cols).to(tl.int64), VEC), mask=mask)
+            dst = _vec(ws, _slot(me, i) * CHUNK + cols, VEC)
+            if VEC > 1:
+                ctx.store(dst, value, to_rank=_rank(group_ptr, i), mask=mask, hint=16)
             else:
-                _put(ctx, dst, value, _rank(group_ptr, i), mask, VEC)
+                ctx.store(dst, value, to_rank=_rank(group_ptr, i), mask=mask)
 
 
 @triton.jit
@@ -489,9 +471,8 @@ def _pipelined(ctx, group_ptr, x_ptr, out_ptr, heap_base, ws_base, m, pid, progr
     first = _width(m, 0, CHUNK, VEC)
     if PUSH:
         for t in range(pid, tl.cdiv(first, BLOCK), programs):
-            _push_tile(ctx, group_ptr, x_ptr, _buffer(ws_base, epoch + 1, DATA, DATA_BYTES, x_ptr.dtype),
-                       _my_tile(x_ptr, m, 0, first, t, XB, BLOCK, VEC), m, 0, first, t, me, KIND, G, XB, SOURCES,
-                       BLOCK, CHUNK, VEC)
+            _push_tile(ctx, group_ptr, x_ptr, _buffer(ws_base, epoch + 1, DATA, DATA_BYTES, x_ptr.dtype), m, 0, first,
+                       t, me, KIND, G, XB, SOURCES, BLOCK, CHUNK, VEC)
     elif not in_place:
         _stage(x_ptr, _buffer(ws_base, epoch + 1, DATA, DATA_BYTES, x_ptr.dtype), m, 0, first,
                tl.cdiv(first, BLOCK), pid, programs, XB, CHUNK, BLOCK, VEC)
@@ -512,9 +493,8 @@ def _pipelined(ctx, group_ptr, x_ptr, out_ptr, heap_base, ws_base, m, pid, progr
         for t in range(pid, tl.maximum(tiles, next_tiles), programs):
             if t < next_tiles:
                 if PUSH:
-                    value = _my_tile(x_ptr, m, c0 + CHUNK, next_width, t, XB, BLOCK, VEC)
-                    _push_tile(ctx, group_ptr, x_ptr, ws_next, value, m, c0 + CHUNK, next_width, t, me, KIND, G, XB,
-                               SOURCES, BLOCK, CHUNK, VEC)
+                    _push_tile(ctx, group_ptr, x_ptr, ws_next, m, c0 + CHUNK, next_width, t, me, KIND, G, XB, SOURCES,
+                               BLOCK, CHUNK, VEC)
                 else:
                     _stage_tile(x_ptr, ws_next, m, c0 + CHUNK, next_width, t, XB, CHUNK, BLOCK, VEC)
             if t < tiles:
@@ -570,14 +550,10 @@ def _streamed(ctx, group_ptr, x_ptr, out_ptr, ws_base, m, pid, programs, me, blo
     senders = SENDERS
     transfer = ctx.tracing.record_event_start(EVENT_TRANSFER, ctx.rank, None, 0, 0)  # each program's share
     if pid < senders:
-        # Each tile is loaded while the one before is in flight: its load is issued before
-        # the release, which then waits for both (not one after the other).
-        value = _my_tile(x_ptr, m, 0, width, pid, XB, BLOCK, VEC)
         for t in range(pid, tiles, senders):
             k = tl.load(sent + t) + 1
             ws = tl.cast(sdata + (k % 2).to(tl.uint64) * STREAM_BYTES, x_ptr.dtype)
-            _push_tile(ctx, group_ptr, x_ptr, ws, value, m, 0, width, t, me, KIND, G, XB, SOURCES, BLOCK, CHUNK, VEC)
-            value = _my_tile(x_ptr, m, 0, width, t + senders, XB, BLOCK, VEC)
+            _push_tile(ctx, group_ptr, x_ptr, ws, m, 0, width, t, me, KIND, G, XB, SOURCES, BLOCK, CHUNK, VEC)
             tl.debug_barrier()  # every thread's stores precede the release
             for i in tl.static_range(G):
                 if i != me:
