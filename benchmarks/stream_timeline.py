@@ -7,8 +7,10 @@ Traces one warm streamed psum (float32) per size, every size streamed
 program, a `wait` span per received tile) and prints, per rank, in us from the first
 program's start: when the first tile arrived, when 10/50/90/100% of the tiles had, the
 arrival rate between 10% and 90% (GB/s of tiles received), when the senders and receivers
-ended (first / median / last) and the whole kernel. Tracing adds a few stores per tile, so
-the times run a little above the untraced kernel's (benchmarks/collectives.py). GPUs only.
+ended (first / median / last) and the whole kernel. The ranks' kernels of one call start
+tens of us apart (launch skew), so a rank's arrivals also show when its peer started; its
+senders' own spans do not. Tracing adds a few stores per tile, so the times run a little
+above the untraced kernel's (benchmarks/collectives.py). GPUs only.
 """
 
 from __future__ import annotations

@@ -49,8 +49,9 @@ step gpu_small 200 $t tests/gpu/test_gpu_collectives.py \
   -k "((all_reduce and not other_algorithms) or other_collectives or ten_thousand) and not 268435459 and not 4194304"
 # test_other_collectives alone (its spy: "push" mode pushes, "stream" mode streams)
 step gpu_spy 150 $t tests/gpu/test_gpu_collectives.py -k other_collectives
-# A/B: this tree against _ab_old (a copy of an earlier commit's iris_core, iris_jax and benchmarks,
-# git-ignored: name it in the device call's carry), each with the settings given, the first and last twice
+# A/B (edit the list: TREE:SETTINGS): this tree against _ab_old, a copy of an earlier commit's iris_core,
+# iris_jax and benchmarks (`git archive COMMIT iris_core iris_jax benchmarks | tar -x -C _ab_old`, listed
+# in .git/info/exclude; name it in the device call's carry); run 45's list
 step ab 300 bash -c 'for v in ".:" "_ab_old:" ".:IRIS_COLLECTIVE_STREAM_PROGRAMS_PER_SM=1 IRIS_COLLECTIVE_STREAM_WARPS=8" \
     "_ab_old:IRIS_COLLECTIVE_PROGRAMS_PER_SM=2 IRIS_COLLECTIVE_WARPS=4" ".:" "_ab_old:"; do echo "== $v"
   env ${v#*:} python3 ${v%%:*}/benchmarks/collectives.py --out "$OUT/ab" --sizes 64K,1M,16M,64M \
