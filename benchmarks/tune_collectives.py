@@ -4,11 +4,11 @@
         [--configs 8192/1/8,16384/2/8/50]
 
 Each configuration is set through the environment knobs of iris_jax.collectives.launch_config
-(for streamed calls and the others alike), checked against lax, then timed as in benchmarks/collectives.py. A configuration is
-tile elements / programs per SM / warps, and optionally / the streamed calls' sending share
-(percent, IRIS_COLLECTIVE_STREAM_SENDERS). Configurations run from the
-safest to the most demanding: every program must be resident, and one that is not ends the
-run at the collective timeout (10 s here). GPUs only.
+(for streamed calls and the others alike), checked against lax, then timed as in
+benchmarks/collectives.py. A configuration is tile elements / programs per SM / warps, and
+optionally / the streamed calls' sending share (percent, IRIS_COLLECTIVE_STREAM_SENDERS).
+Configurations run from the safest to the most demanding: every program must be resident,
+and one that is not ends the run at the collective timeout (10 s here). GPUs only.
 """
 
 from __future__ import annotations

@@ -152,7 +152,7 @@ def _launch(kind: int, x2d, axes, out_blocks: int, *, op=K.SUM, variant=K.ONE_SH
     chunk = chunk_of(ws.layout.stream_capacity if stream else ws.layout.data_bytes,
                      senders_per_buffer if push else XB)
     tiles = math.ceil(min(m, chunk) / block)
-    if stream and tiles > max_programs // 2:  # more tiles than senders: the streamed launch configuration
+    if stream and tiles > max_programs // 2:  # more than a round of tiles: the streamed launch configuration
         _, max_programs, num_warps = launch_config(rt, streamed=True)
     senders, programs = 1, min(tiles, max_programs)
     if stream:

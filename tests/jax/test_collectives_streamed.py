@@ -123,3 +123,22 @@ def test_stream_programs_balance_rounds(monkeypatch):
     assert split(7, 2) == (1, 1)  # the simulator's two programs
     monkeypatch.setenv("IRIS_COLLECTIVE_STREAM_SENDERS", "25")
     assert split(2048, 132) == (33, 98)  # at most 33 senders: 63 rounds; at most 99 receivers: 21
+
+
+def test_streamed_launch_config(monkeypatch):
+    """On GPUs streamed calls get two programs of 4 warps per SM (capped at MAX_PROGRAMS), the
+    others one of 8; each has its own overrides, and bad values fail before anything runs."""
+    from types import SimpleNamespace
+
+    for knob in ("BLOCK", "PROGRAMS_PER_SM", "WARPS", "STREAM_PROGRAMS_PER_SM", "STREAM_WARPS"):
+        monkeypatch.delenv(f"IRIS_COLLECTIVE_{knob}", raising=False)
+    gpu = SimpleNamespace(mode="gpu", devices=[SimpleNamespace(core_count=132)])
+    assert collectives.launch_config(gpu) == (8192, 132, 8)
+    assert collectives.launch_config(gpu, streamed=True) == (8192, 256, 4)
+    monkeypatch.setenv("IRIS_COLLECTIVE_STREAM_PROGRAMS_PER_SM", "1")
+    monkeypatch.setenv("IRIS_COLLECTIVE_STREAM_WARPS", "8")
+    assert collectives.launch_config(gpu, streamed=True) == (8192, 132, 8)
+    monkeypatch.setenv("IRIS_COLLECTIVE_STREAM_WARPS", "3")
+    with pytest.raises(ValueError, match="warps=3"):
+        collectives.launch_config(gpu, streamed=True)
+    assert collectives.launch_config(gpu) == (8192, 132, 8)  # the other calls' knobs are apart
