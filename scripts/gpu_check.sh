@@ -56,18 +56,20 @@ step ab 300 bash -c 'for v in ".:" "_ab_old:" ".:IRIS_COLLECTIVE_STREAM_PROGRAMS
     "_ab_old:IRIS_COLLECTIVE_PROGRAMS_PER_SM=2 IRIS_COLLECTIVE_WARPS=4" ".:" "_ab_old:"; do echo "== $v"
   env ${v#*:} python3 ${v%%:*}/benchmarks/collectives.py --out "$OUT/ab" --sizes 64K,1M,16M,64M \
     --ops psum,all_gather,psum_scatter | grep "^| [a-z]"; done'
-# a streamed psum's device trace, phase by phase (4, 16, 64 MiB), one and two programs per SM
+# a streamed psum's device trace, phase by phase (4, 16, 64 MiB), one and two programs per SM (the streamed
+# knobs: calls of more tiles than half the SMs take them; in runs 44-45 the general knobs did)
 step timeline 120 bash -c 'for c in 1/8 2/4; do echo "== programs per SM / warps: $c"
-  IRIS_COLLECTIVE_PROGRAMS_PER_SM=${c%/*} IRIS_COLLECTIVE_WARPS=${c#*/} python3 benchmarks/stream_timeline.py \
-    --out "$OUT/timeline"; done'
+  IRIS_COLLECTIVE_STREAM_PROGRAMS_PER_SM=${c%/*} IRIS_COLLECTIVE_STREAM_WARPS=${c#*/} \
+    python3 benchmarks/stream_timeline.py --out "$OUT/timeline"; done'
 # streamed calls, one or two programs per SM (tile elements / programs per SM / warps)
 step tune_stream2 240 python3 benchmarks/tune_collectives.py --out "$OUT/tune_stream2" \
   --cases psum:64M,all_gather:64M,psum_scatter:64M,all_to_all:64M,psum:16M,all_gather:16M \
   --configs 8192/1/8,8192/2/8,8192/2/4,4096/2/4
-# mid sizes streamed (STREAM_FROM=0), one or two programs per SM
+# mid sizes streamed (STREAM_FROM=0), one or two programs per SM (4 MiB: 128 tiles, the streamed knobs apply)
 step stream_mid 150 bash -c 'for c in 1/8 2/4; do echo "== programs per SM / warps: $c"
-  IRIS_COLLECTIVE_STREAM_FROM=0 IRIS_COLLECTIVE_PROGRAMS_PER_SM=${c%/*} IRIS_COLLECTIVE_WARPS=${c#*/} python3 \
-    benchmarks/collectives.py --out "$OUT/stream_mid" --sizes 1M,4M --ops psum,all_gather | grep "^| [a-z]"; done'
+  IRIS_COLLECTIVE_STREAM_FROM=0 IRIS_COLLECTIVE_STREAM_PROGRAMS_PER_SM=${c%/*} IRIS_COLLECTIVE_STREAM_WARPS=${c#*/} \
+    python3 benchmarks/collectives.py --out "$OUT/stream_mid" --sizes 1M,4M --ops psum,all_gather \
+    | grep "^| [a-z]"; done'
 # push and streamed buffers with G - 1 slots: 64 MiB calls stream by default
 step slots 200 python3 benchmarks/collectives.py --out "$OUT/slots" --sizes 16M,64M,256M \
   --ops psum,all_gather,psum_scatter,all_to_all
