@@ -1,0 +1,124 @@
+"""The simulator's meaning of iris_rma: host callbacks on the heaps in shared memory.
+
+A kernel under Pallas interpret mode runs as XLA:CPU ops on the device's own thread, one
+thread per simulated rank, all in this process. Its symmetric refs are copies of the
+blocks, so remote ops do not use them: the kernel's context row carries, after the
+context words, the address of every symmetric operand as XLA passed it (read by
+`operand_addresses`, a CPU FFI call, before the kernel starts). A callback turns
+(address, element index) into a pointer on the target rank's heap,
+`bases[rank] + (address - bases[me])` as on GPUs, and accesses it with the Triton
+interpreter's helpers: atomics are real atomic instructions, so they hold between the
+threads of this process and between processes (`python -m iris_core.sim`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+
+import jax
+import numpy as np
+
+from iris_core.errors import NotOnHeapError
+from iris_core.heap.context_layout import HEADER_WORDS, context_words
+from iris_jax import _runtime as runtime_lib
+
+_SEM = {"relaxed": "RELAXED", "acquire": "ACQUIRE", "release": "RELEASE", "acq_rel": "ACQUIRE_RELEASE"}
+_RMW = {"add": "ADD", "sub": "ADD", "xchg": "XCHG", "and": "AND", "or": "OR", "xor": "XOR", "min": "MIN",
+        "max": "MAX"}
+
+
+def rma(op, dtype, slot, sem, ctx, index, rank, value, cmp, mask, other):
+    """Runs one iris op from inside a discharged kernel; returns (new context, result)."""
+    from jax.experimental import io_callback
+
+    result = jax.ShapeDtypeStruct(index.shape, dtype)
+    operands = [x for x in (value, cmp) if x is not None]
+
+    def host(ctx_row, index, rank, mask, other, *operands):
+        out = _host(op, dtype, slot, sem, np.asarray(ctx_row), np.asarray(index), int(rank), np.asarray(mask),
+                    np.asarray(other), *[np.asarray(o) for o in operands])
+        return np.asarray(ctx_row), out
+
+    ctx_shape = jax.ShapeDtypeStruct(ctx.shape, ctx.dtype)
+    return io_callback(host, (ctx_shape, result), ctx, index, rank, mask, other, *operands, ordered=False)
+
+
+def _host(op, dtype, slot, sem, ctx_row, index, rank, mask, other, *operands):
+    from triton._C.libtriton import interpreter
+
+    words = np.ascontiguousarray(ctx_row).view(np.uint64)
+    me, world = int(words[0]), int(words[1])
+    if not 0 <= rank < world:
+        raise IndexError(f"iris {op}: rank {rank} out of range for world size {world}")
+    bases = words[HEADER_WORDS:HEADER_WORDS + world]
+    address = int(words[context_words(world) + slot])
+    pointers = (np.uint64(address) + index.astype(np.uint64) * np.uint64(dtype.itemsize)
+                - bases[me] + bases[rank]).astype(np.uint64)
+    mask = np.ascontiguousarray(mask, dtype=bool)
+    _check_bounds(op, pointers[mask], int(bases[rank]), rank, dtype.itemsize)
+    semantic = getattr(interpreter.MEM_SEMANTIC, _SEM[sem])
+    if op in ("load", "load_acquire"):
+        return interpreter.load(pointers, mask, np.ascontiguousarray(other, dtype), dtype).reshape(index.shape)
+    if op == "store":
+        interpreter.store(pointers, np.ascontiguousarray(operands[0], dtype), mask)
+        return np.zeros(index.shape, dtype)
+    if op == "cas":
+        cmp, value = (np.ascontiguousarray(o, dtype) for o in operands)
+        old = np.zeros(index.shape, dtype)
+        if mask.any():
+            old[mask] = interpreter.atomic_cas(pointers[mask], cmp[mask], value[mask], semantic)
+        return old
+    value = np.ascontiguousarray(operands[0], dtype)
+    if op == "sub":
+        value = -value
+    name = _RMW[op]
+    if op == "add" and dtype.kind == "f":
+        name = "FADD"
+    elif op in ("min", "max") and dtype.kind == "u":
+        name = "U" + name
+    old = interpreter.atomic_rmw(getattr(interpreter.RMW_OP, name), pointers, value, mask, semantic)
+    return np.asarray(old, dtype).reshape(index.shape)
+
+
+def _check_bounds(op, pointers, base, rank, itemsize):
+    """A wild pointer would crash the process (on GPUs it faults the kernel): raise instead."""
+    size = runtime_lib.runtime().heap_size
+    if pointers.size and (int(pointers.min()) < base or int(pointers.max()) + itemsize > base + size):
+        raise IndexError(f"iris {op}: an index reaches outside rank {rank}'s heap (offsets "
+                         f"{int(pointers.min()) - base}..{int(pointers.max()) - base}, heap of {size} bytes)")
+
+
+# -- operand addresses (a CPU FFI call before the kernel) -------------------------------
+_targets: dict = {}
+_targets_lock = threading.Lock()
+
+
+def address_target(count: int, chained: bool, row_words: int) -> str:
+    """The FFI target that returns the context row (`row_words` int32) followed by the
+    addresses of `count` symmetric operands, checked to lie on the calling rank's heap.
+    Operands: the context row, the arrays, then (`chained`) one ignored operand that
+    orders the call after the previous iris kernel."""
+    from iris_jax._ffi import register_cpu_target
+
+    with _targets_lock:
+        key = (count, chained, row_words)
+        if key not in _targets:
+            _targets[key] = register_cpu_target(
+                "iris_pallas_context", lambda ins, outs: _write_row(count, row_words, ins, outs))
+        return _targets[key]
+
+
+def _write_row(count, row_words, ins, outs):
+    rt = runtime_lib.runtime()
+    rank = ctypes.c_int64.from_address(ins[0]).value
+    ctypes.memmove(outs[0], ins[0], row_words * 4)
+    result = (ctypes.c_uint64 * count).from_address(outs[0] + row_words * 4)
+    for i, pointer in enumerate(ins[1:1 + count]):
+        where = rt.heap.locate(pointer)
+        if where is None or where[0] != rank:
+            raise NotOnHeapError(
+                f"symmetric operand {i} of an iris Pallas kernel is not on rank {rank}'s heap (inside jit it "
+                "was copied or computed); pass an array made by iris_jax (zeros, to_heap, ...) straight into "
+                "the jitted function. Nothing was run.")
+        result[i] = pointer
