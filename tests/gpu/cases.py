@@ -23,3 +23,27 @@ def collective_cases(n: int, W: int):
         ("broadcast", lambda v: iris_jax.broadcast(v, "i", 1),
          lambda v: lax.psum(v * (lax.axis_index("i") == 1), "i"), P()),
     ]
+
+
+def numpy_reference(name: str, xs, r: int):
+    """What rank r of collective_cases' `name` holds, from every rank's input xs (W x n numpy)."""
+    import numpy as np
+
+    W, n = xs.shape
+    even = n // W * W
+    block = even // W
+    if name == "pmax":
+        return xs.max(0)
+    if name == "pmin":
+        return xs.min(0)
+    if name == "all_gather":
+        return xs.copy()
+    if name == "psum_scatter":
+        return xs[:, r * block:(r + 1) * block].sum(0)
+    if name == "all_to_all":
+        return np.concatenate([xs[j, r * block:(r + 1) * block] for j in range(W)])
+    if name == "ppermute":
+        return xs[(r - 1) % W]
+    if name == "broadcast":
+        return xs[1]
+    raise ValueError(f"no numpy reference for {name!r}")

@@ -6,7 +6,7 @@ and bfloat16, two calls back to back in one jit."""
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.multi_gpu]  # one GPU: test_gpu_shared.py stands in
 
 
 @pytest.mark.parametrize("dtype_name", ["float32", "bfloat16"])

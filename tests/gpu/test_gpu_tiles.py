@@ -8,7 +8,7 @@ import pytest
 from tests.core import tile_kernels as K
 from tests.core.test_tile_collectives import expected
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.multi_gpu]  # one GPU: test_gpu_shared.py stands in
 
 W, M, N, BM, BN = 2, 300, 517, 64, 64  # partial tiles at both edges; 5 x 9 programs, all resident
 

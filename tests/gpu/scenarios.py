@@ -1,0 +1,668 @@
+"""Scenarios of the multi-process GPU runs (tests/gpu/mp_script.py), checked against numpy on every rank.
+
+Every process runs the same scenarios in the same order (SPMD). A scenario records each
+mismatch and carries on, so that every rank makes the same kernel and collective calls
+whatever it finds; at its end it fails, naming every mismatch. Numpy is the reference
+because lax cannot be one when ranks share a GPU (NCCL refuses two ranks on one device).
+
+    SCENARIOS: name -> (function, environment settings while it runs)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+import traceback
+
+import numpy as np
+
+SIZES = (37, 4099, (1 << 20) + 3)  # below a tile, a few tiles, 4 MiB of float32 (not multiples of anything)
+SMALL, MID, LARGE = SIZES
+ZERO_COPY_SIZE = (1 << 22) + 3  # 16 MiB of float32: inputs on the heap are read in place from here
+TILE_SHAPE = (300, 517)  # partial 64 x 64 tiles at both edges
+VARIANTS = ("auto", "one_shot", "two_shot", "ring", "atomic", "spinlock")
+DTYPES = ("float32", "bfloat16", "float16", "int32")
+# (rtol, atol as a fraction of the largest expected magnitude); int32 and data movement are exact
+TOLERANCE = {"float32": (1e-5, 1e-5), "bfloat16": (2e-2, 2e-2), "float16": (4e-3, 4e-3), "int32": (0, 0)}
+
+
+class World:
+    """This process's ranks in the run (one per local device: one in multi-process runs, every
+    rank on the simulator): mesh, sharding, inputs, and the checks of the running scenario."""
+
+    def __init__(self, out_dir: str):
+        import jax
+        from jax.sharding import Mesh, NamedSharding
+        from jax.sharding import PartitionSpec as P
+
+        import iris_jax
+
+        self.runtime = iris_jax.runtime()
+        devices = sorted(jax.devices(), key=lambda d: d.id)
+        self.mesh = Mesh(np.array(devices), ("i",))  # mesh position == iris rank (see Runtime.rank_of)
+        self.ranks = sorted(self.runtime.rank_of(d) for d in jax.local_devices())
+        self.process, self.size, self.out_dir = jax.process_index(), len(devices), out_dir
+        self.rows = NamedSharding(self.mesh, P("i"))
+        self.failures: list[str] = []
+        self.checks = 0
+
+    # -- inputs and outputs ---------------------------------------------------------------------
+    def put(self, blocks: np.ndarray, axis: int = 0):
+        """A global array whose rank-r block along `axis` is blocks[r] (every process passes all blocks)."""
+        import jax
+        from jax.sharding import NamedSharding
+        from jax.sharding import PartitionSpec as P
+
+        whole = np.concatenate(list(blocks), axis=axis)
+        spec = P(*([None] * axis), "i")
+        return jax.make_array_from_callback(whole.shape, NamedSharding(self.mesh, spec), lambda idx: whole[idx])
+
+    def heap(self, blocks: np.ndarray, axis: int = 0):
+        """Like put, on the symmetric heap."""
+        import iris_jax
+
+        return iris_jax.to_heap(self.put(blocks, axis))
+
+    def shard(self, a, rank: int) -> np.ndarray:
+        """Rank's shard of `a` (read from its device now); rank must be one of self.ranks."""
+        (data,) = [s.data for s in a.addressable_shards if self.runtime.rank_of(s.device) == rank]
+        return np.asarray(data)
+
+    def smap(self, f, in_specs, out_specs, check_vma: bool = True):
+        import jax
+
+        return jax.jit(jax.shard_map(f, mesh=self.mesh, in_specs=in_specs, out_specs=out_specs, check_vma=check_vma))
+
+    def inputs(self, n: int, dtype: str, seed: int) -> np.ndarray:
+        """Every rank's input (W x n), the same in every process; float values are normals, ints in +-1000."""
+        import jax.numpy as jnp
+
+        rng = np.random.default_rng(seed)
+        if dtype == "int32":
+            return rng.integers(-1000, 1000, (self.size, n)).astype(np.int32)
+        return rng.standard_normal((self.size, n)).astype(jnp.dtype(dtype))
+
+    # -- checks -------------------------------------------------------------------------------
+    def expect(self, what: str, got, want, dtype: str = "float32", exact: bool = False) -> None:
+        """Records a mismatch of `got` (this rank's value) against numpy's `want`."""
+        self.checks += 1
+        got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+        rtol, atol = (0, 0) if exact else TOLERANCE[dtype]
+        atol *= max(1.0, float(np.abs(want).max(initial=0)))
+        try:
+            np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, err_msg=what)
+        except AssertionError as e:
+            self.failures.append(f"{what}: {str(e).strip()[:600]}")
+
+    def require(self, what: str, condition: bool, detail: object = "") -> None:
+        self.checks += 1
+        if not condition:
+            self.failures.append(f"{what}: {detail}")
+
+    def attempt(self, what: str, check, *args) -> None:
+        """Runs a check that asserts; records its AssertionError instead of raising (SPMD: go on)."""
+        self.checks += 1
+        try:
+            check(*args)
+        except AssertionError as e:
+            self.failures.append(f"{what}: {str(e).strip()[:600]}")
+
+    def say(self, text: str) -> None:
+        print(f"process {self.process}: {text}", flush=True)
+
+
+@contextlib.contextmanager
+def _settings(env: dict[str, str]):
+    """The environment while a scenario runs (iris reads its collective settings when a call is traced)."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def run(world: World, name: str) -> bool:
+    """Runs scenario `name`; prints `process P: scenario NAME OK|FAIL ...`; True when it passed.
+
+    Ends with a host barrier of every process, also after a failure (a kernel's trap ends this
+    process's CUDA context, but not its part in the host barrier)."""
+    import jax
+
+    fn, env = SCENARIOS[name]
+    world.failures, world.checks = [], 0
+    world.say(f"scenario {name} start (rank {','.join(map(str, world.ranks))} of {world.size}) "
+              f"{' '.join(f'{k}={v}' for k, v in env.items())}".strip())
+    start = time.monotonic()
+    error = None
+    with _settings(env):
+        try:
+            fn(world)
+        except Exception:  # noqa: BLE001 - reported, and the run goes on with the next scenario
+            error = traceback.format_exc()
+    try:  # this process's kernels finished
+        if world.runtime.mode.startswith("gpu"):
+            import torch
+
+            torch.cuda.synchronize(jax.local_devices()[0].local_hardware_id)
+        jax.effects_barrier()
+    except Exception:  # noqa: BLE001
+        error = (error or "") + "after the scenario: " + traceback.format_exc()
+    world.runtime.sync_processes()  # every process finished it before the next one starts
+    seconds = time.monotonic() - start
+    if error is None and not world.failures:
+        world.say(f"scenario {name} OK {seconds:.1f} s, {world.checks} checks")
+        return True
+    details = "\n".join(world.failures[:8] + ([error] if error else []))
+    world.say(f"scenario {name} FAIL {seconds:.1f} s, {len(world.failures)} of {world.checks} checks failed"
+              f"{', raised' if error else ''}\n{details}")
+    return False
+
+
+# -- collectives ---------------------------------------------------------------------------------
+def _collective_batch(world: World, what: str, n: int, dtype: str, calls) -> None:
+    """One jitted program running every (name, iris fn, out spec, expected) of `calls` on one input."""
+    from jax.sharding import PartitionSpec as P
+
+    xs = world.inputs(n, dtype, seed=n * 7 + DTYPES.index(dtype))
+    x = world.put(xs)
+    f = world.smap(lambda v: tuple(fn(v) for _, fn, _, _ in calls), P("i"), tuple(spec for _, _, spec, _ in calls))
+    outs = f(x)
+    wide = xs.astype(np.float64)
+    for (name, _, _, expected), out in zip(calls, outs, strict=True):
+        for me in world.ranks:
+            world.expect(f"{what}{name} n={n} {dtype} on rank {me}", world.shard(out, me), expected(wide, me), dtype)
+
+
+def _all_reduce_calls(world: World, dtype: str, variants=VARIANTS, ops=("sum",)):
+    from jax.sharding import PartitionSpec as P
+
+    import iris_jax
+
+    reduce = {"sum": lambda xs, _: xs.sum(0), "max": lambda xs, _: xs.max(0), "min": lambda xs, _: xs.min(0)}
+    calls = []
+    for op in ops:
+        for variant in variants:
+            if (variant in ("atomic", "spinlock") and op != "sum") or (variant == "atomic" and dtype not in (
+                    "float32", "int32")):
+                continue  # unsupported: iris raises at trace time (tests/jax/test_collectives_errors.py)
+            calls.append((f"all_reduce({op}, {variant})",
+                          lambda v, op=op, variant=variant: iris_jax.all_reduce(v, "i", op=op, variant=variant),
+                          P(), reduce[op]))
+    return calls
+
+
+def _every_collective(world: World, n: int, dtype: str, variants=VARIANTS) -> None:
+    """all_reduce through `variants`, then every other collective (tests/gpu/cases.py), in one program."""
+    from tests.gpu.cases import collective_cases, numpy_reference
+
+    others = [(name, fn, spec, lambda xs, me, name=name: numpy_reference(name, xs, me))
+              for name, fn, _, spec in collective_cases(n, world.size)]
+    _collective_batch(world, "", n, dtype, _all_reduce_calls(world, dtype, variants) + others)
+
+
+def all_reduce_and_collectives(world: World) -> None:
+    """Every all-reduce variant and every other collective: float32 at every size, the other
+    dtypes at a few tiles and at 4 MiB; all_reduce max/min through every variant that has them."""
+    for n in SIZES:
+        for dtype in DTYPES if n != SMALL else ("float32", "bfloat16"):
+            _every_collective(world, n, dtype)
+    _collective_batch(world, "", MID, "float32", _all_reduce_calls(world, "float32", ops=("max", "min")))
+
+
+def pushed(world: World) -> None:
+    """Every size pushes in chunks and nothing streams (as arrays too large to stream do)."""
+    for n, dtype in ((MID, "float32"), (LARGE, "float32"), (LARGE, "bfloat16")):
+        _every_collective(world, n, dtype, variants=("one_shot",))
+
+
+def streamed(world: World) -> None:
+    """Every one-chunk call of the kinds that can stream streams."""
+    for n, dtype in ((SMALL, "float32"), (MID, "int32"), (LARGE, "float32"), (LARGE, "float16")):
+        _every_collective(world, n, dtype, variants=("auto",))
+
+
+def chunked(world: World) -> None:
+    """Blocks and chunks of at most 64 KiB: a 4 MiB call runs in 64 chunks, pulled and pushed."""
+    _every_collective(world, LARGE, "float32")
+    with _settings({"IRIS_COLLECTIVE_PUSH_FROM": "0", "IRIS_COLLECTIVE_STREAM_UNTIL": "0"}):
+        _every_collective(world, LARGE, "bfloat16", variants=("one_shot",))
+
+
+def zero_copy(world: World) -> None:
+    """Inputs of 16 MiB that already lie on the heap: peers read them in place."""
+    from jax.sharding import PartitionSpec as P
+
+    import iris_jax
+    from tests.gpu.cases import numpy_reference
+
+    n = ZERO_COPY_SIZE
+    xs = world.inputs(n, "float32", seed=5)
+    x = world.heap(xs)
+    f = world.smap(lambda v: (iris_jax.psum(v, "i"), iris_jax.all_gather(v, "i"), iris_jax.ppermute(
+        v, "i", [(i, (i + 1) % world.size) for i in range(world.size)])), P("i"), (P(), P("i"), P("i")))
+    total, gathered, permuted = f(x)
+    wide = xs.astype(np.float64)
+    for me in world.ranks:
+        world.expect("psum of a heap input", world.shard(total, me), wide.sum(0))
+        world.expect("all_gather of a heap input", world.shard(gathered, me), wide)
+        world.expect("ppermute of a heap input", world.shard(permuted, me), numpy_reference("ppermute", wide, me))
+
+
+# -- kernels, atomics, barrier -------------------------------------------------------------------
+def kernels(world: World) -> None:
+    """Remote stores and loads around the ring, a 132-program atomic hammer, ping-pong through
+    flags between rank pairs, a kernel in a fori_loop (check_vma), and both launch paths."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import PartitionSpec as P
+
+    import iris_jax
+    from tests.gpu.kernels import hammer, ping_pong
+    from tests.jax.kernels import read_local, ring_load, ring_store
+
+    W = world.size
+    for n, hint in ((SMALL, None), (MID, 16), (LARGE, 16)):
+        xs = world.inputs(n, "float32", seed=n)
+        buf = iris_jax.full((W * n,), -7.0, jnp.float32, sharding=world.rows)
+        x = world.put(xs)
+        out_t = jax.ShapeDtypeStruct((n,), jnp.float32)
+        grid = (-(-n // 1024),)
+        store = world.smap(lambda b, x, n=n, hint=hint, grid=grid, out_t=out_t: iris_jax.triton_call(
+            b, x, n, kernel=ring_store, out_shape=out_t, grid=grid, W=W, BLOCK=1024, HINT=hint, symmetric=(0,)),
+            (P("i"), P("i")), P("i"))
+        out = store(buf, x)
+        for me in world.ranks:
+            world.expect(f"ring_store out n={n}", world.shard(out, me), xs[me] * 2 + me, exact=True)
+        iris_jax.barrier()
+        read = world.smap(lambda b, n=n, grid=grid, out_t=out_t: iris_jax.triton_call(
+            b, n, kernel=read_local, out_shape=out_t, grid=grid, BLOCK=1024), P("i"), P("i"))
+        got = read(buf)
+        for me in world.ranks:
+            world.expect(f"ring_store landed n={n}", world.shard(got, me), xs[(me - 1) % W], exact=True)
+        load = world.smap(lambda b, n=n, grid=grid, out_t=out_t: iris_jax.triton_call(
+            b, n, kernel=ring_load, out_shape=out_t, grid=grid, W=W, BLOCK=1024, symmetric=(0,)), P("i"), P("i"))
+        got = load(buf)
+        for me in world.ranks:
+            world.expect(f"ring_load n={n}", world.shard(got, me), xs[me], exact=True)
+
+    counter = iris_jax.zeros((W * 64,), jnp.int32, sharding=world.rows)
+    world.smap(lambda c: iris_jax.triton_call(c, kernel=hammer, out_shape=jax.ShapeDtypeStruct((132,), jnp.int32),
+                                               grid=(132,), ITERS=100, W=W, symmetric=(0,)), P("i"), P("i"))(
+        counter).block_until_ready()
+    iris_jax.barrier()
+    for me in world.ranks:
+        expected = np.zeros(64, np.int32)
+        expected[0] = W * 132 * 100 if me == 0 else 0
+        world.expect("hammer counter", world.shard(counter, me), expected, exact=True)
+
+    if W % 2 == 0:
+        flags = iris_jax.zeros((W * 128,), jnp.int32, sharding=world.rows)
+        data = iris_jax.zeros((W * 128,), jnp.int32, sharding=world.rows)
+        res = world.smap(lambda f, d: iris_jax.triton_call(
+            f, d, kernel=ping_pong, out_shape=jax.ShapeDtypeStruct((1,), jnp.int32), grid=(1,), ROUNDS=101, W=W,
+            symmetric=(0, 1)), (P("i"), P("i")), P("i"))(flags, data)
+        for me in world.ranks:  # odd ranks receive last
+            world.expect("ping_pong", world.shard(res, me), [100 if me % 2 == 0 else 101], exact=True)
+        iris_jax.barrier()
+
+    n = 1000
+    buf = iris_jax.zeros((W * n,), jnp.float32, sharding=world.rows)
+    out_t = jax.ShapeDtypeStruct((n,), jnp.float32)
+
+    def body(buf, x):
+        step = lambda i, acc: iris_jax.triton_call(buf, acc, n, kernel=ring_store, out_shape=out_t, grid=(1,), W=W,
+                                                   BLOCK=1024, HINT=None) * 0.5
+        return jax.lax.fori_loop(0, 10, step, x)
+
+    out = world.smap(body, (P("i"), P("i")), P("i"))(buf, world.put(np.ones((W, n), np.float32)))
+    for me in world.ranks:  # acc <- acc + rank / 2, ten times
+        world.expect("fori_loop with check_vma", world.shard(out, me), np.full(n, 1 + 10 * me / 2))
+    iris_jax.barrier()
+
+    for mode, target in (("ffi", "iris_triton_kernel_call"), ("legacy", "triton_kernel_call")):
+        with _settings({"IRIS_TRITON_CALL": mode}):
+            xs = np.arange(W * 301, dtype=np.float32).reshape(W, 301)
+            x = world.put(xs)
+            f = world.smap(lambda v: iris_jax.psum(v * 2, "i") + 1, P("i"), P())
+            world.require(f"{mode} launch path", f'custom_call_target="{target}"' in f.lower(x).compile().as_text())
+            out = f(x)
+            for me in world.ranks:
+                world.expect(f"psum through the {mode} launch path", world.shard(out, me), xs.sum(0) * 2 + 1)
+
+
+def atomics(world: World) -> None:
+    """Every atomic (add, sub, xchg, xor, and, or, min, max, cas) with every sem/scope/hint on
+    both neighbours' heaps, returned old values and final memory (tests/core/test_atomics.py's
+    kernel and expectations; int32 every combination, uint32 and float32 a few); then every rank
+    and program hammering rank 0's counters with relaxed and acq_rel atomics of six kinds."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import PartitionSpec as P
+
+    import iris_jax
+    from tests.core import test_atomics as A
+    from tests.gpu.kernels import every_atomic, mixed_hammer
+
+    W = world.size
+    for dtype_name in ("int32", "uint32", "float32"):
+        dtype = A.DTYPES[dtype_name]
+        rng = np.random.default_rng(W * 10 + list(A.DTYPES).index(dtype_name))
+        combos = A.combos_for(dtype_name)
+        C, D, K, B = len(combos), 2, len(A.OPS), A.BLOCK
+        init = np.stack([A.random_values(rng, dtype, (C, D, K, B)) for _ in range(W)])
+        vals = np.stack([A.random_values(rng, dtype, (2, B)) for _ in range(W)])
+        even = np.arange(B) % 2 == 0
+        cmps = np.empty((W, C, D, B), dtype)
+        for r in range(W):
+            for d, peer in enumerate([(r + 1) % W, (r - 1) % W]):
+                # cas: even lanes hold the peer's current value (swap), odd lanes do not
+                peer_cas = init[peer][:, d, A.OPS.index("cas")]
+                cmps[r, :, d] = np.where(even, peer_cas, peer_cas + 1)
+        # one target and one old-value array per combination, each on the heap as a whole (a
+        # slice taken inside jit would be XLA's copy, off the heap)
+        targets = [world.heap(init[:, c]) for c in range(C)]
+        olds = [world.heap(np.full((W, D, K, 2, B), A.POISON[dtype_name], dtype)) for _ in range(C)]
+        val = world.put(vals)
+        for c, (sem, scope, hint) in enumerate(combos):
+            f = world.smap(lambda t, o, v, m, sem=sem, scope=scope, hint=hint: iris_jax.triton_call(
+                t, o, v, m, A.N, kernel=every_atomic, out_shape=jax.ShapeDtypeStruct((1,), jnp.int32),
+                grid=(1,), W=W, BLOCK=B, NUM_OPS=K, INT_OPS=dtype.kind in "iu", SEM=sem, SCOPE=scope, HINT=hint,
+                DEFAULTS=sem is None, symmetric=(0, 1)), (P("i"),) * 4, P("i"))
+            f(targets[c], olds[c], val, world.put(cmps[:, c])).block_until_ready()
+        iris_jax.barrier()  # every rank's atomics landed
+        for me in world.ranks:
+            want_memory, want_old = _atomics_expected(A, me, W, dtype_name, combos, init, vals, cmps)
+            got_memory = np.stack([world.shard(t, me) for t in targets])
+            got_old = np.stack([world.shard(o, me) for o in olds])
+            for c, combo in enumerate(combos):
+                for k, op in enumerate(A.OPS):
+                    where = f"atomic_{op} {combo} {dtype_name} on rank {me}"
+                    world.require(f"memory after {where}", np.array_equal(A.bits(got_memory[c, :, k]),
+                                                                          A.bits(want_memory[c, :, k])),
+                                  f"got {got_memory[c, :, k, :, :4]}, want {want_memory[c, :, k, :, :4]}")
+                    world.require(f"old values of {where}", np.array_equal(A.bits(got_old[c, :, k]),
+                                                                           A.bits(want_old[c, :, k])),
+                                  f"got {got_old[c, :, k, :, :, :4]}, want {want_old[c, :, k, :, :, :4]}")
+
+    programs, iters = A.HAMMER_PROGRAMS, A.HAMMER_ITERS
+    counter = world.heap(np.array([[0 if r == 0 else -5] for r in range(W)], np.int32))
+    initial = np.array([0, 0, -1, 1 << 30, 0, 0], np.int32)
+    counters = world.heap(np.stack([initial if r == 0 else np.full(6, -5, np.int32) for r in range(W)]))
+    olds = world.smap(lambda c: iris_jax.triton_call(
+        c, kernel=A.hammer_kernel, out_shape=jax.ShapeDtypeStruct((programs, iters), jnp.int32), grid=(programs,),
+        W=W, ITERS=iters, symmetric=(0,)), P("i"), P("i"))(counter)
+    world.smap(lambda c: iris_jax.triton_call(
+        c, kernel=mixed_hammer, out_shape=jax.ShapeDtypeStruct((1,), jnp.int32), grid=(programs,), W=W,
+        ITERS=A.MIXED_ITERS, LANES=A.LANES, symmetric=(0,)), P("i"), P("i"))(counters).block_until_ready()
+    iris_jax.barrier()
+    total = W * programs * iters
+    for me in world.ranks:
+        mine = world.shard(olds, me).ravel()
+        world.require("hammer: distinct old values", len(np.unique(mine)) == mine.size and mine.min() >= 0 and
+                      mine.max() < total, f"{mine.min()}..{mine.max()}, {len(np.unique(mine))} distinct of {mine.size}")
+        world.expect("hammer counter", world.shard(counter, me), [total if me == 0 else -5], exact=True)
+    rank, pid, i, lane = np.meshgrid(np.arange(W), np.arange(programs), np.arange(A.MIXED_ITERS),
+                                     np.arange(A.LANES), indexing="ij")
+    value = (rank * 7919 + pid * 1031 + i * 31 + lane * 4099) % 100003
+    expected = np.array([value.size, np.bitwise_xor.reduce((value * 977).ravel()), value.max(), value.min(),
+                         np.bitwise_or.reduce((1 << ((rank * 5 + pid * 3 + i + lane) % 31)).ravel()),
+                         -2 * np.count_nonzero(lane % 3 != 0)], np.int32)
+    for me in world.ranks:
+        world.expect("mixed hammer counters", world.shard(counters, me), expected if me == 0 else np.full(6, -5),
+                     exact=True)
+
+
+def _atomics_expected(A, q, W, dtype_name, combos, init, vals, cmps):
+    """Rank q's memory and returned old values after atomics_kernel on every rank (as test_atomics)."""
+    dtype = A.DTYPES[dtype_name]
+    B = A.BLOCK
+    memory = init[q].copy()
+    old = np.full((len(combos), 2, len(A.OPS), 2, B), A.POISON[dtype_name], dtype)
+    lanes = np.arange(B) < A.N
+    for d, (peer, writer) in enumerate([((q + 1) % W, (q - 1) % W), ((q - 1) % W, (q + 1) % W)]):
+        for k, op in enumerate(A.OPS):
+            if dtype.kind == "f" and op in A.INT_ONLY:
+                continue
+            live = np.ones(B, bool) if op == "cas" else lanes
+            for c in range(len(combos)):
+                v1, v2 = vals[writer]
+                first = (cmps[writer][c, d], v1) if op == "cas" else v1
+                second = (v1, v2) if op == "cas" else v2
+                mid = A.reference(op, init[q][c, d, k], first)
+                memory[c, d, k] = np.where(live, A.reference(op, mid, second), init[q][c, d, k])
+                v1, v2 = vals[q]
+                first = (cmps[q][c, d], v1) if op == "cas" else v1
+                start = init[peer][c, d, k]
+                old[c, d, k, 0, live] = start[live]
+                old[c, d, k, 1, live] = A.reference(op, start, first)[live]
+    return memory, old
+
+
+def device_barrier(world: World) -> None:
+    """100 device barriers between kernels; then a value stored into the next rank before a
+    barrier is there after it."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import PartitionSpec as P
+
+    import iris_jax
+    from tests.gpu.kernels import read_after
+    from tests.jax.kernels import ring_store
+
+    W = world.size
+    xs = np.arange(W * 3.0, dtype=np.float32).reshape(W, 3)
+    f = world.smap(lambda v: iris_jax.device_barrier(v * 2), P("i"), (P("i"), P("i")))
+    x = world.put(xs)
+    for _ in range(100):
+        status, y = f(x)
+    for me in world.ranks:
+        world.attempt("device_barrier status", iris_jax.check_barrier, world.shard(status, me))
+        world.expect("device_barrier passes its arrays through", world.shard(y, me), xs[me] * 2, exact=True)
+
+    # each rank stores into the next rank's inbox, then a barrier, then reads its own inbox
+    n = 37
+    inbox = iris_jax.full((W * n,), -7.0, jnp.float32, sharding=world.rows)
+    xs = world.inputs(n, "float32", seed=3)
+    out_t = jax.ShapeDtypeStruct((n,), jnp.float32)
+
+    def step(inbox, x):
+        stored = iris_jax.triton_call(inbox, x, n, kernel=ring_store, out_shape=out_t, grid=(1,), W=W, BLOCK=64,
+                                      HINT=None, symmetric=(0,))
+        status, stored = iris_jax.device_barrier(stored)
+        # status is an (unused) argument of the read: it runs after the barrier (device_barrier's docstring)
+        return status, iris_jax.triton_call(inbox, status, n, kernel=read_after, out_shape=out_t, grid=(1,),
+                                            BLOCK=64), stored
+
+    status, got, _ = world.smap(step, (P("i"), P("i")), (P("i"), P("i"), P("i")))(inbox, world.put(xs))
+    for me in world.ranks:
+        world.attempt("device_barrier status after the stores", iris_jax.check_barrier, world.shard(status, me))
+        world.expect("store, device_barrier, load", world.shard(got, me), xs[(me - 1) % W], exact=True)
+
+
+def tracing(world: World) -> None:
+    """Device tracing in every process; rank 0 exports every rank's events (peers' read through
+    CUDA IPC), aligned on the first barrier; a traced library psum on every rank."""
+    import json
+
+    import jax.numpy as jnp
+
+    import iris_jax
+    from tests.gpu import test_gpu_tracing as T
+
+    W = world.size
+    x = iris_jax.arange(W * T.N, dtype=jnp.float32, sharding=world.rows)
+    iris_jax.tracing.enable(max_events=64)
+    try:
+        out, status = T._step(world.mesh, W)(x)
+        for me in world.ranks:
+            world.attempt("traced barrier status", iris_jax.check_barrier, world.shard(status, me))
+            world.expect("traced read_next", world.shard(out, me), np.arange(W * T.N).reshape(W, T.N)[(me + 1) % W],
+                         exact=True)
+        iris_jax.barrier()  # every rank's kernels finished: any process may read every rank
+        world.attempt("events of every rank", T._check_events, iris_jax.tracing.read(), W)
+        if 0 in world.ranks:
+            (path,) = iris_jax.tracing.export(os.path.join(world.out_dir, f"trace_w{W}.json"))
+            doc = json.load(open(path))
+            world.require("exported ranks", {e["pid"] for e in doc["traceEvents"] if e["ph"] == "X"} == set(range(W)))
+            world.attempt("exported trace aligned on the barrier", T._check_aligned, doc, W)
+        iris_jax.barrier()
+        world.attempt("traced psum", T._check_traced_psum, world.mesh, W)
+        iris_jax.barrier()
+    finally:
+        iris_jax.tracing.disable()
+
+
+# -- fused ops and tile-level collectives ----------------------------------------------------------
+def fused(world: World) -> None:
+    """iris_jax.ops forced fused (two matmul_all_reduce back to back, all_gather_matmul,
+    matmul_reduce_scatter) on shapes that are not multiples of the tiles, float32 and bfloat16."""
+    import jax.numpy as jnp
+    from jax.sharding import PartitionSpec as P
+
+    from iris_jax import ops
+
+    W = world.size
+    M, K, N = 200 - 200 % W, 136, 184
+    for dtype_name in ("float32", "bfloat16"):
+        dtype = jnp.dtype(dtype_name)
+        rng = np.random.default_rng(M + K)
+        a_row, b_row, a_col, b_col = ((rng.standard_normal((W,) + s) / 4).astype(dtype)
+                                      for s in ((M, K), (K, N), (M, K), (K, N)))
+
+        def run(a_row, b_row, a_col, b_col):
+            return (ops.matmul_all_reduce(a_row, b_row, "i", impl="fused"),
+                    ops.matmul_all_reduce(a_row * 2, b_row, "i", impl="fused"),
+                    ops.all_gather_matmul(a_col, b_col, "i", impl="fused"),
+                    ops.matmul_reduce_scatter(a_row, b_row, "i", impl="fused"))
+
+        f = world.smap(run, (P(None, "i"), P("i", None), P("i", None), P(None, "i")),
+                       (P(), P(), P(None, "i"), P("i")))
+        outs = f(world.put(a_row, 1), world.put(b_row, 0), world.put(a_col, 0), world.put(b_col, 1))
+        w = lambda a: a.astype(np.float64)
+        total = sum(w(a_row[r]) @ w(b_row[r]) for r in range(W))
+        rows = M // W
+        tol = 2e-3 if dtype_name == "float32" else 3e-2
+        for me in world.ranks:
+            wants = (total, 2 * total, np.concatenate([w(a) for a in a_col]) @ w(b_col[me]),
+                     total[me * rows:(me + 1) * rows])
+            for name, out, want in zip(("matmul_all_reduce", "matmul_all_reduce x2", "all_gather_matmul",
+                                        "matmul_reduce_scatter"), outs, wants, strict=True):
+                world.checks += 1
+                got = np.asarray(world.shard(out, me), np.float64)
+                scale = float(np.abs(want).max())
+                if not np.allclose(got, want, rtol=tol, atol=tol * scale):
+                    world.failures.append(f"{name} {dtype_name} on rank {me}: largest error "
+                                          f"{np.abs(got - want).max():.3g} (scale {scale:.3g})")
+
+
+def tiles(world: World) -> None:
+    """Every tile-level Context collective on M x N = TILE_SHAPE (partial tiles at both edges),
+    tests/core/test_tile_collectives.py's kernel and expectations."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import PartitionSpec as P
+
+    import iris_jax
+    from tests.core import tile_kernels as K
+    from tests.core.test_tile_collectives import expected
+    from tests.gpu.kernels import tile_collective_call
+
+    W = world.size
+    (M, N), BM, BN = TILE_SHAPE, 64, 64
+    for op in (K.ATOMIC, K.SPINLOCK, K.ONE_SHOT, K.TWO_SHOT, K.REDUCE_SCATTER, K.ALL_GATHER_ROWS, K.ALL_GATHER_COLS,
+               K.GATHER, K.ALL_TO_ALL):
+        n = W * BN if op == K.ALL_TO_ALL else N
+        dst_shape = (W * M, n) if op == K.ALL_GATHER_ROWS else (M, W * n) if op == K.ALL_GATHER_COLS else (M, n)
+        xs = np.stack([np.arange(M * n, dtype=np.float32).reshape(M, n) * (r + 1) + r / 10 for r in range(W)])
+        x = world.heap(xs)
+        src = world.heap(np.full((W, M, n), np.nan, np.float32))
+        dst = world.heap(np.full((W,) + dst_shape, 0.0 if op in (K.ATOMIC, K.SPINLOCK) else -7.0, np.float32))
+        locks = world.heap(np.zeros((W, 4096), np.int32))
+        grid = (-(-M // BM), -(-n // BN))
+        call = world.smap(lambda x, s, d, lk, op=op, n=n, grid=grid: iris_jax.triton_call(
+            x, s, d, lk, M, n, kernel=tile_collective_call, out_shape=jax.ShapeDtypeStruct((1,), jnp.int32),
+            grid=grid, OP=op, W=W, BM=BM, BN=BN, NPR=BN, num_warps=4, symmetric=(0, 1, 2, 3)), (P("i"),) * 4, P("i"))
+        call(x, src, dst, locks).block_until_ready()
+        iris_jax.barrier()  # every rank's tiles landed
+        for me in world.ranks:
+            world.expect(f"tile collective {op}", world.shard(dst, me), expected(op, list(xs), me, BM, BN, BN),
+                         exact=True)
+
+
+# -- a peer that never arrives (its own run: the collective's trap ends the CUDA context) -----------
+def timeouts(world: World) -> None:
+    """The last rank never calls: a device barrier with timeout_s=3 reports it (PeerTimeoutError
+    from check_barrier), then an all_reduce with timeout_s=3 fails on every other rank (on GPUs
+    the kernel traps after printing `iris: timed out waiting for a peer rank`). No rank hangs."""
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+    from jax.sharding import PartitionSpec as P
+
+    import iris_jax
+
+    W = world.size
+    missing = W - 1
+    x = world.put(np.arange(W * 37, dtype=np.float32).reshape(W, 37))
+    skip = lambda call: lambda v: lax.cond(lax.axis_index("i") == missing, lambda u: call(u, True), call, v)
+
+    barrier = world.smap(skip(lambda u, absent=False: (jnp.full((1,), -1, jnp.int32), u) if absent
+                              else iris_jax.device_barrier(u, timeout_s=3)), P("i"), (P("i"), P("i")),
+                         check_vma=False)
+    start = time.monotonic()
+    status, _ = barrier(x)
+    jax.block_until_ready(status)
+    seconds = time.monotonic() - start
+    for me in world.ranks:
+        try:
+            iris_jax.check_barrier(world.shard(status, me))
+            raised = None
+        except iris_jax.PeerTimeoutError as e:
+            raised = str(e)
+        if me == missing:
+            world.require("the absent rank's barrier status", raised is None, raised)
+        else:
+            world.require("device_barrier names the absent rank", raised is not None and f"[{missing}]" in raised,
+                          f"{raised!r} after {seconds:.1f} s")
+            world.require("device_barrier timed out promptly", seconds < 30, f"{seconds:.1f} s")
+        world.say(f"rank {me}: device_barrier without rank {missing}: {seconds:.1f} s, {raised!r}")
+
+    reduce = world.smap(skip(lambda u, absent=False: u if absent else iris_jax.all_reduce(u, "i", timeout_s=3)),
+                        P("i"), P("i"), check_vma=False)
+    start = time.monotonic()
+    try:
+        jax.block_until_ready(reduce(x))
+        raised = None
+    except Exception as e:  # noqa: BLE001 - on GPUs a JaxRuntimeError from the kernel's trap
+        raised = f"{type(e).__name__}: {e}"
+    seconds = time.monotonic() - start
+    if world.ranks == [missing]:
+        world.require("the absent rank's own call", raised is None, raised)
+    else:  # (on the simulator, one process holds the absent rank and the others: its call fails too)
+        world.require("all_reduce fails without the absent rank", raised is not None, f"returned after {seconds:.1f} s")
+        world.require("all_reduce failed promptly", seconds < 30, f"{seconds:.1f} s")
+    world.say(f"all_reduce without rank {missing}: {seconds:.1f} s, {(raised or 'returned')[:300]!r}")
+
+
+SCENARIOS = {
+    "kernels": (kernels, {}),
+    "atomics": (atomics, {}),
+    "device_barrier": (device_barrier, {}),
+    "collectives": (all_reduce_and_collectives, {}),
+    "pushed": (pushed, {"IRIS_COLLECTIVE_PUSH_FROM": "0", "IRIS_COLLECTIVE_STREAM_UNTIL": "0",
+                        "IRIS_COLLECTIVE_STREAM_FROM": str(1 << 62)}),
+    "streamed": (streamed, {"IRIS_COLLECTIVE_STREAM_FROM": "0"}),
+    "chunked": (chunked, {"IRIS_COLLECTIVE_CHUNK_BYTES": str(64 << 10)}),
+    "zero_copy": (zero_copy, {"IRIS_COLLECTIVE_STREAM_FROM": str(1 << 62)}),  # pulled, so read in place
+    "fused": (fused, {}),
+    "tiles": (tiles, {}),
+    "tracing": (tracing, {}),  # last but timeouts: enabling tracing clears JAX's caches
+    "timeouts": (timeouts, {}),
+}
+MAIN = [name for name in SCENARIOS if name != "timeouts"]

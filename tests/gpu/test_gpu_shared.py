@@ -1,0 +1,74 @@
+"""The GPU suite on any GPU count: world sizes 2, 4 and 8 as processes sharing GPU 0 (pytest -m gpu).
+
+Each world runs every scenario of tests/gpu/scenarios.py (kernels, every atomic, device
+barriers, every collective and all-reduce variant at odd sizes and in four dtypes, pushed,
+streamed, chunked and zero-copy paths, fused ops, tile-level collectives, tracing) in one set
+of processes (tests/gpu/launcher.py), each rank checking its values against numpy; then a run
+in which the last rank never calls (timeouts). The three worlds run at the same time: their
+kernels time-slice on the GPU and their compilations share the CPUs.
+
+Shows correctness and memory-model behaviour on real hardware with 2-8 ranks; says nothing
+about speed (the ranks share one GPU's SMs and memory; no NVLink is involved).
+
+Settings: IRIS_GPU_SHARED_WORLDS (default "2,4,8"), IRIS_GPU_SHARED_LIMIT (seconds for the
+main runs, default 420), IRIS_GPU_LOG_DIR (keep the processes' logs there).
+"""
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.gpu import launcher
+from tests.gpu.scenarios import MAIN
+
+pytestmark = pytest.mark.gpu
+
+WORLD_SIZES = [int(w) for w in os.environ.get("IRIS_GPU_SHARED_WORLDS", "2,4,8").split(",")]
+LIMIT_S = float(os.environ.get("IRIS_GPU_SHARED_LIMIT", 420))
+TIMEOUT_LIMIT_S = 120
+
+
+def _log_dir(tmp_path_factory, what: str) -> Path:
+    root = os.environ.get("IRIS_GPU_LOG_DIR")
+    return Path(root) / what if root else tmp_path_factory.mktemp(what)
+
+
+def _launch_all(tmp_path_factory, scenarios, what: str, limit_s: float) -> dict:
+    if launcher.gpu_count() < 1:
+        pytest.fail("the gpu tests need a GPU (they never skip)")
+    log_dir = _log_dir(tmp_path_factory, what)
+    runs = {w: launcher.start(w, scenarios, shared=True, log_dir=log_dir, limit_s=limit_s) for w in WORLD_SIZES}
+    results = {w: run.wait() for w, run in runs.items()}
+    launcher.SUMMARY.extend(results.values())
+    return results
+
+
+@pytest.fixture(scope="module")
+def worlds(tmp_path_factory):
+    return _launch_all(tmp_path_factory, MAIN, "shared", LIMIT_S)
+
+
+@pytest.fixture(scope="module")
+def timeout_worlds(worlds, tmp_path_factory):  # after the main runs: their processes' traps stay apart
+    return _launch_all(tmp_path_factory, ["timeouts"], "shared_timeouts", TIMEOUT_LIMIT_S)
+
+
+@pytest.mark.parametrize("scenario", MAIN)
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_scenario(worlds, world_size, scenario):
+    worlds[world_size].check(scenario)
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_every_process_ended_cleanly(worlds, world_size):
+    worlds[world_size].check_exit()
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_absent_rank_fails_the_others_promptly(timeout_worlds, world_size):
+    """The last rank never calls a device barrier, then an all_reduce (timeout_s=3 each): the
+    others get PeerTimeoutError naming it, then a failed all_reduce; no process hangs."""
+    result = timeout_worlds[world_size]
+    result.check("timeouts")
+    result.check_exit()
