@@ -47,38 +47,39 @@ def rma(op, dtype, slot, sem, ctx, index, rank, value, cmp, mask, other):
 def _host(op, dtype, slot, sem, ctx_row, index, rank, mask, other, *operands):
     from triton._C.libtriton import interpreter
 
+    shape = index.shape
     words = np.ascontiguousarray(ctx_row).view(np.uint64)
     me, world = int(words[0]), int(words[1])
     if not 0 <= rank < world:
         raise IndexError(f"iris {op}: rank {rank} out of range for world size {world}")
     bases = words[HEADER_WORDS:HEADER_WORDS + world]
     address = int(words[context_words(world) + slot])
-    pointers = (np.uint64(address) + index.astype(np.uint64) * np.uint64(dtype.itemsize)
-                - bases[me] + bases[rank]).astype(np.uint64)
-    mask = np.ascontiguousarray(mask, dtype=bool)
+    offsets = index.reshape(-1).astype(np.uint64) * np.uint64(dtype.itemsize)
+    pointers = (np.uint64(address) - bases[me] + bases[rank] + offsets).astype(np.uint64)
+    mask = np.ascontiguousarray(mask, dtype=bool).reshape(-1)
+    other = np.ascontiguousarray(other, dtype).reshape(-1)
+    operands = [np.ascontiguousarray(o, dtype).reshape(-1) for o in operands]
     _check_bounds(op, pointers[mask], int(bases[rank]), rank, dtype.itemsize)
     semantic = getattr(interpreter.MEM_SEMANTIC, _SEM[sem])
     if op in ("load", "load_acquire"):
-        return interpreter.load(pointers, mask, np.ascontiguousarray(other, dtype), dtype).reshape(index.shape)
+        return np.asarray(interpreter.load(pointers, mask, other, dtype), dtype).reshape(shape)
     if op == "store":
-        interpreter.store(pointers, np.ascontiguousarray(operands[0], dtype), mask)
-        return np.zeros(index.shape, dtype)
+        interpreter.store(pointers, operands[0], mask)
+        return np.zeros(shape, dtype)
     if op == "cas":
-        cmp, value = (np.ascontiguousarray(o, dtype) for o in operands)
-        old = np.zeros(index.shape, dtype)
+        value, cmp = operands  # rma passes (value, cmp)
+        old = np.zeros(pointers.shape, dtype)
         if mask.any():
             old[mask] = interpreter.atomic_cas(pointers[mask], cmp[mask], value[mask], semantic)
-        return old
-    value = np.ascontiguousarray(operands[0], dtype)
-    if op == "sub":
-        value = -value
+        return old.reshape(shape)
+    value = -operands[0] if op == "sub" else operands[0]
     name = _RMW[op]
     if op == "add" and dtype.kind == "f":
         name = "FADD"
     elif op in ("min", "max") and dtype.kind == "u":
         name = "U" + name
     old = interpreter.atomic_rmw(getattr(interpreter.RMW_OP, name), pointers, value, mask, semantic)
-    return np.asarray(old, dtype).reshape(index.shape)
+    return np.asarray(old, dtype).reshape(shape)
 
 
 def _check_bounds(op, pointers, base, rank, itemsize):
