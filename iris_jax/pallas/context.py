@@ -91,6 +91,11 @@ class PallasContext:
         """Alias of `store` (Iris's name: local value, remote store)."""
         self.store(ref, value, to_rank, idx=idx, mask=mask)
 
+    def sync_threads(self) -> None:
+        """Waits for every thread of this program (bar.sync on GPUs). Put it between a block
+        store and the flag that publishes it: a release orders only its own thread's writes."""
+        primitives.iris_sync_threads_p.bind()
+
     # -- atomics ---------------------------------------------------------------
     def atomic_add(self, ref, value, to_rank, *, idx=None, mask=None, sem="acq_rel", scope="sys"):
         """Adds `value` into `ref[idx]` on `to_rank`'s heap; returns the old values."""

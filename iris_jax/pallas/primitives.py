@@ -32,6 +32,7 @@ from jax._src import core as jax_core
 from jax._src import state
 from jax import tree_util
 from jax._src.state import discharge as state_discharge
+from jax.interpreters import mlir
 
 LOADS = ("load", "load_acquire")
 RMW_OPS = ("add", "sub", "xchg", "and", "or", "xor", "min", "max")
@@ -155,3 +156,19 @@ def check(op: str, dtype, sem: str, scope: str) -> None:
                         f"not {dtype}")
     if op == "load_acquire" and dtype not in _INT32:
         raise TypeError(f"load_acquire reads int32/uint32 flags, not {dtype}")
+
+
+# -- a barrier among the threads of one program -----------------------------------------
+iris_sync_threads_p = jax_core.Primitive("iris_sync_threads")
+iris_sync_threads_p.multiple_results = True
+
+
+@iris_sync_threads_p.def_effectful_abstract_eval
+def _sync_abstract_eval():
+    from jax._src.pallas.triton import primitives as triton_primitives
+
+    return [], {triton_primitives.barrier_effect}  # kernel-local: keeps it in the kernel, in order
+
+
+iris_sync_threads_p.def_impl(lambda: [])  # interpret mode: a program is one thread already
+mlir.register_lowering(iris_sync_threads_p, lambda ctx: [], platform="cpu")

@@ -18,7 +18,7 @@ from jax._src.pallas.triton import lowering as pl_triton
 from jax._src.state import indexing
 
 from iris_core.heap.context_layout import HEADER_WORDS
-from iris_jax.pallas.primitives import iris_rma_p
+from iris_jax.pallas.primitives import iris_rma_p, iris_sync_threads_p
 
 _SEM = {"relaxed": "RELAXED", "acquire": "ACQUIRE", "release": "RELEASE", "acq_rel": "ACQUIRE_RELEASE"}
 _SCOPE = {"cta": "CTA", "gpu": "GPU", "sys": "SYSTEM"}
@@ -121,3 +121,12 @@ def _load_acquire(pointers, scope, dtype):
 
 
 pl_triton.register_lowering(iris_rma_p)(_lowering)
+
+
+@pl_triton.register_lowering(iris_sync_threads_p)
+def _sync_threads(ctx):
+    from jax._src.lib.mlir.dialects import gpu
+
+    del ctx
+    gpu.barrier()
+    return []

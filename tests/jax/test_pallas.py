@@ -16,7 +16,7 @@ from jax.sharding import PartitionSpec as P
 import iris_jax
 from iris_core.errors import IrisError, NotOnHeapError
 from iris_jax import pallas as ipl
-from tests.jax.helpers import read_heap, smap, use_runtime
+from tests.jax.helpers import read_heap, run_python, smap, use_runtime
 
 N = 8  # elements per rank
 POISON = -7.0
@@ -362,6 +362,7 @@ def test_triton_ir_for_gpus():
     def kernel(ctx, inbox_ref, flags_ref, x_ref, o_ref):
         peer = (ctx.rank + 1) % ctx.world_size
         ctx.store(inbox_ref.at[pl.ds(0, 8)], x_ref[...], to_rank=peer)
+        ctx.sync_threads()
         ctx.atomic_add(flags_ref.at[0], 1, to_rank=peer, sem="release")
         ctx.atomic_xchg(flags_ref.at[1], 1, to_rank=peer, sem="relaxed", scope="gpu")
         ctx.atomic_cas(flags_ref.at[2], 0, 1, to_rank=peer, sem="acquire")
@@ -383,6 +384,14 @@ def test_triton_ir_for_gpus():
     assert "tt.atomic_rmw max, acq_rel, sys" in ir
     assert 'ld.acquire.sys.global.b32 $0, [$1];' in ir and "pure = false" in ir
     assert "scf.while" in ir  # the wait polls in a loop
+    assert "gpu.barrier" in ir  # sync_threads
     # the kernel is kept: Pallas's custom call is marked side-effecting
     calls = [line for line in hlo.splitlines() if "__gpu$xla.gpu.triton" in line]
     assert len(calls) == 1 and "has_side_effect = true" in calls[0]
+
+
+def test_example_one_shot_all_reduce():
+    result = run_python(["examples/06_pallas_all_reduce.py"], timeout=300,
+                        XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert "equals lax.psum" in result.stdout
