@@ -108,7 +108,7 @@ def main():
     flags_bytes = 1 << 20
     data_bytes = M * N * 2
     heap = torch.zeros(F.LINE.value * 256 + flags_bytes + 2 * data_bytes, device="cuda", dtype=torch.uint8)
-    ctx = torch.from_numpy(encode_context(0, [heap.data_ptr()])).cuda()
+    ctx = torch.from_numpy(encode_context(0, [heap.data_ptr()], heap_size=heap.numel())).cuda()
     group = torch.tensor([0, 0], device="cuda", dtype=torch.int32)
     ws = dict(WS_OFFSET=0, FLAGS=F.LINE.value * 256, DATA=F.LINE.value * 256 + flags_bytes, DATA_BYTES=data_bytes)
     gemm = dict(M=M, N=N, K=K, BM=BM, BN=BN, BK=BK, num_warps=warps, num_stages=stages)

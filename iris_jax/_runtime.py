@@ -177,7 +177,7 @@ class Runtime:
         """Rank's context array (int32-packed words), with the heap bases as seen by rank's
         own process."""
         if self.mode == GPU_MULTI:
-            return encode_context(rank, self._bases_seen_by[rank], self.trace_words())
+            return encode_context(rank, self._bases_seen_by[rank], self.trace_words(), heap_size=self.heap.heap_size)
         return self.heap.context(rank, self.trace_words())
 
     def context_table(self, devices: Sequence[jax.Device]) -> np.ndarray:

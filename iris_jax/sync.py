@@ -20,6 +20,7 @@ import triton.language as tl
 from iris_core.device import Context, global_timer
 from iris_core.device.tracing import EVENT_BARRIER
 from iris_core.errors import PeerTimeoutError
+from iris_core.heap.status import error_from_word
 from iris_jax import _runtime as runtime_lib
 from iris_jax.call import triton_call
 
@@ -87,7 +88,9 @@ def check_barrier(status) -> None:
 
 
 def barrier() -> None:
-    """Host barrier: waits for this process's device work, then for every process."""
+    """Host barrier: waits for this process's device work, then for every process; then
+    raises NotOnHeapError if a kernel of this process's ranks refused an access
+    (check_heap_errors)."""
     rt = runtime_lib.runtime()
     if rt.mode.startswith("gpu"):
         import torch
@@ -96,3 +99,17 @@ def barrier() -> None:
             torch.cuda.synchronize(d.local_hardware_id)
     jax.effects_barrier()
     rt.sync_processes()
+    check_heap_errors()
+
+
+def check_heap_errors() -> None:
+    """Raises NotOnHeapError if an iris kernel on one of this process's ranks refused an
+    access since the last check: a pointer outside the caller's heap or a rank outside
+    the world, masked off by the heap guard (nothing was accessed). Waits for the devices'
+    work first; clears the reports. On GPUs the guard reports here, after the call (the
+    simulator raises at once, in the call)."""
+    rt = runtime_lib.runtime()
+    jax.effects_barrier()
+    errors = [error_from_word(word, rank, rt.heap_size) for rank, word in rt.heap.take_errors()]
+    if errors:
+        raise errors[0] if len(errors) == 1 else type(errors[0])("\n".join(str(e) for e in errors))

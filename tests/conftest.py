@@ -14,6 +14,8 @@ def pytest_configure(config):
     if "gpu" in (config.option.markexpr or "") and "not gpu" not in config.option.markexpr:
         return
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    # the simulator checks every remote access against its live allocation (iris_core.sim.checks)
+    os.environ.setdefault("IRIS_SIM_CHECKED", "1")
     flags = os.environ.get("XLA_FLAGS", "")
     if "xla_force_host_platform_device_count" not in flags:
         os.environ["XLA_FLAGS"] = (flags + " --xla_force_host_platform_device_count=8").strip()

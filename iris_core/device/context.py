@@ -21,6 +21,7 @@ from iris_core.device import rma
 from iris_core.device import tile_collectives as tiles
 from iris_core.device.compat import aggregate
 from iris_core.device.rma import ACQ_REL, NO_MODIFIER, SYSTEM
+from iris_core.heap import context_layout
 from iris_core.device.tracing import (
     EVENT_ATOMIC_ADD,
     EVENT_ATOMIC_AND,
@@ -38,6 +39,8 @@ from iris_core.device.tracing import (
     EVENT_STORE,
     DeviceTracing,
 )
+
+HEADER_WORDS = tl.constexpr(context_layout.HEADER_WORDS)  # [rank, world_size, heap_size] before the bases
 
 
 @aggregate
@@ -60,12 +63,13 @@ class Context:
         """Decodes the context array (int32-packed 64-bit words) passed to the kernel."""
         words = context_ptr.to(tl.pointer_type(tl.uint64), bitcast=True)
         rank = tl.load(words).to(tl.int32)
-        heap_bases = words + 2
-        return Context(rank, world_size, heap_bases, DeviceTracing(tracing, words + 2 + world_size, rank, heap_bases))
+        heap_bases = words + HEADER_WORDS
+        return Context(rank, world_size, heap_bases,
+                       DeviceTracing(tracing, words + HEADER_WORDS + world_size, rank, heap_bases))
 
     @triton.jit
-    def translate(self, ptr, from_rank, to_rank, hint: tl.constexpr = None):
-        return rma.translate(ptr, from_rank, to_rank, self.heap_bases, hint)
+    def translate(self, ptr, from_rank, to_rank, hint: tl.constexpr = None, mask=None):
+        return rma.translate(ptr, from_rank, to_rank, self.heap_bases, hint, mask)
 
     # RMA ops: with tracing=True each records one event (rank = the peer, address = my pointer)
     @triton.jit

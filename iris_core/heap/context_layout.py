@@ -2,9 +2,12 @@
 
 Layout, in 64-bit words (see ../shared/reference/iris_device_api.md)::
 
-    [rank, world_size, heap_base_0 .. heap_base_{W-1},
+    [rank, world_size, heap_size, heap_base_0 .. heap_base_{W-1},
      trace_enabled, max_events, trace_counter_ptr, op_index_counter_ptr,
      13 trace-buffer pointers]
+
+`world_size` and `heap_size` sit right before the bases, where the device's heap guard
+finds them from the bases' pointer alone (iris_core.device.rma: heap_bases[-2], [-1]).
 
 The tracing words are zero while tracing is off; when on, the counters and the 13
 buffers are byte offsets into the rank's own heap, not addresses (iris_core.tracing.buffers).
@@ -24,7 +27,7 @@ TRACE_FIELDS = (
     "event_id", "pid", "pid_m", "pid_n", "cur_rank", "target_rank", "sm_id",
     "timestamp", "address", "duration", "op_index", "payload_size", "reserved",
 )
-HEADER_WORDS = 2
+HEADER_WORDS = 3
 TRACE_WORDS = 4 + len(TRACE_FIELDS)
 
 
@@ -38,15 +41,18 @@ def trace_offset(world_size: int) -> int:
     return HEADER_WORDS + world_size
 
 
-def encode_context(rank: int, heap_bases: Sequence[int], trace_words: Sequence[int] = ()) -> np.ndarray:
+def encode_context(rank: int, heap_bases: Sequence[int], trace_words: Sequence[int] = (), *,
+                   heap_size: int) -> np.ndarray:
     """Packs one rank's context into an int32 array of 2 * context_words(W) entries."""
     world_size = len(heap_bases)
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} out of range for world size {world_size}")
+    if heap_size <= 0:
+        raise ValueError(f"heap_size must be positive, got {heap_size}")
     trace = list(trace_words) + [0] * (TRACE_WORDS - len(trace_words))
     if len(trace) != TRACE_WORDS:
         raise ValueError(f"expected at most {TRACE_WORDS} tracing words, got {len(trace_words)}")
-    words = np.array([rank, world_size, *heap_bases, *trace], dtype=np.uint64)
+    words = np.array([rank, world_size, heap_size, *heap_bases, *trace], dtype=np.uint64)
     return words.view(np.int32).copy()
 
 
@@ -58,6 +64,7 @@ def decode_context(array: np.ndarray) -> dict:
     return {
         "rank": int(words[0]),
         "world_size": world_size,
+        "heap_size": int(words[2]),
         "heap_bases": [int(w) for w in words[HEADER_WORDS:t]],
         "trace": [int(w) for w in words[t:t + TRACE_WORDS]],
     }

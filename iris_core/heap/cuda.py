@@ -11,6 +11,8 @@ from __future__ import annotations
 import ctypes
 from collections.abc import Sequence
 
+import numpy as np
+
 from iris_core.errors import IrisError, RankMismatchError
 from iris_core.heap.rendezvous import KeyValueStore
 from iris_core.heap.symmetric import SymmetricHeap
@@ -111,6 +113,15 @@ class CudaHeap(SymmetricHeap):
         holder = _CudaBytes(self.heap_bases[rank] + offset, nbytes, owner)
         raw = torch.as_tensor(holder, device=f"cuda:{self.devices[rank]}")
         return raw.view(dtype).view(tuple(shape))
+
+    def read_words(self, rank: int, offset: int, count: int) -> np.ndarray:
+        rt = _cudart()
+        out = np.zeros(count, np.int64)
+        _check(rt.cudaSetDevice(self.devices[rank]), "cudaSetDevice")
+        _check(rt.cudaDeviceSynchronize(), "cudaDeviceSynchronize")
+        _check(rt.cudaMemcpy(out.ctypes.data, self.heap_bases[rank] + offset, out.nbytes,
+                             rt.cudaMemcpyKind.cudaMemcpyDefault), "cudaMemcpy")
+        return out
 
     def _zero_local(self, rank: int, offset: int, nbytes: int) -> None:
         rt = _cudart()

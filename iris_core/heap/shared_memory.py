@@ -13,6 +13,7 @@ import mmap
 import os
 import tempfile
 import uuid
+import weakref
 from collections.abc import Sequence
 
 import numpy as np
@@ -25,6 +26,25 @@ SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
 
 def segment_path(session: str, rank: int) -> str:
     return os.path.join(SHM_DIR, f"iris-{session}-r{rank}")
+
+
+def allocations_path(session: str) -> str:
+    """The session's table of live allocations (checked mode; named so that the segment
+    clean-ups below remove it too)."""
+    return os.path.join(SHM_DIR, f"iris-{session}-r-allocations")
+
+
+TABLE_ENTRIES = 1 << 15  # (offset, bytes) pairs the allocation table holds; beyond: unchecked
+_TABLE_BYTES = 16 + 16 * TABLE_ENTRIES
+_OPEN: weakref.WeakSet = weakref.WeakSet()  # the heaps mapped in this process
+
+
+def heap_at(address: int) -> "SharedMemoryHeap | None":
+    """The open heap of this process that has a rank's heap base at `address`."""
+    for heap in list(_OPEN):
+        if not heap.closed and address in heap.heap_bases:
+            return heap
+    return None
 
 
 def new_session(tag: str = "") -> str:
@@ -110,6 +130,12 @@ class SharedMemoryHeap(SymmetricHeap):
             for rank in range(world_size):
                 self._arrays[rank] = np.frombuffer(self._maps[rank], dtype=np.uint8)
             self.heap_bases = [int(self._arrays[r].ctypes.data) for r in range(world_size)]
+            self._table = None  # the allocation table: written by rank 0's owner, read by the others
+            self._table_cache = (-1, None, None)
+            if 0 in self.local_ranks:
+                self._table = _map_table(allocations_path(session), create=True)
+                self._allocations_changed()
+            _OPEN.add(self)
         except BaseException:
             self._release()
             raise
@@ -124,7 +150,58 @@ class SharedMemoryHeap(SymmetricHeap):
     def _zero_local(self, rank: int, offset: int, nbytes: int) -> None:
         self._arrays[rank][offset:offset + nbytes] = 0
 
+    def read_words(self, rank: int, offset: int, count: int) -> np.ndarray:
+        return self.host_view(rank, offset, (count,), np.int64).copy()
+
+    # -- the allocation table (iris_core.sim.checks) ------------------------------
+    def _allocations_changed(self) -> None:
+        table = getattr(self, "_table", None)
+        if table is None:
+            return
+        live = sorted(self._requested.items())
+        table[0] += 1  # odd: being written (a seqlock; readers retry)
+        if len(live) > TABLE_ENTRIES:
+            table[1] = -1
+        else:
+            table[2:2 + 2 * len(live)] = np.asarray(live, np.int64).reshape(-1)
+            table[1] = len(live)
+        table[0] += 1
+
+    def allocation_table(self) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """(starts, sizes) of the live allocations, by offset; (None, None) when there are
+        more than the table holds. A process that allocates reads its own; the simulator's
+        workers read the table that rank 0's owner publishes."""
+        if self.local_ranks:
+            live = self.allocations()
+            if not live:
+                return np.zeros(0, np.int64), np.zeros(0, np.int64)
+            pairs = np.asarray(live, np.int64)
+            return pairs[:, 0], pairs[:, 1]
+        if self._table is None:
+            try:
+                self._table = _map_table(allocations_path(self.session), create=False)
+            except FileNotFoundError:  # no owner publishes one (heaps made by hand)
+                return None, None
+        table = self._table
+        while True:
+            version = int(table[0])
+            if version == self._table_cache[0]:
+                return self._table_cache[1], self._table_cache[2]
+            if version % 2:
+                continue
+            count = int(table[1])
+            pairs = table[2:2 + 2 * max(count, 0)].copy().reshape(-1, 2)
+            if int(table[0]) != version:
+                continue
+            starts, sizes = (None, None) if count < 0 else (pairs[:, 0], pairs[:, 1])
+            self._table_cache = (version, starts, sizes)
+            return starts, sizes
+
     def _release(self) -> None:
+        _OPEN.discard(self)
+        self._table = None
+        if 0 in self.local_ranks:
+            _unlink([allocations_path(self.session)])
         self._arrays.clear()
         for rank, m in self._maps.items():
             try:
@@ -137,3 +214,14 @@ class SharedMemoryHeap(SymmetricHeap):
                 except FileNotFoundError:
                     pass
         self._maps.clear()
+
+
+def _map_table(path: str, create: bool) -> np.ndarray:
+    fd = os.open(path, os.O_CREAT | os.O_RDWR if create else os.O_RDWR, 0o600)
+    try:
+        if create:
+            os.ftruncate(fd, _TABLE_BYTES)
+        mapping = mmap.mmap(fd, _TABLE_BYTES)
+    finally:
+        os.close(fd)
+    return np.frombuffer(mapping, np.int64)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import threading
 import weakref
 from collections.abc import Sequence
 
@@ -10,6 +11,7 @@ import numpy as np
 
 from iris_core.heap.allocator import HeapAllocator, format_bytes
 from iris_core.heap.context_layout import encode_context
+from iris_core.heap.status import RESERVED_BYTES, STATUS_OFFSET
 
 
 class SymmetricHeap(abc.ABC):
@@ -31,6 +33,9 @@ class SymmetricHeap(abc.ABC):
         self.heap_size = heap_size
         self.local_ranks = tuple(local_ranks)
         self.allocator = HeapAllocator(heap_size)
+        self.allocator.allocate(RESERVED_BYTES)  # offset 0: the status line (iris_core.heap.status)
+        self._requested: dict[int, int] = {}  # live allocations: offset -> bytes asked for
+        self._requested_lock = threading.Lock()
         self.heap_bases: list[int] = []
         self._closed = False
 
@@ -43,11 +48,14 @@ class SymmetricHeap(abc.ABC):
         processes zero their own heaps when they make the same allocation).
         """
         offset = self.allocator.allocate(nbytes)
+        with self._requested_lock:
+            self._requested[offset] = nbytes
+            self._allocations_changed()
         if zero:
             try:
                 self.zero(offset, nbytes)
             except BaseException:
-                self.allocator.free(offset)
+                self.free(offset)
                 raise
         return offset
 
@@ -59,8 +67,36 @@ class SymmetricHeap(abc.ABC):
     @abc.abstractmethod
     def _zero_local(self, rank: int, offset: int, nbytes: int) -> None: ...
 
+    def read_words(self, rank: int, offset: int, count: int) -> np.ndarray:
+        """`count` int64 words of rank's heap at `offset`, copied to the host (after the
+        device work that wrote them finished)."""
+        raise NotImplementedError
+
+    def take_errors(self) -> list[tuple[int, int]]:
+        """(rank, status word) of every local rank whose kernels reported a refused access
+        (iris_core.heap.status); the words are cleared."""
+        found = []
+        for rank in self.local_ranks:
+            word = int(self.read_words(rank, STATUS_OFFSET, 1)[0])
+            if word:
+                self._zero_local(rank, STATUS_OFFSET, 8)
+                found.append((rank, word))
+        return found
+
     def free(self, offset: int) -> None:
         self.allocator.free(offset)
+        with self._requested_lock:
+            self._requested.pop(offset, None)
+            self._allocations_changed()
+
+    def allocations(self) -> list[tuple[int, int]]:
+        """The live allocations as (offset, bytes requested), by offset."""
+        with self._requested_lock:
+            return sorted(self._requested.items())
+
+    def _allocations_changed(self) -> None:
+        """Called (under the lock) after every allocation and free; the simulator's heaps
+        publish the table to their workers (checked mode)."""
 
     def free_when_collected(self, owner: object, offset: int) -> None:
         """Frees `offset` once `owner` is garbage-collected."""
@@ -80,7 +116,7 @@ class SymmetricHeap(abc.ABC):
     # -- context --------------------------------------------------------------
     def context(self, rank: int, trace_words: Sequence[int] = ()) -> np.ndarray:
         """The int32-packed context array of `rank` (see context_layout)."""
-        return encode_context(rank, self.heap_bases, trace_words)
+        return encode_context(rank, self.heap_bases, trace_words, heap_size=self.heap_size)
 
     # -- usage ----------------------------------------------------------------
     @property

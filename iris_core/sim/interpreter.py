@@ -67,6 +67,8 @@ def run_kernel(kernel, grid: Sequence[int], args: Sequence, constexprs: dict | N
     """
     from triton.runtime import interpreter as ti
 
+    from iris_core.sim.checks import running_kernel
+
     kernel = as_interpreted(kernel)
     fn = kernel.rewrite()
     constexprs = dict(constexprs or {})
@@ -92,14 +94,27 @@ def run_kernel(kernel, grid: Sequence[int], args: Sequence, constexprs: dict | N
     _fix_scalar_index(ti)
     patch_scope = ti._patch_lang(kernel.fn)
     try:
-        ti.interpreter_builder.set_grid_dim(*grid)
-        for x in range(grid[0]):
-            for y in range(grid[1]):
-                for z in range(grid[2]):
-                    ti.interpreter_builder.set_grid_idx(x, y, z)
-                    fn(**call_args)
+        with running_kernel(kernel.fn.__name__):
+            ti.interpreter_builder.set_grid_dim(*grid)
+            for x in range(grid[0]):
+                for y in range(grid[1]):
+                    for z in range(grid[2]):
+                        ti.interpreter_builder.set_grid_idx(x, y, z)
+                        fn(**call_args)
+    except Exception as e:
+        raise _iris_cause(e) or e
     finally:
         patch_scope.restore()
+
+
+def _iris_cause(error: BaseException):
+    """The iris error (NotOnHeapError, PeerTimeoutError, ...) that the interpreter wrapped
+    in InterpreterErrors, one per call level, or None."""
+    from iris_core.errors import IrisError
+
+    while error is not None and not isinstance(error, IrisError):
+        error = error.__cause__
+    return error
 
 
 def _fix_scalar_index(ti) -> None:

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Listener
 
-from iris_core.errors import PeerTimeoutError, SimulatedRankError
+from iris_core.errors import IrisError, PeerTimeoutError, SimulatedRankError
 from iris_core.heap.shared_memory import SharedMemoryHeap, new_session, remove_stale_segments
 from iris_core.sim import pickling
 
@@ -60,7 +60,8 @@ def _serve(rank: int, world_size: int, conn) -> None:
             fn, args = pickling.loads(message)
             reply = pickling.dumps(("ok", fn(state, *args)))
         except BaseException as e:  # report everything, including KeyboardInterrupt
-            reply = pickling.dumps(("err", f"{type(e).__name__}: {e}", traceback.format_exc()))
+            reply = pickling.dumps(("err", f"{type(e).__name__}: {e}", traceback.format_exc(),
+                                    type(e) if isinstance(e, IrisError) else None))
         conn.send_bytes(reply)
 
 
@@ -205,10 +206,23 @@ class SimWorld:
                     # peers may be blocked waiting for this rank: restart everything
                     if pending:
                         self.restart()
-                    raise SimulatedRankError(
+                    raise _rank_error(reply[3] if len(reply) > 3 else None)(
                         f"simulated rank {rank} raised {reply[1]}\n--- rank {rank} traceback ---\n{reply[2]}")
                 results[rank] = reply[1]
         return [results[r] for r in ranks]
+
+
+def _rank_error(kind: type | None) -> type:
+    """SimulatedRankError, also of the rank's own iris error type (e.g. NotOnHeapError), so
+    callers can catch either."""
+    if kind is None or issubclass(kind, SimulatedRankError):
+        return SimulatedRankError
+    if kind not in _RANK_ERRORS:
+        _RANK_ERRORS[kind] = type(f"Simulated{kind.__name__}", (kind, SimulatedRankError), {})
+    return _RANK_ERRORS[kind]
+
+
+_RANK_ERRORS: dict = {}
 
 
 def _attach(state: RankState, session: str, world_size: int, heap_size: int) -> None:

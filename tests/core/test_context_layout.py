@@ -18,6 +18,7 @@ from iris_core.heap.context_layout import (
 from iris_core.sim import get_world, launch
 
 MAX_WORLD = 8
+HEAP_SIZE = 1 << 30
 
 
 def big_bases(world_size: int) -> list[int]:
@@ -32,13 +33,14 @@ def test_encode_decode_round_trip(world_size):
     assert max(bases) >= 1 << 63
     for rank in range(world_size):
         trace = [1, 1000, 0xFFFF_FFFF_FFFF_FFF0, 3 << 40][: rank % (TRACE_WORDS + 1)]
-        array = encode_context(rank, bases, trace)
+        array = encode_context(rank, bases, trace, heap_size=HEAP_SIZE)
         assert array.dtype == np.int32
         assert array.shape == (2 * context_words(world_size),)
         decoded = decode_context(array)
         assert decoded == {
             "rank": rank,
             "world_size": world_size,
+            "heap_size": HEAP_SIZE,
             "heap_bases": bases,
             "trace": trace + [0] * (TRACE_WORDS - len(trace)),
         }
@@ -47,44 +49,46 @@ def test_encode_decode_round_trip(world_size):
 @pytest.mark.parametrize("world_size", [1, 3, 8])
 def test_word_layout(world_size):
     bases = big_bases(world_size)
-    array = encode_context(world_size - 1, bases, [7, 9])
+    array = encode_context(world_size - 1, bases, [7, 9], heap_size=HEAP_SIZE)
     assert context_words(world_size) == HEADER_WORDS + world_size + 4 + len(TRACE_FIELDS)
-    assert trace_offset(world_size) == 2 + world_size
+    assert trace_offset(world_size) == 3 + world_size
     # little-endian int32 pairs: low word first
     low, high = array[0::2].view(np.uint32), array[1::2].view(np.uint32)
     words = [int(lo) | int(hi) << 32 for lo, hi in zip(low, high, strict=True)]
-    assert words[:2] == [world_size - 1, world_size]
-    assert words[2:2 + world_size] == bases
+    assert words[:3] == [world_size - 1, world_size, HEAP_SIZE]  # the guard reads these before the bases
+    assert words[3:3 + world_size] == bases
     assert words[trace_offset(world_size):] == [7, 9] + [0] * (TRACE_WORDS - 2)
 
 
 def test_decode_accepts_a_copy_in_another_layout():
-    array = encode_context(2, big_bases(4))
+    array = encode_context(2, big_bases(4), heap_size=HEAP_SIZE)
     as_list = [int(v) for v in array]  # e.g. a round trip through JSON or a jax array
     assert decode_context(np.array(as_list, dtype=np.int64)) == decode_context(array)
 
 
-@pytest.mark.parametrize("rank, bases, trace", [
-    (-1, [0, 1], ()),
-    (2, [0, 1], ()),
-    (0, [], ()),
-    (0, [0], [0] * (TRACE_WORDS + 1)),
+@pytest.mark.parametrize("rank, bases, trace, heap_size", [
+    (-1, [0, 1], (), HEAP_SIZE),
+    (2, [0, 1], (), HEAP_SIZE),
+    (0, [], (), HEAP_SIZE),
+    (0, [0], [0] * (TRACE_WORDS + 1), HEAP_SIZE),
+    (0, [0], (), 0),
 ])
-def test_encode_rejects_bad_arguments(rank, bases, trace):
+def test_encode_rejects_bad_arguments(rank, bases, trace, heap_size):
     with pytest.raises(ValueError):
-        encode_context(rank, bases, trace)
+        encode_context(rank, bases, trace, heap_size=heap_size)
 
 
 @triton.jit
 def decode_kernel(context_ptr, out_ptr, W: tl.constexpr, NUM_TRACE: tl.constexpr):
-    """Writes [rank, world_size, heap_bases..., tracing words...] as the kernel sees them."""
+    """Writes [rank, world_size, heap_size, heap_bases..., tracing words...] as the kernel sees them."""
     ctx = Context.initialize(context_ptr, W)
     tl.store(out_ptr, ctx.rank.to(tl.int64))
     tl.store(out_ptr + 1, tl.full((), ctx.world_size, tl.int64))
+    tl.store(out_ptr + 2, tl.load(ctx.heap_bases - 1).to(tl.int64, bitcast=True))
     for r in tl.static_range(W):
-        tl.store(out_ptr + 2 + r, tl.load(ctx.heap_bases + r).to(tl.int64, bitcast=True))
+        tl.store(out_ptr + 3 + r, tl.load(ctx.heap_bases + r).to(tl.int64, bitcast=True))
     offs = tl.arange(0, NUM_TRACE)
-    tl.store(out_ptr + 2 + W + offs, tl.load(ctx.tracing.words + offs).to(tl.int64, bitcast=True))
+    tl.store(out_ptr + 3 + W + offs, tl.load(ctx.tracing.words + offs).to(tl.int64, bitcast=True))
 
 
 def trace_pow2() -> int:
@@ -97,13 +101,13 @@ def decode_rank(state, session, synthetic_world, synthetic_trace):
     results = []
     for rank, bases, trace in [(state.rank, heap.heap_bases, [5, 6]),
                                (state.rank % synthetic_world, big_bases(synthetic_world), synthetic_trace)]:
-        context = encode_context(rank, bases, trace)
+        context = encode_context(rank, bases, trace, heap_size=heap.heap_size)
         world = len(bases)
         # room for the full (padded) arange over the tracing words; poisoned
-        out = np.full(2 + world + trace_pow2(), -77, np.int64)
+        out = np.full(3 + world + trace_pow2(), -77, np.int64)
         padded = np.concatenate([context, np.zeros(2 * (trace_pow2() - TRACE_WORDS), np.int32)])
         launch(decode_kernel, (1,), padded, out, W=world, NUM_TRACE=trace_pow2())
-        results.append((context, out[:2 + world + TRACE_WORDS].copy(), list(heap.heap_bases)))
+        results.append((context, out[:3 + world + TRACE_WORDS].copy(), list(heap.heap_bases)))
     return results
 
 
@@ -115,7 +119,7 @@ def test_kernel_decodes_what_the_host_encoded(sim_heap, world_size):
     for rank, per_rank in enumerate(results):
         for context, seen, _ in per_rank:
             host = decode_context(context)
-            expected = [host["rank"], host["world_size"], *host["heap_bases"], *host["trace"]]
+            expected = [host["rank"], host["world_size"], host["heap_size"], *host["heap_bases"], *host["trace"]]
             assert seen.view(np.uint64).tolist() == expected, f"rank {rank}"
         real = decode_context(per_rank[0][0])
         assert real["rank"] == rank and real["world_size"] == world_size

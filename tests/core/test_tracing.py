@@ -307,7 +307,7 @@ def context_ops(context_ptr, x_ptr, flag_ptr, W: tl.constexpr, TRACING: tl.const
 def free_function_ops(context_ptr, x_ptr, flag_ptr, W: tl.constexpr, TRACING: tl.constexpr):
     words = context_ptr.to(tl.pointer_type(tl.uint64), bitcast=True)
     rank = tl.load(words).to(tl.int32)
-    bases = words + 2
+    bases = words + 3  # after [rank, world_size, heap_size]
     offs = tl.arange(0, 64)
     peer = (rank + 1) % W
     rma.store(x_ptr + offs, rma.load(x_ptr + offs, peer, rank, bases, mask=offs < 40), peer, rank, bases)
