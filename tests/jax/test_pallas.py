@@ -40,6 +40,7 @@ def ring_put(ctx, inbox_ref, flags_ref, x_ref, o_ref):
     """Put x into the next rank's inbox, raise its flag, wait for mine, read my inbox."""
     peer = (ctx.rank + 1) % ctx.world_size
     ctx.store(inbox_ref, x_ref[...] * 2.0, to_rank=peer)
+    ctx.sync_threads()  # GPUs: every thread's part of the store before the flag
     ctx.atomic_add(flags_ref.at[0], 1, to_rank=peer, sem="release")
     ctx.wait(flags_ref.at[0], 1)
     o_ref[...] = ctx.load(inbox_ref, from_rank=ctx.rank)
@@ -69,8 +70,10 @@ def cas_lock(ctx, lock_ref, counter_ref, o_ref):
             return ctx.atomic_cas(lock_ref.at[0], 0, 1, to_rank=0, sem="acquire")
 
         tries = lax.while_loop(lambda old: old != 0, spin, spin(None))
+        ctx.sync_threads()
         value = ctx.load(counter_ref.at[0], from_rank=0)
         ctx.store(counter_ref.at[0], value + 1, to_rank=0)
+        ctx.sync_threads()
         ctx.atomic_xchg(lock_ref.at[0], 0, to_rank=0, sem="release")
         return acquired + 1 + tries
 
