@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# What we run on the GPU machine (device tool, kind nvidia-h200-x2):
-#   bash scripts/gpu_check.sh [tests|bench|probe|all|STEP...]
+# What we run on the GPU machine (device tool, kind nvidia-h200-x2, or nvidia-h200 for `shared`):
+#   bash scripts/gpu_check.sh [shared|tests|bench|probe|all|STEP...]
+# `shared` (step gpu_shared) needs one GPU: world sizes 2, 4 and 8 as processes sharing GPU 0, about
+# 5 minutes; on a one-GPU machine it is the whole `pytest -m gpu` (the tests that need two or more
+# GPUs are deselected there), which step gpu_suite runs as such.
 # A device call lasts at most 600 s: `tests` takes about 450 s when nothing hangs, `bench` more
 # than one call, so name steps to split them (e.g. `gpu_fused gpu_examples`, `rma collectives`).
 # Steps run in this file's order whatever the order of the arguments; `probe` holds quick
@@ -28,11 +31,21 @@ step() {  # step NAME SECONDS COMMAND...: run with a limit, keep the log, print 
   grep -v "^E1129\|Source Location\|cuda_status.cc\|^$" "$OUT/$name.log" | tail -25
   echo "=== $name exit $rc"
 }
-group=tests
 # a hanging test dumps every thread's stack into its log (faulthandler) before the step's limit
 t="python3 -m pytest -m gpu -q -rfE --tb=short -p no:cacheprovider -o faulthandler_timeout=90"
+group=shared
+# every process's log (and rank 0's trace of each world) in $OUT/shared_logs.tgz; the ranks dump their
+# own stacks before their launcher's limit, so pytest's faulthandler waits for the whole step
+shared="IRIS_GPU_LOG_DIR=/tmp/iris_shared python3 -m pytest -m gpu -q -rfE --tb=short -p no:cacheprovider \
+  -o faulthandler_timeout=560"
+step gpu_shared 570 bash -c "$shared tests/gpu/test_gpu_shared.py; rc=\$?; tar czf $OUT/shared_logs.tgz \
+  -C /tmp/iris_shared . 2>/dev/null; exit \$rc"
+group=suite  # the whole `pytest -m gpu` in one step (one GPU: the shared runs and nothing else)
+step gpu_suite 580 bash -c "$shared tests/gpu; rc=\$?; tar czf $OUT/suite_logs.tgz -C /tmp/iris_shared . \
+  2>/dev/null; exit \$rc"
+group=tests
 step gpu_jax 120 $t tests/gpu/test_gpu_jax.py
-step gpu_multi 200 $t tests/gpu/test_gpu_multiprocess.py
+step gpu_multi 300 $t tests/gpu/test_gpu_multiprocess.py
 step gpu_tracing 150 $t tests/gpu/test_gpu_tracing.py
 step gpu_collectives 300 $t tests/gpu/test_gpu_collectives.py
 step gpu_tiles 120 $t tests/gpu/test_gpu_tiles.py

@@ -21,6 +21,8 @@ SIZES = (37, 4099, (1 << 20) + 3)  # below a tile, a few tiles, 4 MiB of float32
 SMALL, MID, LARGE = SIZES
 ZERO_COPY_SIZE = (1 << 22) + 3  # 16 MiB of float32: inputs on the heap are read in place from here
 TILE_SHAPE = (300, 517)  # partial 64 x 64 tiles at both edges
+HAMMER = (132, 100)  # programs (one per SM) and atomic adds of each into rank 0's counter
+BARRIER_ROUNDS = 100
 VARIANTS = ("auto", "one_shot", "two_shot", "ring", "atomic", "spinlock")
 DTYPES = ("float32", "bfloat16", "float16", "int32")
 # (rtol, atol as a fraction of the largest expected magnitude); int32 and data movement are exact
@@ -145,14 +147,15 @@ def run(world: World, name: str) -> bool:
             fn(world)
         except Exception:  # noqa: BLE001 - reported, and the run goes on with the next scenario
             error = traceback.format_exc()
-    try:  # this process's kernels finished
-        if world.runtime.mode.startswith("gpu"):
-            import torch
+    if name not in ENDS_IN_FAILED_KERNELS:  # this process's kernels finished
+        try:
+            if world.runtime.mode.startswith("gpu"):
+                import torch
 
-            torch.cuda.synchronize(jax.local_devices()[0].local_hardware_id)
-        jax.effects_barrier()
-    except Exception:  # noqa: BLE001
-        error = (error or "") + "after the scenario: " + traceback.format_exc()
+                torch.cuda.synchronize(jax.local_devices()[0].local_hardware_id)
+            jax.effects_barrier()
+        except Exception:  # noqa: BLE001
+            error = (error or "") + "after the scenario: " + traceback.format_exc()
     world.runtime.sync_processes()  # every process finished it before the next one starts
     seconds = time.monotonic() - start
     if error is None and not world.failures:
@@ -256,7 +259,7 @@ def zero_copy(world: World) -> None:
 
 # -- kernels, atomics, barrier -------------------------------------------------------------------
 def kernels(world: World) -> None:
-    """Remote stores and loads around the ring, a 132-program atomic hammer, ping-pong through
+    """Remote stores and loads around the ring, an atomic hammer from every SM, ping-pong through
     flags between rank pairs, a kernel in a fori_loop (check_vma), and both launch paths."""
     import jax
     import jax.numpy as jnp
@@ -292,13 +295,14 @@ def kernels(world: World) -> None:
             world.expect(f"ring_load n={n}", world.shard(got, me), xs[me], exact=True)
 
     counter = iris_jax.zeros((W * 64,), jnp.int32, sharding=world.rows)
-    world.smap(lambda c: iris_jax.triton_call(c, kernel=hammer, out_shape=jax.ShapeDtypeStruct((132,), jnp.int32),
-                                               grid=(132,), ITERS=100, W=W, symmetric=(0,)), P("i"), P("i"))(
-        counter).block_until_ready()
+    programs, iters = HAMMER
+    world.smap(lambda c: iris_jax.triton_call(
+        c, kernel=hammer, out_shape=jax.ShapeDtypeStruct((programs,), jnp.int32), grid=(programs,), ITERS=iters, W=W,
+        symmetric=(0,)), P("i"), P("i"))(counter).block_until_ready()
     iris_jax.barrier()
     for me in world.ranks:
         expected = np.zeros(64, np.int32)
-        expected[0] = W * 132 * 100 if me == 0 else 0
+        expected[0] = W * programs * iters if me == 0 else 0
         world.expect("hammer counter", world.shard(counter, me), expected, exact=True)
 
     if W % 2 == 0:
@@ -330,7 +334,9 @@ def kernels(world: World) -> None:
             xs = np.arange(W * 301, dtype=np.float32).reshape(W, 301)
             x = world.put(xs)
             f = world.smap(lambda v: iris_jax.psum(v * 2, "i") + 1, P("i"), P())
-            world.require(f"{mode} launch path", f'custom_call_target="{target}"' in f.lower(x).compile().as_text())
+            if world.runtime.mode.startswith("gpu"):  # (the simulator has its own lowering)
+                world.require(f"{mode} launch path",
+                              f'custom_call_target="{target}"' in f.lower(x).compile().as_text())
             out = f(x)
             for me in world.ranks:
                 world.expect(f"psum through the {mode} launch path", world.shard(out, me), xs.sum(0) * 2 + 1)
@@ -385,10 +391,10 @@ def atomics(world: World) -> None:
                     where = f"atomic_{op} {combo} {dtype_name} on rank {me}"
                     world.require(f"memory after {where}", np.array_equal(A.bits(got_memory[c, :, k]),
                                                                           A.bits(want_memory[c, :, k])),
-                                  f"got {got_memory[c, :, k, :, :4]}, want {want_memory[c, :, k, :, :4]}")
+                                  f"got {got_memory[c, :, k, :4]}, want {want_memory[c, :, k, :4]}")
                     world.require(f"old values of {where}", np.array_equal(A.bits(got_old[c, :, k]),
                                                                            A.bits(want_old[c, :, k])),
-                                  f"got {got_old[c, :, k, :, :, :4]}, want {want_old[c, :, k, :, :, :4]}")
+                                  f"got {got_old[c, :, k, :, :4]}, want {want_old[c, :, k, :, :4]}")
 
     programs, iters = A.HAMMER_PROGRAMS, A.HAMMER_ITERS
     counter = world.heap(np.array([[0 if r == 0 else -5] for r in range(W)], np.int32))
@@ -445,7 +451,7 @@ def _atomics_expected(A, q, W, dtype_name, combos, init, vals, cmps):
 
 
 def device_barrier(world: World) -> None:
-    """100 device barriers between kernels; then a value stored into the next rank before a
+    """Device barriers between kernels, back to back; then a value stored into the next rank before a
     barrier is there after it."""
     import jax
     import jax.numpy as jnp
@@ -459,7 +465,7 @@ def device_barrier(world: World) -> None:
     xs = np.arange(W * 3.0, dtype=np.float32).reshape(W, 3)
     f = world.smap(lambda v: iris_jax.device_barrier(v * 2), P("i"), (P("i"), P("i")))
     x = world.put(xs)
-    for _ in range(100):
+    for _ in range(BARRIER_ROUNDS):
         status, y = f(x)
     for me in world.ranks:
         world.attempt("device_barrier status", iris_jax.check_barrier, world.shard(status, me))
@@ -665,4 +671,5 @@ SCENARIOS = {
     "tracing": (tracing, {}),  # last but timeouts: enabling tracing clears JAX's caches
     "timeouts": (timeouts, {}),
 }
-MAIN = [name for name in SCENARIOS if name != "timeouts"]
+ENDS_IN_FAILED_KERNELS = {"timeouts"}  # run last and alone: on GPUs its trap ends the process's CUDA context
+MAIN = [name for name in SCENARIOS if name not in ENDS_IN_FAILED_KERNELS]

@@ -12,7 +12,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.multi_gpu]
 
 def test_two_processes(tmp_path):
     scenarios = ["kernels", "collectives"]
-    result = launcher.start(2, scenarios, shared=False, log_dir=tmp_path, limit_s=240).wait()
+    result = launcher.start(2, scenarios, shared=False, log_dir=tmp_path, limit_s=280).wait()
     launcher.SUMMARY.append(result)
     for scenario in scenarios:
         result.check(scenario)
