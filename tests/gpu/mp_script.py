@@ -40,7 +40,7 @@ def main():
     rt = iris_jax.init(heap_size=args.heap_mib << 20)
     assert rt.mode == "gpu-multi-process", rt.mode
     world = scenarios.World(args.out)
-    print(f"process {me}: rank {world.rank}, heaps mapped {rt}", flush=True)
+    print(f"process {me}: rank {world.ranks}, heaps mapped {rt}", flush=True)
     names = args.scenarios.split(",")
     passed = [scenarios.run(world, name) for name in names]
     sys.stdout.flush()
