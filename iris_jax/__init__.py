@@ -44,7 +44,7 @@ from iris_jax.collectives import (  # noqa: E402
     psum,
     psum_scatter,
 )
-from iris_jax.sync import barrier, check_barrier, device_barrier  # noqa: E402
+from iris_jax.sync import barrier, check_barrier, check_heap_errors, device_barrier  # noqa: E402
 
 _cpu_lowering.register()
 
@@ -54,7 +54,7 @@ __all__ = [
     "arange", "empty", "empty_like", "full", "full_like", "heap_offset", "is_symmetric", "ones", "ones_like",
     "rand", "randn", "to_heap", "zeros", "zeros_like",
     # kernels and synchronization
-    "Context", "DeviceContext", "triton_call", "barrier", "check_barrier", "device_barrier",
+    "Context", "DeviceContext", "triton_call", "barrier", "check_barrier", "check_heap_errors", "device_barrier",
     # collectives, fused ops, tracing
     "all_gather", "all_reduce", "all_to_all", "broadcast", "pmax", "pmin", "ppermute", "psum", "psum_scatter",
     "ops", "tracing",
