@@ -51,12 +51,15 @@ step gpu_collectives 300 $t tests/gpu/test_gpu_collectives.py
 step gpu_tiles 120 $t tests/gpu/test_gpu_tiles.py
 step gpu_fused 150 $t tests/gpu/test_gpu_fused.py
 step gpu_examples 240 $t tests/gpu/test_gpu_examples.py
+step gpu_heap_guard 120 $t tests/gpu/test_gpu_heap_guard.py
 group=bench
 step rma 120 python3 benchmarks/rma.py --mib 256
 step collectives 560 python3 benchmarks/collectives.py --out "$OUT" --plot
 step fused 300 python3 benchmarks/fused.py --out "$OUT" --plot
 step trace_example 120 python3 examples/04_trace_all_reduce.py --out "$OUT"  # the PNG for the README
 group=probe  # quick looks while tuning
+# the heap guard's cost: psum at 1 KiB, 64 KiB, 16 MiB, 256 MiB with IRIS_HEAP_GUARD=1 / 0, twice each, interleaved
+step guard_cost 560 python3 benchmarks/guard_cost.py time --out "$OUT/guard_cost"
 # the collectives' GPU tests without their largest sizes (after a change of the small-call paths)
 step gpu_small 200 $t tests/gpu/test_gpu_collectives.py \
   -k "((all_reduce and not other_algorithms) or other_collectives or ten_thousand) and not 268435459 and not 4194304"
