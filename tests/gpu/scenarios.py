@@ -656,6 +656,13 @@ def timeouts(world: World) -> None:
     world.say(f"all_reduce without rank {missing}: {seconds:.1f} s, {(raised or 'returned')[:300]!r}")
 
 
+def heap_guard(world: World) -> None:
+    """Refused accesses (an array off the heap, a rank outside the world): tests/gpu/heap_guard.py."""
+    from tests.gpu.heap_guard import heap_guard as scenario
+
+    scenario(world)
+
+
 SCENARIOS = {
     "kernels": (kernels, {}),
     "atomics": (atomics, {}),
@@ -666,6 +673,7 @@ SCENARIOS = {
     "streamed": (streamed, {"IRIS_COLLECTIVE_STREAM_FROM": "0"}),
     "chunked": (chunked, {"IRIS_COLLECTIVE_CHUNK_BYTES": str(64 << 10)}),
     "zero_copy": (zero_copy, {"IRIS_COLLECTIVE_STREAM_FROM": str(1 << 62)}),  # pulled, so read in place
+    "heap_guard": (heap_guard, {}),
     "fused": (fused, {}),
     "tiles": (tiles, {}),
     "tracing": (tracing, {}),  # last but timeouts: enabling tracing clears JAX's caches
