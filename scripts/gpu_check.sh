@@ -51,7 +51,7 @@ step gpu_collectives 300 $t tests/gpu/test_gpu_collectives.py
 step gpu_tiles 120 $t tests/gpu/test_gpu_tiles.py
 step gpu_fused 150 $t tests/gpu/test_gpu_fused.py
 step gpu_examples 240 $t tests/gpu/test_gpu_examples.py
-step gpu_heap_guard 120 $t tests/gpu/test_gpu_heap_guard.py
+step gpu_heap_guard 120 $t tests/gpu/test_gpu_heap_guard.py  # two or more GPUs; on one: gpu_shared -k heap_guard
 group=bench
 step rma 120 python3 benchmarks/rma.py --mib 256
 step collectives 560 python3 benchmarks/collectives.py --out "$OUT" --plot

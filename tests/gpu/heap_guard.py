@@ -1,8 +1,8 @@
 """The heap guard on GPUs (issue 19, part 2): a scenario for both GPU execution models.
 
 `heap_guard(world)` takes a tests/gpu/scenarios.World: it runs in the one-GPU multi-process
-mode (register it in scenarios.SCENARIOS as "heap_guard": (heap_guard, {})), in one
-process over the local GPUs (test_gpu_heap_guard.py) and on the simulator
+mode (scenarios.SCENARIOS["heap_guard"], test_gpu_shared.py), in one process over two or
+more local GPUs (test_gpu_heap_guard.py) and on the simulator
 (tests/jax/test_heap_guard.py; there the call itself raises). Inside jit, a kernel stores through an
 array that is not on the heap (declared symmetric: on GPUs nothing checks it before the
 launch), and through a rank outside the world: the guard masks both stores off and records

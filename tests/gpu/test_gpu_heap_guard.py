@@ -1,10 +1,12 @@
-"""The heap guard on real GPUs, one process over every local GPU (one GPU is enough: a world
-of one still has a heap to stay inside and a rank 1 outside it). The shared-GPU runs at
-world 2, 4 and 8 run the same scenario (tests/gpu/heap_guard.py) where scenarios.py lists it."""
+"""The heap guard on real GPUs, one process over every local GPU (pytest -m gpu).
+
+Marked multi_gpu like the suite's other in-process tests: on one GPU the shared-GPU runs
+(test_gpu_shared.py, scenario "heap_guard" at world 2, 4 and 8) run the same scenario,
+tests/gpu/heap_guard.py, and this process must leave the GPU's memory to them."""
 
 import pytest
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.multi_gpu]
 
 
 def test_refused_accesses_raise_after_the_call_and_touch_nothing(tmp_path):
