@@ -21,6 +21,11 @@ SIZES = (37, 4099, (1 << 20) + 3)  # below a tile, a few tiles, 4 MiB of float32
 SMALL, MID, LARGE = SIZES
 ZERO_COPY_SIZE = (1 << 22) + 3  # 16 MiB of float32: inputs on the heap are read in place from here
 TILE_SHAPE = (300, 517)  # partial 64 x 64 tiles at both edges
+# Larger worlds compile slower kernels (loops over the ranks unroll; jax-triton compiles each kernel
+# in every process): about 1.6 s per collective kernel at 2 ranks, 1.8 at 4 and ~3.5 at 8 on the
+# H200 machine (RESULTS.md, 2026-12-01). From THIN_FROM ranks the collective scenarios run a thinner
+# matrix: every variant and kind in float32, each other dtype through fewer kernels.
+THIN_FROM = 4
 HAMMER = (132, 100)  # programs (one per SM) and atomic adds of each into rank 0's counter
 BARRIER_ROUNDS = 100
 VARIANTS = ("auto", "one_shot", "two_shot", "ring", "atomic", "spinlock")
@@ -132,8 +137,8 @@ def _settings(env: dict[str, str]):
 def run(world: World, name: str) -> bool:
     """Runs scenario `name`; prints `process P: scenario NAME OK|FAIL ...`; True when it passed.
 
-    Ends with a host barrier of every process, also after a failure (a kernel's trap ends this
-    process's CUDA context, but not its part in the host barrier)."""
+    Reports, then waits for every process (a host barrier), also after a failure: a kernel's trap
+    ends this process's CUDA context but not its part in the host barrier."""
     import jax
 
     fn, env = SCENARIOS[name]
@@ -156,15 +161,16 @@ def run(world: World, name: str) -> bool:
             jax.effects_barrier()
         except Exception:  # noqa: BLE001
             error = (error or "") + "after the scenario: " + traceback.format_exc()
-    world.runtime.sync_processes()  # every process finished it before the next one starts
     seconds = time.monotonic() - start
-    if error is None and not world.failures:
+    passed = error is None and not world.failures
+    if passed:
         world.say(f"scenario {name} OK {seconds:.1f} s, {world.checks} checks")
-        return True
-    details = "\n".join(world.failures[:8] + ([error] if error else []))
-    world.say(f"scenario {name} FAIL {seconds:.1f} s, {len(world.failures)} of {world.checks} checks failed"
-              f"{', raised' if error else ''}\n{details}")
-    return False
+    else:
+        details = "\n".join(world.failures[:8] + ([error] if error else []))
+        world.say(f"scenario {name} FAIL {seconds:.1f} s, {len(world.failures)} of {world.checks} checks failed"
+                  f"{', raised' if error else ''}\n{details}")
+    world.runtime.sync_processes()  # every process finished it before the next one starts
+    return passed
 
 
 # -- collectives ---------------------------------------------------------------------------------
@@ -200,38 +206,60 @@ def _all_reduce_calls(world: World, dtype: str, variants=VARIANTS, ops=("sum",))
     return calls
 
 
-def _every_collective(world: World, n: int, dtype: str, variants=VARIANTS) -> None:
-    """all_reduce through `variants`, then every other collective (tests/gpu/cases.py), in one program."""
+KINDS = ("pmax", "pmin", "all_gather", "psum_scatter", "all_to_all", "ppermute", "broadcast")
+STREAMING_KINDS = ("all_gather", "psum_scatter", "all_to_all")  # with psum: every member sends to every other
+
+
+def _every_collective(world: World, n: int, dtype: str, variants=VARIANTS, kinds=KINDS) -> None:
+    """all_reduce through `variants`, then the other collectives `kinds` (tests/gpu/cases.py), in one program."""
     from tests.gpu.cases import collective_cases, numpy_reference
 
     others = [(name, fn, spec, lambda xs, me, name=name: numpy_reference(name, xs, me))
-              for name, fn, _, spec in collective_cases(n, world.size)]
+              for name, fn, _, spec in collective_cases(n, world.size) if name in kinds]
     _collective_batch(world, "", n, dtype, _all_reduce_calls(world, dtype, variants) + others)
 
 
 def all_reduce_and_collectives(world: World) -> None:
-    """Every all-reduce variant and every other collective: float32 at every size, the other
-    dtypes at a few tiles and at 4 MiB; all_reduce max/min through every variant that has them."""
-    for n in SIZES:
-        for dtype in DTYPES if n != SMALL else ("float32", "bfloat16"):
+    """Every all-reduce variant and every other collective in float32 at 37 elements (fewer than
+    a tile; some ranks' split blocks hold nothing) and 2^20 + 3, and in every dtype at 4099;
+    all_reduce max/min through every variant that has them. Worlds of THIN_FROM ranks or more:
+    the other dtypes through auto and some kinds only."""
+    if world.size < THIN_FROM:
+        for n, dtype in [(SMALL, "float32")] + [(MID, d) for d in DTYPES] + [(LARGE, "float32")]:
             _every_collective(world, n, dtype)
-    _collective_batch(world, "", MID, "float32", _all_reduce_calls(world, "float32", ops=("max", "min")))
+        _every_collective(world, LARGE, "bfloat16", variants=("auto",))
+        _collective_batch(world, "", MID, "float32", _all_reduce_calls(world, "float32", ops=("max", "min")))
+        return
+    _every_collective(world, SMALL, "float32", kinds=("psum_scatter", "all_to_all", "ppermute"))
+    _every_collective(world, LARGE, "float32")
+    _every_collective(world, MID, "bfloat16", variants=("auto",))
+    for dtype in ("float16", "int32"):
+        _every_collective(world, MID, dtype, variants=("auto",), kinds=("all_gather", "psum_scatter"))
 
 
 def pushed(world: World) -> None:
     """Every size pushes in chunks and nothing streams (as arrays too large to stream do)."""
-    for n, dtype in ((MID, "float32"), (LARGE, "float32"), (LARGE, "bfloat16")):
+    cases = [(MID, "float32"), (LARGE, "bfloat16")] if world.size < THIN_FROM else [(LARGE, "float32")]
+    for n, dtype in cases:
         _every_collective(world, n, dtype, variants=("one_shot",))
 
 
 def streamed(world: World) -> None:
     """Every one-chunk call of the kinds that can stream streams."""
-    for n, dtype in ((SMALL, "float32"), (MID, "int32"), (LARGE, "float32"), (LARGE, "float16")):
-        _every_collective(world, n, dtype, variants=("auto",))
+    if world.size < THIN_FROM:
+        for n, dtype in ((SMALL, "float32"), (MID, "int32"), (LARGE, "float16")):
+            _every_collective(world, n, dtype, variants=("auto",))
+        return
+    for n in (SMALL, LARGE):
+        _every_collective(world, n, "float32", variants=("auto",), kinds=STREAMING_KINDS)
 
 
 def chunked(world: World) -> None:
     """Blocks and chunks of at most 64 KiB: a 4 MiB call runs in 64 chunks, pulled and pushed."""
+    if world.size >= THIN_FROM:
+        _every_collective(world, LARGE, "float32", variants=("one_shot", "two_shot", "ring"),
+                          kinds=("all_gather", "psum_scatter", "all_to_all", "ppermute"))
+        return
     _every_collective(world, LARGE, "float32")
     with _settings({"IRIS_COLLECTIVE_PUSH_FROM": "0", "IRIS_COLLECTIVE_STREAM_UNTIL": "0"}):
         _every_collective(world, LARGE, "bfloat16", variants=("one_shot",))
@@ -376,6 +404,7 @@ def atomics(world: World) -> None:
         olds = [world.heap(np.full((W, D, K, 2, B), A.POISON[dtype_name], dtype)) for _ in range(C)]
         val = world.put(vals)
         for c, (sem, scope, hint) in enumerate(combos):
+            hint = _gpu_hint(hint) if world.runtime.mode.startswith("gpu") else hint
             f = world.smap(lambda t, o, v, m, sem=sem, scope=scope, hint=hint: iris_jax.triton_call(
                 t, o, v, m, A.N, kernel=every_atomic, out_shape=jax.ShapeDtypeStruct((1,), jnp.int32),
                 grid=(1,), W=W, BLOCK=B, NUM_OPS=K, INT_OPS=dtype.kind in "iu", SEM=sem, SCOPE=scope, HINT=hint,
@@ -422,6 +451,32 @@ def atomics(world: World) -> None:
     for me in world.ranks:
         world.expect("mixed hammer counters", world.shard(counters, me), expected if me == 0 else np.full(6, -5),
                      exact=True)
+
+
+def _gpu_hint(hint):
+    """A tuple hint passed as a kernel's constexpr parameter does not compile on GPUs (triton 3.6:
+    tl.multiple_of gets constexpr((16,)) and wants int elements; scenario `tuple_hint`), so the
+    atomics pass its int (1-D: the same hint)."""
+    return hint[0] if isinstance(hint, tuple) and len(hint) == 1 else hint
+
+
+def tuple_hint(world: World) -> None:
+    """A store whose hint is a tuple, passed through a constexpr parameter (test_atomics' ("cta", (16,)) case)."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import PartitionSpec as P
+
+    import iris_jax
+    from tests.jax.kernels import ring_store
+
+    W, n = world.size, MID
+    xs = world.inputs(n, "float32", seed=11)
+    buf = iris_jax.full((W * n,), -7.0, jnp.float32, sharding=world.rows)
+    out = world.smap(lambda b, x: iris_jax.triton_call(
+        b, x, n, kernel=ring_store, out_shape=jax.ShapeDtypeStruct((n,), jnp.float32), grid=(-(-n // 1024),), W=W,
+        BLOCK=1024, HINT=(16,), symmetric=(0,)), (P("i"), P("i")), P("i"))(buf, world.put(xs))
+    for me in world.ranks:
+        world.expect("ring_store with hint=(16,)", world.shard(out, me), xs[me] * 2 + me, exact=True)
 
 
 def _atomics_expected(A, q, W, dtype_name, combos, init, vals, cmps):
@@ -496,13 +551,13 @@ def tracing(world: World) -> None:
     CUDA IPC), aligned on the first barrier; a traced library psum on every rank."""
     import json
 
-    import jax.numpy as jnp
-
     import iris_jax
     from tests.gpu import test_gpu_tracing as T
 
     W = world.size
-    x = iris_jax.arange(W * T.N, dtype=jnp.float32, sharding=world.rows)
+    # (not iris_jax.arange: placing a host array on a multi-process sharding makes JAX compare it
+    # across processes with an all-gather, through NCCL, which refuses two ranks on one GPU)
+    x = world.heap(np.arange(W * T.N, dtype=np.float32).reshape(W, T.N))
     iris_jax.tracing.enable(max_events=64)
     try:
         out, status = T._step(world.mesh, W)(x)
@@ -666,6 +721,7 @@ def heap_guard(world: World) -> None:
 SCENARIOS = {
     "kernels": (kernels, {}),
     "atomics": (atomics, {}),
+    "tuple_hint": (tuple_hint, {}),
     "device_barrier": (device_barrier, {}),
     "collectives": (all_reduce_and_collectives, {}),
     "pushed": (pushed, {"IRIS_COLLECTIVE_PUSH_FROM": "0", "IRIS_COLLECTIVE_STREAM_UNTIL": "0",

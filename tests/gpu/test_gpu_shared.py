@@ -10,8 +10,9 @@ kernels time-slice on the GPU and their compilations share the CPUs.
 Shows correctness and memory-model behaviour on real hardware with 2-8 ranks; says nothing
 about speed (the ranks share one GPU's SMs and memory; no NVLink is involved).
 
-Settings: IRIS_GPU_SHARED_WORLDS (default "2,4,8"), IRIS_GPU_SHARED_LIMIT (seconds for the
-main runs, default 420), IRIS_GPU_LOG_DIR (keep the processes' logs there).
+Settings: IRIS_GPU_SHARED_WORLDS (default "2,4,8"), IRIS_GPU_SHARED_SCENARIOS (a comma list,
+default all), IRIS_GPU_SHARED_LIMIT (seconds for the main runs, default 400; the timeout runs
+take at most 90 more), IRIS_GPU_LOG_DIR (keep the processes' logs there).
 """
 
 import os
@@ -20,13 +21,16 @@ from pathlib import Path
 import pytest
 
 from tests.gpu import launcher
-from tests.gpu.scenarios import MAIN
+from tests.gpu.scenarios import ENDS_IN_FAILED_KERNELS, MAIN
 
 pytestmark = pytest.mark.gpu
 
 WORLD_SIZES = [int(w) for w in os.environ.get("IRIS_GPU_SHARED_WORLDS", "2,4,8").split(",")]
-LIMIT_S = float(os.environ.get("IRIS_GPU_SHARED_LIMIT", 420))
-TIMEOUT_LIMIT_S = 120
+_chosen = os.environ.get("IRIS_GPU_SHARED_SCENARIOS", "").split(",")
+SCENARIOS = [name for name in MAIN if name in _chosen] if _chosen != [""] else MAIN
+TIMEOUTS = _chosen == [""] or any(name in _chosen for name in ENDS_IN_FAILED_KERNELS)
+LIMIT_S = float(os.environ.get("IRIS_GPU_SHARED_LIMIT", 400))
+TIMEOUT_LIMIT_S = 90
 
 
 def _log_dir(tmp_path_factory, what: str) -> Path:
@@ -46,29 +50,32 @@ def _launch_all(tmp_path_factory, scenarios, what: str, limit_s: float) -> dict:
 
 @pytest.fixture(scope="module")
 def worlds(tmp_path_factory):
-    return _launch_all(tmp_path_factory, MAIN, "shared", LIMIT_S)
+    return _launch_all(tmp_path_factory, SCENARIOS, "shared", LIMIT_S)
 
 
 @pytest.fixture(scope="module")
-def timeout_worlds(worlds, tmp_path_factory):  # after the main runs: their processes' traps stay apart
+def timeout_worlds(request, tmp_path_factory):
+    if SCENARIOS:  # after the main runs: a trap in one of these processes stays apart from them
+        request.getfixturevalue("worlds")
     return _launch_all(tmp_path_factory, ["timeouts"], "shared_timeouts", TIMEOUT_LIMIT_S)
 
 
-@pytest.mark.parametrize("scenario", MAIN)
-@pytest.mark.parametrize("world_size", WORLD_SIZES)
-def test_scenario(worlds, world_size, scenario):
-    worlds[world_size].check(scenario)
+if SCENARIOS:  # (IRIS_GPU_SHARED_SCENARIOS may name the timeouts alone)
+    @pytest.mark.parametrize("scenario", SCENARIOS)
+    @pytest.mark.parametrize("world_size", WORLD_SIZES)
+    def test_scenario(worlds, world_size, scenario):
+        worlds[world_size].check(scenario)
+
+    @pytest.mark.parametrize("world_size", WORLD_SIZES)
+    def test_every_process_ended_cleanly(worlds, world_size):
+        worlds[world_size].check_exit()
 
 
-@pytest.mark.parametrize("world_size", WORLD_SIZES)
-def test_every_process_ended_cleanly(worlds, world_size):
-    worlds[world_size].check_exit()
-
-
-@pytest.mark.parametrize("world_size", WORLD_SIZES)
-def test_absent_rank_fails_the_others_promptly(timeout_worlds, world_size):
-    """The last rank never calls a device barrier, then an all_reduce (timeout_s=3 each): the
-    others get PeerTimeoutError naming it, then a failed all_reduce; no process hangs."""
-    result = timeout_worlds[world_size]
-    result.check("timeouts")
-    result.check_exit()
+if TIMEOUTS:
+    @pytest.mark.parametrize("world_size", WORLD_SIZES)
+    def test_absent_rank_fails_the_others_promptly(timeout_worlds, world_size):
+        """The last rank never calls a device barrier, then an all_reduce (timeout_s=3 each): the
+        others get PeerTimeoutError naming it, then a failed all_reduce; no process hangs."""
+        result = timeout_worlds[world_size]
+        result.check("timeouts")
+        result.check_exit()
