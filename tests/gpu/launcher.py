@@ -27,7 +27,7 @@ from pathlib import Path
 SCRIPT = Path(__file__).with_name("mp_script.py")
 ROOT = SCRIPT.parent.parent.parent
 REPORT = re.compile(r"^process (\d+): scenario (\S+) (OK|FAIL)\b(.*)$")
-SUMMARY: list["Result"] = []  # every run of this pytest session (tests/gpu/conftest.py prints their timings)
+SUMMARY: list[Result] = []  # every run of this pytest session (tests/gpu/conftest.py prints their timings)
 
 
 def gpu_count() -> int:

@@ -26,9 +26,15 @@ TILE_SHAPE = (300, 517)  # partial 64 x 64 tiles at both edges
 # the H200 machine with the three worlds at once (RESULTS.md, 2026-12-01). So the collective matrix
 # thins with the world (tier): 2 ranks every variant, kind, dtype and path; 4 ranks every variant and
 # kind in float32 and the other dtypes and paths through a few kernels; 8 ranks every variant and
-# kind once (float32, 2^20 + 3 elements).
+# kind once (float32, 2^20 + 3 elements, the default paths); scenarios whose kernels do not depend
+# on the world size (atomics, tuple_hint) or that smaller worlds cover (the forced paths, zero-copy)
+# do not run at the top tiers (UP_TO_TIER), so that the three worlds fit one 10-minute device call.
 def tier(world) -> int:
-    return 0 if world.size < 4 else 1 if world.size < 8 else 2
+    return _tier(world.size)
+
+
+def _tier(size: int) -> int:
+    return 0 if size < 4 else 1 if size < 8 else 2
 
 
 HAMMER = (132, 100)  # programs (one per SM) and atomic adds of each into rank 0's counter
@@ -248,7 +254,7 @@ def pushed(world: World) -> None:
     if tier(world) == 0:
         for n, dtype in ((MID, "float32"), (LARGE, "bfloat16")):
             _every_collective(world, n, dtype, variants=("one_shot",))
-    elif tier(world) == 1:
+    else:
         _every_collective(world, LARGE, "float32", variants=("one_shot",), kinds=STREAMING_KINDS)
 
 
@@ -257,7 +263,7 @@ def streamed(world: World) -> None:
     if tier(world) == 0:
         for n, dtype in ((SMALL, "float32"), (MID, "int32"), (LARGE, "float16")):
             _every_collective(world, n, dtype, variants=("auto",))
-    elif tier(world) == 1:
+    else:
         _every_collective(world, LARGE, "float32", variants=("auto",), kinds=STREAMING_KINDS)
 
 
@@ -267,7 +273,7 @@ def chunked(world: World) -> None:
         _every_collective(world, LARGE, "float32")
         with _settings({"IRIS_COLLECTIVE_PUSH_FROM": "0", "IRIS_COLLECTIVE_STREAM_UNTIL": "0"}):
             _every_collective(world, LARGE, "bfloat16", variants=("one_shot",))
-    elif tier(world) == 1:
+    else:
         _every_collective(world, LARGE, "float32", variants=("one_shot", "ring"), kinds=("all_gather",))
 
 
@@ -278,8 +284,6 @@ def zero_copy(world: World) -> None:
     import iris_jax
     from tests.gpu.cases import numpy_reference
 
-    if tier(world) == 2:
-        return
     n = ZERO_COPY_SIZE
     xs = world.inputs(n, "float32", seed=5)
     x = world.heap(xs)
@@ -381,7 +385,7 @@ def kernels(world: World) -> None:
 def atomics(world: World) -> None:
     """Every atomic (add, sub, xchg, xor, and, or, min, max, cas) with every sem/scope/hint on
     both neighbours' heaps, returned old values and final memory (tests/core/test_atomics.py's
-    kernel and expectations; int32 every combination, uint32 and float32 a few, but at 8 ranks); then every rank
+    kernel and expectations; int32 every combination, uint32 and float32 a few); then every rank
     and program hammering rank 0's counters with relaxed and acq_rel atomics of six kinds."""
     import jax
     import jax.numpy as jnp
@@ -392,7 +396,7 @@ def atomics(world: World) -> None:
     from tests.gpu.kernels import every_atomic, mixed_hammer
 
     W = world.size
-    for dtype_name in ("int32", "uint32", "float32") if tier(world) < 2 else ("int32",):
+    for dtype_name in ("int32", "uint32", "float32"):
         dtype = A.DTYPES[dtype_name]
         rng = np.random.default_rng(W * 10 + list(A.DTYPES).index(dtype_name))
         combos = A.combos_for(dtype_name)
@@ -746,3 +750,9 @@ SCENARIOS = {
 }
 ENDS_IN_FAILED_KERNELS = {"timeouts"}  # run last and alone: on GPUs its trap ends the process's CUDA context
 MAIN = [name for name in SCENARIOS if name not in ENDS_IN_FAILED_KERNELS]
+UP_TO_TIER = {"atomics": 1, "tuple_hint": 0, "zero_copy": 1, "pushed": 1, "streamed": 1, "chunked": 1}  # others: all
+
+
+def applies(name: str, world_size: int) -> bool:
+    """Whether scenario `name` runs at `world_size` (see tier)."""
+    return _tier(world_size) <= UP_TO_TIER.get(name, 2)
