@@ -38,12 +38,16 @@ from iris_jax.collectives import (  # noqa: E402
     all_reduce,
     all_to_all,
     broadcast,
+    pbroadcast,
     pmax,
+    pmean,
     pmin,
     ppermute,
     psum,
     psum_scatter,
 )
+from iris_jax.config import CollectiveConfig, default_config, use_config  # noqa: E402
+from iris_jax.rewrite import Placement, UnsupportedCollectiveError, explain, replace_lax_collectives  # noqa: E402
 from iris_jax.sync import barrier, check_barrier, check_heap_errors, device_barrier  # noqa: E402
 
 _cpu_lowering.register()
@@ -56,8 +60,11 @@ __all__ = [
     # kernels and synchronization
     "Context", "DeviceContext", "triton_call", "barrier", "check_barrier", "check_heap_errors", "device_barrier",
     # collectives, fused ops, tracing
-    "all_gather", "all_reduce", "all_to_all", "broadcast", "pmax", "pmin", "ppermute", "psum", "psum_scatter",
+    "all_gather", "all_reduce", "all_to_all", "broadcast", "pbroadcast", "pmax", "pmean", "pmin", "ppermute", "psum",
+    "psum_scatter", "CollectiveConfig", "default_config", "use_config", "replace_lax_collectives", "explain",
+    "Placement",
     "ops", "tracing",
     # errors
     "HeapExhaustedError", "IrisError", "NotOnHeapError", "PeerFailedError", "PeerTimeoutError", "RankMismatchError",
+    "UnsupportedCollectiveError",
 ]

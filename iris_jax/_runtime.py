@@ -282,6 +282,11 @@ def is_initialized() -> bool:
 def shutdown() -> None:
     """Releases every heap and worker mapping; a later call re-initializes."""
     global _runtime
+    if _runtime is not None:
+        try:  # kernels still running (results nobody waited for) must finish before their heaps go
+            jax.effects_barrier()
+        except Exception:  # noqa: BLE001 - JAX may already be torn down at exit
+            pass
     with _runtime_lock:
         if _runtime is not None:
             rt, _runtime = _runtime, None

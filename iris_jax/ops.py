@@ -56,7 +56,8 @@ from iris_core.kernels import fused as F
 from iris_core.kernels import gemm as Gm
 from iris_jax import _runtime as runtime_lib
 from iris_jax import collectives as C
-from iris_jax.call import triton_call
+from iris_jax.call import triton_call, vary, varying_axes
+from iris_jax.lowering import group_size
 
 SUPPORTED_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
 IMPLS = ("auto", "fused", "xla")
@@ -158,19 +159,42 @@ def _impl(impl, what, flops, link_bytes, product):
     return impl
 
 
+def _axes(axis_name) -> tuple[str, ...]:
+    """`axis_name` as a tuple of mesh axes of the current shard_map."""
+    axes = tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
+    mesh = jax.sharding.get_abstract_mesh()
+    names = tuple(mesh.axis_names) if mesh is not None and not mesh.empty else ()
+    for a in axes:
+        if a not in names:
+            raise NameError(f"unbound axis name: {a!r}; iris ops run inside jax.shard_map over a mesh "
+                            f"with that axis (mesh axes here: {names})")
+    return axes
+
+
+def _check_vma() -> bool:
+    from jax._src import config
+
+    return bool(config._check_vma.value)
+
+
+def _empty(shape, dtype, varying):
+    """What a fused op returns for zero-size operands (no kernel), typed like its output."""
+    return vary(jnp.zeros(shape, dtype), tuple(sorted(varying)))
+
+
 def _strides(x):
     return x.shape[1], 1  # row-major 2-D
 
 
 def _set_vma(x, target):
     """`x` with exactly the varying axes `target` (psum over extra ones, pvary missing ones)."""
-    if not C._check_vma():
+    if not _check_vma():
         return x
-    vma = C._vma(x)
+    vma = varying_axes(x)
     extra = tuple(sorted(vma - set(target)))
     if extra:
         x = C.psum(x, extra)
-    return C._pvary(x, tuple(sorted(set(target))))
+    return vary(x, tuple(sorted(set(target))))
 
 
 def _dot(a, b):
@@ -207,7 +231,7 @@ def _launch_reduce(a, b, axes, scatter: bool, what, timeout_s):
     """Kernel launches (row chunks) of matmul_reduce_kernel. a: (NB*M) x K, NB = G if scatter."""
     rt = runtime_lib.runtime()
     ws = workspace()
-    G = C._group_size(axes)
+    G = group_size(axes)
     meta, launch = _common(a, b, ws)
     BM, BN = meta["BM"], meta["BN"]
     K, N = b.shape
@@ -222,7 +246,7 @@ def _launch_reduce(a, b, axes, scatter: bool, what, timeout_s):
         raise IrisError(f"iris_jax.ops.{what}: N={N} is too wide for the fused workspace "
                         f"({ws.data_bytes} bytes); raise IRIS_FUSED_WORKSPACE_BYTES or use impl='xla'")
     step = row_tiles * BM
-    vma = C._vma(a) | C._vma(b)
+    vma = varying_axes(a) | varying_axes(b)
     out_varying = tuple(sorted(vma | set(axes))) if scatter else tuple(sorted(vma - set(axes)))
     blocks = a.reshape(NB, M, K)
     outs = []
@@ -248,7 +272,7 @@ def _mar_fwd_impl(a, b, axes, impl, timeout_s):
     M, K = a.shape
     N = b.shape[1]
     if M == 0 or N == 0 or K == 0:
-        return C._empty((M, N), a.dtype, (C._vma(a) | C._vma(b)) - set(axes))
+        return _empty((M, N), a.dtype, (varying_axes(a) | varying_axes(b)) - set(axes))
     return _launch_reduce(a, b, axes, False, "matmul_all_reduce", timeout_s)
 
 
@@ -256,9 +280,9 @@ def matmul_all_reduce(a, b, axis_name, *, impl: str = "auto", timeout_s: float |
     """`lax.psum(a @ b, axis_name)` in one kernel (row-parallel linear layer: each rank holds
     a column block of the activations `a` [M, K_local] and a row block of the weight `b`
     [K_local, N]); the result [M, N] is the same on every member."""
-    axes = C._axes(axis_name)
+    axes = _axes(axis_name)
     _check(a, b, "matmul_all_reduce")
-    (M, K), N, G = a.shape, b.shape[1], C._group_size(axes)
+    (M, K), N, G = a.shape, b.shape[1], group_size(axes)
     chosen = _impl(impl, "matmul_all_reduce", 2 * M * K * N, (G - 1) * M * N * a.dtype.itemsize, M * N)
 
     @jax.custom_vjp
@@ -271,17 +295,17 @@ def matmul_all_reduce(a, b, axis_name, *, impl: str = "auto", timeout_s: float |
     def bwd(res, ct):
         a, b = res
         # psum's transpose: with varying-axes checks a cast to varying, else another psum
-        g = C._pvary(ct, axes) if C._check_vma() else C.psum(ct, axes)
+        g = vary(ct, axes) if _check_vma() else C.psum(ct, axes)
         da = _dot(g, b.T)
         db = _dot(a.T, g)
-        return _set_vma(da, C._vma(a)), _set_vma(db, C._vma(b))
+        return _set_vma(da, varying_axes(a)), _set_vma(db, varying_axes(b))
 
     f.defvjp(fwd, bwd)
     return f(a, b)
 
 
 def _mrs_fwd_impl(a, b, axes, scatter_dimension, impl, timeout_s):
-    G = C._group_size(axes)
+    G = group_size(axes)
     if impl == "xla":
         return lax.psum_scatter(_dot(a, b), axes, scatter_dimension=scatter_dimension, tiled=True)
     if scatter_dimension == 1:  # C^T = b^T a^T, scattered by rows, transposed back
@@ -289,7 +313,7 @@ def _mrs_fwd_impl(a, b, axes, scatter_dimension, impl, timeout_s):
     M, K = a.shape
     N = b.shape[1]
     if M == 0 or N == 0 or K == 0:
-        return C._empty((M // G, N), a.dtype, C._vma(a) | C._vma(b) | set(axes))
+        return _empty((M // G, N), a.dtype, varying_axes(a) | varying_axes(b) | set(axes))
     return _launch_reduce(a, b, axes, True, "matmul_reduce_scatter", timeout_s)
 
 
@@ -297,9 +321,9 @@ def matmul_reduce_scatter(a, b, axis_name, scatter_dimension: int = 0, *, impl: 
                           timeout_s: float | None = None):
     """`lax.psum_scatter(a @ b, axis_name, scatter_dimension=..., tiled=True)` in one kernel:
     member i keeps block i (rows if scatter_dimension == 0, columns if 1) of the sum."""
-    axes = C._axes(axis_name)
+    axes = _axes(axis_name)
     _check(a, b, "matmul_reduce_scatter")
-    G = C._group_size(axes)
+    G = group_size(axes)
     d = scatter_dimension % 2
     size = (a.shape[0], b.shape[1])[d]
     if size % G:
@@ -323,7 +347,7 @@ def matmul_reduce_scatter(a, b, axis_name, scatter_dimension: int = 0, *, impl: 
         else:
             da = _dot(full, b.T)
         db = _dot(a.T, full)
-        return _set_vma(da, C._vma(a)), _set_vma(db, C._vma(b))
+        return _set_vma(da, varying_axes(a)), _set_vma(db, varying_axes(b))
 
     f.defvjp(fwd, bwd)
     return f(a, b)
@@ -333,7 +357,7 @@ def matmul_reduce_scatter(a, b, axis_name, scatter_dimension: int = 0, *, impl: 
 def _launch_gather(a, b, axes, timeout_s):
     rt = runtime_lib.runtime()
     ws = workspace()
-    G = C._group_size(axes)
+    G = group_size(axes)
     meta, launch = _common(a, b, ws)
     BM = meta["BM"]
     M, K = a.shape
@@ -344,7 +368,7 @@ def _launch_gather(a, b, axes, timeout_s):
         raise IrisError(f"iris_jax.ops.all_gather_matmul: K={K} is too large for the fused workspace "
                         f"({ws.data_bytes} bytes); raise IRIS_FUSED_WORKSPACE_BYTES or use impl='xla'")
     step = row_tiles * BM
-    out_varying = tuple(sorted(C._vma(a) | C._vma(b) | set(axes)))
+    out_varying = tuple(sorted(varying_axes(a) | varying_axes(b) | set(axes)))
     outs = []
     for r0, r1 in _chunks(M, step):
         part = a[r0:r1] if (r0, r1) != (0, M) else a
@@ -362,7 +386,7 @@ def _launch_gather(a, b, axes, timeout_s):
 
 
 def _agm_fwd_impl(a, b, axes, gather_axis, impl, timeout_s):
-    G = C._group_size(axes)
+    G = group_size(axes)
     if impl == "xla":
         return _dot(lax.all_gather(a, axes, axis=gather_axis, tiled=True), b)
     if gather_axis == 1:  # gathering the contraction dimension: unfused (iris all-gather, then GEMM)
@@ -370,7 +394,7 @@ def _agm_fwd_impl(a, b, axes, gather_axis, impl, timeout_s):
     M, K = a.shape
     N = b.shape[1]
     if M == 0 or N == 0 or K == 0:
-        return C._empty((G * M, N), a.dtype, C._vma(a) | C._vma(b) | set(axes))
+        return _empty((G * M, N), a.dtype, varying_axes(a) | varying_axes(b) | set(axes))
     return _launch_gather(a, b, axes, timeout_s)
 
 
@@ -380,8 +404,8 @@ def all_gather_matmul(a, b, axis_name, gather_axis: int = 0, *, impl: str = "aut
     linear layer: `a` [M_local, K] sharded by rows, `b` [K, N_local] this rank's columns);
     with gather_axis=0 the gather is fused into the GEMM. gather_axis=1 (a's columns, the
     contraction dimension) runs unfused: iris all_gather, then the GEMM."""
-    axes = C._axes(axis_name)
-    G = C._group_size(axes)
+    axes = _axes(axis_name)
+    G = group_size(axes)
     ga = gather_axis % 2
     if ga == 1:
         if a.ndim != 2 or b.ndim != 2 or a.shape[1] * G != b.shape[0]:
@@ -408,7 +432,7 @@ def all_gather_matmul(a, b, axis_name, gather_axis: int = 0, *, impl: str = "aut
             da = C.psum_scatter(_dot(ct, b.T), axes, scatter_dimension=1, tiled=True)
         gathered = C.all_gather(a, axes, axis=ga, tiled=True)
         db = _dot(gathered.T, ct)
-        return _set_vma(da, C._vma(a)), _set_vma(db, C._vma(b))
+        return _set_vma(da, varying_axes(a)), _set_vma(db, varying_axes(b))
 
     f.defvjp(fwd, bwd)
     return f(a, b)

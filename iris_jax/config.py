@@ -1,0 +1,143 @@
+"""How iris collectives run: one frozen value, passed per call or to replace_lax_collectives.
+
+    cfg = iris_jax.CollectiveConfig(variant="two_shot", timeout_s=5.0)
+    y = iris_jax.psum(x, "i", config=cfg)
+    step = iris_jax.replace_lax_collectives(train_step, config=cfg)
+    with iris_jax.use_config(cfg): ...     # the default of calls traced inside
+
+The defaults come from the environment variables of the README's settings table, read once
+(`default_config()`); a config is hashable and travels as a parameter of the traced
+collective, so jit retraces for a new config and never runs a stale one. Changing an
+environment variable after the first call has no effect: pass a config instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import os
+from collections.abc import Iterator, Mapping
+
+import jax
+
+VARIANTS = ("auto", "one_shot", "two_shot", "ring", "atomic", "spinlock")
+_LAUNCH_WARPS = (1, 2, 4, 8, 16, 32)
+
+
+@dataclasses.dataclass(frozen=True)
+class CollectiveConfig:
+    """Algorithm choice, thresholds (bytes per rank), launch geometry and timeout.
+
+    Attributes:
+      variant: all-reduce algorithm of psum/pmean ("auto" picks by size; see
+        iris_jax.all_reduce for the others).
+      timeout_s: how long a kernel waits for a peer before failing with PeerTimeoutError.
+      two_shot_from: `auto` all-reduces with two-shot from this size (one-shot below).
+      zero_copy_from: inputs of this size that lie on the heap are read in place.
+      push_from: the pipelined kinds push into the peers' workspaces from this size.
+      stream_from / stream_until: psum, all_gather, psum_scatter and all_to_all stream
+        from `stream_from`, and (all but all_gather) up to `stream_until` (0: never).
+      stream_senders_percent: share of a streamed call's programs that send.
+      chunk_bytes: most bytes per block and chunk (None: what the workspace holds).
+      block, programs_per_sm, warps: the kernel's tile (elements), grid and warps
+        (None: the platform's default, see iris_jax.collectives.launch_config).
+      stream_programs_per_sm, stream_warps: the same for streamed calls of many tiles.
+    """
+
+    variant: str = "auto"
+    timeout_s: float = 60.0
+    two_shot_from: int = 1 << 62  # two-shot never beat one-shot on 2 x H200 (RESULTS.md)
+    zero_copy_from: int = 16 << 20
+    push_from: int = 32 << 20
+    stream_from: int = 16 << 20
+    stream_until: int = 1 << 20
+    stream_senders_percent: int = 50
+    chunk_bytes: int | None = None
+    block: int | None = None
+    programs_per_sm: int | None = None
+    warps: int | None = None
+    stream_programs_per_sm: int | None = None
+    stream_warps: int | None = None
+
+    def __post_init__(self):
+        if self.variant not in VARIANTS:
+            raise ValueError(f"unknown all_reduce variant {self.variant!r}; choose one of {VARIANTS}")
+        if not self.timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0 seconds, got {self.timeout_s}")
+        if not 0 < self.stream_senders_percent < 100:
+            raise ValueError(f"stream_senders_percent must be in (0, 100), got {self.stream_senders_percent}")
+        for name in ("two_shot_from", "zero_copy_from", "push_from", "stream_from", "stream_until"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be a byte count >= 0, got {getattr(self, name)}")
+        if self.chunk_bytes is not None and self.chunk_bytes <= 0:
+            raise ValueError(f"chunk_bytes must be > 0 (or None for no cap), got {self.chunk_bytes}")
+        if self.block is not None and (self.block < 256 or self.block & (self.block - 1)):
+            raise ValueError(f"block must be a power of two >= 256, got {self.block}")
+        for name in ("programs_per_sm", "stream_programs_per_sm"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("warps", "stream_warps"):
+            if getattr(self, name) is not None and getattr(self, name) not in _LAUNCH_WARPS:
+                raise ValueError(f"{name} must be one of {_LAUNCH_WARPS}, got {getattr(self, name)}")
+
+    def replace(self, **changes) -> CollectiveConfig:
+        """A copy with `changes` (validated like the constructor)."""
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> CollectiveConfig:
+        """The config that the IRIS_COLLECTIVE_* variables describe (defaults elsewhere)."""
+        environ = os.environ if environ is None else environ
+        values = {}
+        for field, (variable, parse, expected) in _ENVIRONMENT.items():
+            setting = environ.get(variable, "")
+            if setting:
+                try:
+                    values[field] = parse(setting)
+                except ValueError:
+                    raise ValueError(f"{variable}={setting!r}: expected {expected}") from None
+        return cls(**values)
+
+
+_BYTES = (int, "a byte count")
+_ENVIRONMENT = {  # field: (variable, parse, what it expects)
+    "variant": ("IRIS_COLLECTIVE_VARIANT", str, "a variant name"),
+    "timeout_s": ("IRIS_COLLECTIVE_TIMEOUT", float, "seconds"),
+    "two_shot_from": ("IRIS_COLLECTIVE_TWO_SHOT_FROM", *_BYTES),
+    "zero_copy_from": ("IRIS_COLLECTIVE_ZERO_COPY_FROM", *_BYTES),
+    "push_from": ("IRIS_COLLECTIVE_PUSH_FROM", *_BYTES),
+    "stream_from": ("IRIS_COLLECTIVE_STREAM_FROM", *_BYTES),
+    "stream_until": ("IRIS_COLLECTIVE_STREAM_UNTIL", *_BYTES),
+    "stream_senders_percent": ("IRIS_COLLECTIVE_STREAM_SENDERS", int, "a percentage"),
+    "chunk_bytes": ("IRIS_COLLECTIVE_CHUNK_BYTES", *_BYTES),
+    "block": ("IRIS_COLLECTIVE_BLOCK", int, "elements"),
+    "programs_per_sm": ("IRIS_COLLECTIVE_PROGRAMS_PER_SM", int, "an integer"),
+    "warps": ("IRIS_COLLECTIVE_WARPS", int, "an integer"),
+    "stream_programs_per_sm": ("IRIS_COLLECTIVE_STREAM_PROGRAMS_PER_SM", int, "an integer"),
+    "stream_warps": ("IRIS_COLLECTIVE_STREAM_WARPS", int, "an integer"),
+}
+
+
+# part of jit's cache key: a function traced under one config is retraced under another
+_scoped = jax.make_user_context(default_value=None)
+
+
+@functools.cache
+def _from_environment() -> CollectiveConfig:
+    return CollectiveConfig.from_env()
+
+
+def default_config() -> CollectiveConfig:
+    """The config of calls that pass none: `use_config`'s inside it, else the environment's
+    as it was at the first collective."""
+    return _scoped.value or _from_environment()
+
+
+@contextlib.contextmanager
+def use_config(config: CollectiveConfig) -> Iterator[CollectiveConfig]:
+    """Collectives that pass no config use `config` inside the block (jit retraces for it)."""
+    if not isinstance(config, CollectiveConfig):
+        raise TypeError(f"use_config takes a CollectiveConfig, not {type(config).__name__}")
+    with _scoped(config):
+        yield config

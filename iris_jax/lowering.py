@@ -1,0 +1,268 @@
+"""How an iris collective becomes one launch of the collective kernel.
+
+`lower(collective, params, config, *xs)` runs at lowering time (inside the manual mesh of the
+shard_map) for an `iris_collective` equation: it views each operand as a [blocks, m] matrix
+(the layout iris_core.collectives.kernels works on), puts the operands of one equation side
+by side, launches the kernel once, and reshapes its output to what lax returns.
+
+Algorithm choice, per call (thresholds are bytes per rank, from the CollectiveConfig):
+below `push_from` the input is staged into the group's heap workspace (or, from
+`zero_copy_from`, read in place when it already lies on the heap), peers are signalled through
+flags with epochs, and each rank pulls what it needs; from `push_from` each rank stores what
+its peers need straight into their workspaces (no staging copy; stores move more than loads
+when both directions are busy). Calls of the kinds where every rank sends to every other
+(psum one-shot, all_gather, psum_scatter, all_to_all) that fit the streamed buffers in one
+chunk stream instead, from `stream_from` and (but all_gather) up to `stream_until`: half the
+programs push tiles and flag each, the other half build the output as tiles arrive.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from iris_core.collectives import kernels as K
+from iris_core.collectives.workspace import MAX_PROGRAMS
+from iris_jax import _runtime as runtime_lib
+from iris_jax.call import triton_call
+from iris_jax.call import varying_axes as _vma
+from iris_jax.config import CollectiveConfig
+from iris_jax.workspace import workspaces
+
+_OPS = {"sum": K.SUM, "max": K.MAX, "min": K.MIN}
+_VARIANTS = {"one_shot": K.ONE_SHOT, "two_shot": K.TWO_SHOT, "ring": K.RING, "atomic": K.ATOMIC,
+             "spinlock": K.SPINLOCK}
+# GPU launch defaults: the best geometric mean of 8 configurations (benchmarks/tune_collectives.py)
+DEFAULT_BLOCK, DEFAULT_PROGRAMS_PER_SM, DEFAULT_WARPS = 8192, 1, 8
+# streamed calls of more tiles than half the SMs: every SM both sends and receives
+DEFAULT_STREAM_PROGRAMS_PER_SM, DEFAULT_STREAM_WARPS = 2, 4
+
+
+def group_size(axes) -> int:
+    mesh = jax.sharding.get_abstract_mesh()
+    return math.prod(mesh.shape[a] for a in axes)
+
+
+def group_positions(axes) -> list[int]:
+    """lax.ppermute numbers the members of a tuple of axes in the mesh's axis order, whatever
+    the tuple's order; the kernel's group (like lax.axis_index) in the tuple's order. Entry i:
+    the kernel's position of lax.ppermute's member i."""
+    mesh = jax.sharding.get_abstract_mesh()
+    sizes = [mesh.shape[a] for a in axes]
+    in_mesh_order = sorted(range(len(axes)), key=lambda k: list(mesh.axis_names).index(axes[k]))
+    positions = [0] * math.prod(sizes)
+    for position, coords in enumerate(np.ndindex(*sizes)):  # coords along axes, tuple order
+        positions[int(np.ravel_multi_index([coords[k] for k in in_mesh_order],
+                                           [sizes[k] for k in in_mesh_order]))] = position
+    return positions
+
+
+# -- from lax's parameters to kernel launches ---------------------------------------------
+def lower(collective, params: dict, config: CollectiveConfig, *xs) -> list:
+    """The outputs of the lax `collective` with `params` over the operands `xs` (one launch)."""
+    from iris_jax.rewrite import axes_of
+
+    name = collective.name
+    if name == "pvary":
+        return list(xs)
+    axes = axes_of(params)
+    G = group_size(axes)
+    if name in ("psum", "psum_invariant", "pmax", "pmin"):
+        op = {"pmax": "max", "pmin": "min"}.get(name, "sum")
+        variant = effective_variant(config.variant, op, xs[0].dtype, sum(x.size for x in xs) * xs[0].dtype.itemsize,
+                                    G, config)
+        rows = _launch_many(K.ALL_REDUCE, [x.reshape(1, -1) for x in xs], axes, 1, config, op=_OPS[op],
+                            variant=variant, out_invariant=True, what=f"all_reduce({op})")
+        return [r.reshape(x.shape) for r, x in zip(rows, xs)]
+    if name in ("all_gather", "all_gather_invariant"):
+        rows = _launch_many(K.ALL_GATHER, [x.reshape(1, -1) for x in xs], axes, G, config, what="all_gather",
+                            out_invariant=name == "all_gather_invariant")
+        return [_gathered(r, x, G, params["all_gather_dimension"], params["tiled"]) for r, x in zip(rows, xs)]
+    if name == "reduce_scatter":
+        d, tiled = params["scatter_dimension"], params["tiled"]
+        moved = [jnp.moveaxis(x, d, 0) for x in xs]
+        rows = _launch_many(K.REDUCE_SCATTER, [m.reshape(G, -1) for m in moved], axes, 1, config, what="psum_scatter")
+        outs = []
+        for r, m in zip(rows, moved):
+            block = r.reshape((m.shape[0] // G, *m.shape[1:]) if tiled else m.shape[1:])
+            outs.append(jnp.moveaxis(block, 0, d) if tiled else block)
+        return outs
+    if name == "all_to_all":
+        s, c, tiled = params["split_axis"], params["concat_axis"], params["tiled"]
+        chunks = [_split_chunks(x, s, G) for x in xs]
+        rows = _launch_many(K.ALL_TO_ALL, [ch.reshape(G, -1) for ch in chunks], axes, G, config, what="all_to_all")
+        return [_concatenated(r.reshape(ch.shape), x, s, c, G, tiled) for r, ch, x in zip(rows, chunks, xs)]
+    if name == "ppermute":
+        perm = [(src % G, dst % G) for src, dst in params["perm"]]  # lax's numbering, modulo G
+        if len({s for s, _ in perm}) != len(perm) or len({d for _, d in perm}) != len(perm):
+            raise ValueError(f"ppermute sources and destinations must be unique, got {params['perm']}.")  # lax's
+        member = group_positions(axes)
+        sources = [-1] * G
+        for src, dst in perm:
+            sources[member[dst]] = member[src]
+        rows = _launch_many(K.PPERMUTE, [x.reshape(1, -1) for x in xs], axes, 1, config, sources=sources,
+                            what="ppermute")
+        return [r.reshape(x.shape) for r, x in zip(rows, xs)]
+    if name == "pbroadcast":
+        if G == 1 or not any(x.size for x in xs):  # nothing to send (see rewrite.placement)
+            return list(xs)
+        rows = _launch_many(K.BROADCAST, [x.reshape(1, -1) for x in xs], axes, 1, config,
+                            sources=[params["source"]] * G, what="pbroadcast")
+        return [r.reshape(x.shape) for r, x in zip(rows, xs)]
+    raise NotImplementedError(f"iris has no kernel for {name}")
+
+
+def effective_variant(variant: str, op: str, dtype, nbytes: int, G: int, config: CollectiveConfig) -> int:
+    """The all-reduce algorithm that runs: `variant`, or one-shot where it cannot run this call
+    (atomic and spinlock only sum, atomic only float32/int32, ring up to 32 ranks);
+    `auto` chooses two-shot from `config.two_shot_from` bytes per rank."""
+    if variant == "auto":
+        return K.TWO_SHOT if nbytes >= config.two_shot_from and G > 1 else K.ONE_SHOT
+    if variant in ("atomic", "spinlock") and op != "sum":
+        return K.ONE_SHOT
+    if variant == "atomic" and jnp.dtype(dtype) not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.int32)):
+        return K.ONE_SHOT
+    if variant == "ring" and not 1 < G <= 32:
+        return K.ONE_SHOT
+    return _VARIANTS[variant]
+
+
+def _gathered(rows, x, G, axis, tiled):
+    out = jnp.moveaxis(rows.reshape(G, *x.shape), 0, axis)
+    if tiled:
+        return out.reshape(*x.shape[:axis], G * x.shape[axis], *x.shape[axis + 1:])
+    return out
+
+
+def _split_chunks(x, s, G):
+    """[G, size / G, ...rest]: chunk i goes to member i."""
+    moved = jnp.moveaxis(x, s, 0)
+    return moved.reshape(G, x.shape[s] // G, *moved.shape[1:])
+
+
+def _concatenated(received, x, s, c, G, tiled):
+    """received[i] came from member i: put it back where the split dim was, then concatenate."""
+    size = x.shape[s]
+    pieces = jnp.moveaxis(received, 1, s + 1).reshape(G, *x.shape[:s], size // G, *x.shape[s + 1:])
+    if not tiled:
+        return jnp.moveaxis(pieces.reshape(G, *x.shape[:s], *x.shape[s + 1:]), 0, c)
+    shape = list(pieces.shape[1:])
+    shape[c] *= G
+    return jnp.moveaxis(pieces, 0, c).reshape(shape)
+
+
+def _launch_many(kind: int, rows: list, axes, out_blocks: int, config, **kwargs) -> list:
+    """Operands side by side ([XB, m1 + m2 + ...]), one launch, the output split back."""
+    if len(rows) == 1:
+        return [launch(kind, rows[0], axes, out_blocks, config, **kwargs)]
+    widths = [r.shape[1] for r in rows]
+    out = launch(kind, jnp.concatenate(rows, axis=1), axes, out_blocks, config, **kwargs)
+    return jnp.split(out, np.cumsum(widths)[:-1].tolist(), axis=1)
+
+
+# -- one launch -----------------------------------------------------------------------------
+def launch_config(rt, config: CollectiveConfig, streamed: bool = False) -> tuple[int, int, int]:
+    """(elements per tile, most programs, warps per program) of the collective kernel.
+
+    Every program of the persistent grid must be resident at once (they wait on their
+    peers' twins), so programs stay within `programs_per_sm` x SMs and MAX_PROGRAMS.
+    Streamed calls of more tiles than half the programs (`streamed`) run two programs of
+    4 warps per SM: two always fit an SM's registers (at most 255 per thread), and each SM
+    then both sends and receives.
+    """
+    if rt.mode.startswith("sim"):
+        return 256, 2, 4
+    block = config.block or DEFAULT_BLOCK
+    if streamed:
+        per_sm = config.stream_programs_per_sm or DEFAULT_STREAM_PROGRAMS_PER_SM
+        warps = config.stream_warps or DEFAULT_STREAM_WARPS
+    else:
+        per_sm, warps = config.programs_per_sm or DEFAULT_PROGRAMS_PER_SM, config.warps or DEFAULT_WARPS
+    sms = getattr(rt.devices[0], "core_count", None) or 132
+    return block, min(per_sm * sms, MAX_PROGRAMS), warps
+
+
+def launch(kind: int, x2d, axes, out_blocks: int, config: CollectiveConfig, *, op=K.SUM, variant=K.ONE_SHOT,
+           sources=None, out_invariant=False, what="collective"):
+    """Runs the collective kernel on x viewed as [XB, m]; returns the output as [OB, m]."""
+    import triton.language as tl
+
+    rt = runtime_lib.runtime()
+    ws = workspaces(rt)
+    G = group_size(axes)
+    XB, m = x2d.shape
+    itemsize = x2d.dtype.itemsize
+    block, max_programs, num_warps = launch_config(rt, config)
+    nbytes = XB * m * itemsize
+
+    def chunk_of(buffer_bytes, slots):  # a buffer holds a slot per sender (push) or my input blocks (pull)
+        cap = config.chunk_bytes or 1 << 62
+        return max(block, min(buffer_bytes // slots, cap) // itemsize // block * block)
+
+    senders_per_buffer = max(G - 1, 1)  # push: every member but the buffer's owner
+    stream = streams(kind, variant, nbytes, G, config) and m <= chunk_of(ws.layout.stream_capacity, senders_per_buffer)
+    push = stream or pushes(kind, variant, nbytes, config)
+    chunk = chunk_of(ws.layout.stream_capacity if stream else ws.layout.data_bytes,
+                     senders_per_buffer if push else XB)
+    tiles = math.ceil(min(m, chunk) / block)
+    if stream and tiles > max_programs // 2:  # more than a round of tiles: the streamed launch configuration
+        _, max_programs, num_warps = launch_config(rt, config, streamed=True)
+    senders, programs = 1, min(tiles, max_programs)
+    if stream:
+        senders, receivers = stream_programs(tiles, max_programs, config.stream_senders_percent)
+        programs = senders + receivers
+    floating = jnp.issubdtype(x2d.dtype, jnp.floating)
+    return triton_call(
+        x2d, m, kernel=K.collective_kernel, out_shape=jax.ShapeDtypeStruct((out_blocks, m), x2d.dtype),
+        grid=(programs,), num_warps=num_warps, group_axes=axes,
+        out_varying=tuple(a for a in _vma(x2d) | set(axes) if not (out_invariant and a in axes)),
+        KIND=kind, OP=op, VARIANT=variant, G=G, WORLD=rt.world_size, XB=XB, OB=out_blocks,
+        SOURCES=tuple(sources) if sources is not None else tuple([-1] * G),
+        ACC=tl.float32 if floating else tl.int32, BLOCK=block, CHUNK=chunk,
+        DATA=ws.layout.data, DATA2=ws.layout.data2, DATA_BYTES=ws.layout.data_bytes,
+        MAX_PROGRAMS=MAX_PROGRAMS, TIMEOUT_NS=int(config.timeout_s * 1e9), WHAT=what,
+        ZERO_COPY=not push and zero_copy(kind, variant, nbytes, config), HEAP_BYTES=rt.heap_size,
+        VEC=16 // itemsize if m % (16 // itemsize) == 0 else 1, TRACING=rt.tracing.enabled, PUSH=push,
+        STREAM=stream, STREAM_AT=ws.layout.stream, STREAM_BYTES=ws.layout.stream_capacity, SENDERS=senders)
+
+
+def zero_copy(kind: int, variant: int, nbytes: int, config: CollectiveConfig) -> bool:
+    """Whether inputs on the heap are read in place (the pulling algorithms, large arrays)."""
+    pulls = kind != K.ALL_REDUCE or variant in (K.ONE_SHOT, K.TWO_SHOT)
+    return pulls and nbytes >= config.zero_copy_from
+
+
+def streams(kind: int, variant: int, nbytes: int, G: int, config: CollectiveConfig) -> bool:
+    """Whether the call may stream (it does if it also fits one chunk of the streamed
+    buffers): a kind in which every member sends to every other, G >= 2, and at least
+    `stream_from` bytes per rank or, but for all_gather, at most `stream_until`."""
+    every_pair = kind in (K.ALL_GATHER, K.REDUCE_SCATTER, K.ALL_TO_ALL) or (
+        kind == K.ALL_REDUCE and variant == K.ONE_SHOT)
+    large = nbytes >= config.stream_from
+    small = kind != K.ALL_GATHER and nbytes <= config.stream_until
+    return every_pair and G > 1 and (large or small)
+
+
+def stream_programs(tiles: int, max_programs: int, senders_percent: int) -> tuple[int, int]:
+    """(senders, receivers) of a streamed call of `tiles` tiles: `senders_percent` of the
+    programs send, the others receive, at least one each. Each side takes tiles in rounds
+    (program p: tiles p, p + n, ...), and its program count n is the fewest that needs as few
+    rounds as the most programs would, which fills the last round best: 2048 tiles over 66
+    senders are 31 full rounds and a last one of 2 tiles, which then cross the link at one
+    SM's rate; over 64, 32 full rounds.
+    """
+    most_senders = min(max(max_programs * senders_percent // 100, 1), max_programs - 1)
+
+    def balanced(most):
+        return math.ceil(tiles / math.ceil(tiles / most))
+
+    return balanced(most_senders), balanced(max_programs - most_senders)
+
+
+def pushes(kind: int, variant: int, nbytes: int, config: CollectiveConfig) -> bool:
+    """Whether the call pushes (the pipelined kinds, from `push_from` bytes; 0: always)."""
+    pipelined = kind != K.ALL_REDUCE or variant == K.ONE_SHOT
+    return pipelined and nbytes >= config.push_from

@@ -1,0 +1,184 @@
+"""`iris_collective`: a jax.lax collective whose kernels are iris's.
+
+An equation of this primitive is a lax collective equation (`psum_invariant`, `all_gather`,
+`ppermute`, ...) with the same operands and parameters, plus a CollectiveConfig. Every rule
+but the lowering is lax's own, applied through iris:
+
+* abstract eval: the lax primitive's, so shapes, varying axes, effects and errors are lax's;
+* jvp: the linear collectives map tangents through themselves; pmax/pmin (which lax cannot
+  differentiate) give the tangent of the members holding the extremum, averaged over ties;
+* transpose and batching: lax's rule, run by `iris_jax.rewrite.run_on_iris`, so the
+  collectives that lax's rule emits (psum_scatter for all_gather, psum for pvary, ...) are
+  iris collectives too;
+* lowering: iris kernels (iris_jax.lowering.lower) on GPUs and on the simulator; XLA's own
+  lowering where iris has nothing to do (see iris_jax.rewrite.placement).
+
+One equation may carry several operands of one dtype with the same parameters (a pytree):
+their kernels run as one launch.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import jax
+from jax._src import core
+from jax._src.interpreters import ad, batching
+from jax.extend.core import Primitive
+from jax.interpreters import mlir
+
+iris_collective_p = Primitive("iris_collective")
+iris_collective_p.multiple_results = True
+
+
+def bind(xs, collective, params: dict, config):
+    """The iris equation for `collective` over the operands `xs` (returns a list)."""
+    return iris_collective_p.bind(*xs, collective=collective, params=freeze(params), config=config)
+
+
+def freeze(params: dict) -> tuple:
+    """lax parameters as a hashable, ordered tuple of (name, value)."""
+    return tuple(sorted(params.items()))
+
+
+def _lax_bind(collective, x, params: dict):
+    """One operand through the lax primitive itself (single- or multiple-result)."""
+    out = collective.bind(x, **params)
+    return out[0] if collective.multiple_results else out
+
+
+def _abstract_eval(*avals, collective, params, config):
+    del config
+    outs, effects = [], set()
+    for aval in avals:
+        out, effect = collective.abstract_eval(aval, **dict(params))
+        outs.append(out[0] if collective.multiple_results else out)
+        effects |= set(effect)
+    return outs, effects
+
+
+iris_collective_p.def_effectful_abstract_eval(_abstract_eval)
+
+
+def _impl(*xs, **params):
+    return jax.jit(lambda *a: iris_collective_p.bind(*a, **params))(*xs)
+
+
+iris_collective_p.def_impl(_impl)
+
+
+# -- autodiff ---------------------------------------------------------------------------
+def _is_linear(collective) -> bool:
+    return collective in ad.primitive_transposes
+
+
+def _zero_like(x):
+    aval = core.typeof(x)
+    return ad.Zero(aval.to_tangent_aval())
+
+
+def _jvp(primals, tangents, *, collective, params, config):
+    outs = iris_collective_p.bind(*primals, collective=collective, params=params, config=config)
+    if _is_linear(collective):
+        live = [i for i, t in enumerate(tangents) if type(t) is not ad.Zero]
+        live_outs = iris_collective_p.bind(*[tangents[i] for i in live], collective=collective, params=params,
+                                           config=config) if live else []
+        tangents_out = [_zero_like(o) for o in outs]
+        for i, t in zip(live, live_outs):
+            tangents_out[i] = t
+        return outs, tangents_out
+    if collective.name in ("pmax", "pmin"):
+        return outs, [_extremum_tangent(x, y, t, dict(params), config) if type(t) is not ad.Zero else _zero_like(y)
+                      for x, y, t in zip(primals, outs, tangents)]
+    raise NotImplementedError(f"Differentiation rule for '{collective.name}' not implemented")
+
+
+def _extremum_tangent(x, y, t, params, config):
+    """d pmax: the tangent of the members whose x equals the result, averaged over them
+    (as jnp.max shares the derivative among ties)."""
+    from jax import lax
+
+    from iris_jax.rewrite import run_on_iris
+
+    axes = params["axes"]
+
+    def tangent(x, y, t):
+        holds = (x == y).astype(t.dtype)
+        return lax.psum(t * holds, axes) / lax.psum(holds, axes)
+
+    return run_on_iris(tangent, (x, y, t), config, merge=False)
+
+
+def _transpose(cts, *args, collective, params, config):
+    from iris_jax.rewrite import run_on_iris
+
+    rule = ad.primitive_transposes[collective]
+    kwargs = dict(params)
+
+    def one(ct, arg):
+        if type(ct) is ad.Zero:
+            return ad.Zero(arg.aval.to_ct_aval()) if hasattr(arg.aval, "to_ct_aval") else ad.Zero(arg.aval)
+        if collective.name == "pbroadcast":  # lax's rule fills with an array (fails for non-scalars)
+            return run_on_iris(partial(_pbroadcast_transpose, **kwargs), (ct,), config, merge=False)
+        if collective.multiple_results:
+            return run_on_iris(lambda c: rule([c], arg, **kwargs)[0], (ct,), config, merge=False)
+        return run_on_iris(lambda c: rule(c, arg, **kwargs)[0], (ct,), config, merge=False)
+
+    return [one(ct, arg) for ct, arg in zip(cts, args)]
+
+
+def _pbroadcast_transpose(ct, *, axis_name, source):
+    """The source gets the sum of the cotangents, every other member zero."""
+    from jax import lax
+
+    total = lax.psum(ct, axis_name)
+    return jax.numpy.where(lax.axis_index(axis_name) == source, total, jax.numpy.zeros_like(total))
+
+
+ad.primitive_jvps[iris_collective_p] = _jvp
+ad.primitive_transposes[iris_collective_p] = _transpose
+
+
+# -- vmap -------------------------------------------------------------------------------
+def _batch(axis_data, vals, dims, *, collective, params, config):
+    from iris_jax.rewrite import run_on_iris
+
+    rule = batching.fancy_primitive_batchers[collective]
+    kwargs = dict(params)
+    outs, out_dims = [], []
+    for v, d in zip(vals, dims):
+        found = {}
+
+        def batched(v, d=d):
+            out, out_dim = rule(axis_data, [v], [d], **kwargs)
+            if collective.multiple_results:
+                out, out_dim = out[0], out_dim[0]
+            found["dim"] = out_dim
+            return out
+
+        outs.append(run_on_iris(batched, (v,), config, merge=False))
+        out_dims.append(found["dim"])
+    return outs, out_dims
+
+
+batching.fancy_primitive_batchers[iris_collective_p] = _batch
+
+
+# -- lowering ---------------------------------------------------------------------------
+def _lowering(ctx, *xs, collective, params, config):
+    from iris_jax import lowering
+    from iris_jax.rewrite import lowers_on_iris
+
+    kwargs = dict(params)
+    if not lowers_on_iris(ctx, collective, kwargs):
+        return mlir.lower_fun(lambda *a: [_lax_bind(collective, x, kwargs) for x in a],
+                              multiple_results=True)(ctx, *xs)
+    axis_context = ctx.module_context.axis_context
+    manual_mesh = axis_context.mesh.abstract_mesh.update_axis_types(
+        {a: jax.sharding.AxisType.Manual for a in axis_context.manual_axes})
+    with jax.sharding.use_abstract_mesh(manual_mesh):
+        return mlir.lower_fun(partial(lowering.lower, collective, kwargs, config),
+                              multiple_results=True)(ctx, *xs)
+
+
+mlir.register_lowering(iris_collective_p, _lowering)

@@ -1,0 +1,269 @@
+"""lax collectives on iris: the jaxpr rewrite behind every iris collective.
+
+`run_on_iris(fn, args, config)` traces `fn` to a jaxpr, turns each lax collective equation
+that iris can run into an `iris_collective` equation (iris_jax.primitive), at any depth
+(shard_map, jit, scan, cond, while, remat, custom_jvp/custom_vjp bodies), and evaluates the
+result. The public collectives (`iris_jax.psum` = lax.psum run this way, ...) and
+`replace_lax_collectives` are this one mechanism; `explain` shows its decisions.
+
+Where iris does not run a collective (placement): positional axes, `axis_index_groups`,
+dtypes other than float32/bfloat16/float16/int32, collectives over axes that are not manual
+shard_map axes, partially manual shard_map, and calls with nothing to send (a group of one
+member, zero-size arrays), which XLA removes. The explicit API raises for the first three
+(`strict`); replace_lax_collectives leaves them to XLA.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import warnings
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+from jax import tree_util
+from jax._src import core
+
+from iris_jax.config import CollectiveConfig, default_config
+from iris_jax.primitive import freeze, iris_collective_p
+
+SUPPORTED_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16, jnp.int32)
+# lax primitive name -> the name users know it by (errors and explain)
+COLLECTIVES = {
+    "psum": "psum", "psum_invariant": "psum", "pmax": "pmax", "pmin": "pmin",
+    "all_gather": "all_gather", "all_gather_invariant": "all_gather", "reduce_scatter": "psum_scatter",
+    "all_to_all": "all_to_all", "ppermute": "ppermute", "pbroadcast": "pbroadcast", "pvary": "pvary",
+}
+_NO_KERNEL = ("pvary",)  # a type cast: runs on iris so that its transpose (a psum) does too
+
+
+class UnsupportedCollectiveError(TypeError):
+    """The explicit iris API was asked for a collective iris does not run."""
+
+
+# -- where each collective runs ---------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Scope:
+    """The mesh around an equation: axis sizes and which axes are manual."""
+
+    sizes: tuple = ()  # ((axis, size), ...)
+    manual: frozenset = frozenset()
+
+    @classmethod
+    def current(cls) -> Scope:
+        mesh = jax.sharding.get_abstract_mesh()
+        if mesh is None or mesh.empty:
+            return cls()
+        return cls(tuple(mesh.shape.items()), frozenset(getattr(mesh, "manual_axes", ()) or ()))
+
+    def inside_shard_map(self, params) -> Scope:
+        mesh = params["mesh"]
+        newly = params.get("newly_manual_axes", params.get("manual_axes", params.get("axis_names")))
+        newly = frozenset(newly) if newly is not None else frozenset(mesh.axis_names)
+        return Scope(tuple(mesh.shape.items()), self.manual | newly)
+
+
+def axes_of(params: dict) -> tuple:
+    axes = params.get("axes", params.get("axis_name"))
+    return tuple(axes) if isinstance(axes, (tuple, list)) else (axes,)
+
+
+def placement(name: str, params: dict, aval, scope: Scope) -> tuple[str | None, bool]:
+    """(why XLA runs this collective or None for iris, whether that is the caller's choice
+    to fix: True for what the explicit API refuses)."""
+    if name in _NO_KERNEL:
+        return None, False
+    axes = axes_of(params)
+    if any(isinstance(a, int) for a in axes):
+        return "positional (integer) axes", True
+    if params.get("axis_index_groups") is not None:
+        return "axis_index_groups", True
+    if aval.dtype not in [jnp.dtype(d) for d in SUPPORTED_DTYPES]:
+        return (f"dtype {aval.dtype.name} (iris runs {', '.join(jnp.dtype(d).name for d in SUPPORTED_DTYPES)})",
+                True)
+    sizes = dict(scope.sizes)
+    if any(a not in scope.manual for a in axes):
+        return f"axes {axes} are not all manual shard_map axes here", False
+    if set(scope.manual) != set(sizes):
+        return f"partially manual shard_map (manual {tuple(sorted(scope.manual))} of {tuple(sizes)})", False
+    if name != "pbroadcast" and math.prod(sizes[a] for a in axes) == 1:
+        return "a group of one member: nothing to send (XLA removes it)", False
+    if name != "pbroadcast" and aval.size == 0:  # XLA lowers pbroadcast on GPUs only: iris returns it
+        return "zero-size: nothing to send (XLA removes it)", False
+    return None, False
+
+
+def lowers_on_iris(ctx, collective, params) -> bool:
+    """At lowering: GPUs or the simulator, inside a fully manual shard_map."""
+    from jax._src.sharding_impls import SPMDAxisContext
+
+    axis_context = ctx.module_context.axis_context
+    platforms = set(ctx.module_context.platforms)
+    return (platforms <= {"cuda", "cpu"} and isinstance(axis_context, SPMDAxisContext)
+            and set(axis_context.manual_axes) == set(axis_context.mesh.axis_names))
+
+
+# -- the rewrite ------------------------------------------------------------------------
+@dataclasses.dataclass
+class _Rewriter:
+    config: CollectiveConfig
+    strict: bool
+    merge: bool = True
+    decisions: list = dataclasses.field(default_factory=list)  # (name, params, aval, reason or None)
+    memo: dict = dataclasses.field(default_factory=dict)
+
+    def closed(self, closed: core.ClosedJaxpr, scope: Scope) -> core.ClosedJaxpr:
+        return core.ClosedJaxpr(self.jaxpr(closed.jaxpr, scope), closed.consts)
+
+    def jaxpr(self, jaxpr: core.Jaxpr, scope: Scope) -> core.Jaxpr:
+        key = (id(jaxpr), scope)
+        if key not in self.memo:
+            eqns = [self.eqn(e, scope) for e in jaxpr.eqns]
+            self.memo[key] = (jaxpr, jaxpr.replace(eqns=merge_launches(eqns) if self.merge else eqns))
+        return self.memo[key][1]
+
+    def eqn(self, eqn, scope: Scope):
+        name = eqn.primitive.name
+        if name in COLLECTIVES:
+            aval = eqn.invars[0].aval
+            reason, callers_fix = placement(name, eqn.params, aval, scope)
+            self.decisions.append((name, eqn.params, aval, reason))
+            if reason is None:
+                params = dict(collective=eqn.primitive, params=freeze(eqn.params), config=self.config)
+                return eqn.replace(primitive=iris_collective_p, params=params)
+            if self.strict and callers_fix:
+                raise UnsupportedCollectiveError(
+                    f"iris_jax.{COLLECTIVES[name]}: unsupported {reason}; use jax.lax.{COLLECTIVES[name]} "
+                    "(or iris_jax.replace_lax_collectives, which leaves such calls to XLA)")
+            if self.strict and reason.startswith("partially manual"):
+                warnings.warn(f"iris_jax.{COLLECTIVES[name]} runs on XLA here: {reason}", stacklevel=4)
+            return eqn
+        if eqn.primitive is iris_collective_p:
+            self.decisions.append((eqn.params["collective"].name, dict(eqn.params["params"]), eqn.invars[0].aval, None))
+            return eqn
+        inner = scope.inside_shard_map(eqn.params) if name == "shard_map" else scope
+        params = {k: self.param(v, inner) for k, v in eqn.params.items()}
+        return eqn.replace(params=params) if any(params[k] is not v for k, v in eqn.params.items()) else eqn
+
+    def param(self, value, scope: Scope):
+        if isinstance(value, core.ClosedJaxpr):
+            return self.closed(value, scope)
+        if isinstance(value, core.Jaxpr):
+            return self.jaxpr(value, scope)
+        if isinstance(value, tuple) and any(isinstance(v, (core.Jaxpr, core.ClosedJaxpr)) for v in value):
+            return tuple(self.param(v, scope) for v in value)
+        return value
+
+
+def merge_launches(eqns: list) -> list:
+    """Iris equations of one collective, parameters and dtype whose operands do not depend on
+    each other become one equation (one kernel launch for a pytree). Each is held back until
+    an equation needs one of its results."""
+    out, open_groups, owner = [], {}, {}
+
+    def flush(key):
+        group = open_groups.pop(key)
+        for e in group:
+            for v in e.outvars:
+                owner.pop(v, None)
+        if len(group) == 1:
+            out.append(group[0])
+        else:
+            out.append(group[0].replace(invars=[v for e in group for v in e.invars],
+                                        outvars=[v for e in group for v in e.outvars],
+                                        effects=frozenset().union(*[e.effects for e in group])))
+
+    for eqn in eqns:
+        for key in {owner[v] for v in eqn.invars if isinstance(v, core.Var) and v in owner}:
+            flush(key)
+        if eqn.primitive is iris_collective_p and eqn.params["collective"].name not in _NO_KERNEL:
+            p = eqn.params
+            key = (p["collective"], p["params"], p["config"], tuple(v.aval.dtype for v in eqn.invars))
+            open_groups.setdefault(key, []).append(eqn)
+            for v in eqn.outvars:
+                owner[v] = key
+        else:
+            out.append(eqn)
+    for key in list(open_groups):
+        flush(key)
+    return out
+
+
+def run_on_iris(fn: Callable, args: tuple, config: CollectiveConfig | None = None, *, strict: bool = True,
+                merge: bool = True, decisions: list | None = None):
+    """`fn(*args)` with its lax collectives on iris (see the module docstring).
+
+    `merge=False` keeps one launch per collective: transformation rules need it, since a
+    launch merged from a primal and a tangent collective would make both tangents.
+    """
+    config = config or default_config()
+    flat, tree = tree_util.tree_flatten(args)
+    closed, out_shape = jax.make_jaxpr(lambda *a: fn(*tree_util.tree_unflatten(tree, a)), return_shape=True)(*flat)
+    rewriter = _Rewriter(config, strict, merge)
+    closed = rewriter.closed(closed, Scope.current())
+    if decisions is not None:
+        decisions.extend(rewriter.decisions)
+    out = core.eval_jaxpr(closed.jaxpr, closed.consts, *flat)
+    return tree_util.tree_unflatten(tree_util.tree_structure(out_shape), out)
+
+
+def replace_lax_collectives(f: Callable, *, config: CollectiveConfig | None = None) -> Callable:
+    """`f` with every jax.lax collective it calls, at any depth, on iris where iris runs the
+    call and on XLA where it does not (see `explain`).
+
+    The result is jitted (arguments are arrays or pytrees of arrays, as for jax.jit) and
+    composes with every JAX transformation; `f` itself is unchanged.
+    """
+    config = config or default_config()
+
+    @functools.wraps(f)
+    def replaced(*args, **kwargs):
+        return run_on_iris(lambda a, k: f(*a, **k), (args, kwargs), config, strict=False)
+
+    return jax.jit(replaced)
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """Where one collective of a traced function runs."""
+
+    op: str
+    axes: tuple
+    shape: tuple
+    dtype: str
+    nbytes: int
+    runs_on: str  # "iris" or "XLA"
+    why: str
+
+    def __str__(self):
+        return (f"{self.op:<13} {str(self.axes):<14} {self.dtype:<9} {str(self.shape):<18} "
+                f"{self.nbytes:>12,d} B  {self.runs_on:<4} {self.why}")
+
+
+def explain(f: Callable, *args, config: CollectiveConfig | None = None, **kwargs) -> list[Placement]:
+    """Each collective `replace_lax_collectives(f)(*args, **kwargs)` would run (iris
+    collectives called explicitly included): its op, axes, shape, dtype, bytes per rank,
+    and where it runs and why. `print(*explain(...), sep="\\n")` shows a table."""
+    decisions: list = []
+    config = config or default_config()
+    jax.make_jaxpr(lambda *a, **k: run_on_iris(lambda a, k: f(*a, **k), (a, k), config, strict=False,
+                                                decisions=decisions))(*args, **kwargs)
+    rows = []
+    for name, params, aval, reason in decisions:
+        if name in _NO_KERNEL:
+            continue
+        why = reason or _iris_detail(name, params, aval, config)
+        rows.append(Placement(COLLECTIVES[name], axes_of(params), tuple(aval.shape), aval.dtype.name,
+                              int(aval.size) * aval.dtype.itemsize, "XLA" if reason else "iris", why))
+    return rows
+
+
+def _iris_detail(name: str, params: dict, aval, config: CollectiveConfig) -> str:
+    if name in ("psum", "psum_invariant"):
+        return f"all_reduce variant {config.variant}"
+    if name in ("pmax", "pmin"):
+        return "all_reduce one_shot"
+    return "collective kernel"
+

@@ -1,0 +1,209 @@
+"""replace_lax_collectives, explain, configs as values, and the cheap cases (CPU simulator).
+
+What ran is read from the lowered program: on the simulator every iris kernel is a custom
+call to `iris_cpu_kernel`, every XLA collective an `all_reduce` / `all_gather` / ... op.
+"""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import iris_jax
+from iris_jax import CollectiveConfig
+from tests.jax.helpers import run_python, use_runtime
+
+XLA_COLLECTIVES = re.compile(r"stablehlo\.(all_reduce|all_gather|reduce_scatter|all_to_all|collective_permute)")
+
+
+def _mesh(shape=(4,), names=("i",)):
+    use_runtime(4)
+    return jax.make_mesh(shape, names, devices=jax.devices()[:4])
+
+
+def _x(mesh, rng, shape=(8, 6), spec=None):
+    return jax.device_put(jnp.asarray(rng.standard_normal(shape), jnp.float32), NamedSharding(mesh, spec or P("i")))
+
+
+def _text(lowered) -> str:
+    """The lowered program, kernel call sites unnumbered (each gets a fresh target name)."""
+    return re.sub(r"iris_cpu_kernel_\d+", "iris_cpu_kernel", lowered.as_text())
+
+
+def kernels(lowered) -> int:
+    return lowered.as_text().count("iris_cpu_kernel")
+
+
+def xla_collectives(lowered) -> int:
+    return len(XLA_COLLECTIVES.findall(lowered.as_text()))
+
+
+# -- replace_lax_collectives ----------------------------------------------------------------
+def _lax_program(mesh):
+    """lax only: a psum inside scan, a gathered matmul under grad, a nested jit, a remat."""
+
+    @jax.jit
+    def library_layer(h, w):  # e.g. a library's own jitted code
+        return lax.all_gather(h, "i", axis=0, tiled=True) @ w
+
+    def body(x, w):
+        def step(c, _):
+            return c + lax.psum(jnp.sin(c), "i"), None
+
+        y, _ = lax.scan(step, x, None, length=2)
+
+        def loss(w):
+            out = jax.checkpoint(library_layer)(y, w)
+            return jnp.sum(lax.psum_scatter(out, "i", tiled=True) ** 2)
+
+        return y, jax.grad(loss)(w)
+
+    return jax.shard_map(body, mesh=mesh, in_specs=(P("i"), P()), out_specs=(P("i"), P()))
+
+
+def test_replaced_program_matches_lax_and_runs_only_iris_kernels(rng):
+    mesh = _mesh()
+    x, w = _x(mesh, rng), jax.device_put(jnp.asarray(rng.standard_normal((6, 8)), jnp.float32))
+    program = _lax_program(mesh)
+    replaced = iris_jax.replace_lax_collectives(program)
+    want = jax.jit(program)(x, w)
+    got = replaced(x, w)
+    for g, r in zip(got, want):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(r), rtol=1e-5, atol=1e-5)
+    lowered = replaced.lower(x, w)
+    assert kernels(lowered) >= 4 and xla_collectives(lowered) == 0, lowered.as_text()
+    # the original program, jitted on its own, still runs XLA's collectives (no stale cache)
+    plain = jax.jit(program).lower(x, w)
+    assert kernels(plain) == 0 and xla_collectives(plain) >= 4
+
+
+def test_replaced_program_under_transformations(rng):
+    mesh = _mesh()
+    x, w = _x(mesh, rng), jax.device_put(jnp.asarray(rng.standard_normal((6, 8)), jnp.float32))
+    program = _lax_program(mesh)
+    loss = lambda f: lambda x, w: jnp.sum(f(x, w)[0] ** 2)  # noqa: E731
+    replaced = iris_jax.replace_lax_collectives(program)
+    want = jax.jit(jax.grad(loss(program)))(x, w)
+    got = jax.jit(jax.grad(loss(replaced)))(x, w)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-5)
+    assert xla_collectives(jax.jit(jax.grad(loss(replaced))).lower(x, w)) == 0
+
+
+def test_what_iris_does_not_run_stays_on_xla(rng):
+    """int8 (no iris kernel) and axis_index_groups (which lax takes inside shard_map only
+    with check_vma=False) run on XLA, the rest on iris; the explicit API refuses them."""
+    mesh = _mesh()
+    x = _x(mesh, rng)
+
+    def body(v):
+        small = lax.psum(v.astype(jnp.int8), "i")
+        grouped = lax.psum(v, "i", axis_index_groups=[[0, 1], [2, 3]])
+        return lax.psum(v, "i") + small.astype(jnp.float32) + grouped
+
+    program = jax.shard_map(body, mesh=mesh, in_specs=P("i"), out_specs=P("i"), check_vma=False)
+    replaced = iris_jax.replace_lax_collectives(program)
+    np.testing.assert_allclose(np.asarray(replaced(x)), np.asarray(jax.jit(program)(x)), rtol=1e-5)
+    lowered = replaced.lower(x)
+    assert kernels(lowered) == 1 and xla_collectives(lowered) == 2
+    rows = iris_jax.explain(program, x)
+    assert [(r.op, r.runs_on) for r in rows] == [("psum", "XLA"), ("psum", "XLA"), ("psum", "iris")]
+    assert "int8" in rows[0].why and "axis_index_groups" in rows[1].why
+    with pytest.raises(iris_jax.UnsupportedCollectiveError, match="axis_index_groups"):
+        jax.jit(jax.shard_map(lambda v: iris_jax.psum(v, "i", axis_index_groups=[[0, 1], [2, 3]]), mesh=mesh,
+                              in_specs=P("i"), out_specs=P("i"), check_vma=False))(x)
+    with pytest.raises(iris_jax.UnsupportedCollectiveError, match="unsupported dtype int8"):
+        jax.jit(jax.shard_map(lambda v: iris_jax.psum(v.astype(jnp.int8), "i"), mesh=mesh,
+                              in_specs=P("i"), out_specs=P("i")))(x)
+
+
+def test_explain_table(rng):
+    mesh = _mesh()
+    x = _x(mesh, rng)
+    rows = iris_jax.explain(_lax_program(mesh), x, jax.device_put(jnp.ones((6, 8), jnp.float32)))
+    assert {r.op for r in rows} >= {"psum", "all_gather", "psum_scatter"}
+    assert all(r.runs_on == "iris" for r in rows)
+    text = "\n".join(map(str, rows))
+    assert "float32" in text and "iris" in text
+
+
+# -- cheap cases ------------------------------------------------------------------------------
+def test_axis_of_size_one_and_zero_size_launch_nothing(rng):
+    mesh = _mesh((4, 1), ("i", "one"))
+    x = _x(mesh, rng)
+    f = jax.jit(jax.shard_map(lambda v: iris_jax.psum(v, "one") + iris_jax.all_gather(v, "one", tiled=True),
+                              mesh=mesh, in_specs=P("i"), out_specs=P(("i", "one"))))
+    assert kernels(f.lower(x)) == 0
+    np.testing.assert_allclose(np.asarray(f(x)), 2 * np.asarray(x), rtol=1e-6)
+    empty = jax.device_put(jnp.zeros((4, 0), jnp.float32), NamedSharding(mesh, P("i")))
+    g = jax.jit(jax.shard_map(lambda v: iris_jax.psum(v, "i"), mesh=mesh, in_specs=P("i"), out_specs=P()))
+    assert kernels(g.lower(empty)) == 0 and g(empty).shape == (1, 0)
+
+
+def test_pytree_is_one_launch_per_dtype(rng):
+    mesh = _mesh()
+    x = _x(mesh, rng)
+    tree = lambda v: {"a": v, "b": v[:, :2] * 3, "c": (v * 2).astype(jnp.bfloat16), "d": (v > 0)}  # noqa: E731
+
+    def run(m):
+        return jax.jit(jax.shard_map(lambda v: m.psum(tree(v), "i"), mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+
+    assert kernels(run(iris_jax).lower(x)) == 3  # float32 (a, b), bfloat16 (c), int32 (d, a bool summed)
+    got, want = run(iris_jax)(x), run(lax)(x)
+    for k in want:
+        np.testing.assert_allclose(np.asarray(got[k], np.float32), np.asarray(want[k], np.float32), rtol=1e-2)
+    floats = lambda v: {k: a for k, a in tree(v).items() if k != "d"}  # noqa: E731  (all_gather takes no bool)
+    gathered = jax.jit(jax.shard_map(lambda v: iris_jax.all_gather(floats(v), "i", axis=1), mesh=mesh,
+                                     in_specs=P("i"), out_specs=P("i")))
+    assert kernels(gathered.lower(x)) == 2
+
+
+# -- configuration ------------------------------------------------------------------------------
+def test_config_is_part_of_the_trace(rng):
+    """The config travels in the traced program; a jitted function called under another
+    use_config retraces (jit's cache key holds it), so no config is silently ignored."""
+    mesh = _mesh()
+    x = _x(mesh, rng)
+    program = jax.jit(jax.shard_map(lambda v: iris_jax.psum(v, "i"), mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+    ring = CollectiveConfig(variant="ring", timeout_s=7.0)
+    assert "variant='ring'" not in str(jax.make_jaxpr(program)(x))
+    program(x)
+    traces = program._cache_size()
+    with iris_jax.use_config(ring):
+        assert "variant='ring'" in str(jax.make_jaxpr(program)(x))
+        np.testing.assert_allclose(np.asarray(program(x)), np.asarray(jax.jit(
+            jax.shard_map(lambda v: lax.psum(v, "i"), mesh=mesh, in_specs=P("i"), out_specs=P("i")))(x)), rtol=1e-5)
+    assert program._cache_size() == traces + 1  # retraced for the ring config
+    program(x)  # the default config again: its trace is cached
+    assert program._cache_size() == traces + 1
+    explicit = jax.make_jaxpr(jax.shard_map(lambda v: iris_jax.psum(v, "i", config=ring), mesh=mesh,
+                                            in_specs=P("i"), out_specs=P("i")))(x)
+    assert "variant='ring'" in str(explicit) and "timeout_s=7.0" in str(explicit)
+    replaced = iris_jax.replace_lax_collectives(
+        jax.shard_map(lambda u: lax.psum(u, "i"), mesh=mesh, in_specs=P("i"), out_specs=P("i")), config=ring)
+    assert "variant='ring'" in str(jax.make_jaxpr(replaced)(x))
+
+
+def test_config_validation_and_environment():
+    with pytest.raises(ValueError, match="unknown all_reduce variant 'three_shot'"):
+        CollectiveConfig(variant="three_shot")
+    with pytest.raises(ValueError, match="block must be a power of two"):
+        CollectiveConfig(block=1000)
+    with pytest.raises(ValueError, match="IRIS_COLLECTIVE_PUSH_FROM='16M': expected a byte count"):
+        CollectiveConfig.from_env({"IRIS_COLLECTIVE_PUSH_FROM": "16M"})
+    cfg = CollectiveConfig.from_env({"IRIS_COLLECTIVE_TIMEOUT": "5", "IRIS_COLLECTIVE_STREAM_UNTIL": "0"})
+    assert (cfg.timeout_s, cfg.stream_until, cfg.variant) == (5.0, 0, "auto")
+    assert hash(cfg) == hash(CollectiveConfig(timeout_s=5.0, stream_until=0))
+
+
+def test_example_runs_unchanged():
+    result = run_python(["examples/07_replace_lax_collectives.py"], timeout=600,
+                        XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    assert result.returncode == 0, result.stdout
+    assert "same loss and parameters on iris and on XLA" in result.stdout, result.stdout
