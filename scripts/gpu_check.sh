@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # What we run on the GPU machine (device tool, kind nvidia-h200-x2, or nvidia-h200 for `shared`):
 #   bash scripts/gpu_check.sh [shared|tests|bench|probe|all|STEP...]
-# `shared` (step gpu_shared) needs one GPU: world sizes 2, 4 and 8 as processes sharing GPU 0, about
-# 5 minutes; on a one-GPU machine it is the whole `pytest -m gpu` (the tests that need two or more
-# GPUs are deselected there), which step gpu_suite runs as such.
+# `shared` (step gpu_shared) needs one GPU: world sizes 2, 4 and 8 as processes sharing GPU 0, at most
+# 360 + 90 s; `suite` (step gpu_suite) is the whole `pytest -m gpu` in one call, on one GPU the shared
+# runs plus the tests of a world of one (the tests that need two or more GPUs are deselected there).
 # A device call lasts at most 600 s: `tests` takes about 450 s when nothing hangs, `bench` more
 # than one call, so name steps to split them (e.g. `gpu_fused gpu_examples`, `rma collectives`).
 # Steps run in this file's order whatever the order of the arguments; `probe` holds quick
@@ -40,9 +40,11 @@ shared="IRIS_GPU_LOG_DIR=/tmp/iris_shared python3 -m pytest -m gpu -q -rfE --tb=
   -o faulthandler_timeout=560"
 step gpu_shared 570 bash -c "$shared tests/gpu/test_gpu_shared.py; rc=\$?; tar czf $OUT/shared_logs.tgz \
   -C /tmp/iris_shared . 2>/dev/null; exit \$rc"
-group=suite  # the whole `pytest -m gpu` in one step (one GPU: the shared runs and nothing else)
-step gpu_suite 580 bash -c "$shared tests/gpu; rc=\$?; tar czf $OUT/suite_logs.tgz -C /tmp/iris_shared . \
-  2>/dev/null; exit \$rc"
+# the whole `pytest -m gpu` in one step (one GPU: the shared runs and the tests of a world of one, such as
+# test_gpu_pallas, whose in-process JAX must not preallocate the memory that the shared runs' ranks need)
+group=suite
+step gpu_suite 580 bash -c "XLA_PYTHON_CLIENT_PREALLOCATE=false $shared tests/gpu; rc=\$?; tar czf \
+  $OUT/suite_logs.tgz -C /tmp/iris_shared . 2>/dev/null; exit \$rc"
 group=tests
 step gpu_jax 120 $t tests/gpu/test_gpu_jax.py
 step gpu_multi 300 $t tests/gpu/test_gpu_multiprocess.py
