@@ -207,3 +207,18 @@ def test_example_runs_unchanged():
                         XLA_FLAGS="--xla_force_host_platform_device_count=4")
     assert result.returncode == 0, result.stdout
     assert "same loss and parameters on iris and on XLA" in result.stdout, result.stdout
+
+
+def test_partially_manual_shard_map_runs_on_xla(rng):
+    """Collectives over the manual axis of a partially manual shard_map are right (XLA runs
+    them: iris kernels need every axis manual), with a warning from the explicit API."""
+    mesh = _mesh((2, 2), ("dp", "tp"))
+    x = _x(mesh, rng, spec=P("dp", "tp"))
+
+    def run(m):
+        return np.asarray(jax.jit(jax.shard_map(lambda v: m.psum(v, "tp"), mesh=mesh, in_specs=P(None, "tp"),
+                                                out_specs=P(), axis_names={"tp"}))(x))
+
+    with pytest.warns(UserWarning, match="partially manual shard_map"):
+        got = run(iris_jax)
+    np.testing.assert_allclose(got, run(lax), rtol=1e-6)
