@@ -21,8 +21,16 @@ SIZES = (37, 4099, (1 << 20) + 3)  # below a tile, a few tiles, 4 MiB of float32
 SMALL, MID, LARGE = SIZES
 ZERO_COPY_SIZE = (1 << 22) + 3  # 16 MiB of float32: inputs on the heap are read in place from here
 TILE_SHAPE = (300, 517)  # partial 64 x 64 tiles at both edges
+HAMMER = (132, 100)  # programs (one per SM) and atomic adds of each into rank 0's counter
+BARRIER_ROUNDS = 100
+VARIANTS = ("auto", "one_shot", "two_shot", "ring", "atomic", "spinlock")
+DTYPES = ("float32", "bfloat16", "float16", "int32")
+# (rtol, atol as a fraction of the largest expected magnitude); int32 and data movement are exact
+TOLERANCE = {"float32": (1e-5, 1e-5), "bfloat16": (2e-2, 2e-2), "float16": (4e-3, 4e-3), "int32": (0, 0)}
+
+
 # Larger worlds compile slower kernels (loops over the ranks unroll, and jax-triton compiles every
-# kernel in every process): about 1.6 s per collective kernel at 2 ranks, 4 s at 4 and 10 s at 8 on
+# kernel in every process): about 1.6 s per collective kernel at 2 ranks, 2-4 s at 4, 8-12 s at 8 on
 # the H200 machine with the three worlds at once (RESULTS.md, 2026-12-01). So the collective matrix
 # thins with the world (tier): 2 ranks every variant, kind, dtype and path; 4 ranks every variant and
 # kind in float32 and the other dtypes and paths through a few kernels; 8 ranks every variant and
@@ -35,14 +43,6 @@ def tier(world) -> int:
 
 def _tier(size: int) -> int:
     return 0 if size < 4 else 1 if size < 8 else 2
-
-
-HAMMER = (132, 100)  # programs (one per SM) and atomic adds of each into rank 0's counter
-BARRIER_ROUNDS = 100
-VARIANTS = ("auto", "one_shot", "two_shot", "ring", "atomic", "spinlock")
-DTYPES = ("float32", "bfloat16", "float16", "int32")
-# (rtol, atol as a fraction of the largest expected magnitude); int32 and data movement are exact
-TOLERANCE = {"float32": (1e-5, 1e-5), "bfloat16": (2e-2, 2e-2), "float16": (4e-3, 4e-3), "int32": (0, 0)}
 
 
 class World:
