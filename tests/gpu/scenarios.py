@@ -132,11 +132,15 @@ class World:
 
 @contextlib.contextmanager
 def _settings(env: dict[str, str]):
-    """The environment while a scenario runs (iris reads its collective settings when a call is traced)."""
+    """The environment while a scenario runs; its IRIS_COLLECTIVE_* variables become the collective
+    config of the calls traced meanwhile (iris reads the environment once, so they go in as a config)."""
+    import iris_jax
+
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
-        yield
+        with iris_jax.use_config(iris_jax.CollectiveConfig.from_env()):
+            yield
     finally:
         for k, v in saved.items():
             if v is None:
@@ -249,22 +253,45 @@ def all_reduce_and_collectives(world: World) -> None:
             _every_collective(world, MID, dtype, variants=("auto",), kinds=("all_gather", "psum_scatter"))
 
 
+@contextlib.contextmanager
+def _launches():
+    """The keyword arguments of every collective kernel launch traced inside (what really ran)."""
+    from iris_jax import lowering
+
+    seen, real = [], lowering.triton_call
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs)
+        return real(*args, **kwargs)
+
+    lowering.triton_call = spy
+    try:
+        yield seen
+    finally:
+        lowering.triton_call = real
+
+
 def pushed(world: World) -> None:
     """Every size pushes in chunks and nothing streams (as arrays too large to stream do)."""
-    if tier(world) == 0:
-        for n, dtype in ((MID, "float32"), (LARGE, "bfloat16")):
-            _every_collective(world, n, dtype, variants=("one_shot",))
-    else:
-        _every_collective(world, LARGE, "float32", variants=("one_shot",), kinds=STREAMING_KINDS)
+    with _launches() as seen:
+        if tier(world) == 0:
+            for n, dtype in ((MID, "float32"), (LARGE, "bfloat16")):
+                _every_collective(world, n, dtype, variants=("one_shot",))
+        else:
+            _every_collective(world, LARGE, "float32", variants=("one_shot",), kinds=STREAMING_KINDS)
+    world.require("some launches pushed", any(k["PUSH"] for k in seen), [k["KIND"] for k in seen])
+    world.require("no launch streamed", not any(k["STREAM"] for k in seen))
 
 
 def streamed(world: World) -> None:
     """Every one-chunk call of the kinds that can stream streams."""
-    if tier(world) == 0:
-        for n, dtype in ((SMALL, "float32"), (MID, "int32"), (LARGE, "float16")):
-            _every_collective(world, n, dtype, variants=("auto",))
-    else:
-        _every_collective(world, LARGE, "float32", variants=("auto",), kinds=STREAMING_KINDS)
+    with _launches() as seen:
+        if tier(world) == 0:
+            for n, dtype in ((SMALL, "float32"), (MID, "int32"), (LARGE, "float16")):
+                _every_collective(world, n, dtype, variants=("auto",))
+        else:
+            _every_collective(world, LARGE, "float32", variants=("auto",), kinds=STREAMING_KINDS)
+    world.require("some launches streamed", any(k["STREAM"] for k in seen), [k["KIND"] for k in seen])
 
 
 def chunked(world: World) -> None:
