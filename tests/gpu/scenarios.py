@@ -758,6 +758,64 @@ def heap_guard(world: World) -> None:
     scenario(world)
 
 
+
+def transforms(world: World) -> None:
+    """Every iris collective under jit, grad, jvp and vmap (issue 18's matrix on GPUs). The reference
+    runs the same body with lax's collectives over a vmapped axis named "i" on this process's own
+    device (lax cannot reach the other ranks here), under the same transformation."""
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+    from jax.sharding import PartitionSpec as P
+
+    import iris_jax
+
+    W = world.size
+    ring = [(i, (i + 1) % W) for i in range(W)]
+    ops = {
+        "psum": (iris_jax.psum, lax.psum), "pmean": (iris_jax.pmean, lax.pmean),
+        # lax cannot differentiate pmax/pmin: their reference reduces a gather (ties share, as in iris)
+        "pmax": (iris_jax.pmax, lambda v, a: jnp.max(lax.all_gather(v, a), axis=0)),
+        "pmin": (iris_jax.pmin, lambda v, a: jnp.min(lax.all_gather(v, a), axis=0)),
+        "all_gather": (lambda v, a: iris_jax.all_gather(v, a, axis=1, tiled=True),
+                       lambda v, a: lax.all_gather(v, a, axis=1, tiled=True)),
+        "psum_scatter": (lambda v, a: iris_jax.psum_scatter(v, a, tiled=True),
+                         lambda v, a: lax.psum_scatter(v, a, tiled=True)),
+        "all_to_all": (lambda v, a: iris_jax.all_to_all(v, a, 0, 0, tiled=True),
+                       lambda v, a: lax.all_to_all(v, a, 0, 0, tiled=True)),
+        "ppermute": (lambda v, a: iris_jax.ppermute(v, a, ring), lambda v, a: lax.ppermute(v, a, ring)),
+        "pbroadcast": (lambda v, a: iris_jax.pbroadcast(v, a, W - 1),
+                       lambda v, a: lax.all_gather(v, a)[W - 1]),  # lax.pbroadcast does not batch arrays
+    }
+    rng = np.random.default_rng(11)
+    blocks = (rng.permutation(W * 2 * W * 3 * 2).reshape(W, 2 * W, 3, 2) / (W * W * 12) + 0.5).astype(np.float32)
+    x, x4 = world.put(blocks[..., 0]), world.put(blocks)
+    local = jnp.asarray(blocks)
+
+    def body(op):
+        def f(v):
+            y = op(v, "i")
+            return (jnp.sum(jnp.sin(y) * jnp.cos(y)) + jnp.sum(y))[None]
+        return f
+
+    smap = lambda f: jax.shard_map(f, mesh=world.mesh, in_specs=P("i"), out_specs=P("i"))  # noqa: E731
+    for name, (iris_op, lax_op) in ops.items():
+        sharded, ref = smap(body(iris_op)), jax.vmap(body(lax_op), axis_name="i")
+        programs = {  # transformation: (iris on the mesh, its input, the reference on all blocks)
+            "jit": (jax.jit(sharded), x, lambda X: ref(X[..., 0])),
+            "grad": (jax.jit(jax.grad(lambda v: sharded(v).sum())), x,
+                     lambda X: jax.grad(lambda u: ref(u).sum())(X[..., 0])),
+            "jvp": (jax.jit(lambda v: jax.jvp(sharded, (v,), (jnp.cos(v),))[1]), x,
+                    lambda X: jax.jvp(ref, (X[..., 0],), (jnp.cos(X[..., 0]),))[1]),
+            "vmap": (jax.jit(jax.vmap(sharded, in_axes=2, out_axes=1)), x4,
+                     lambda X: jax.vmap(ref, in_axes=3, out_axes=1)(X)),
+        }
+        for transform, (program, arg, reference) in programs.items():
+            got, want = program(arg), np.asarray(jax.jit(reference)(local))
+            for me in world.ranks:
+                world.expect(f"{name} under {transform} on rank {me}", world.shard(got, me).reshape(-1),
+                             want[me].reshape(-1), "float32")
+
 SCENARIOS = {
     "kernels": (kernels, {}),
     "atomics": (atomics, {}),
@@ -770,6 +828,7 @@ SCENARIOS = {
     "chunked": (chunked, {"IRIS_COLLECTIVE_CHUNK_BYTES": str(64 << 10)}),
     "zero_copy": (zero_copy, {"IRIS_COLLECTIVE_STREAM_FROM": str(1 << 62)}),  # pulled, so read in place
     "heap_guard": (heap_guard, {}),
+    "transforms": (transforms, {}),
     "fused": (fused, {}),
     "tiles": (tiles, {}),
     "tracing": (tracing, {}),  # last but timeouts: enabling tracing clears JAX's caches
@@ -777,7 +836,7 @@ SCENARIOS = {
 }
 ENDS_IN_FAILED_KERNELS = {"timeouts"}  # run last and alone: on GPUs its trap ends the process's CUDA context
 MAIN = [name for name in SCENARIOS if name not in ENDS_IN_FAILED_KERNELS]
-UP_TO_TIER = {"atomics": 1, "tuple_hint": 0, "zero_copy": 1, "pushed": 1, "streamed": 1, "chunked": 1}  # others: all
+UP_TO_TIER = {"atomics": 1, "tuple_hint": 0, "transforms": 0, "zero_copy": 1, "pushed": 1, "streamed": 1, "chunked": 1}  # others: all
 
 
 def applies(name: str, world_size: int) -> bool:
