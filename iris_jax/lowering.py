@@ -39,6 +39,10 @@ _VARIANTS = {"one_shot": K.ONE_SHOT, "two_shot": K.TWO_SHOT, "ring": K.RING, "at
 DEFAULT_BLOCK, DEFAULT_PROGRAMS_PER_SM, DEFAULT_WARPS = 8192, 1, 8
 # streamed calls of more tiles than half the SMs: every SM both sends and receives
 DEFAULT_STREAM_PROGRAMS_PER_SM, DEFAULT_STREAM_WARPS = 2, 4
+# the simulator: the interpreter runs a tile as numpy operations, so a few large tiles cost far
+# less than many small ones (RESULTS.md, simulator speed); a simulated device counts as 2 SMs
+SIM_BLOCK, SIM_SMS = 1 << 16, 2
+MIN_BLOCK = 256
 
 
 def group_size(axes) -> int:
@@ -171,18 +175,30 @@ def launch_config(rt, config: CollectiveConfig, streamed: bool = False) -> tuple
     peers' twins), so programs stay within `programs_per_sm` x SMs and MAX_PROGRAMS.
     Streamed calls of more tiles than half the programs (`streamed`) run two programs of
     4 warps per SM: two always fit an SM's registers (at most 255 per thread), and each SM
-    then both sends and receives.
+    then both sends and receives. The simulator's defaults are large tiles over 2 SMs
+    (SIM_BLOCK); a config's `block` and `programs_per_sm` apply there too (small tiles
+    exercise the tiling). The tile shrinks further where a workspace slot is smaller
+    (`fitting_block`).
     """
-    if rt.mode.startswith("sim"):
-        return 256, 2, 4
-    block = config.block or DEFAULT_BLOCK
+    simulated = rt.mode.startswith("sim")
+    block = config.block or (SIM_BLOCK if simulated else DEFAULT_BLOCK)
     if streamed:
         per_sm = config.stream_programs_per_sm or DEFAULT_STREAM_PROGRAMS_PER_SM
         warps = config.stream_warps or DEFAULT_STREAM_WARPS
     else:
         per_sm, warps = config.programs_per_sm or DEFAULT_PROGRAMS_PER_SM, config.warps or DEFAULT_WARPS
+    if simulated:
+        return block, min(per_sm * SIM_SMS, MAX_PROGRAMS), 4
     sms = getattr(rt.devices[0], "core_count", None) or 132
     return block, min(per_sm * sms, MAX_PROGRAMS), warps
+
+
+def fitting_block(block: int, buffer_bytes: int, slots: int, itemsize: int) -> int:
+    """`block`, halved until a tile fits one of a buffer's `slots` (at least MIN_BLOCK), so
+    that a chunk (a whole number of tiles) never overruns the buffer."""
+    while block > MIN_BLOCK and block * itemsize > buffer_bytes // slots:
+        block //= 2
+    return block
 
 
 def launch(kind: int, x2d, axes, out_blocks: int, config: CollectiveConfig, *, op=K.SUM, variant=K.ONE_SHOT,
@@ -195,18 +211,20 @@ def launch(kind: int, x2d, axes, out_blocks: int, config: CollectiveConfig, *, o
     G = group_size(axes)
     XB, m = x2d.shape
     itemsize = x2d.dtype.itemsize
-    block, max_programs, num_warps = launch_config(rt, config)
+    largest_block, max_programs, num_warps = launch_config(rt, config)
     nbytes = XB * m * itemsize
 
-    def chunk_of(buffer_bytes, slots):  # a buffer holds a slot per sender (push) or my input blocks (pull)
+    def tiling(buffer_bytes, slots):  # a buffer holds a slot per sender (push) or my input blocks (pull)
+        block = fitting_block(largest_block, buffer_bytes, slots, itemsize)
         cap = config.chunk_bytes or 1 << 62
-        return max(block, min(buffer_bytes // slots, cap) // itemsize // block * block)
+        return block, max(block, min(buffer_bytes // slots, cap) // itemsize // block * block)
 
     senders_per_buffer = max(G - 1, 1)  # push: every member but the buffer's owner
-    stream = streams(kind, variant, nbytes, G, config) and m <= chunk_of(ws.layout.stream_capacity, senders_per_buffer)
+    stream = (streams(kind, variant, nbytes, G, config)
+              and m <= tiling(ws.layout.stream_capacity, senders_per_buffer)[1])
     push = stream or pushes(kind, variant, nbytes, config)
-    chunk = chunk_of(ws.layout.stream_capacity if stream else ws.layout.data_bytes,
-                     senders_per_buffer if push else XB)
+    block, chunk = tiling(ws.layout.stream_capacity if stream else ws.layout.data_bytes,
+                          senders_per_buffer if push else XB)
     tiles = math.ceil(min(m, chunk) / block)
     if stream and tiles > max_programs // 2:  # more than a round of tiles: the streamed launch configuration
         _, max_programs, num_warps = launch_config(rt, config, streamed=True)

@@ -11,6 +11,8 @@ import triton.language as tl
 
 from iris_core.device.compat import interpreting
 
+_POLL_S = 50e-6  # the simulator: how long a flag read first yields the core
+
 if interpreting():
 
     def peer_timeout(what, rank, REPORT=True):
@@ -33,10 +35,13 @@ if interpreting():
         return tl.full((), time.time_ns(), tl.int64)
 
     def load_acquire(ptr):
-        return tl.load(ptr, volatile=True)  # the simulator's ranks share host memory
+        # the simulator's ranks share host memory; a flag read is a poll, so it lets the
+        # ranks that would set the flag run first (more ranks than cores spin otherwise)
+        time.sleep(_POLL_S)
+        return tl.load(ptr, volatile=True)
 
     def nanosleep(ns):
-        pass  # the interpreter's polling loops are slow enough
+        time.sleep(int(ns) * 1e-9)
 
 else:
 

@@ -1,0 +1,91 @@
+"""The CPU simulator's time per collective call, by size (one process, simulated ranks).
+
+    python benchmarks/sim_speed.py [--ranks 4] [--sizes 4K,64K,256K,1M,4M] [--ops psum,...] [--reps 3]
+
+Each point: a jitted shard_map over `--ranks` CPU devices calling the iris collective on
+float32 of the given bytes per rank; checked against the lax op once, then timed over
+`--reps` calls after a warm-up call (compilation left out); the median is printed. What it
+measures is the simulator (Triton's interpreter running the collective kernel in the ranks'
+worker processes), for choosing sizes to debug with; GPU speed is benchmarks/collectives.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+OPS = "psum,all_gather,psum_scatter,all_to_all"
+SIZES = "4K,64K,256K,1M,4M"
+
+
+def parse_size(s: str) -> int:
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    return int(s[:-1]) * units[s[-1]] if s[-1] in units else int(s)
+
+
+def _ops(ax):
+    from jax import lax
+
+    import iris_jax
+
+    return {
+        "psum": (lambda v: iris_jax.psum(v, ax), lambda v: lax.psum(v, ax)),
+        "all_gather": (lambda v: iris_jax.all_gather(v, ax, tiled=True), lambda v: lax.all_gather(v, ax, tiled=True)),
+        "psum_scatter": (lambda v: iris_jax.psum_scatter(v, ax, tiled=True),
+                         lambda v: lax.psum_scatter(v, ax, tiled=True)),
+        "all_to_all": (lambda v: iris_jax.all_to_all(v, ax, 0, 0, tiled=True),
+                       lambda v: lax.all_to_all(v, ax, 0, 0, tiled=True)),
+    }
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", type=int, default=4)
+    parser.add_argument("--sizes", default=SIZES)
+    parser.add_argument("--ops", default=OPS)
+    parser.add_argument("--reps", type=int, default=3)
+    opts = parser.parse_args()
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                               + f" --xla_force_host_platform_device_count={opts.ranks}").strip()
+
+    import jax
+    import numpy as np
+    from jax.sharding import PartitionSpec as P
+
+    import iris_jax
+
+    rt = iris_jax.init()
+    W = rt.world_size
+    mesh = jax.make_mesh((W,), ("i",), devices=rt.devices)
+    ops = _ops("i")
+    print(f"simulator, {W} ranks, {os.cpu_count()} cores: seconds per call (median of {opts.reps})")
+    print(f"{'op':<14}" + "".join(f"{s:>10}" for s in opts.sizes.split(",")))
+    for name in opts.ops.split(","):
+        iris_op, lax_op = ops[name]
+        cells = []
+        for size in opts.sizes.split(","):
+            n = parse_size(size) // 4
+            x = jax.device_put(np.random.default_rng(0).standard_normal(W * n).astype(np.float32),
+                               jax.sharding.NamedSharding(mesh, P("i")))
+            run = jax.jit(jax.shard_map(iris_op, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+            ref = jax.jit(jax.shard_map(lax_op, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+            np.testing.assert_allclose(np.asarray(run(x)), np.asarray(ref(x)), rtol=1e-5, atol=1e-5)
+            times = []
+            for _ in range(opts.reps):
+                start = time.perf_counter()
+                run(x).block_until_ready()
+                times.append(time.perf_counter() - start)
+            cells.append(statistics.median(times))
+            print(f"  {name} {size}: {cells[-1]:.3f} s", file=sys.stderr, flush=True)
+        print(f"{name:<14}" + "".join(f"{t:>10.3f}" for t in cells), flush=True)
+    iris_jax.shutdown()
+
+
+if __name__ == "__main__":
+    main()
