@@ -70,18 +70,44 @@ def _hint_dims(hint):
 
 
 @triton.constexpr_function
+def _plain_value(value):
+    """A constexpr's value (Triton's own tuples stay iterable)."""
+    while isinstance(value, tl.constexpr):
+        value = value.value
+    return value
+
+
+@triton.constexpr_function
+def _hint_at(hint, dim):
+    """The hint's int along `dim` (an int hint: itself). A tuple hint passed through a
+    constexpr parameter arrives as constexpr((16,)), which tl.multiple_of refuses."""
+    hint = _plain_value(hint)
+    return hint if isinstance(hint, int) else _plain_value(hint[_plain_value(dim)])
+
+
+@triton.constexpr_function
 def _run_length(hint, dim, element_bytes):
     """Lanes (along `dim`) that lie in one 256-byte-aligned block where `hint` declares
     aligned runs: the guard's verdict is the same for all of them (heap bases and sizes
     are multiples of 256), so the mask keeps the runs whole and accesses stay vectorized."""
-    def plain(value):  # a constexpr's value (Triton's own tuples stay iterable)
-        while isinstance(value, tl.constexpr):
-            value = value.value
-        return value
+    return max(1, min(_hint_at(hint, dim), status.RESERVED_BYTES // _plain_value(element_bytes)))
 
-    hint = plain(hint)
-    length = hint if isinstance(hint, int) else plain(hint[plain(dim)])
-    return max(1, min(length, status.RESERVED_BYTES // plain(element_bytes)))
+
+@triton.jit
+def _address(to_base, offset, ptr, hint: tl.constexpr):
+    """`to_base + offset` as a pointer like `ptr`, declared contiguous and aligned in runs of
+    `hint` (None, an int, or one int per dimension: Triton's tuple or a constexpr-wrapped
+    Python one). The hints go on the op made here: Triton drops them on a function's argument."""
+    translated = tl.cast(tl.cast(to_base, tl.pointer_type(tl.int8)) + offset, ptr.dtype)
+    if hint is None:
+        return translated
+    elif _hint_dims(hint) == 0:
+        return tl.max_contiguous(tl.multiple_of(translated, _hint_at(hint, 0)), _hint_at(hint, 0))
+    elif _hint_dims(hint) == 1:
+        return tl.max_contiguous(tl.multiple_of(translated, (_hint_at(hint, 0),)), (_hint_at(hint, 0),))
+    else:
+        translated = tl.multiple_of(translated, (_hint_at(hint, 0), _hint_at(hint, 1)))
+        return tl.max_contiguous(translated, (_hint_at(hint, 0), _hint_at(hint, 1)))
 
 
 @triton.jit
@@ -118,11 +144,7 @@ def _plain(ptr, from_rank, to_rank, heap_bases, hint: tl.constexpr):
     from_base = tl.load(heap_bases + from_rank)
     to_base = tl.load(heap_bases + to_rank)
     offset = tl.cast(ptr, tl.uint64) - from_base
-    to_base_bytes = tl.cast(to_base, tl.pointer_type(tl.int8))
-    translated = tl.cast(to_base_bytes + offset, ptr.dtype)
-    if hint is not None:
-        translated = tl.max_contiguous(tl.multiple_of(translated, hint), hint)
-    return translated
+    return _address(to_base, offset, ptr, hint)
 
 
 @triton.jit
@@ -163,11 +185,8 @@ def _guarded(ptr, from_rank, to_rank, heap_bases, mask, hint: tl.constexpr, OP: 
         access = mask & ok
         bad = access != mask
     _report(bad, offset, rank, rank_ok, from_base, source, heap_size, access, OP, ELEMENT)
-    to_base_bytes = tl.cast(to_base, tl.pointer_type(tl.int8))
-    translated = tl.cast(to_base_bytes + offset, ptr.dtype)
-    if hint is not None:
-        translated = tl.max_contiguous(tl.multiple_of(translated, hint), hint)
-    sink = tl.cast(to_base_bytes + SINK_OFFSET, ptr.dtype)
+    translated = _address(to_base, offset, ptr, hint)
+    sink = tl.cast(tl.cast(to_base, tl.pointer_type(tl.int8)) + SINK_OFFSET, ptr.dtype)
     return translated, access, sink
 
 

@@ -15,6 +15,7 @@ import triton.language as tl
 
 from iris_core.collectives import kernels as C
 from iris_core.collectives.workspace import MAX_PROGRAMS, WorkspaceLayout
+from iris_core.device import Context
 from iris_core.kernels import fused as F
 
 
@@ -78,3 +79,29 @@ def test_fused_kernels_move_tiles_in_16_byte_vectors(kernel):
     assert "nanosleep.u32" in accesses, accesses  # ... sleep between reads (POLL_NS)
     # no printing: an extern call (vprintf) makes ptxas serialize every wgmma of the kernel
     assert "vprintf" not in ptx
+
+
+@triton.jit
+def _hinted_put(context_ptr, buf_ptr, x_ptr, W: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr,
+                HINT: tl.constexpr):
+    """Stores a ROWS x COLS tile (1-D when ROWS is 0) into the next rank's buf, with HINT given
+    through a constexpr parameter (a Python tuple arrives wrapped: constexpr((16,)))."""
+    ctx = Context.initialize(context_ptr, W)
+    if ROWS == 0:
+        offs = tl.arange(0, COLS)
+    else:
+        offs = tl.arange(0, ROWS)[:, None] * COLS + tl.arange(0, COLS)[None, :]
+    ctx.store(buf_ptr + offs, tl.load(x_ptr + offs), to_rank=(ctx.rank + 1) % W, hint=HINT)
+
+
+@pytest.mark.parametrize("rows,hint,same_as", [(0, (16,), 16), (8, (1, 16), None), (0, 16, None)])
+def test_tuple_hints_through_a_constexpr_parameter_compile_and_vectorize(rows, hint, same_as):
+    """hint=(16,) as a kernel's constexpr argument compiles for sm_90 (it failed in tl.multiple_of on
+    GPUs, 2026-12-01), stores in 16-byte vectors, and compiles as the int hint does."""
+    pytest.importorskip("triton.backends.nvidia")
+    signature = {"context_ptr": "*i32", "buf_ptr": "*fp32", "x_ptr": "*fp32"}
+    consts = dict(W=2, ROWS=rows, COLS=1024 // max(rows, 1))  # 8 elements a thread
+    ptx = _ptx(_hinted_put, signature, dict(consts, HINT=hint), num_warps=4)
+    assert "st.global.v4.b32" in _accesses(ptx), _accesses(ptx)
+    if same_as is not None:
+        assert ptx == _ptx(_hinted_put, signature, dict(consts, HINT=same_as), num_warps=4)
