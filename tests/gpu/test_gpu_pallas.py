@@ -113,6 +113,7 @@ def test_one_shot_all_reduce_example_kernel(world):
     import jax
     import jax.numpy as jnp
     from jax import lax
+    from jax.sharding import PartitionSpec as P
 
     import iris_jax
     from iris_jax import pallas as ipl
@@ -126,7 +127,8 @@ def test_one_shot_all_reduce_example_kernel(world):
     x = jax.device_put(jax.random.normal(jax.random.key(0), (W * n,)), rows)
     step = ipl.pallas_call(example.one_shot_all_reduce, out_shape=jax.ShapeDtypeStruct((n,), jnp.float32),
                            symmetric=(0, 1))
-    f = _smap(mesh, lambda b, f, e, x: (step(b, f, e, x), lax.psum(x, "x")), 4, out_specs=(None, None))
+    # both outputs by rank (lax.psum's copies too), so that _rows compares rank by rank
+    f = _smap(mesh, lambda b, f, e, x: (step(b, f, e, x), lax.psum(x, "x")), 4, out_specs=(P("x"), P("x")))
     for epoch in (1, 2):  # a second call with the next epoch on the same flags
         e = jax.device_put(jnp.full((W,), epoch, jnp.int32), rows)
         got, expect = f(buf, flags, e, x)
@@ -167,12 +169,22 @@ def _add_one(x_ref, o_ref):
 
 
 def _compiler_params(backend):
+    import jax
+
     if backend == "triton":
         from jax.experimental.pallas import triton as plgpu
 
         return plgpu.CompilerParams()
     from jax.experimental.pallas import mosaic_gpu as plmgpu
 
+    # jax 0.11's pallas_call finds a GPU backend's lowering by its CompilerParams type, and only
+    # importing the backend's pallas_call_registration registers it: jax.experimental.pallas.triton
+    # imports Triton's, jax.experimental.pallas.mosaic_gpu does not (jax 0.11.2: `assert rule is not None`)
+    try:
+        import jax._src.pallas.mosaic_gpu.pallas_call_registration  # noqa: F401
+    except ImportError as e:
+        pytest.fail(f"Mosaic GPU's Pallas lowering cannot be registered on jax {jax.__version__}: "
+                    f"import jax._src.pallas.mosaic_gpu.pallas_call_registration failed: {e!r}")
     return plmgpu.CompilerParams()
 
 
