@@ -2,6 +2,7 @@
 
     python benchmarks/guard_cost.py ptx            # instructions per kernel, guard on and off
     python benchmarks/guard_cost.py time [--sizes 1K,64K,16M,256M]   # GPUs: psum vs lax, guard on / off
+    python benchmarks/guard_cost.py time1 [--sizes 1K,64K,16M]       # one GPU: iris psum alone, on / off
 
 The guard (iris_core.device.rma, IRIS_HEAP_GUARD) checks every translated access against
 the heap's bounds and the rank against the world size. `ptx` compiles, for sm_90 and in a
@@ -9,7 +10,16 @@ fresh process per setting (the switch is read when iris_core.device is imported)
 collective kernel as a psum runs it (one-shot pull, push, streamed), a ring all-reduce, and
 a plain RMA kernel (one tile loaded from a peer and stored to another), and counts the PTX
 instructions of each (and the 16-byte global accesses, which must survive the guard).
-`time` runs benchmarks/collectives.py's psum under both settings and prints its rows.
+`time` runs benchmarks/collectives.py's psum under both settings and prints its rows (two
+or more GPUs: it compares against lax.psum, which NCCL refuses for two ranks on one GPU).
+
+`time1` needs one GPU: two processes share GPU 0 (as tests/gpu/launcher.py's shared mode;
+heaps mapped through CUDA IPC) and time iris's psum alone, K chained calls in one jit, with
+IRIS_HEAP_GUARD=1 and 0 (twice each, interleaved, a fresh pair of processes per setting).
+It reports per call the collective kernel's time from a profile and the wall time. The two
+ranks' kernels time-slice on one GPU and their "remote" accesses stay in that GPU's memory,
+so it measures the guard's relative kernel-time cost (on / off), not NVLink speed and not
+what a psum costs between GPUs.
 """
 
 from __future__ import annotations
@@ -20,6 +30,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -108,18 +119,111 @@ def time_psum(sizes: str, out: str) -> None:
                         "--ops", "psum", "--out", os.path.join(out, f"guard{guard}")], env=env, check=False)
 
 
+SHARED_ROW = "guard_cost row "  # how a rank of `time1` prints a measurement (then JSON)
+
+
+def shared_rank(process: int, port: int, sizes: str, calls: int) -> None:
+    """One of `time1`'s two processes on GPU 0: times iris psum at each size; rank 0 prints
+    its rows (IRIS_HEAP_GUARD in the environment says which setting)."""
+    import statistics
+
+    import jax
+
+    jax.distributed.initialize(f"localhost:{port}", num_processes=2, process_id=process, local_device_ids=[0])
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    import iris_jax
+    from benchmarks.collectives import _chain_jit, gpu_time, parse_size
+
+    rt = iris_jax.init(heap_size=256 << 20)
+    mesh = jax.make_mesh((len(rt.devices),), ("i",), devices=rt.devices)
+    for size in sizes.split(","):
+        n = parse_size(size) // 4
+        whole = np.ones((2 * n,), np.float32)
+        x = jax.make_array_from_callback(whole.shape, NamedSharding(mesh, P("i")), lambda idx: whole[idx])
+        f = _chain_jit(lambda v: iris_jax.psum(v, "i"), mesh, n, jnp.dtype(jnp.float32), calls, jax, jnp, P)
+        jax.block_until_ready(f(x))
+        kernel_us = min(gpu_time(f, x, calls=calls).comm for _ in range(3))
+        walls = []
+        for _ in range(5):
+            start = time.perf_counter()
+            jax.block_until_ready(f(x))
+            walls.append(time.perf_counter() - start)
+        if process == 0:
+            row = dict(guard=os.environ.get("IRIS_HEAP_GUARD", "1"), size=size, kernel_us=kernel_us,
+                       wall_us=statistics.median(walls) / calls * 1e6)
+            print(SHARED_ROW + json.dumps(row), flush=True)
+    iris_jax.barrier()
+    iris_jax.shutdown()
+
+
+def time_psum_one_gpu(sizes: str, calls: int, rounds: int, limit_s: float) -> None:
+    """`time1`: pairs of processes on GPU 0, guard on and off interleaved; prints a table."""
+    import socket
+
+    rows = []
+    for guard in ("1", "0") * rounds:
+        with socket.socket() as sock:
+            sock.bind(("localhost", 0))
+            port = sock.getsockname()[1]
+        env = dict(os.environ, IRIS_HEAP_GUARD=guard, PYTHONUNBUFFERED="1", XLA_PYTHON_CLIENT_PREALLOCATE="false",
+                   XLA_PYTHON_CLIENT_MEM_FRACTION="0.1", PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+        env.pop("JAX_PLATFORMS", None)
+        procs = [subprocess.Popen([sys.executable, __file__, "_shared_rank", "--process", str(p), "--port", str(port),
+                                   "--sizes", sizes, "--calls", str(calls)], env=env, cwd=ROOT,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for p in range(2)]
+        outputs = []
+        for proc in procs:
+            try:
+                outputs.append(proc.communicate(timeout=limit_s)[0])
+            except subprocess.TimeoutExpired:
+                for other in procs:
+                    other.kill()
+                outputs.append(proc.communicate()[0] + f"\n(killed after {limit_s:.0f} s)")
+        mine = [json.loads(line[len(SHARED_ROW):]) for line in outputs[0].splitlines() if line.startswith(SHARED_ROW)]
+        print(f"== IRIS_HEAP_GUARD={guard}: " + ", ".join(
+            f"{r['size']} kernel {r['kernel_us']:.1f} us wall {r['wall_us']:.1f} us" for r in mine), flush=True)
+        if any(proc.returncode != 0 for proc in procs) or not mine:
+            for p, text in enumerate(outputs):
+                print(f"--- process {p} (exit {procs[p].returncode}):\n{text[-3000:]}", flush=True)
+        rows += mine
+    print("| size | kernel us, guard on | kernel us, guard off | on / off | wall us on / off |\n|---|---|---|---|---|")
+    for size in sizes.split(","):
+        on = [r for r in rows if r["size"] == size and r["guard"] == "1"]
+        off = [r for r in rows if r["size"] == size and r["guard"] == "0"]
+        if on and off:
+            k_on, k_off = min(r["kernel_us"] for r in on), min(r["kernel_us"] for r in off)
+            w_on, w_off = min(r["wall_us"] for r in on), min(r["wall_us"] for r in off)
+            print(f"| {size} | {k_on:.1f} | {k_off:.1f} | {k_on / k_off if k_off else float('nan'):.3f} | "
+                  f"{w_on:.1f} / {w_off:.1f} |")
+    print("(one GPU shared by 2 ranks: the guard's relative kernel-time cost, not NVLink speed; best of "
+          f"{rounds} runs per setting)")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=["ptx", "time", "_measure"])
-    parser.add_argument("--sizes", default="1K,64K,16M,256M")
+    parser.add_argument("what", choices=["ptx", "time", "time1", "_measure", "_shared_rank"])
+    parser.add_argument("--sizes", default=None, help="default 1K,64K,16M,256M (time) or 1K,64K,16M (time1)")
     parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "out", "guard"))
+    parser.add_argument("--calls", type=int, default=20, help="time1: chained psum calls per jit")
+    parser.add_argument("--rounds", type=int, default=2, help="time1: runs per setting")
+    parser.add_argument("--limit", type=float, default=45, help="time1: seconds per pair of processes")
+    parser.add_argument("--process", type=int, default=0)
+    parser.add_argument("--port", type=int, default=0)
     opts = parser.parse_args()
     if opts.what == "_measure":
         print(json.dumps(_measure()))
     elif opts.what == "ptx":
         print(ptx_table())
+    elif opts.what == "time":
+        time_psum(opts.sizes or "1K,64K,16M,256M", opts.out)
+    elif opts.what == "time1":
+        time_psum_one_gpu(opts.sizes or "1K,64K,16M", opts.calls, opts.rounds, opts.limit)
     else:
-        time_psum(opts.sizes, opts.out)
+        shared_rank(opts.process, opts.port, opts.sizes or "1K,64K,16M", opts.calls)
 
 
 if __name__ == "__main__":

@@ -62,6 +62,9 @@ step trace_example 120 python3 examples/04_trace_all_reduce.py --out "$OUT"  # t
 group=probe  # quick looks while tuning
 # the heap guard's cost: psum at 1 KiB, 64 KiB, 16 MiB, 256 MiB with IRIS_HEAP_GUARD=1 / 0, twice each, interleaved
 step guard_cost 560 python3 benchmarks/guard_cost.py time --out "$OUT/guard_cost"
+# the same on ONE GPU: iris psum alone at 1 KiB, 64 KiB, 16 MiB, 2 ranks as processes sharing GPU 0, guard on / off
+# twice each (the guard's relative kernel-time cost; not NVLink speed)
+step guard_cost1 200 python3 benchmarks/guard_cost.py time1 --limit 45
 # the collectives' GPU tests without their largest sizes (after a change of the small-call paths)
 step gpu_small 200 $t tests/gpu/test_gpu_collectives.py \
   -k "((all_reduce and not other_algorithms) or other_collectives or ten_thousand) and not 268435459 and not 4194304"
