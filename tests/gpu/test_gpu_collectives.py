@@ -63,37 +63,38 @@ def test_all_reduce_other_algorithms(mesh, n, variant):
 @pytest.mark.parametrize("mode", ["default", "push", "stream"])
 def test_other_collectives(mesh, monkeypatch, n, mode):
     """Every kind against lax; "push": every size pushes in chunks and none streams
-    (IRIS_COLLECTIVE_PUSH_FROM=0, IRIS_COLLECTIVE_STREAM_UNTIL=0, IRIS_COLLECTIVE_STREAM_FROM
-    huge), as arrays too large to stream do by default; "stream": every one-chunk call of the
-    kinds that can streams (IRIS_COLLECTIVE_STREAM_FROM=0). A spy checks what ran."""
+    (push_from=0, stream_until=0, stream_from huge), as arrays too large to stream do by
+    default; "stream": every one-chunk call of the kinds that can streams (stream_from=0).
+    A spy checks what ran."""
     import jax.numpy as jnp
 
-    from iris_jax import collectives
+    import iris_jax
+    from iris_core.collectives import kernels as K
+    from iris_jax import lowering
     from tests.gpu.cases import collective_cases
 
+    config = iris_jax.default_config()
     if mode == "push":
-        monkeypatch.setenv("IRIS_COLLECTIVE_PUSH_FROM", "0")
-        monkeypatch.setenv("IRIS_COLLECTIVE_STREAM_UNTIL", "0")
-        monkeypatch.setenv("IRIS_COLLECTIVE_STREAM_FROM", str(1 << 62))
+        config = config.replace(push_from=0, stream_until=0, stream_from=1 << 62)
     if mode == "stream":
-        monkeypatch.setenv("IRIS_COLLECTIVE_STREAM_FROM", "0")
+        config = config.replace(stream_from=0)
     launched = []  # (kind, PUSH, STREAM) of every collective kernel traced
-    real_call = collectives.triton_call
+    real_call = lowering.triton_call
 
     def spy(*args, **kwargs):
         launched.append((kwargs["KIND"], kwargs["PUSH"], kwargs["STREAM"]))
         return real_call(*args, **kwargs)
 
-    monkeypatch.setattr(collectives, "triton_call", spy)
+    monkeypatch.setattr(lowering, "triton_call", spy)
 
-    for dtype in (jnp.float32, jnp.bfloat16, jnp.int32):
-        x = _input(mesh, n, jnp.float32, seed=n) * 100
-        x = x.astype(dtype)
-        for name, iris_fn, lax_fn, spec in collective_cases(n, mesh.size):
-            got, want = _pair(mesh, iris_fn, lax_fn, x, spec)
-            tol = 1e-5 if dtype != jnp.bfloat16 else 3e-2
-            np.testing.assert_allclose(got, want, rtol=tol, atol=tol * 100, err_msg=f"{name} {dtype}")
-    K = collectives.K
+    with iris_jax.use_config(config):
+        for dtype in (jnp.float32, jnp.bfloat16, jnp.int32):
+            x = _input(mesh, n, jnp.float32, seed=n) * 100
+            x = x.astype(dtype)
+            for name, iris_fn, lax_fn, spec in collective_cases(n, mesh.size):
+                got, want = _pair(mesh, iris_fn, lax_fn, x, spec)
+                tol = 1e-5 if dtype != jnp.bfloat16 else 3e-2
+                np.testing.assert_allclose(got, want, rtol=tol, atol=tol * 100, err_msg=f"{name} {dtype}")
     if mode == "push":  # the pipelined kinds pushed in chunks, nothing streamed
         assert launched and all(push and not stream for _, push, stream in launched), launched
     if mode == "stream":  # every kind in which each member sends to every other streamed, the others did not
@@ -137,17 +138,16 @@ def test_ten_thousand_back_to_back(mesh):
 
 @pytest.mark.parametrize("n", [(1 << 22) + 3, 1 << 24])
 def test_heap_inputs_are_read_in_place(mesh, n):
-    """Inputs of >= ZERO_COPY_FROM_BYTES already on the heap: no staging, peers read them."""
+    """Inputs of >= zero_copy_from bytes already on the heap: no staging, peers read them."""
     import jax.numpy as jnp
     from jax import lax
     from jax.sharding import PartitionSpec as P
 
     import iris_jax
-    from iris_jax import collectives as C
     from tests.gpu.cases import collective_cases
 
     x = iris_jax.to_heap(_input(mesh, n, jnp.float32, seed=n))
-    assert n * 4 >= C.ZERO_COPY_FROM_BYTES and iris_jax.is_symmetric(x)
+    assert n * 4 >= iris_jax.default_config().zero_copy_from and iris_jax.is_symmetric(x)
     cases = [(f"psum {v}", lambda v_, v=v: iris_jax.all_reduce(v_, "i", variant=v), lambda v_: lax.psum(v_, "i"), P())
              for v in VARIANTS]
     for name, iris_fn, lax_fn, spec in cases + collective_cases(n, mesh.size):

@@ -8,12 +8,14 @@ it, restoring the environment, so that later tests get the default workspace.
 
 import os
 
-import jax.numpy as jnp
 import pytest
 
 import iris_jax
+from iris_core.collectives import kernels as K
+from iris_jax import lowering
+from iris_jax.config import CollectiveConfig
 from iris_jax.workspace import workspaces
-from tests.jax.test_collectives import BF16, F32, I32, Case, _reduce_tol, mesh_of, run_cases, variants
+from tests.jax.test_collectives import BF16, F32, I32, Case, _pbroadcast_ref, _reduce_tol, mesh_of, run_cases, variants
 
 WORKSPACE_BYTES = 8192
 N = 5000  # per device: several chunks of every kind, not a multiple of the block or the chunk
@@ -22,13 +24,15 @@ N = 5000  # per device: several chunks of every kind, not a multiple of the bloc
 @pytest.fixture(scope="module")
 def small_workspace():
     """A fresh runtime with IRIS_WORKSPACE_BYTES = WORKSPACE_BYTES, in which small calls do not
-    stream (IRIS_COLLECTIVE_STREAM_UNTIL=0: they would fit the streamed buffers, 4 x as large)."""
-    settings = {"IRIS_WORKSPACE_BYTES": str(WORKSPACE_BYTES), "IRIS_COLLECTIVE_STREAM_UNTIL": "0"}
+    stream (the config it yields and makes the default: stream_until=0, since they would fit
+    the streamed buffers, 4 x as large)."""
+    settings = {"IRIS_WORKSPACE_BYTES": str(WORKSPACE_BYTES)}
     saved = {name: os.environ.get(name) for name in settings}
     iris_jax.shutdown()
     os.environ.update(settings)
     try:
-        yield
+        with iris_jax.use_config(CollectiveConfig(stream_until=0)) as config:
+            yield config
     finally:
         iris_jax.shutdown()
         for name, value in saved.items():
@@ -58,7 +62,7 @@ def _cases(ax, G, dtype):
         Case("ppermute", (N,), lambda v: iris_jax.ppermute(v, ax, [(i, (i + 1) % G) for i in range(G)]),
              lambda v: lax.ppermute(v, ax, [(i, (i + 1) % G) for i in range(G)])),
         Case("broadcast", (N,), lambda v: iris_jax.broadcast(v, ax, G - 1),
-             lambda v: lax.psum(jnp.where(lax.axis_index(ax) == G - 1, v, jnp.zeros_like(v)), ax)),
+             lambda v: _pbroadcast_ref(v, ax, G - 1)),
     ]
     for c in cases:
         c.name = f"{c.name} over {ax}"
@@ -79,32 +83,41 @@ def test_chunked_collectives_2d(small_workspace, rng):
 
 
 @pytest.mark.parametrize("W,dtype", [(3, F32), (4, BF16), (2, I32)], ids=["3-float32", "4-bfloat16", "2-int32"])
-def test_chunked_collectives_push(small_workspace, monkeypatch, W, dtype, rng):
-    """Push mode (IRIS_COLLECTIVE_PUSH_FROM=0: every size pushes): the same cases, chunked
-    (a buffer then holds one slot per sender, so the chunks are smaller still)."""
-    monkeypatch.setenv("IRIS_COLLECTIVE_PUSH_FROM", "0")
-    run_cases(mesh_of((W,), ("i",)), _cases("i", W, dtype), dtype, rng)
+def test_chunked_collectives_push(small_workspace, W, dtype, rng):
+    """Push mode (push_from=0: every size pushes): the same cases, chunked (a buffer then
+    holds one slot per sender, so the chunks are smaller still)."""
+    with iris_jax.use_config(small_workspace.replace(push_from=0)):
+        run_cases(mesh_of((W,), ("i",)), _cases("i", W, dtype), dtype, rng)
 
 
-def test_push_setting_must_be_a_byte_count(monkeypatch):
-    from iris_jax import collectives
-
-    monkeypatch.setenv("IRIS_COLLECTIVE_PUSH_FROM", "16M")
-    with pytest.raises(ValueError, match="IRIS_COLLECTIVE_PUSH_FROM='16M'"):
-        collectives._push(collectives.K.ALL_GATHER, collectives.K.ONE_SHOT, 1 << 20)
-    monkeypatch.setenv("IRIS_COLLECTIVE_PUSH_FROM", str(1 << 20))
-    assert collectives._push(collectives.K.ALL_GATHER, collectives.K.ONE_SHOT, 1 << 20)
-    assert not collectives._push(collectives.K.ALL_REDUCE, collectives.K.TWO_SHOT, 1 << 20)  # not pipelined
-    assert not collectives._push(collectives.K.ALL_GATHER, collectives.K.ONE_SHOT, (1 << 20) - 1)
+def test_push_setting():
+    config = CollectiveConfig(push_from=1 << 20)
+    assert lowering.pushes(K.ALL_GATHER, K.ONE_SHOT, 1 << 20, config)
+    assert not lowering.pushes(K.ALL_REDUCE, K.TWO_SHOT, 1 << 20, config)  # not pipelined
+    assert not lowering.pushes(K.ALL_GATHER, K.ONE_SHOT, (1 << 20) - 1, config)
+    assert lowering.pushes(K.ALL_GATHER, K.ONE_SHOT, 0, config.replace(push_from=0))  # 0: always
 
 
-@pytest.mark.parametrize("push_from", ["0", str(1 << 40)], ids=["push", "pull"])
-def test_chunk_cap_splits_a_large_workspace(monkeypatch, push_from, rng):
-    """IRIS_COLLECTIVE_CHUNK_BYTES caps the chunk below what the workspace holds: the same
-    cases, in chunks of 2048 bytes per block, pushing and pulling."""
-    monkeypatch.setenv("IRIS_COLLECTIVE_CHUNK_BYTES", "2048")
-    monkeypatch.setenv("IRIS_COLLECTIVE_PUSH_FROM", push_from)
-    run_cases(mesh_of((3,), ("i",)), _cases("i", 3, F32), F32, rng)
-    monkeypatch.setenv("IRIS_COLLECTIVE_CHUNK_BYTES", "2K")
-    with pytest.raises(ValueError, match="IRIS_COLLECTIVE_CHUNK_BYTES='2K'"):
-        iris_jax.collectives._chunk_cap()
+def test_push_setting_must_be_a_byte_count():
+    assert CollectiveConfig.from_env({"IRIS_COLLECTIVE_PUSH_FROM": str(1 << 20)}).push_from == 1 << 20
+    with pytest.raises(ValueError, match="IRIS_COLLECTIVE_PUSH_FROM='16M': expected a byte count"):
+        CollectiveConfig.from_env({"IRIS_COLLECTIVE_PUSH_FROM": "16M"})
+    with pytest.raises(ValueError, match="push_from must be a byte count >= 0"):
+        CollectiveConfig(push_from=-1)
+
+
+@pytest.mark.parametrize("push_from", [0, 1 << 40], ids=["push", "pull"])
+def test_chunk_cap_splits_a_large_workspace(push_from, rng):
+    """chunk_bytes caps the chunk below what the workspace holds: the same cases, in chunks
+    of 2048 bytes per block, pushing and pulling."""
+    with iris_jax.use_config(CollectiveConfig(chunk_bytes=2048, push_from=push_from, stream_until=0)):
+        run_cases(mesh_of((3,), ("i",)), _cases("i", 3, F32), F32, rng)
+
+
+def test_chunk_cap_setting():
+    assert CollectiveConfig().chunk_bytes is None  # no cap: what the workspace holds
+    assert CollectiveConfig.from_env({"IRIS_COLLECTIVE_CHUNK_BYTES": "2048"}).chunk_bytes == 2048
+    with pytest.raises(ValueError, match="IRIS_COLLECTIVE_CHUNK_BYTES='2K': expected a byte count"):
+        CollectiveConfig.from_env({"IRIS_COLLECTIVE_CHUNK_BYTES": "2K"})
+    with pytest.raises(ValueError, match="chunk_bytes must be > 0"):
+        CollectiveConfig(chunk_bytes=0)

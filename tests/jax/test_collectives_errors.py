@@ -9,8 +9,8 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 import iris_jax
-from iris_jax import collectives as C
 from iris_jax import ops
+from iris_jax.config import CollectiveConfig
 from tests.jax.test_collectives import F32, mesh_of, rand, runtime, shard
 
 ALL = {
@@ -41,11 +41,13 @@ def trace(mesh, fn, x=None, **kwargs):
 
 @pytest.mark.parametrize("name", list(ALL))
 def test_unknown_axis_name(mesh, name):
-    with pytest.raises(NameError, match="'j'"):
+    """lax's error (psum: "Found an unbound axis name: j. ..."); broadcast, whose lax
+    primitive checks nothing, says the same in its own words."""
+    with pytest.raises(NameError, match="unbound axis name: '?j'?"):
         trace(mesh, lambda v: ALL[name](v, "j"))
-    with pytest.raises(NameError, match="'j'"):
+    with pytest.raises(NameError, match="unbound axis name: .*j"):
         trace(mesh, lambda v: ALL[name](v, ("i", "j")))
-    with pytest.raises(NameError):  # lax agrees
+    with pytest.raises(NameError, match="unbound axis name: j"):  # lax agrees
         trace(mesh, lambda v: lax.psum(v, "j"))
 
 
@@ -61,25 +63,43 @@ def test_outside_shard_map_is_a_name_error():
                          ids=lambda d: jnp.dtype(d).name)
 @pytest.mark.parametrize("name", list(ALL))
 def test_unsupported_dtype(mesh, name, dtype):
-    """float32, bfloat16, float16 and int32 only (float64 needs jax_enable_x64: not here)."""
-    with pytest.raises(TypeError, match=f"unsupported dtype {jnp.dtype(dtype).name}"):
+    """float32, bfloat16, float16 and int32 only (float64 needs jax_enable_x64: not here);
+    psum of bool is lax's psum of int32 (see test_psum_of_bool_is_an_int32_sum)."""
+    if name == "psum" and dtype == jnp.bool_:
+        trace(mesh, lambda v: ALL[name](v, "i"), jnp.ones((2, 4, 6), dtype))
+        return
+    with pytest.raises(iris_jax.UnsupportedCollectiveError, match=f"unsupported dtype {jnp.dtype(dtype).name}"):
         trace(mesh, lambda v: ALL[name](v, "i"), jnp.ones((2, 4, 6), dtype))
 
 
+def test_psum_of_bool_is_an_int32_sum(mesh, rng):
+    """As lax.psum: bool inputs are counted in int32."""
+    x = shard(mesh, rng.integers(0, 2, (2, 5)).astype(bool), P("i"))
+
+    def run(mod):
+        return np.asarray(jax.jit(jax.shard_map(lambda v: mod.psum(v[0], "i"), mesh=mesh, in_specs=P("i"),
+                                                out_specs=P()))(x))
+
+    got, want = run(iris_jax), run(lax)
+    assert got.dtype == want.dtype == np.int32
+    np.testing.assert_array_equal(got, want)
+
+
 def test_scatter_and_split_sizes(mesh):
-    with pytest.raises(ValueError, match="not divisible by the axis size 2"):
+    """lax's checks and messages."""
+    with pytest.raises(ValueError, match="scatter dimension size 3 must be divisible by shard_count 2"):
         trace(mesh, lambda v: iris_jax.psum_scatter(v[:3], "i", tiled=True))
-    with pytest.raises(ValueError, match="must equal the axis size 2"):
+    with pytest.raises(ValueError, match="scatter dimension size 4 must match shard count 2"):
         trace(mesh, lambda v: iris_jax.psum_scatter(v, "i"))  # dimension 0 has size 4
-    with pytest.raises(ValueError, match="dimension 1 of size 5"):
+    with pytest.raises(ValueError, match="scatter dimension size 5 must be divisible by shard_count 2"):
         trace(mesh, lambda v: iris_jax.psum_scatter(v[:, :5], "i", scatter_dimension=1, tiled=True))
-    with pytest.raises(ValueError, match="not divisible by the axis size 2"):
+    with pytest.raises(ValueError, match=r"split_axis \(3\) has to be divisible by the size of the named axis i \(2\)"):
         trace(mesh, lambda v: iris_jax.all_to_all(v[:3], "i", 0, 1, tiled=True))
-    with pytest.raises(ValueError, match="must equal the axis size 2"):
+    with pytest.raises(ValueError, match="equal x.shape\\[split_axis\\], but they are 2 and 6"):
         trace(mesh, lambda v: iris_jax.all_to_all(v, "i", 1, 0))  # split dimension 1 has size 6
     for fn in (lambda v: iris_jax.psum_scatter(v[:3], "i", tiled=True),
                lambda v: iris_jax.all_to_all(v[:3], "i", 0, 1, tiled=True)):  # zero-size inputs are checked too
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match="divisible"):
             trace(mesh, fn, jnp.ones((2, 4, 0), F32))
 
 
@@ -108,16 +128,28 @@ def test_variant_restrictions(mesh):
 
 
 def test_bad_ppermute_and_broadcast_arguments(mesh):
-    with pytest.raises(ValueError, match="out of range"):
-        trace(mesh, lambda v: iris_jax.ppermute(v, "i", [(0, 2)]))
-    with pytest.raises(ValueError, match="destination 1 appears twice"):
-        trace(mesh, lambda v: iris_jax.ppermute(v, "i", [(0, 1), (1, 1)]))
-    with pytest.raises(ValueError, match="source appears twice"):
-        trace(mesh, lambda v: iris_jax.ppermute(v, "i", [(0, 1), (0, 0)]))
-    with pytest.raises(ValueError, match="root 2 out of range"):
+    """ppermute: lax's check, when the call is lowered (a repeated source or destination);
+    broadcast: the root, at trace time."""
+    for perm in ([(0, 1), (1, 1)], [(0, 1), (0, 0)], [(0, 1), (3, 0), (1, 1)]):  # 3 is 1 modulo 2
+        for ppermute in (lax.ppermute, iris_jax.ppermute):
+            traced = trace(mesh, lambda v: ppermute(v, "i", perm))
+            with pytest.raises(ValueError, match="ppermute sources and destinations must be unique"):
+                traced.lower()
+    with pytest.raises(ValueError, match="source 2 out of range for axis size 2"):
         trace(mesh, lambda v: iris_jax.broadcast(v, "i", 2))
-    with pytest.raises(ValueError, match="root -1 out of range"):
+    with pytest.raises(ValueError, match="source -1 out of range for axis size 2"):
         trace(mesh, lambda v: iris_jax.broadcast(v, "i", -1))
+
+
+def test_ppermute_indices_modulo_the_group_size_like_lax(mesh, rng):
+    """lax.ppermute takes member indices modulo the group size: (1, 2) over 2 members is (1, 0)."""
+    x = shard(mesh, rand(rng, (2, 5), F32), P("i"))
+
+    def run(ppermute):
+        return np.asarray(jax.jit(jax.shard_map(lambda v: ppermute(v, "i", [(1, 2), (-2, 3)]), mesh=mesh,
+                                                in_specs=P("i"), out_specs=P("i")))(x))
+
+    np.testing.assert_array_equal(run(iris_jax.ppermute), run(lax.ppermute))
 
 
 # -- peer timeouts ----------------------------------------------------------------------------
@@ -170,21 +202,45 @@ def test_missing_peer_times_out_naming_collective_and_rank(fresh_runtime, rng):
     assert time.monotonic() - start < 60
 
 
-def test_missing_peer_default_timeout(fresh_runtime, rng, monkeypatch):
-    """Collectives without a timeout argument use IRIS_COLLECTIVE_TIMEOUT (read at import)."""
-    monkeypatch.setattr(C, "DEFAULT_TIMEOUT_S", 2.0)
+def test_missing_peer_default_timeout(fresh_runtime, rng):
+    """Collectives without a timeout argument use the config's (by default from
+    IRIS_COLLECTIVE_TIMEOUT, read once)."""
+    assert CollectiveConfig().timeout_s == 60.0
+    config = CollectiveConfig.from_env({"IRIS_COLLECTIVE_TIMEOUT": "2"})
+    assert config.timeout_s == 2.0
     mesh = mesh_of((3,), ("i",))
     x = shard(mesh, rand(rng, (3, 2, 6), F32))
-    message = _run_missing_peer(lambda v: iris_jax.ppermute(v, "i", [(0, 1), (1, 2), (2, 0)]), x)
+    with iris_jax.use_config(config):
+        message = _run_missing_peer(lambda v: iris_jax.ppermute(v, "i", [(0, 1), (1, 2), (2, 0)]), x)
     assert "iris ppermute: timed out waiting for rank 1" in message
 
 
-def test_streamed_call_missing_peer_times_out_then_the_group_fails(fresh_runtime, rng, monkeypatch):
-    """Streamed calls (IRIS_COLLECTIVE_STREAM_FROM=0) time out the same way, and later streamed
-    calls of that group fail at once (the workspace's `failed` word), not with stale data."""
+def test_timeout_setting():
+    with pytest.raises(ValueError, match="IRIS_COLLECTIVE_TIMEOUT='2s': expected seconds"):
+        CollectiveConfig.from_env({"IRIS_COLLECTIVE_TIMEOUT": "2s"})
+    with pytest.raises(ValueError, match="timeout_s must be > 0 seconds"):
+        CollectiveConfig(timeout_s=0)
+
+
+@pytest.fixture
+def pulling():
+    """Small calls do not stream (stream_until=0): they pull."""
+    with iris_jax.use_config(CollectiveConfig(stream_until=0)) as config:
+        yield config
+
+
+@pytest.fixture
+def streaming():
+    """Every call that can stream streams (stream_from=0)."""
+    with iris_jax.use_config(CollectiveConfig(stream_from=0)) as config:
+        yield config
+
+
+def test_streamed_call_missing_peer_times_out_then_the_group_fails(fresh_runtime, streaming, rng):
+    """Streamed calls (stream_from=0) time out the same way, and later streamed calls of that
+    group fail at once (the workspace's `failed` word), not with stale data."""
     import time
 
-    monkeypatch.setenv("IRIS_COLLECTIVE_STREAM_FROM", "0")
     mesh = mesh_of((3,), ("i",))
     x = shard(mesh, rand(rng, (3, 37), F32))
     message = _run_missing_peer(lambda v: iris_jax.all_reduce(v, "i", timeout_s=2), x)
@@ -217,14 +273,12 @@ def test_runtime_works_again_after_shutdown_and_init(fresh_runtime, rng):
     _recover(3)
 
 
-def test_group_fails_clearly_after_a_timeout_other_groups_work(fresh_runtime, rng, monkeypatch):
+def test_group_fails_clearly_after_a_timeout_other_groups_work(fresh_runtime, pulling, rng):
     """A timed-out call loses its epoch on the ranks that gave up, so their flags become
     POISON: every later call of that group fails at once with PeerFailedError (never stale
     data), on the rank that was missing too; other partitions of the ranks keep working.
-    (Pulling calls: small ones do not stream here, IRIS_COLLECTIVE_STREAM_UNTIL=0.)"""
+    (Pulling calls: small ones do not stream here, stream_until=0.)"""
     import time
-
-    monkeypatch.setenv("IRIS_COLLECTIVE_STREAM_UNTIL", "0")
 
     mesh = mesh_of((3,), ("i",))
     x = shard(mesh, rand(rng, (3, 37), F32))

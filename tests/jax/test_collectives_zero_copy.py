@@ -15,7 +15,6 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 import iris_jax
-from iris_jax import collectives as C
 from iris_jax.workspace import workspaces
 from tests.jax.helpers import smap
 from tests.jax.test_collectives import F32, POISON_BYTE, mesh_of, poison, rand, run_cases, shard
@@ -25,8 +24,10 @@ G = 3
 
 
 @pytest.fixture
-def zero_copy_always(monkeypatch):
-    monkeypatch.setattr(C, "ZERO_COPY_FROM_BYTES", 0)
+def zero_copy_always(small_workspace):  # noqa: F811
+    """small_workspace's config with zero_copy_from=0: every pulling call may read in place."""
+    with iris_jax.use_config(small_workspace.replace(zero_copy_from=0)) as config:
+        yield config
 
 
 def _pulling_cases():

@@ -78,18 +78,19 @@ def test_a_jitted_step_records_barrier_rma_and_phase_events(setup):
 
 
 @pytest.mark.parametrize("variant", ["one_shot", "two_shot"])
-def test_library_collectives_record_their_phases(variant, monkeypatch):
+def test_library_collectives_record_their_phases(variant):
     """A traced pulling psum (3 ranks, 37 values: one tile, so one program per rank in the
     simulator's grid; small calls do not stream here) records per rank: a `transfer` span over
     the exchange holding its `wait` spans, one `atomic_max` signal per member and round, and
     one `load` per member read."""
-    monkeypatch.setenv("IRIS_COLLECTIVE_STREAM_UNTIL", "0")
+    pulling = iris_jax.CollectiveConfig(stream_until=0)
     rt = use_runtime(3)
     mesh = jax.make_mesh((3,), ("i",), devices=rt.devices)
     x = jax.device_put(jnp.arange(3 * 37, dtype=jnp.float32), NamedSharding(mesh, P("i")))
     iris_jax.tracing.enable(max_events=256)
     try:
-        out = smap(mesh, lambda v: iris_jax.psum(v, "i", variant=variant), P("i"), P())(x)
+        out = smap(mesh, lambda v: iris_jax.psum(v, "i", variant=variant, config=pulling), P("i"),
+                   P())(x)
         np.testing.assert_allclose(np.asarray(out), np.arange(3 * 37, dtype=np.float32).reshape(3, 37).sum(0))
         rounds = 2 if variant == "two_shot" else 1
         for t in iris_jax.tracing.read():
