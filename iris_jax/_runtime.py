@@ -15,10 +15,12 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import itertools
 import os
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Sequence
 
 import jax
 import numpy as np
@@ -90,6 +92,9 @@ class Runtime:
         self._lock = threading.Lock()
         self._services: dict[str, object] = {}
         self._syncs = itertools.count(1)
+        self._calls = threading.Condition()  # host-executed kernel calls in flight (the simulator)
+        self._running = 0
+        self.closed = False
 
     # -- execution models --------------------------------------------------------
     def _init_launched_sim(self, launched, heap_size, devices):
@@ -216,7 +221,43 @@ class Runtime:
             return self._services[name]
 
     # -- lifetime -----------------------------------------------------------------
+    @contextlib.contextmanager
+    def running_call(self, what: str) -> Iterator[None]:
+        """Brackets a kernel call that the host executes (the simulator's): `close` waits for
+        it, so no heap or staging area goes away under a running kernel.
+
+        Raises:
+          IrisError: the runtime was shut down (a program compiled for it ran afterwards).
+        """
+        with self._calls:
+            if self.closed:
+                raise stale_program_error(what)
+            self._running += 1
+        try:
+            yield
+        finally:
+            with self._calls:
+                self._running -= 1
+                self._calls.notify_all()
+
+    def _wait_for_calls(self) -> None:
+        """Waits for the calls in flight (results nobody waited for, peers of a failed call):
+        they end within the simulator's timeout; past it, the workers are restarted."""
+        patience = (self.sim_world.timeout_s if self.sim_world is not None else RENDEZVOUS_TIMEOUT_S) + 10
+        deadline = time.monotonic() + patience
+        with self._calls:
+            while self._running and time.monotonic() < deadline:
+                self._calls.wait(deadline - time.monotonic())
+            stuck = self._running
+        if stuck and self.sim_world is not None:
+            self.sim_world.restart()  # a call still waiting on its rank's worker fails now
+            with self._calls:
+                self._calls.wait_for(lambda: not self._running, timeout=10)
+
     def close(self) -> None:
+        with self._calls:
+            self.closed = True
+        self._wait_for_calls()
         for service in self._services.values():
             close = getattr(service, "close", None)
             if close is not None:
@@ -230,8 +271,17 @@ class Runtime:
                 f"heap_size={format_bytes(self.heap_size)}, devices={self.devices})")
 
 
+def stale_program_error(what: str) -> IrisError:
+    return IrisError(f"{what} belongs to an iris runtime that was shut down; call the jitted function again "
+                     "(it retraces for the current runtime)")
+
+
 _runtime: Runtime | None = None
 _sessions = itertools.count()
+# part of jit's cache key: programs hold their runtime's heap bases as constants, so every
+# function retraces for a new runtime instead of running against freed heaps
+_generation = jax.make_user_context(default_value=0)
+_generations = itertools.count(1)
 
 
 def _next_session() -> str:
@@ -266,6 +316,7 @@ def init(heap_size: int | None = None, devices: Sequence[jax.Device] | None = No
                     f"{list(devices)}) conflicts. Call iris_jax.shutdown() first.")
             return _runtime
         _runtime = Runtime(heap_size, devices)
+        _generation.set_global(next(_generations))
         return _runtime
 
 
@@ -285,9 +336,20 @@ def shutdown() -> None:
     if _runtime is not None:
         try:  # kernels still running (results nobody waited for) must finish before their heaps go
             jax.effects_barrier()
-        except Exception:  # noqa: BLE001 - JAX may already be torn down at exit
-            pass
+        except Exception:  # noqa: BLE001 - a failed call (its caller saw the error), or JAX torn down at exit
+            _forget_failed_calls()
     with _runtime_lock:
         if _runtime is not None:
             rt, _runtime = _runtime, None
             rt.close()
+
+
+def _forget_failed_calls() -> None:
+    """Drops JAX's record of failed calls of this thread, which effects_barrier would raise
+    again until each device ran another effectful program: they belonged to the old runtime."""
+    try:
+        from jax._src import dispatch
+
+        dispatch.runtime_tokens.clear()
+    except Exception:  # noqa: BLE001 - JAX internals moved or torn down: nothing to forget
+        pass

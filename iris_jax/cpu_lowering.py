@@ -21,6 +21,7 @@ import mmap
 import os
 import threading
 import uuid
+import weakref
 from dataclasses import dataclass
 
 import jax
@@ -56,6 +57,7 @@ class KernelSpec:
     zeroed: tuple  # result indices to zero before the launch
     symmetric: tuple  # operand indices that must lie on this rank's heap
     pass_context: bool  # the kernel's first argument is the context
+    runtime: weakref.ref  # the runtime whose heaps the lowering saw (its context rows are constants)
     group_nbytes: int = 0  # >0: the kernel's second argument is the group row (collectives)
     ordered_after: int = 0  # trailing operands that only order this call after the previous one
 
@@ -78,7 +80,8 @@ def _lower(ctx, operands, avals_in, *, pass_context, fn, scalar_args, out_shapes
         operand_nbytes=tuple(_nbytes(a) for a in avals_in),
         result_dtypes=tuple(np.dtype(s.dtype) for s in out_shapes),
         result_nbytes=tuple(_nbytes(s) for s in out_shapes),
-        zeroed=tuple(zeroed), symmetric=tuple(symmetric), pass_context=pass_context)
+        zeroed=tuple(zeroed), symmetric=tuple(symmetric), pass_context=pass_context,
+        runtime=weakref.ref(runtime_lib.runtime()))
     extra, extra_avals = extra_operands(ctx, group_axes)
     if group_axes:
         spec = dataclasses.replace(spec, group_nbytes=_nbytes(extra_avals[1]))
@@ -148,7 +151,14 @@ def register() -> None:
 
 # -- execution --------------------------------------------------------------------------
 def execute(spec: KernelSpec, ins: list[int], outs: list[int]) -> None:
-    rt = runtime_lib.runtime()
+    rt = spec.runtime()
+    if rt is None:
+        raise runtime_lib.stale_program_error(f"kernel {_kernel_name(spec)}")
+    with rt.running_call(f"kernel {_kernel_name(spec)}"):
+        _execute(rt, spec, ins, outs)
+
+
+def _execute(rt, spec: KernelSpec, ins: list[int], outs: list[int]) -> None:
     row_ptr = ins[0]
     group_ptr = ins[1] if spec.group else None
     operand_ptrs = ins[1 + spec.group:len(ins) - spec.ordered_after]

@@ -100,9 +100,13 @@ def lower(collective, params: dict, config: CollectiveConfig, *xs) -> list:
         rows = _launch_many(K.ALL_TO_ALL, [ch.reshape(G, -1) for ch in chunks], axes, G, config, what="all_to_all")
         return [_concatenated(r.reshape(ch.shape), x, s, c, G, tiled) for r, ch, x in zip(rows, chunks, xs)]
     if name == "ppermute":
-        perm = [(src % G, dst % G) for src, dst in params["perm"]]  # lax's numbering, modulo G
+        perm = [(src % G, dst % G) for src, dst in params["perm"]]
         if len({s for s, _ in perm}) != len(perm) or len({d for _, d in perm}) != len(perm):
             raise ValueError(f"ppermute sources and destinations must be unique, got {params['perm']}.")  # lax's
+        bad = [i for pair in params["perm"] for i in pair if not -G <= i < G]
+        if bad:  # lax then indexes its group with them (IndexError), negative ones from the end
+            raise ValueError(f"ppermute indices must lie in [-{G}, {G}) for a group of {G} members, got {bad[0]} "
+                             f"in {params['perm']}.")
         member = group_positions(axes)
         sources = [-1] * G
         for src, dst in perm:

@@ -181,4 +181,6 @@ def _lowering(ctx, *xs, collective, params, config):
                               multiple_results=True)(ctx, *xs)
 
 
-mlir.register_lowering(iris_collective_p, _lowering)
+# not cacheable: a cached lowering is emitted as a function of its own, and the CPU lowering
+# chains kernel calls in program order only within one block (iris_jax.cpu_lowering)
+mlir.register_lowering(iris_collective_p, _lowering, cacheable=False)

@@ -141,15 +141,17 @@ def test_bad_ppermute_and_broadcast_arguments(mesh):
         trace(mesh, lambda v: iris_jax.broadcast(v, "i", -1))
 
 
-def test_ppermute_indices_modulo_the_group_size_like_lax(mesh, rng):
-    """lax.ppermute takes member indices modulo the group size: (1, 2) over 2 members is (1, 0)."""
+def test_ppermute_negative_indices_count_from_the_end_like_lax(mesh, rng):
+    """lax.ppermute indexes the group with its pairs: -2 over 2 members is member 0."""
     x = shard(mesh, rand(rng, (2, 5), F32), P("i"))
 
-    def run(ppermute):
-        return np.asarray(jax.jit(jax.shard_map(lambda v: ppermute(v, "i", [(1, 2), (-2, 3)]), mesh=mesh,
+    def run(ppermute, perm):
+        return np.asarray(jax.jit(jax.shard_map(lambda v: ppermute(v, "i", perm), mesh=mesh,
                                                 in_specs=P("i"), out_specs=P("i")))(x))
 
-    np.testing.assert_array_equal(run(iris_jax.ppermute), run(lax.ppermute))
+    np.testing.assert_array_equal(run(iris_jax.ppermute, [(1, -2), (-2, 1)]), run(lax.ppermute, [(1, -2), (-2, 1)]))
+    with pytest.raises(ValueError, match=r"ppermute indices must lie in \[-2, 2\) .* got 2"):
+        run(iris_jax.ppermute, [(1, 2), (0, 1)])  # lax: IndexError from its lowering
 
 
 # -- peer timeouts ----------------------------------------------------------------------------

@@ -61,6 +61,53 @@ def test_shutdown_then_init_with_other_settings():
     assert rt3.heap_size == TEST_HEAP and rt3 is iris_jax.runtime()
 
 
+def _psum_over(n):
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    mesh = jax.make_mesh((n,), ("i",), devices=jax.devices()[:n])
+    x = jax.device_put(np.arange(n * 5, dtype=np.float32).reshape(n, 5), NamedSharding(mesh, P("i")))
+    f = jax.jit(jax.shard_map(lambda v: iris_jax.psum(v[0], "i"), mesh=mesh, in_specs=P("i"), out_specs=P()))
+    return f, x, np.arange(n * 5, dtype=np.float32).reshape(n, 5).sum(0)
+
+
+def test_jitted_functions_retrace_for_a_new_runtime():
+    """A program holds its runtime's heap bases as constants: after shutdown and init, the
+    same jitted function compiles again for the new heaps."""
+    use_runtime(2)
+    f, x, want = _psum_over(2)
+    np.testing.assert_array_equal(np.asarray(f(x)), want)
+    iris_jax.shutdown()
+    use_runtime(2)
+    np.testing.assert_array_equal(np.asarray(f(x)), want)
+    assert f._cache_size() == 2
+
+
+def test_shutdown_waits_for_calls_in_flight():
+    """Shutting down while a collective still waits for a peer (rank 1 never calls) neither
+    crashes nor hangs: shutdown waits for the call to time out, and the next runtime works."""
+    from jax import lax
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    use_runtime(3)
+    mesh = jax.make_mesh((3,), ("i",), devices=jax.devices()[:3])
+    x = jax.device_put(np.ones((3, 40), np.float32), NamedSharding(mesh, P("i")))
+    skip_rank_1 = lambda v: lax.cond(lax.axis_index("i") == 1, lambda u: u,
+                                     lambda u: iris_jax.psum(u, "i", config=iris_jax.CollectiveConfig(timeout_s=2)), v)
+    f = jax.jit(jax.shard_map(lambda v: skip_rank_1(v[0])[None], mesh=mesh, in_specs=P("i"), out_specs=P("i"),
+                              check_vma=False))
+    out = f(x)  # dispatched, not waited for
+    start = time.monotonic()
+    iris_jax.shutdown()
+    assert time.monotonic() - start < 60
+    with pytest.raises(Exception, match="timed out waiting for rank 1"):
+        jax.block_until_ready(out)
+    use_runtime(3)
+    g, y, want = _psum_over(3)
+    np.testing.assert_array_equal(np.asarray(g(y)), want)
+
+
 def test_arrays_survive_shutdown_of_their_runtime():
     use_runtime(2)
     a = iris_jax.full((5,), 3.0, jnp.float32, device=jax.devices()[0])
