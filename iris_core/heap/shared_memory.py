@@ -1,23 +1,28 @@
 """Simulator backend: each rank's heap is a file in shared memory, mapped by every process.
 
 Segments are named `iris-<session>-r<rank>` under /dev/shm (or the temp directory where
-there is none). The owner unlinks its segment on close; `remove_session_segments` lets
-a launcher clean up after ranks that crashed. Sessions made by `new_session` start with
+there is none). The owner unlinks its segment on close, once every peer has mapped it
+(ranks announce that in the store; a mapping outlives the unlink); `remove_session_segments`
+lets a launcher clean up after ranks that crashed. Sessions made by `new_session` start with
 the creating process's id, so `remove_stale_segments` can free what a killed run left.
 """
 
 from __future__ import annotations
 
 import glob
+import itertools
 import mmap
 import os
 import tempfile
+import time
 import uuid
+import warnings
 import weakref
 from collections.abc import Sequence
 
 import numpy as np
 
+from iris_core.errors import PeerTimeoutError
 from iris_core.heap.rendezvous import KeyValueStore
 from iris_core.heap.symmetric import SymmetricHeap
 
@@ -37,6 +42,9 @@ def allocations_path(session: str) -> str:
 TABLE_ENTRIES = 1 << 15  # (offset, bytes) pairs the allocation table holds; beyond: unchecked
 _TABLE_BYTES = 16 + 16 * TABLE_ENTRIES
 _OPEN: weakref.WeakSet = weakref.WeakSet()  # the heaps mapped in this process
+# heaps made so far per (session, local ranks): the owners of one run make theirs in the same
+# order, so the count keys each heap's rendezvous (a re-made heap never reads its predecessor's)
+_GENERATIONS: dict[tuple, itertools.count] = {}
 
 
 def heap_at(address: int) -> "SharedMemoryHeap | None":
@@ -53,13 +61,21 @@ def new_session(tag: str = "") -> str:
 
 
 def remove_stale_segments() -> list[str]:
-    """Unlinks the segments of sessions whose creating process is gone (a run that was
-    killed before it could clean up); returns the paths removed."""
+    """Unlinks the shared-memory files whose creating process is gone (a run that was killed
+    before it could clean up); returns the paths removed.
+
+    The creator's pid is in the name: `iris-p<pid>-...` for sessions of `new_session` (a
+    launched rank's segments carry the launcher's, and ranks die with their launcher),
+    `iris-staging-<pid>-...` for iris_jax's staging areas.
+    """
     def stale(path):
-        creator = os.path.basename(path)[len("iris-p"):].split("-", 1)[0]
+        name = os.path.basename(path)
+        creator = name.removeprefix("iris-staging-" if name.startswith("iris-staging-") else "iris-p")
+        creator = creator.split("-", 1)[0]
         return creator.isdigit() and not _alive(int(creator))
 
-    return _unlink([p for p in glob.glob(os.path.join(SHM_DIR, "iris-p*-r*")) if stale(p)])
+    paths = glob.glob(os.path.join(SHM_DIR, "iris-p*-r*")) + glob.glob(os.path.join(SHM_DIR, "iris-staging-*"))
+    return _unlink([p for p in paths if stale(p)])
 
 
 def _alive(pid: int) -> bool:
@@ -97,15 +113,21 @@ class SharedMemoryHeap(SymmetricHeap):
       local_ranks: ranks whose segment this process creates and owns (may be empty for
         a process that only attaches, such as a simulator worker).
       session: names the segments; every process of one run passes the same value.
-      store: where owners announce that a segment is ready; attachers wait on it.
+      store: where owners announce that a segment is ready and, once they mapped every
+        peer's, that they attached; an owner unlinks its segment only after every other
+        owner attached (close waits for it, up to `timeout_s`).
+      timeout_s: how long to wait for a peer, at the rendezvous and on close.
     """
 
     def __init__(self, world_size: int, heap_size: int, local_ranks: Sequence[int],
                  session: str, store: KeyValueStore | None = None, timeout_s: float = 120.0):
         self.session = session
+        self._store, self._timeout_s = store, timeout_s
         self._maps: dict[int, mmap.mmap] = {}
         self._arrays: dict[int, np.ndarray] = {}
         super().__init__(world_size, heap_size, local_ranks)
+        generation = next(_GENERATIONS.setdefault((session, self.local_ranks), itertools.count()))
+        self._keys = f"iris/{session}/{generation}"
         try:
             for rank in self.local_ranks:
                 path = segment_path(session, rank)
@@ -116,12 +138,12 @@ class SharedMemoryHeap(SymmetricHeap):
                 finally:
                     os.close(fd)
                 if store is not None:
-                    store.set(f"iris/{session}/heap/{rank}", path.encode())
+                    store.set(f"{self._keys}/heap/{rank}", path.encode())
             for rank in range(world_size):
                 if rank not in self._maps:
                     path = segment_path(session, rank)
                     if store is not None:
-                        path = store.get(f"iris/{session}/heap/{rank}", timeout_s).decode()
+                        path = store.get(f"{self._keys}/heap/{rank}", timeout_s).decode()
                     fd = os.open(path, os.O_RDWR)
                     try:
                         self._maps[rank] = mmap.mmap(fd, heap_size)
@@ -139,6 +161,29 @@ class SharedMemoryHeap(SymmetricHeap):
         except BaseException:
             self._release()
             raise
+        if store is not None:
+            for rank in self.local_ranks:
+                store.set(f"{self._keys}/attached/{rank}", b"1")
+
+    def close(self) -> None:
+        """Waits until every peer mapped this process's segments, then releases (idempotent)."""
+        if not self.closed and self._store is not None and self.local_ranks:
+            self._wait_for_peers_to_attach()
+        super().close()
+
+    def _wait_for_peers_to_attach(self) -> None:
+        deadline = time.monotonic() + self._timeout_s
+        for rank in range(self.world_size):
+            if rank in self.local_ranks:
+                continue
+            try:
+                self._store.get(f"{self._keys}/attached/{rank}", max(deadline - time.monotonic(), 0.0))
+            except PeerTimeoutError:
+                warnings.warn(
+                    f"iris heap {self.session}: rank {rank} did not map this process's heap within "
+                    f"{self._timeout_s:g} s (it hangs or died while initializing); removing the heap "
+                    "anyway, so that rank fails if it still tries", RuntimeWarning, stacklevel=3)
+                return
 
     def host_view(self, rank: int, offset: int, shape, dtype) -> np.ndarray:
         """A numpy view of rank's heap at `offset` (shared: writes are seen by all ranks)."""

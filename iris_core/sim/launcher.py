@@ -4,7 +4,8 @@ Each rank is a process running the script with IRIS_SIM_RANK / IRIS_SIM_WORLD_SI
 IRIS_SIM_SESSION / IRIS_SIM_STORE set and Triton's interpreter on; iris picks these up
 and maps every rank's heap. Output lines are prefixed with the rank. If a rank fails,
 the others are stopped and the launcher exits with that rank's status; shared-memory
-segments of the run are removed in every case.
+segments of the run are removed in every case. Ranks die with the launcher (rank_process.py),
+so a killed launcher's segments are stale for the next run to remove.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import threading
 import time
 
 from iris_core.heap.shared_memory import new_session, remove_session_segments, remove_stale_segments
+
+RANK_PROCESS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank_process.py")
 
 
 def _pump(stream, prefix: str, out) -> None:
@@ -38,8 +41,8 @@ def launch_script(argv: list[str], world_size: int, timeout_s: float | None = No
             env = dict(os.environ, IRIS_SIM_RANK=str(rank), IRIS_SIM_WORLD_SIZE=str(world_size),
                        IRIS_SIM_SESSION=session, IRIS_SIM_STORE=store, TRITON_INTERPRET="1",
                        JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
-            p = subprocess.Popen([sys.executable, *argv], env=env, stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT, start_new_session=True)
+            p = subprocess.Popen([sys.executable, RANK_PROCESS, str(os.getpid()), *argv], env=env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
             procs.append(p)
             t = threading.Thread(target=_pump, args=(p.stdout, f"[rank {rank}] ", sys.stdout), daemon=True)
             t.start()

@@ -13,3 +13,12 @@ def test_launched_ring(world_size):
     for rank in range(world_size):
         prev = (rank - 1) % world_size
         assert f"[rank {rank}] rank {rank}/{world_size}: received from rank {prev} OK" in result.stdout, result.stdout
+
+
+def test_a_rank_that_exits_right_after_init_keeps_its_heap_until_the_peers_attached():
+    result = run_python(["-m", "iris_core.sim", "-n", "3", "--timeout", "120", "tests/jax/launched_early_exit.py"],
+                        timeout=180)
+    assert result.returncode == 0, result.stdout
+    assert "[rank 2] rank 2: wrote the marker, exiting" in result.stdout, result.stdout
+    for rank in (0, 1):
+        assert f"[rank {rank}] rank {rank}: read rank 2's marker OK" in result.stdout, result.stdout
