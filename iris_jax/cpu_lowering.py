@@ -35,6 +35,7 @@ from iris_core.sim.interpreter import Pointer, run_kernel
 from iris_jax import _runtime as runtime_lib
 from iris_jax._ffi import register_cpu_target
 from iris_jax.call import extra_operands, iris_triton_call_p
+from iris_jax.cpu_autotune import resolve_kernel
 
 _CALL_PARAMS = {"name", "custom_call_target_name", "num_warps", "num_stages", "num_ctas",
                 "compute_capability", "enable_fp_fusion", "debug", "serialized_metadata"}
@@ -71,18 +72,22 @@ def _lower(ctx, operands, avals_in, *, pass_context, fn, scalar_args, out_shapes
     from jax_triton.triton_lib import normalize_grid
 
     metaparams = {k: v for k, v in params.items() if k not in _CALL_PARAMS}
-    zeroed = zeroed_outputs(metaparams) if callable(zeroed_outputs) else zeroed_outputs
     group = 1 if group_axes else 0
+    scalars = tuple(sorted((i + group, v) for i, _, v in scalar_args))
+    extra, extra_avals = extra_operands(ctx, group_axes)
+    launch = _resolve(fn, extra_avals if pass_context else [], avals_in, scalars, ctx.avals_out, metaparams,
+                      input_output_aliases, pass_context)
+    zeroed = zeroed_outputs(launch.constexprs) if callable(zeroed_outputs) else zeroed_outputs
+    zeroed = sorted({*zeroed, *launch.reset_outputs})
     spec = KernelSpec(
-        kernel=fn, grid=tuple(normalize_grid(grid, metaparams)),
-        scalars=tuple(sorted((i + group, v) for i, _, v in scalar_args)), constexprs=metaparams,
+        kernel=launch.kernel, grid=tuple(normalize_grid(grid, launch.constexprs)),
+        scalars=scalars, constexprs=launch.constexprs,
         operand_dtypes=tuple(np.dtype(a.dtype) for a in avals_in),
         operand_nbytes=tuple(_nbytes(a) for a in avals_in),
         result_dtypes=tuple(np.dtype(s.dtype) for s in out_shapes),
         result_nbytes=tuple(_nbytes(s) for s in out_shapes),
         zeroed=tuple(zeroed), symmetric=tuple(symmetric), pass_context=pass_context,
         runtime=weakref.ref(runtime_lib.runtime()))
-    extra, extra_avals = extra_operands(ctx, group_axes)
     if group_axes:
         spec = dataclasses.replace(spec, group_nbytes=_nbytes(extra_avals[1]))
     # the custom call's operands are [context row, group row?, *operands, previous result?]
@@ -99,6 +104,19 @@ def _lower(ctx, operands, avals_in, *, pass_context, fn, scalar_args, out_shapes
     if results:
         _remember_call(ctx, results[0], ctx.avals_out[0])
     return results
+
+
+def _resolve(fn, lead_avals, avals_in, scalars, avals_out, metaparams, input_output_aliases, pass_context):
+    """`fn`'s autotuners and heuristics resolved against the kernel's arguments in launch order
+    (see _kernel_args): lead (context, group row), array operands with scalars at their positions."""
+    scalar_at = dict(scalars)
+    arrays = iter([*lead_avals, *avals_in])
+    count = len(lead_avals) + len(avals_in) + len(scalars)
+    args = [scalar_at[p] if p in scalar_at else next(arrays) for p in range(count)]
+    array_at = [p for p in range(count) if p not in scalar_at]
+    # iris_triton_call numbers its operands after the device index (hence - pass_context)
+    aliases = {array_at[len(lead_avals) + i - pass_context]: o for i, o in input_output_aliases}
+    return resolve_kernel(fn, args, avals_out, metaparams, aliases)
 
 
 # XLA:CPU starts independent operations as soon as their inputs are ready, so two kernel
