@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import threading
 from collections.abc import Sequence
 
 import numpy as np
@@ -91,7 +92,8 @@ def run_kernel(kernel, grid: Sequence[int], args: Sequence, constexprs: dict | N
             bound[name] = param.default
     call_args = {n: v if n in is_constexpr else ti._implicit_cvt(v) for n, v in bound.items()}
     grid = tuple(int(g) for g in grid) + (1,) * (3 - len(grid))
-    _fix_scalar_index(ti)
+    _patch_interpreter(ti)
+    _LAUNCH.patched = frozenset()
     patch_scope = ti._patch_lang(kernel.fn)
     try:
         with running_kernel(kernel.fn.__name__):
@@ -104,6 +106,7 @@ def run_kernel(kernel, grid: Sequence[int], args: Sequence, constexprs: dict | N
     except Exception as e:
         raise _iris_cause(e) or e
     finally:
+        _LAUNCH.patched = None
         patch_scope.restore()
 
 
@@ -117,23 +120,52 @@ def _iris_cause(error: BaseException):
     return error
 
 
-def _fix_scalar_index(ti) -> None:
-    """triton 3.6's interpreter holds scalars as 1-element arrays and converts them with int(),
-    which numpy >= 2.4 refuses for arrays that are not 0-d: `range(0, n, BLOCK)` over a
-    scalar argument fails. Wrap its language patching so __index__ takes the element."""
+class _NoPatches:
+    def restore(self) -> None:
+        pass
+
+
+def _patch_interpreter(ti) -> None:
+    """Wraps triton 3.6's language patching (once per process) for two reasons.
+
+    Scalars: the interpreter holds them as 1-element arrays and converts them with int(),
+    which numpy >= 2.4 refuses for arrays that are not 0-d, so `range(0, n, BLOCK)` over a
+    scalar argument fails; __index__ takes the element instead.
+
+    Speed: the interpreter patches the language again at every call of a @triton.jit helper
+    (and never undoes it), ~6 ms of inspect.getmembers each; a collective kernel makes ~90
+    such calls per launch. Inside a launch, a helper that sees the same language modules as
+    the ones already patched gets nothing new from it, so it is skipped.
+    """
     if getattr(ti._patch_lang, "_iris_fixed", False):
         return
     original = ti._patch_lang
 
     def patch_lang(fn):
+        langs = frozenset(id(v) for v in fn.__globals__.values() if isinstance(v, type(os)) and v in _LANGS)
+        if _LAUNCH.patched is not None and langs <= _LAUNCH.patched:
+            return _NoPatches()
         scope = original(fn)
         import triton.language as tl
 
         scope.set_attr(tl.core.tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+        if _LAUNCH.patched is not None:
+            _LAUNCH.patched = _LAUNCH.patched | langs
         return scope
 
+    import triton.language as tl
+
+    _LANGS.extend([tl, tl.core])
     patch_lang._iris_fixed = True
     ti._patch_lang = patch_lang
+
+
+class _Launch(threading.local):
+    patched: frozenset | None = None  # ids of the language modules patched by the running launch
+
+
+_LAUNCH = _Launch()
+_LANGS: list = []
 
 
 def enable_interpreter() -> None:

@@ -333,3 +333,51 @@ def test_launched_ranks_share_heaps_and_store_across_ranks(tmp_path, world_size)
         prev = (rank - 1) % world_size
         values = [prev * 1000 + i if i < 11 else -1 for i in range(16)]
         assert f"[rank {rank}] received {values} from rank {prev}: ok" in result.stdout, output
+
+
+# -- the interpreter ---------------------------------------------------------------------
+@triton.jit
+def _add_one(x):
+    return x + 1
+
+
+@triton.jit
+def _add_ones(out_ptr, N: tl.constexpr):
+    x = tl.zeros((16,), tl.int32)
+    for _ in tl.static_range(N):
+        x = _add_one(x)
+    tl.store(out_ptr + tl.arange(0, 16), x)
+
+
+def count_language_patches(state, n):
+    """Runs _add_ones (n helper calls) here; returns (its output, how often the interpreter
+    patched triton.language's builtins, whether tensor.__index__ is left patched)."""
+    from triton.runtime import interpreter as ti
+
+    from iris_core.sim.interpreter import launch
+
+    calls = []
+    original = ti._patch_builtin
+    ti._patch_builtin = lambda *a: (calls.append(1), original(*a))[1]
+    index_before = getattr(tl.core.tensor, "__index__", None)
+    try:
+        out = np.zeros(16, np.int32)
+        launch(_add_ones, (1,), out, N=n)
+    finally:
+        ti._patch_builtin = original
+    return out, len(calls), getattr(tl.core.tensor, "__index__", None) is not index_before
+
+
+def test_helper_calls_do_not_patch_the_language_again():
+    """Triton's interpreter re-patches the language at every @triton.jit helper call (~6 ms
+    each); inside a launch iris patches each language module once, and the launch leaves the
+    language as it was."""
+    (few, few_patches, leaked), = get_world(1).run(count_language_patches, 2)
+    (many, many_patches, _), = get_world(1).run(count_language_patches, 20)
+    np.testing.assert_array_equal(few, np.full(16, 2))
+    np.testing.assert_array_equal(many, np.full(16, 20))
+    # each language module is patched once per launch (3-4 builtin groups each); without the
+    # skip, each of the 20 helper calls patched again (90 groups)
+    assert 0 < few_patches <= many_patches <= 12
+    assert not leaked
+
