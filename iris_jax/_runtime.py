@@ -3,7 +3,8 @@
 `init()` picks the model from what it finds, without the user choosing:
 
 * launched by `python -m iris_core.sim`: a simulated rank; kernels run in this process
-  under Triton's interpreter, heaps in shared memory;
+  under Triton's interpreter, heaps in shared memory; a script that joined the ranks with
+  `jax.distributed.initialize()` sees every rank's device, as one process per GPU does;
 * several JAX processes (`jax.distributed.initialize`) on GPUs: one heap per GPU, peers'
   heaps mapped through CUDA IPC, handles exchanged through JAX's key-value store;
 * one process, GPUs: one heap per GPU, peer access between all pairs;
@@ -69,6 +70,7 @@ class Runtime:
 
         launched = launched_rank()
         self.sim_world = None
+        self._bases_seen_by: list[list[int]] | None = None  # one process per rank: see _join_processes
         if launched is not None:
             self._init_launched_sim(launched, heap_size or DEFAULT_SIM_HEAP_SIZE, devices)
         elif jax.process_count() > 1:
@@ -87,8 +89,8 @@ class Runtime:
 
         self.tracing = RuntimeTracer(self)  # device event tracing (iris_jax.tracing)
         self._rank_of = {d.id: r for d, r in self._device_ranks.items()}
-        if self.mode == GPU_MULTI:  # every process's device, for the context tables of global meshes
-            self._rank_of = {d.id: r for r, d in enumerate(sorted(jax.devices(), key=lambda d: d.id))}
+        if self._bases_seen_by is not None:  # every process's device, for the context tables of global meshes
+            self._rank_of = {d.id: r for r, d in enumerate(_every_device())}
         self._lock = threading.Lock()
         self._services: dict[str, object] = {}
         self._syncs = itertools.count(1)
@@ -107,12 +109,22 @@ class Runtime:
                 f"a launched simulated rank owns exactly one device, got {len(local)}; do not set "
                 "xla_force_host_platform_device_count under `python -m iris_core.sim`")
         self.mode = SIM_LAUNCHED
-        self.world_size = launched.world_size
-        self.heap = SharedMemoryHeap(launched.world_size, heap_size, [launched.rank], launched.session,
+        rank, self.world_size = launched.rank, launched.world_size
+        joined = jax.process_count() > 1  # the script called jax.distributed.initialize: ranks are its processes
+        if joined:
+            rank, self.world_size = _process_rank(local[0])
+            if self.world_size != launched.world_size:
+                raise RankMismatchError(
+                    f"jax.distributed.initialize joined {self.world_size} processes, but the simulator "
+                    f"launched {launched.world_size}; call it without arguments under `python -m iris_core.sim` "
+                    "(the launcher's environment names the run)")
+        self.heap = SharedMemoryHeap(self.world_size, heap_size, [rank], launched.session,
                                      FileStore(launched.store_path), timeout_s=RENDEZVOUS_TIMEOUT_S)
-        self._device_ranks = {local[0]: launched.rank}
+        self._device_ranks = {local[0]: rank}
         self.store = FileStore(launched.store_path)
         self._session = _next_session()
+        if joined:
+            self._join_processes(rank)
 
     def _init_sim_workers(self, heap_size, local):
         from iris_core.sim.world import get_world
@@ -139,30 +151,36 @@ class Runtime:
 
         from iris_core.heap.cuda import CudaHeap
 
-        everyone = sorted(jax.devices(), key=lambda d: d.id)
         local = list(devices) if devices is not None else jax.local_devices()
         if len(local) != 1:
             raise RankMismatchError(
                 f"one process per GPU is required for multi-process runs; this process has {len(local)}")
-        rank = everyone.index(local[0])
+        rank, world_size = _process_rank(local[0])
         client = distributed.global_state.client
         if client is None:
             raise IrisError("jax.process_count() > 1 but no distributed client; call jax.distributed.initialize()")
         self.mode = GPU_MULTI
-        self.world_size = len(everyone)
+        self.world_size = world_size
         self.store = _DistributedStore(client)
         session = self._session = _next_session()
-        self.heap = CudaHeap(len(everyone), heap_size, [rank], [local[0].local_hardware_id],
+        self.heap = CudaHeap(world_size, heap_size, [rank], [local[0].local_hardware_id],
                              store=self.store, session=session, timeout_s=RENDEZVOUS_TIMEOUT_S)
         self._device_ranks = {local[0]: rank}
-        # Every process maps the heaps at its own addresses. Each rank's context must hold the
-        # bases as its own process sees them, and the context table compiled into a program
-        # must be the same in every process (XLA's multi-process compilation waits forever on
-        # programs whose fingerprints differ), so the processes exchange their views.
-        self.store.set(f"iris/{session}/bases/{rank}", np.asarray(self.heap.heap_bases, np.uint64).tobytes())
+        self._join_processes(rank)
+
+    def _join_processes(self, rank: int) -> None:
+        """One process per rank (GPUs or launched simulated ranks): gathers every process's view
+        of the heap bases, once this process's heap is up.
+
+        Every process maps the heaps at its own addresses. Each rank's context must hold the
+        bases as its own process sees them, and the context table compiled into a program
+        must be the same in every process (XLA's multi-process compilation waits forever on
+        programs whose fingerprints differ), so the processes exchange their views.
+        """
+        key = f"iris/{self._session}/bases"
+        self.store.set(f"{key}/{rank}", np.asarray(self.heap.heap_bases, np.uint64).tobytes())
         self._bases_seen_by = [
-            [int(b) for b in np.frombuffer(self.store.get(f"iris/{session}/bases/{r}", RENDEZVOUS_TIMEOUT_S),
-                                           np.uint64)]
+            [int(b) for b in np.frombuffer(self.store.get(f"{key}/{r}", RENDEZVOUS_TIMEOUT_S), np.uint64)]
             for r in range(self.world_size)]
 
     # -- ranks and contexts ------------------------------------------------------
@@ -181,7 +199,7 @@ class Runtime:
     def context(self, rank: int) -> np.ndarray:
         """Rank's context array (int32-packed words), with the heap bases as seen by rank's
         own process."""
-        if self.mode == GPU_MULTI:
+        if self._bases_seen_by is not None:
             return encode_context(rank, self._bases_seen_by[rank], self.trace_words(), heap_size=self.heap.heap_size)
         return self.heap.context(rank, self.trace_words())
 
@@ -282,6 +300,17 @@ _sessions = itertools.count()
 # function retraces for a new runtime instead of running against freed heaps
 _generation = jax.make_user_context(default_value=0)
 _generations = itertools.count(1)
+
+
+def _every_device() -> list[jax.Device]:
+    """Every process's devices in rank order (device id order, as JAX numbers them by process)."""
+    return sorted(jax.devices(), key=lambda d: d.id)
+
+
+def _process_rank(device: jax.Device) -> tuple[int, int]:
+    """(rank, world size) of this process's one device among every process's."""
+    everyone = _every_device()
+    return everyone.index(device), len(everyone)
 
 
 def _next_session() -> str:

@@ -41,6 +41,16 @@ def _sharding_for(sharding: Sharding | None, device: jax.Device | None) -> Shard
     return SingleDeviceSharding(device if device is not None else runtime_lib.runtime().devices[0])
 
 
+def _computed_alike(values: jax.Array, sharding: Sharding) -> jax.Array:
+    """`values`, which every process computed alike, with `sharding`: each process takes its own
+    shards from its own copy (jax.device_put onto a multi-process sharding would first compare the
+    copies across the processes, a collective per call)."""
+    if sharding.is_fully_addressable:
+        return jax.device_put(values, sharding)
+    host = np.asarray(values)
+    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+
 def _place(values: jax.Array | None, shape, dtype, sharding: Sharding) -> jax.Array:
     """A heap array of `shape`/`dtype` with `sharding`, holding `values` (None: uninitialized)."""
     rt = runtime_lib.runtime()
@@ -119,18 +129,20 @@ def ones(shape, dtype=jnp.float32, *, sharding=None, device=None) -> jax.Array:
 
 
 def arange(start, stop=None, step=1, dtype=None, *, sharding=None, device=None) -> jax.Array:
-    values = jnp.arange(start, stop, step, dtype=dtype)
-    return to_heap(values, sharding=_sharding_for(sharding, device))
+    s = _sharding_for(sharding, device)
+    return to_heap(_computed_alike(jnp.arange(start, stop, step, dtype=dtype), s), sharding=s)
 
 
 def rand(key, shape, dtype=jnp.float32, *, sharding=None, device=None) -> jax.Array:
     """Uniform [0, 1) samples from `key`, on the heap."""
-    return to_heap(jax.random.uniform(key, shape, dtype), sharding=_sharding_for(sharding, device))
+    s = _sharding_for(sharding, device)
+    return to_heap(_computed_alike(jax.random.uniform(key, shape, dtype), s), sharding=s)
 
 
 def randn(key, shape, dtype=jnp.float32, *, sharding=None, device=None) -> jax.Array:
     """Standard normal samples from `key`, on the heap."""
-    return to_heap(jax.random.normal(key, shape, dtype), sharding=_sharding_for(sharding, device))
+    s = _sharding_for(sharding, device)
+    return to_heap(_computed_alike(jax.random.normal(key, shape, dtype), s), sharding=s)
 
 
 def empty_like(x, dtype=None, *, sharding=None) -> jax.Array:

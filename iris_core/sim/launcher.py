@@ -2,8 +2,10 @@
 
 Each rank is a process running the script with IRIS_SIM_RANK / IRIS_SIM_WORLD_SIZE /
 IRIS_SIM_SESSION / IRIS_SIM_STORE set and Triton's interpreter on; iris picks these up
-and maps every rank's heap. Output lines are prefixed with the rank. If a rank fails,
-the others are stopped and the launcher exits with that rank's status; shared-memory
+and maps every rank's heap. JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID
+let a script written for one process per GPU join the ranks with `jax.distributed.initialize()`
+(jax_cluster.py; JAX's CPU collectives then run over gloo). Output lines are prefixed with the
+rank. If a rank fails, the others are stopped and the launcher exits with that rank's status; shared-memory
 segments of the run are removed in every case. Ranks die with the launcher (rank_process.py),
 so a killed launcher's segments are stale for the next run to remove.
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -22,6 +25,13 @@ import time
 from iris_core.heap.shared_memory import new_session, remove_session_segments, remove_stale_segments
 
 RANK_PROCESS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank_process.py")
+JAX_CLUSTER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "jax_cluster.py")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
 
 
 def _pump(stream, prefix: str, out) -> None:
@@ -35,13 +45,16 @@ def launch_script(argv: list[str], world_size: int, timeout_s: float | None = No
     remove_stale_segments()
     session = new_session()
     store = tempfile.mkdtemp(prefix=f"iris-{session}-")
+    coordinator = f"localhost:{_free_port()}"
     procs, pumps = [], []
     try:
         for rank in range(world_size):
             env = dict(os.environ, IRIS_SIM_RANK=str(rank), IRIS_SIM_WORLD_SIZE=str(world_size),
                        IRIS_SIM_SESSION=session, IRIS_SIM_STORE=store, TRITON_INTERPRET="1",
-                       JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
-            p = subprocess.Popen([sys.executable, RANK_PROCESS, str(os.getpid()), *argv], env=env,
+                       JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1", JAX_COORDINATOR_ADDRESS=coordinator,
+                       JAX_NUM_PROCESSES=str(world_size), JAX_PROCESS_ID=str(rank),
+                       JAX_CPU_COLLECTIVES_IMPLEMENTATION="gloo")
+            p = subprocess.Popen([sys.executable, RANK_PROCESS, str(os.getpid()), JAX_CLUSTER, *argv], env=env,
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
             procs.append(p)
             t = threading.Thread(target=_pump, args=(p.stdout, f"[rank {rank}] ", sys.stdout), daemon=True)

@@ -544,9 +544,9 @@ def _atomics_expected(A, q, W, dtype_name, combos, init, vals, cmps):
     return memory, old
 
 
-def device_barrier(world: World) -> None:
-    """Device barriers between kernels, back to back; then a value stored into the next rank before a
-    barrier is there after it."""
+def device_barrier(world: World, rounds: int = BARRIER_ROUNDS) -> None:
+    """Device barriers between kernels, `rounds` back to back; then a value stored into the next rank
+    before a barrier is there after it."""
     import jax
     import jax.numpy as jnp
     from jax.sharding import PartitionSpec as P
@@ -559,7 +559,7 @@ def device_barrier(world: World) -> None:
     xs = np.arange(W * 3.0, dtype=np.float32).reshape(W, 3)
     f = world.smap(lambda v: iris_jax.device_barrier(v * 2), P("i"), (P("i"), P("i")))
     x = world.put(xs)
-    for _ in range(BARRIER_ROUNDS):
+    for _ in range(rounds):
         status, y = f(x)
     for me in world.ranks:
         world.attempt("device_barrier status", iris_jax.check_barrier, world.shard(status, me))
