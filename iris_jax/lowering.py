@@ -95,10 +95,10 @@ def lower(collective, params: dict, config: CollectiveConfig, *xs) -> list:
             outs.append(jnp.moveaxis(block, 0, d) if tiled else block)
         return outs
     if name == "all_to_all":
-        s, c, tiled = params["split_axis"], params["concat_axis"], params["tiled"]
+        s, c = params["split_axis"], params["concat_axis"]
         chunks = [_split_chunks(x, s, G) for x in xs]
         rows = _launch_many(K.ALL_TO_ALL, [ch.reshape(G, -1) for ch in chunks], axes, G, config, what="all_to_all")
-        return [_concatenated(r.reshape(ch.shape), x, s, c, G, tiled) for r, ch, x in zip(rows, chunks, xs)]
+        return [_concatenated(r.reshape(ch.shape), x, s, c, G) for r, ch, x in zip(rows, chunks, xs)]
     if name == "ppermute":
         perm = [(src % G, dst % G) for src, dst in params["perm"]]
         if len({s for s, _ in perm}) != len(perm) or len({d for _, d in perm}) != len(perm):
@@ -151,12 +151,11 @@ def _split_chunks(x, s, G):
     return moved.reshape(G, x.shape[s] // G, *moved.shape[1:])
 
 
-def _concatenated(received, x, s, c, G, tiled):
-    """received[i] came from member i: put it back where the split dim was, then concatenate."""
+def _concatenated(received, x, s, c, G):
+    """received[i] came from member i: put it back where the split dim was, then concatenate.
+    (The primitive is always tiled: lax.all_to_all adds and removes the axes of untiled calls.)"""
     size = x.shape[s]
     pieces = jnp.moveaxis(received, 1, s + 1).reshape(G, *x.shape[:s], size // G, *x.shape[s + 1:])
-    if not tiled:
-        return jnp.moveaxis(pieces.reshape(G, *x.shape[:s], *x.shape[s + 1:]), 0, c)
     shape = list(pieces.shape[1:])
     shape[c] *= G
     return jnp.moveaxis(pieces, 0, c).reshape(shape)

@@ -120,11 +120,19 @@ def _transpose(cts, *args, collective, params, config):
             return ad.Zero(arg.aval.to_ct_aval()) if hasattr(arg.aval, "to_ct_aval") else ad.Zero(arg.aval)
         if collective.name == "pbroadcast":  # lax's rule fills with an array (fails for non-scalars)
             return run_on_iris(partial(_pbroadcast_transpose, **kwargs), (ct,), config, merge=False)
+        if collective.name == "all_to_all":  # lax's rule goes through lax.all_to_all, which reshapes the
+            # cotangent of an untiled call once more (a wrong shape where split and concat axes differ)
+            return run_on_iris(partial(_all_to_all_transpose, collective, **kwargs), (ct,), config, merge=False)
         if collective.multiple_results:
             return run_on_iris(lambda c: rule([c], arg, **kwargs)[0], (ct,), config, merge=False)
         return run_on_iris(lambda c: rule(c, arg, **kwargs)[0], (ct,), config, merge=False)
 
     return [one(ct, arg) for ct, arg in zip(cts, args)]
+
+
+def _all_to_all_transpose(all_to_all_p, ct, *, split_axis, concat_axis, **params):
+    """The primitive with its axes swapped (in its own, already reshaped, layout)."""
+    return all_to_all_p.bind(ct, split_axis=concat_axis, concat_axis=split_axis, **params)
 
 
 def _pbroadcast_transpose(ct, *, axis_name, source):
