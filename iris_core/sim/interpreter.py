@@ -90,7 +90,7 @@ def run_kernel(kernel, grid: Sequence[int], args: Sequence, constexprs: dict | N
             if param.default is inspect.Parameter.empty:
                 raise TypeError(f"kernel {kernel.fn.__name__} is missing argument {name!r}")
             bound[name] = param.default
-    call_args = {n: v if n in is_constexpr else ti._implicit_cvt(v) for n, v in bound.items()}
+    call_args = {n: v if n in is_constexpr else _as_tensor(v, ti) for n, v in bound.items()}
     grid = tuple(int(g) for g in grid) + (1,) * (3 - len(grid))
     _patch_interpreter(ti)
     _LAUNCH.patched = frozenset()
@@ -108,6 +108,23 @@ def run_kernel(kernel, grid: Sequence[int], args: Sequence, constexprs: dict | N
     finally:
         _LAUNCH.patched = None
         patch_scope.restore()
+
+
+# Triton's type names of pointer arguments (what triton.runtime.jit.mangle_type says)
+_POINTER_TYPES = {"float32": "*fp32", "float16": "*fp16", "bfloat16": "*bf16", "float64": "*fp64", "int8": "*i8",
+                  "int16": "*i16", "int32": "*i32", "int64": "*i64", "uint8": "*u8", "uint16": "*u16",
+                  "uint32": "*u32", "uint64": "*u64", "bool": "*u1"}
+
+
+def _as_tensor(arg, ti):
+    """A kernel argument as the interpreter's tensor. Pointers of the usual dtypes are built
+    here: Triton's own conversion imports torch (~1.5 s in every fresh worker)."""
+    if isinstance(arg, Pointer) and arg.dtype in _POINTER_TYPES:
+        import triton.language as tl
+
+        ty = tl.str_to_ty(_POINTER_TYPES[arg.dtype], None)
+        return tl.tensor(ti.TensorHandle(np.array([arg.address], dtype=np.uint64), ty), ty)
+    return ti._implicit_cvt(arg)
 
 
 def _iris_cause(error: BaseException):

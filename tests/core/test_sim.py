@@ -381,3 +381,18 @@ def test_helper_calls_do_not_patch_the_language_again():
     assert 0 < few_patches <= many_patches <= 12
     assert not leaked
 
+
+
+def test_pointer_arguments_have_tritons_types():
+    """run_kernel builds pointer arguments itself (Triton's conversion imports torch): the
+    types must be the ones Triton gives them."""
+    from triton.runtime import interpreter as ti
+    from triton.runtime.jit import mangle_type
+
+    from iris_core.sim.interpreter import _POINTER_TYPES, Pointer, _as_tensor
+
+    for dtype in _POINTER_TYPES:
+        pointer = Pointer(0x1000, dtype)
+        assert _POINTER_TYPES[dtype] == mangle_type(pointer)
+        converted = _as_tensor(pointer, ti)
+        assert converted.type == ti._implicit_cvt(pointer).type and int(converted.handle.data[0]) == 0x1000
