@@ -159,7 +159,10 @@ def _patch_interpreter(ti) -> None:
     original = ti._patch_lang
 
     def patch_lang(fn):
-        langs = frozenset(id(v) for v in fn.__globals__.values() if isinstance(v, type(os)) and v in _LANGS)
+        langs = _LANGS_OF.get(fn)
+        if langs is None:  # the language modules a helper sees: its module's globals
+            langs = _LANGS_OF[fn] = frozenset(
+                id(v) for v in fn.__globals__.values() if isinstance(v, type(os)) and v in _LANGS)
         if _LAUNCH.patched is not None and langs <= _LAUNCH.patched:
             return _NoPatches()
         scope = original(fn)
@@ -183,6 +186,7 @@ class _Launch(threading.local):
 
 _LAUNCH = _Launch()
 _LANGS: list = []
+_LANGS_OF: dict = {}  # function -> ids of the language modules in its globals
 
 
 def enable_interpreter() -> None:
