@@ -61,6 +61,7 @@ class KernelSpec:
     runtime: weakref.ref  # the runtime whose heaps the lowering saw (its context rows are constants)
     group_nbytes: int = 0  # >0: the kernel's second argument is the group row (collectives)
     ordered_after: int = 0  # trailing operands that only order this call after the previous one
+    debug: bool = False  # triton_call(debug=True): device-side assertions raise
 
     @property
     def group(self) -> bool:
@@ -87,7 +88,7 @@ def _lower(ctx, operands, avals_in, *, pass_context, fn, scalar_args, out_shapes
         result_dtypes=tuple(np.dtype(s.dtype) for s in out_shapes),
         result_nbytes=tuple(_nbytes(s) for s in out_shapes),
         zeroed=tuple(zeroed), symmetric=tuple(symmetric), pass_context=pass_context,
-        runtime=weakref.ref(runtime_lib.runtime()))
+        runtime=weakref.ref(runtime_lib.runtime()), debug=bool(params.get("debug", False)))
     if group_axes:
         spec = dataclasses.replace(spec, group_nbytes=_nbytes(extra_avals[1]))
     # the custom call's operands are [context row, group row?, *operands, previous result?]
@@ -213,7 +214,8 @@ def _execute_here(spec, row_ptr, group_ptr, operand_ptrs, outs):
     with _interpreter_lock:
         group = Pointer(group_ptr, np.int32) if spec.group else None
         run_kernel(spec.kernel, spec.grid,
-                   _kernel_args(spec, Pointer(row_ptr, np.int32), group, operands, results), spec.constexprs)
+                   _kernel_args(spec, Pointer(row_ptr, np.int32), group, operands, results), spec.constexprs,
+                   debug=spec.debug)
 
 
 def _execute_in_worker(rt, rank, spec, group_ptr, operand_ptrs, outs, trace_words=()):
@@ -249,7 +251,7 @@ def _execute_in_worker(rt, rank, spec, group_ptr, operand_ptrs, outs, trace_word
             ctypes.memset(area.address + results[i][1], 0, spec.result_nbytes[i])
         args = _kernel_args(spec, ("context", trace_words), group, operands, results)
         rt.sim_world.call(rank, _run_in_worker, rt.heap.session, area.path, area.size, spec.kernel,
-                          spec.grid, args, spec.constexprs, rank)
+                          spec.grid, args, spec.constexprs, rank, spec.debug, what=f"kernel {_kernel_name(spec)}")
         for desc, ptr, nbytes in zip(results, outs, spec.result_nbytes):
             if nbytes:
                 ctypes.memmove(ptr, area.address + desc[1], nbytes)
@@ -262,7 +264,7 @@ def _trace_words(row_ptr: int, world_size: int) -> tuple[int, ...]:
     return tuple(words[trace_offset(world_size):])
 
 
-def _run_in_worker(state, session, area_path, area_size, kernel, grid, args, constexprs, rank):
+def _run_in_worker(state, session, area_path, area_size, kernel, grid, args, constexprs, rank, debug=False):
     heap = state.heaps[session]
     areas = state.cache.setdefault("staging", {})
     if areas.get(rank, (None,))[0] != area_path:
@@ -286,7 +288,7 @@ def _run_in_worker(state, session, area_path, area_size, kernel, grid, args, con
             return Pointer(heap.address(arg[1], arg[2]), arg[3])
         return Pointer(base + arg[1], arg[2])
 
-    run_kernel(kernel, grid, [resolve(a) for a in args], constexprs)
+    run_kernel(kernel, grid, [resolve(a) for a in args], constexprs, debug=debug)
 
 
 class _Area:

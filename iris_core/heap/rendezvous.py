@@ -20,10 +20,21 @@ class KeyValueStore(Protocol):
 
 
 def store_barrier(store: KeyValueStore, name: str, rank: int, world_size: int, timeout_s: float) -> None:
-    """Returns once all `world_size` ranks called it with the same (fresh) `name`."""
+    """Returns once all `world_size` ranks called it with the same (fresh) `name`.
+
+    Raises:
+      PeerTimeoutError: naming the barrier and the first rank that had not arrived `timeout_s`
+        after this rank did.
+    """
     store.set(f"{name}/{rank}", b"1")
+    deadline = time.monotonic() + timeout_s
     for peer in range(world_size):
-        store.get(f"{name}/{peer}", timeout_s)
+        try:
+            store.get(f"{name}/{peer}", max(deadline - time.monotonic(), 0.0))
+        except PeerTimeoutError:
+            raise PeerTimeoutError(
+                f"host barrier {name!r}: rank {rank} timed out after {timeout_s:g} s waiting for rank {peer} "
+                "(it never arrived: it hangs, died, or does not call this barrier)") from None
 
 
 class FileStore:

@@ -143,7 +143,7 @@ class SharedMemoryHeap(SymmetricHeap):
                 if rank not in self._maps:
                     path = segment_path(session, rank)
                     if store is not None:
-                        path = store.get(f"{self._keys}/heap/{rank}", timeout_s).decode()
+                        path = self._peer_segment(rank)
                     fd = os.open(path, os.O_RDWR)
                     try:
                         self._maps[rank] = mmap.mmap(fd, heap_size)
@@ -164,6 +164,16 @@ class SharedMemoryHeap(SymmetricHeap):
         if store is not None:
             for rank in self.local_ranks:
                 store.set(f"{self._keys}/attached/{rank}", b"1")
+
+    def _peer_segment(self, rank: int) -> str:
+        """The path that `rank`'s owner announced for its segment (the rendezvous at init)."""
+        try:
+            return self._store.get(f"{self._keys}/heap/{rank}", self._timeout_s).decode()
+        except PeerTimeoutError as e:
+            me = ", ".join(map(str, self.local_ranks)) or "an attaching process"
+            raise PeerTimeoutError(
+                f"iris heap {self.session} (init): rank {me} waited {self._timeout_s:g} s for rank {rank}'s "
+                f"heap: {e}") from None
 
     def close(self) -> None:
         """Waits until every peer mapped this process's segments, then releases (idempotent)."""

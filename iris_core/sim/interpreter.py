@@ -8,6 +8,7 @@ kernel reads and writes the memory itself. Relies on triton 3.6 interpreter inte
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import os
 import threading
@@ -60,11 +61,14 @@ def as_interpreted(kernel):
 _INTERPRETED: dict = {}
 
 
-def run_kernel(kernel, grid: Sequence[int], args: Sequence, constexprs: dict | None = None) -> None:
+def run_kernel(kernel, grid: Sequence[int], args: Sequence, constexprs: dict | None = None,
+               debug: bool = False) -> None:
     """Runs `kernel[grid](*args, **constexprs)` under the interpreter, in this thread.
 
     Pointer arguments must be `Pointer`s (or anything with data_ptr() and dtype); Python
     scalars pass as scalars. Not thread-safe: the interpreter patches global state.
+    `debug`: device-side assertions (tl.device_assert) raise, as they trap on GPUs for a
+    kernel compiled with debug=True (the interpreter's own option is always off).
     """
     from triton.runtime import interpreter as ti
 
@@ -95,6 +99,8 @@ def run_kernel(kernel, grid: Sequence[int], args: Sequence, constexprs: dict | N
     _patch_interpreter(ti)
     _LAUNCH.patched = frozenset()
     patch_scope = ti._patch_lang(kernel.fn)
+    options = ti.interpreter_builder.options
+    ti.interpreter_builder.options = dataclasses.replace(options, debug=debug)
     try:
         with running_kernel(kernel.fn.__name__):
             ti.interpreter_builder.set_grid_dim(*grid)
@@ -107,6 +113,7 @@ def run_kernel(kernel, grid: Sequence[int], args: Sequence, constexprs: dict | N
         raise _iris_cause(e) or e
     finally:
         _LAUNCH.patched = None
+        ti.interpreter_builder.options = options
         patch_scope.restore()
 
 

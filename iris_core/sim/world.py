@@ -4,8 +4,11 @@ The Triton interpreter patches global state and runs a launch's programs one aft
 other, so concurrent ranks need processes. A `SimWorld` keeps its workers alive across
 calls (tests reuse them); `run` executes a function on every rank at once and returns
 the results, `call` runs one on a single rank (the JAX CPU lowering feeds each
-device's kernels to its rank this way). A rank that raises or outlives the timeout
-fails the call with that rank's traceback; the workers are then restarted.
+device's kernels to its rank this way). A rank that raises, dies or outlives the timeout
+fails the call with that rank's traceback or exit code. After a failed `run` every worker
+is restarted (its peers may be blocked on the failed rank); after a failed `call` only
+that rank's worker, if it died or hung: the other ranks' calls go on and end by
+themselves (an iris collective waiting for the rank times out naming it).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import threading
 import time
 import traceback
 import uuid
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Listener
@@ -85,8 +89,11 @@ class _Worker:
         finally:
             listener.close()
         self.lock = threading.Lock()
+        self.stopped: str | None = None  # why SimWorld killed this worker (None: it was not)
 
-    def kill(self):
+    def kill(self, reason: str = "the simulator's workers were restarted"):
+        if self.stopped is None:
+            self.stopped = reason
         if self.process.poll() is None:
             self.process.kill()
         self.process.wait(timeout=10)
@@ -101,26 +108,47 @@ class SimWorld:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
         self.world_size = world_size
         self.timeout_s = timeout_s
-        self._workers: list[_Worker] | None = None
+        self._workers: list[_Worker | None] | None = None  # None: not started (or discarded) yet
         self._attached: dict[str, tuple] = {}  # session -> (world_size, heap_size)
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # a worker that fails while starting is discarded under it
         self.id = uuid.uuid4().hex[:8]
 
     # -- lifetime -------------------------------------------------------------
     def _ensure_workers(self) -> list[_Worker]:
+        """The workers, started where missing: at first use, after a restart, and in place
+        of one that failed or exited between calls (the heaps are mapped again)."""
         with self._lock:
             if self._workers is None:
-                self._workers = [_Worker(r, self.world_size) for r in range(self.world_size)]
-                for session, (world_size, heap_size) in self._attached.items():
-                    self._run(self._workers, _attach, (session, world_size, heap_size), None)
-            return self._workers
+                self._workers = [None] * self.world_size
+            for rank, w in enumerate(self._workers):
+                if w is not None and w.process.poll() is not None and not w.lock.locked():
+                    # no call was running on it (a running call reports the exit itself)
+                    warnings.warn(f"simulated rank {rank}'s worker had exited (code {w.process.returncode}) "
+                                  "since its last call; starting a new one", RuntimeWarning, stacklevel=3)
+                    w.kill("it had exited")
+                    w = None
+                if w is None:
+                    w = self._workers[rank] = _Worker(rank, self.world_size)
+                    for session, (world_size, heap_size) in self._attached.items():
+                        w.conn.send_bytes(pickling.dumps((_attach, (session, world_size, heap_size))))
+                        self._collect({rank: w}, [rank], None, "attaching its heaps")
+            return list(self._workers)
 
-    def restart(self) -> None:
-        """Kills every worker (e.g. after a hang); they restart on the next call."""
+    def restart(self, reason: str = "the simulator's workers were restarted") -> None:
+        """Kills every worker (e.g. after a hang); they restart on the next call. Calls in
+        flight fail with SimulatedRankError saying `reason`."""
         with self._lock:
             workers, self._workers = self._workers, None
         for w in workers or ():
-            w.kill()
+            if w is not None:
+                w.kill(reason)
+
+    def _discard(self, rank: int, worker: _Worker, reason: str) -> None:
+        """Kills one rank's worker (if it is still that rank's); a new one starts on its next call."""
+        with self._lock:
+            if self._workers is not None and self._workers[rank] is worker:
+                self._workers[rank] = None
+        worker.kill(reason)
 
     def close(self) -> None:
         self.restart()
@@ -158,23 +186,39 @@ class SimWorld:
         for w in workers:
             w.lock.acquire()
         try:
-            for w in workers:
-                w.conn.send_bytes(payload)
-            return self._collect(workers, list(range(self.world_size)), timeout_s)
+            for rank, w in enumerate(workers):
+                try:
+                    w.conn.send_bytes(payload)
+                except OSError:  # it died or was stopped since _ensure_workers looked
+                    self.restart(f"rank {rank} was gone before running {fn.__name__}")
+                    raise SimulatedRankError(f"simulated rank {rank}'s worker was gone before running "
+                                             f"{fn.__name__}; the workers were restarted") from None
+            return self._collect(workers, list(range(self.world_size)), timeout_s, fn.__name__)
         finally:
             for w in workers:
                 w.lock.release()
 
-    def call(self, rank: int, fn: Callable, *args, timeout_s: float | None = None):
-        """Runs `fn(state, *args)` on one rank and waits for its result."""
-        workers = self._ensure_workers()
-        w = workers[rank]
+    def call(self, rank: int, fn: Callable, *args, timeout_s: float | None = None, what: str | None = None):
+        """Runs `fn(state, *args)` on one rank and waits for its result; `what` names the call
+        in errors (default: fn's name)."""
+        what = what or fn.__name__
+        w = self._ensure_workers()[rank]
         with w.lock:
-            w.conn.send_bytes(pickling.dumps((fn, args)))
-            return self._collect(workers, [rank], timeout_s)[0]
+            try:
+                w.conn.send_bytes(pickling.dumps((fn, args)))
+            except OSError:  # it died, or was stopped, since _ensure_workers looked
+                stopped = w.stopped
+                self._discard(rank, w, f"it was gone before running {what}")
+                raise SimulatedRankError(
+                    f"simulated rank {rank} was stopped before running {what}: {stopped}" if stopped else
+                    f"simulated rank {rank} died (exit code {w.process.returncode}) before running {what}; "
+                    "a new worker starts on its next call") from None
+            return self._collect({rank: w}, [rank], timeout_s, what)[0]
 
-    def _collect(self, workers: list[_Worker], ranks: list[int], timeout_s: float | None) -> list:
-        deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
+    def _collect(self, workers, ranks: list[int], timeout_s: float | None, what: str) -> list:
+        """The replies of `ranks` (workers: by rank); raises for the first that fails."""
+        limit = self.timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + limit
         results: dict[int, object] = {}
         pending = set(ranks)
         while pending:
@@ -182,12 +226,11 @@ class SimWorld:
                                        timeout=max(0.0, deadline - time.monotonic()))
             if not ready:
                 missing = sorted(pending)
-                self.restart()
+                self._fail(workers, missing[0], ranks, f"rank(s) {missing} did not finish {what}")
                 raise PeerTimeoutError(
-                    f"simulated rank(s) {missing} did not finish within "
-                    f"{self.timeout_s if timeout_s is None else timeout_s:.0f} s (a wait on a peer "
-                    "that never arrives?); the workers were restarted. Raise the limit with "
-                    "IRIS_SIM_TIMEOUT or the timeout argument."
+                    f"simulated rank(s) {missing} did not finish within {limit:.0f} s ({what}: a wait on a "
+                    f"peer that never arrives?); {'the workers were' if len(ranks) > 1 else 'its worker was'} "
+                    "restarted. Raise the limit with IRIS_SIM_TIMEOUT or the timeout argument."
                 )
             for conn in ready:
                 rank = next(r for r in pending if workers[r].conn is conn)
@@ -195,21 +238,33 @@ class SimWorld:
                 try:
                     reply = pickling.loads(conn.recv_bytes())
                 except (EOFError, OSError):
+                    w = workers[rank]
                     try:  # the connection closes before the exit can be reaped: poll() may say None
-                        code = workers[rank].process.wait(timeout=5)
+                        code = w.process.wait(timeout=5)
                     except subprocess.TimeoutExpired:
                         code = None
-                    self.restart()
+                    if w.stopped is not None:  # killed on purpose, by another call's failure or a restart
+                        raise SimulatedRankError(
+                            f"simulated rank {rank} was stopped while running {what}: {w.stopped}") from None
+                    self._fail(workers, rank, ranks, f"rank {rank} died while running {what}")
                     raise SimulatedRankError(
-                        f"simulated rank {rank} died (exit code {code})") from None
+                        f"simulated rank {rank} died (exit code {code}) while running {what}; a new worker "
+                        "starts on its next call") from None
                 if reply[0] == "err":
-                    # peers may be blocked waiting for this rank: restart everything
-                    if pending:
-                        self.restart()
+                    if pending:  # peers may be blocked waiting for this rank: restart everything
+                        self.restart(f"rank {rank} raised while running {what}")
                     raise _rank_error(reply[3] if len(reply) > 3 else None)(
                         f"simulated rank {rank} raised {reply[1]}\n--- rank {rank} traceback ---\n{reply[2]}")
                 results[rank] = reply[1]
         return [results[r] for r in ranks]
+
+    def _fail(self, workers, rank: int, ranks: list[int], reason: str) -> None:
+        """After a rank died or hung: a call on several ranks restarts every worker (its peers
+        may be blocked on that rank); a call on one rank replaces only that rank's worker."""
+        if len(ranks) > 1:
+            self.restart(reason)
+        else:
+            self._discard(rank, workers[rank], reason)
 
 
 def _rank_error(kind: type | None) -> type:

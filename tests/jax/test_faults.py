@@ -1,0 +1,455 @@
+"""The simulator's fault matrix: one test per fault and execution model.
+
+Modes: "workers" is one process with CPU devices, each device's kernels run by its rank's
+worker process (iris_core.sim.world); "launched" is `python -m iris_core.sim`, one process per
+rank (launched_faults.py). In every case the surviving ranks fail within the configured
+timeout with an error naming the op and the rank (launched: the launcher stops them at once
+and names the rank that failed), heap memory that no kernel should have touched keeps its
+poison, and the next program works, or fails saying why and works after
+`iris_jax.shutdown()`. Each test prints its time to the error ("fault matrix |" lines; run
+with -s to see them).
+
+Two cases misbehave still and are marked so: a psum that only some ranks call pairs with the
+others' next one (test_collective_called_by_only_some_ranks: the others fail, the rank that
+skipped returns their value), and processes of a multi-controller run that disagree on a shape
+get values without an error (test_launched_shapes_that_differ_between_processes, xfail).
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import iris_jax
+from iris_core.errors import HeapExhaustedError, PeerTimeoutError
+from iris_core.heap.rendezvous import FileStore, store_barrier
+from iris_core.heap.shared_memory import SHM_DIR
+from tests.jax import fault_kernels
+from tests.jax.helpers import REPO, child_env, read_heap, use_runtime
+
+W = 3  # ranks of the workers-mode cases (their worker processes are reused across tests)
+N = 64
+TIMEOUT_S = 2.0  # the collectives' timeout in these tests
+SLACK_S = 30.0  # on top of a timeout: first launches and process exits on a loaded 2-core machine
+POISON = -7.0
+F32 = jax.ShapeDtypeStruct((N,), jnp.float32)
+
+
+def record(case: str, mode: str, error: str, seconds: float) -> None:
+    print(f"\nfault matrix | {case} | {mode} | {error} | {seconds:.2f} s", flush=True)
+
+
+# -- workers mode: one process, W CPU devices ----------------------------------------------------
+@pytest.fixture
+def world():
+    """A fresh runtime over the first W devices whose workers ran a collective (warm: a rank's
+    first kernel can take longer than TIMEOUT_S); shut down afterwards, as a fault leaves
+    the group's flags poisoned."""
+    iris_jax.shutdown()
+    rt = use_runtime(W)
+    check_psum_works()
+    yield rt
+    iris_jax.shutdown()
+
+
+def mesh():
+    return jax.make_mesh((W,), ("i",), devices=jax.devices()[:W])
+
+
+def rows(values):
+    return jax.device_put(values, NamedSharding(mesh(), P("i")))
+
+
+def inputs():
+    return rows(np.arange(W * N, dtype=np.float32).reshape(W, N) + 1)
+
+
+def spmd(body):
+    """jit(shard_map(body)) over the W ranks: each argument and the result one row per rank."""
+    return jax.jit(jax.shard_map(lambda *a: body(*[v[0] for v in a])[None], mesh=mesh(), in_specs=P("i"),
+                                 out_specs=P("i"), check_vma=False))
+
+
+def psum(v, timeout_s: float = TIMEOUT_S):
+    return iris_jax.psum(v, "i", config=iris_jax.CollectiveConfig(timeout_s=timeout_s))
+
+
+def check_psum_works():
+    """A psum over the W ranks gives numpy's sum. Its timeout is the default's: a rank whose worker
+    starts afresh (after a restart) can take longer than TIMEOUT_S to reach it."""
+    x = inputs()
+    got = np.asarray(spmd(lambda v: psum(v, 60.0))(x))
+    np.testing.assert_array_equal(got, np.broadcast_to(np.asarray(x).sum(0), (W, N)))
+
+
+def errors_by_rank(out) -> list[str | None]:
+    """Each rank's error (None: its shard is ready), waiting for every rank."""
+    errors = []
+    for shard in sorted(out.addressable_shards, key=lambda s: s.device.id):
+        try:
+            shard.data.block_until_ready()
+            errors.append(None)
+        except Exception as e:  # noqa: BLE001 - each device's error comes as a JaxRuntimeError
+            errors.append(str(e))
+    return errors
+
+
+class Untouched:
+    """A heap array and an XLA array filled with POISON on every rank, which no program of a test
+    touches: a stray write of a failing rank would show in them."""
+
+    def __init__(self):
+        self.heap = iris_jax.full((W, N), POISON, jnp.float32, sharding=NamedSharding(mesh(), P("i")))
+        self.xla = rows(np.full((W, N), POISON, np.float32))
+
+    def check(self):
+        for r in range(W):
+            np.testing.assert_array_equal(read_heap(self.heap, r, (N,), np.float32), POISON)
+        np.testing.assert_array_equal(np.asarray(self.xla), POISON)
+
+
+def expect_group_poisoned_then_restart():
+    """The next collective of the group that timed out fails at once saying why; after shutdown
+    and init, it works."""
+    start = time.monotonic()
+    errors = errors_by_rank(spmd(psum)(inputs()))
+    assert all(e is not None and "PeerFailedError" in e and "Start again: iris_jax.shutdown() then init()" in e
+               for e in errors), errors
+    assert time.monotonic() - start < SLACK_S, "failed by timing out, not at once"
+    iris_jax.shutdown()
+    use_runtime(W)
+    check_psum_works()
+
+
+def expect_timeouts_naming(errors, missing: int, ranks) -> None:
+    for r in ranks:
+        assert errors[r] is not None and "PeerTimeoutError" in errors[r], (r, errors[r])
+        assert f"iris all_reduce(sum): timed out waiting for rank {missing}" in errors[r], errors[r]
+
+
+def test_worker_killed_mid_collective(world):
+    """Case 1 (workers): rank 1's worker is SIGKILLed while ranks 0 and 2 wait for it in a psum.
+    Rank 1 fails as dead; 0 and 2 time out naming rank 1 (their workers are left alone)."""
+    untouched = Untouched()
+    started = iris_jax.zeros((W, 1), jnp.int32, sharding=NamedSharding(mesh(), P("i")))
+    pids = world.sim_world.run(fault_kernels.worker_pid)
+    late = spmd(lambda s, v: psum(iris_jax.triton_call(s, v, N, 1, 60 * 10**9, kernel=fault_kernels.spin_on_rank,
+                                                       out_shape=F32, grid=(1,), W=W, BLOCK=N)))
+    out = late(started, inputs())
+    deadline = time.monotonic() + 60
+    while read_heap(started, 1, (1,), np.int32)[0] != 1:  # rank 1 is inside its kernel
+        assert time.monotonic() < deadline, "rank 1's kernel never started"
+        time.sleep(0.01)
+    time.sleep(0.3)  # ranks 0 and 2 reach the psum
+    start = time.monotonic()
+    os.kill(pids[1], signal.SIGKILL)
+    errors = errors_by_rank(out)
+    elapsed = time.monotonic() - start
+    record("1 rank killed mid-collective", "workers", "rank 1: SimulatedRankError died (exit code -9); "
+           "ranks 0, 2: PeerTimeoutError naming all_reduce(sum) and rank 1", elapsed)
+    assert "simulated rank 1 died (exit code -9) while running kernel spin_on_rank" in errors[1], errors[1]
+    expect_timeouts_naming(errors, 1, (0, 2))
+    assert elapsed < TIMEOUT_S + SLACK_S
+    untouched.check()
+    expect_group_poisoned_then_restart()
+
+
+def test_worker_killed_between_calls_is_replaced(world):
+    """Case 1 (workers): a worker that dies while idle lost no call; the next call starts a new
+    one, with a warning (the next program then runs, as after test_worker_killed_mid_collective)."""
+    pids = world.sim_world.run(fault_kernels.worker_pid)
+    os.kill(pids[2], signal.SIGKILL)
+    wait_until_dead(pids[2])
+    start = time.monotonic()
+    with pytest.warns(RuntimeWarning, match=r"simulated rank 2's worker had exited \(code -9\) since its last call"):
+        now = world.sim_world.run(fault_kernels.worker_pid)
+    record("1 worker killed between calls", "workers", "none: a new worker, RuntimeWarning",
+           time.monotonic() - start)
+    assert now[:2] == pids[:2] and now[2] != pids[2]
+
+
+def wait_until_dead(pid: int) -> None:
+    """Until this process's child `pid` has exited (left unreaped: its Popen still reports it)."""
+    deadline = time.monotonic() + 30
+    while os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+        assert time.monotonic() < deadline, f"process {pid} outlived SIGKILL"
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("fault", ["heap_guard", "device_assert"])
+def test_rank_raising_inside_a_kernel(world, fault):
+    """Case 2 (workers): a kernel fails on rank 1 only, before a psum: a store past the heap's end
+    (the heap guard refuses it) or a device-side assertion (triton_call(debug=True)). Rank 1
+    fails with that error, ranks 0 and 2 time out in the psum naming rank 1."""
+    untouched = Untouched()
+    buf = iris_jax.full((W, N), POISON, jnp.float32, sharding=NamedSharding(mesh(), P("i")))
+    past = world.heap_size // 4  # elements: a store there lands a whole heap further on
+    if fault == "heap_guard":
+        program = spmd(lambda b, v: psum(iris_jax.triton_call(
+            b, v, N, 1, past, kernel=fault_kernels.store_past_heap_on_rank, out_shape=F32, grid=(1,), W=W, BLOCK=N)))
+        args = (buf, inputs())
+    else:
+        program = spmd(lambda v: psum(iris_jax.triton_call(
+            v, N, 1, kernel=fault_kernels.assert_not_on_rank, out_shape=F32, grid=(1,), W=W, BLOCK=N, debug=True)))
+        args = (inputs(),)
+    program = program.lower(*args).compile()
+    start = time.monotonic()
+    errors = errors_by_rank(program(*args))
+    elapsed = time.monotonic() - start
+    if fault == "heap_guard":
+        record("2 rank raising in a kernel (heap guard)", "workers", "rank 1: NotOnHeapError (kernel, op, rank, "
+               "offset); ranks 0, 2: PeerTimeoutError naming rank 1", elapsed)
+        assert ("NotOnHeapError: kernel store_past_heap_on_rank on rank 1: store to rank 1 through a pointer at "
+                "byte offset ") in errors[1] and "past the heap's end (heap size" in errors[1], \
+            errors[1]
+        x = np.asarray(args[1])
+        for r in range(W):  # ranks 0 and 2 stored into their own buf; rank 1's store was refused
+            np.testing.assert_array_equal(read_heap(buf, r, (N,), np.float32), POISON if r == 1 else x[r])
+    else:
+        record("2 rank raising in a kernel (device_assert)", "workers", "rank 1: AssertionError (its message); "
+               "ranks 0, 2: PeerTimeoutError naming rank 1", elapsed)
+        assert "simulated rank 1 raised" in errors[1] and "AssertionError" in errors[1], errors[1]
+        assert "fault test: assertion failed on the victim rank" in errors[1], errors[1]
+    expect_timeouts_naming(errors, 1, (0, 2))
+    assert elapsed < TIMEOUT_S + SLACK_S
+    untouched.check()
+    expect_group_poisoned_then_restart()
+
+
+def test_rank_that_never_calls_the_collective(world):
+    """Case 3 (workers): rank 1 takes a branch without the psum; ranks 0 and 2 time out naming it."""
+    untouched = Untouched()
+    x = inputs()
+    program = spmd(lambda v: lax.cond(lax.axis_index("i") == 1, lambda u: u, psum, v)).lower(x).compile()
+    start = time.monotonic()
+    errors = errors_by_rank(program(x))
+    elapsed = time.monotonic() - start
+    record("3 rank never calls the collective", "workers", "ranks 0, 2: PeerTimeoutError naming all_reduce(sum) "
+           "and rank 1; rank 1: no error", elapsed)
+    assert errors[1] is None
+    expect_timeouts_naming(errors, 1, (0, 2))
+    assert elapsed < TIMEOUT_S + SLACK_S
+    untouched.check()
+    expect_group_poisoned_then_restart()
+
+
+def test_collective_called_by_only_some_ranks(world):
+    """Case 6 (workers): rank 1 skips the first of two psums (the second sums the first's
+    result). Ranks 0 and 2 fail, naming rank 1, within the timeout.
+
+    Known limitation: the ranks pair calls by their count, not by call site, so rank 1's
+    only psum pairs with the others' first one and returns their sum without an error (0 and 2
+    then time out in their second psum)."""
+    x = inputs()
+    program = spmd(lambda v: psum(10 * lax.cond(lax.axis_index("i") == 1, lambda u: u, psum, v)))
+    program = program.lower(x).compile()
+    start = time.monotonic()
+    out = program(x)
+    errors = errors_by_rank(out)
+    elapsed = time.monotonic() - start
+    expect_timeouts_naming(errors, 1, (0, 2))
+    got = np.asarray(out.addressable_shards[1].data)[0]
+    xs = np.asarray(x)
+    np.testing.assert_array_equal(got, xs[0] + 10 * xs[1] + xs[2])  # the others' first psum, paired
+    record("6 collective called by only some ranks", "workers", "ranks 0, 2: PeerTimeoutError naming rank 1; "
+           "rank 1: no error, the others' first psum's value", elapsed)
+    assert elapsed < TIMEOUT_S + SLACK_S
+    expect_group_poisoned_then_restart()
+
+
+def test_heap_exhausted_mid_program(world):
+    """Case 4 (workers): after kernels ran, an array and a new group's collective workspace that do
+    not fit fail with HeapExhaustedError before anything runs; the heap's bookkeeping is as
+    before, and allocations and collectives that fit work."""
+    heap = world.heap
+    rows_sharding = NamedSharding(mesh(), P("i"))
+
+    def bookkeeping():
+        return heap.allocations(), heap.used, heap.largest_free_block
+
+    before = bookkeeping()
+    start = time.monotonic()
+    with pytest.raises(HeapExhaustedError, match="symmetric heap exhausted: requested"):
+        iris_jax.zeros((W, world.heap_size // 4), jnp.float32, sharding=rows_sharding)
+    elapsed = time.monotonic() - start
+    assert bookkeeping() == before
+    # fill the heap but 64 KiB: a collective over a new group (ranks 0 and 1) needs a workspace
+    filler = iris_jax.empty((W, (heap.largest_free_block - (64 << 10)) // 4), jnp.float32, sharding=rows_sharding)
+    pair = jax.make_mesh((2,), ("i",), devices=jax.devices()[:2])
+    y = jax.device_put(np.arange(2 * N, dtype=np.float32).reshape(2, N), NamedSharding(pair, P("i")))
+    pair_psum = jax.jit(jax.shard_map(lambda v: psum(v[0]), mesh=pair, in_specs=P("i"), out_specs=P()))
+    full = bookkeeping()
+    with pytest.raises(HeapExhaustedError, match="symmetric heap exhausted"):
+        pair_psum(y)
+    assert bookkeeping() == full
+    record("4 heap exhausted mid-program", "workers", "HeapExhaustedError (requested, in use, largest free block), "
+           "before any launch", elapsed)
+    del filler
+    gc.collect()
+    assert bookkeeping() == before
+    z = iris_jax.full((W, N), 5.0, jnp.float32, sharding=rows_sharding)  # fits
+    got = np.asarray(spmd(psum)(z))
+    np.testing.assert_array_equal(got, np.full((W, N), 5.0 * W))
+    np.testing.assert_array_equal(np.asarray(pair_psum(y)), np.asarray(y).sum(0))
+
+
+# -- host barrier ----------------------------------------------------------------------------
+def test_host_barrier_names_the_rank_that_never_arrives(tmp_path):
+    """Case 6 (launched, the host barrier of iris_jax.barrier() and allocate_shared): rank 0 of 2
+    waits alone; it fails within the timeout naming the barrier and rank 1."""
+    start = time.monotonic()
+    with pytest.raises(PeerTimeoutError, match=r"host barrier 'iris/s/sync/1': rank 0 timed out after 0.5 s "
+                                               r"waiting for rank 1 \(it never arrived"):
+        store_barrier(FileStore(str(tmp_path)), "iris/s/sync/1", 0, 2, 0.5)
+    assert time.monotonic() - start < 0.5 + SLACK_S
+
+
+# -- launched mode: one process per rank -------------------------------------------------------
+def launch(case: str, world_size: int, on_line=None, **env) -> tuple[int, list[tuple[float, str]]]:
+    """Runs launched_faults.py CASE; returns the launcher's status and its output lines with the
+    time each arrived. `on_line(line)` sees each line as it comes."""
+    proc = subprocess.Popen([sys.executable, "-m", "iris_core.sim", "-n", str(world_size), "--timeout", "240",
+                             "tests/jax/launched_faults.py", case], cwd=REPO, env=child_env(**env),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    watchdog = threading.Timer(300, proc.kill)
+    watchdog.start()
+    lines = []
+    try:
+        for line in proc.stdout:
+            lines.append((time.monotonic(), line.rstrip("\n")))
+            if on_line is not None:
+                on_line(line)
+        return proc.wait(), lines
+    finally:
+        watchdog.cancel()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def when(lines, text: str) -> float:
+    """When the first line containing `text` arrived."""
+    return next(t for t, line in lines if text in line)
+
+
+def when_said(lines, rank: int, what: str) -> float:
+    """When `rank` said it is about to do `what`."""
+    return next(t for t, line in lines if (w := said(line)) is not None and (w[0], w[2]) == (rank, what))
+
+
+def said(line: str):
+    """(rank, pid, what) of a launched_faults.py line ("[rank R] rank R pid P: what"), else None."""
+    match = re.match(r"\[rank (\d+)\] rank \d+ pid (\d+): (.*)", line)
+    return None if match is None else (int(match[1]), int(match[2]), match[3].strip())
+
+
+def output(lines) -> str:
+    return "\n".join(line for _, line in lines)
+
+
+def session_left(lines) -> list[str]:
+    """Shared-memory files of the run's session that are left behind."""
+    session = next(line.split("session ")[1] for _, line in lines if ": session " in line)
+    return [name for name in os.listdir(SHM_DIR) if session in name]
+
+
+def test_launched_rank_killed_mid_collective():
+    """Case 1 (launched): ranks 0 and 1 wait in a device barrier for rank 2; rank 1 is SIGKILLed
+    there. The launcher stops the others at once and names rank 1; nothing is left behind."""
+    pids, waiting, killed = {}, set(), []
+
+    def kill_rank_1_in_the_barrier(line):
+        if (what := said(line)) is None:
+            return
+        rank, pid, doing = what
+        pids[rank] = pid
+        if doing == "barrier":
+            waiting.add(rank)
+        if waiting == {0, 1} and not killed:
+            time.sleep(0.3)  # inside the barrier's kernel
+            killed.append(time.monotonic())
+            os.kill(pids[1], signal.SIGKILL)
+
+    status, lines = launch("kill", 3, kill_rank_1_in_the_barrier)
+    text = output(lines)
+    assert killed, text
+    elapsed = when(lines, "[iris.sim] rank 1 exited with status -9; stopping the others") - killed[0]
+    record("1 rank killed mid-collective", "launched", "launcher: rank 1 exited with status -9, the others "
+           "stopped", elapsed)
+    assert status != 0
+    assert "unexpected" not in text
+    assert elapsed < SLACK_S
+    assert session_left(lines) == []
+
+
+def test_launched_rank_raising_inside_a_kernel():
+    """Case 2 (launched): rank 1's kernel stores past its heap's end; the heap guard refuses it
+    (NotOnHeapError naming the kernel, op, rank and offset), and the launcher stops rank 0, which
+    waits in a barrier."""
+    status, lines = launch("raise", 2, IRIS_SIM_CHECKED="1")
+    text = output(lines)
+    elapsed = when(lines, "[iris.sim] rank 1 exited with status 1") - when_said(lines, 1, "store")
+    record("2 rank raising in a kernel (heap guard)", "launched", "rank 1: NotOnHeapError; launcher: rank 1 "
+           "exited with status 1, the others stopped", elapsed)
+    assert status == 1, text
+    assert "NotOnHeapError: kernel store_past_heap_on_rank on rank 1: store to rank 1 through a pointer" in text
+    assert "unexpected" not in text
+    assert session_left(lines) == []
+
+
+def test_launched_rank_that_never_calls_init():
+    """Case 3 (launched): rank 1 lives but never calls iris_jax.init(); rank 0's init fails after
+    IRIS_RENDEZVOUS_TIMEOUT naming init and rank 1."""
+    status, lines = launch("never_init", 2, IRIS_RENDEZVOUS_TIMEOUT="2")
+    text = output(lines)
+    elapsed = when(lines, "[iris.sim] rank 0 exited with status 1") - when_said(lines, 0, "init")
+    record("3 rank never calls init", "launched", "rank 0: PeerTimeoutError (init) naming rank 1", elapsed)
+    assert status == 1, text
+    assert "PeerTimeoutError: iris heap" in text and "(init): rank 0 waited 2 s for rank 1's heap" in text, text
+    assert elapsed < 2 + SLACK_S
+
+
+def test_launched_collective_called_by_only_some_ranks():
+    """Case 6 (launched): rank 1 initializes but never calls the device barrier; rank 0's
+    barrier times out naming rank 1."""
+    status, lines = launch("skip_barrier", 2, FAULT_BARRIER_TIMEOUT=str(TIMEOUT_S))
+    text = output(lines)
+    elapsed = when(lines, "[iris.sim] rank 0 exited with status 1") - when_said(lines, 0, "barrier")
+    record("6 collective called by only some ranks", "launched", "rank 0: PeerTimeoutError (device barrier) "
+           "naming rank 1", elapsed)
+    assert status == 1, text
+    assert "PeerTimeoutError: device barrier timed out waiting for rank(s) [1]" in text, text
+    assert session_left(lines) == []
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "not detected: the collective kernel pairs calls by epoch and reads the sizes its own rank traced "
+    "(iris_core/collectives/kernels.py: no call signature beside the flags), so each process returns a "
+    "sum over its own shape, reading past what a shorter peer staged, without an error"))
+def test_launched_shapes_that_differ_between_processes():
+    """Case 5 (launched, multi-controller): jax.distributed.initialize() joins the ranks, whose
+    processes disagree on the shard's length (64 and 65 elements). Every rank should fail naming the
+    psum and the ranks; today both return a value."""
+    status, lines = launch("shapes", 2, FAULT_BARRIER_TIMEOUT=str(TIMEOUT_S))
+    text = output(lines)
+    returned = sorted({w[0] for _, line in lines if (w := said(line)) is not None and w[2].startswith("psum returned")})
+    elapsed = lines[-1][0] - when_said(lines, 0, f"psum of {N} elements per rank")
+    record("5 shapes differ between processes", "launched, jax.distributed",
+           f"none: ranks {returned} returned a value (summed over their own shapes)" if returned else "an error",
+           elapsed)
+    assert returned == [] and status != 0, text
+    assert "iris all_reduce(sum)" in text and "rank 1" in text, text
