@@ -17,6 +17,10 @@ class RankMismatchError(IrisError, ValueError):
     """Ranks, devices or world sizes disagree between the caller and the runtime."""
 
 
+class CrossDomainError(IrisError, ValueError):
+    """A kernel's group spans ranks of different domains (their heaps cannot map each other)."""
+
+
 class PeerTimeoutError(IrisError, TimeoutError):
     """A peer rank did not arrive within the configured timeout."""
 

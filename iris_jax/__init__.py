@@ -6,6 +6,7 @@ import_jax_triton()
 
 from iris_core.device import Context, DeviceContext  # noqa: E402
 from iris_core.errors import (  # noqa: E402
+    CrossDomainError,
     HeapExhaustedError,
     IrisError,
     NotOnHeapError,
@@ -65,6 +66,6 @@ __all__ = [
     "Placement",
     "ops", "tracing",
     # errors
-    "HeapExhaustedError", "IrisError", "NotOnHeapError", "PeerFailedError", "PeerTimeoutError", "RankMismatchError",
-    "UnsupportedCollectiveError",
+    "CrossDomainError", "HeapExhaustedError", "IrisError", "NotOnHeapError", "PeerFailedError", "PeerTimeoutError",
+    "RankMismatchError", "UnsupportedCollectiveError",
 ]

@@ -11,6 +11,12 @@
 * one process, CPU devices only: the CPU simulator, one rank per CPU device (use
   XLA_FLAGS=--xla_force_host_platform_device_count=N for N ranks); each device's kernels
   run in a worker process of its rank.
+
+Domains: the ranks whose heaps can map each other (one NVLink domain). One process: all its
+devices; one process per GPU: the processes of one host; `init(domain_size=n)` (environment
+IRIS_DOMAIN_SIZE) instead makes ranks r // n a domain, in every model (the simulator's way to
+split its ranks). No kernel group spans two domains (call.group_table checks);
+collectives over axes that do are hierarchical (iris_jax.domains).
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import atexit
 import contextlib
 import itertools
 import os
+import socket
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -26,7 +33,7 @@ from collections.abc import Iterator, Sequence
 import jax
 import numpy as np
 
-from iris_core.errors import IrisError, RankMismatchError
+from iris_core.errors import CrossDomainError, IrisError, RankMismatchError
 from iris_core.heap.allocator import format_bytes
 from iris_core.heap.context_layout import encode_context
 
@@ -35,6 +42,8 @@ DEFAULT_SIM_HEAP_SIZE = int(os.environ.get("IRIS_HEAP_SIZE", 64 << 20))
 
 # seconds to wait for the other processes at a rendezvous (environment IRIS_RENDEZVOUS_TIMEOUT)
 RENDEZVOUS_TIMEOUT_S = float(os.environ.get("IRIS_RENDEZVOUS_TIMEOUT", 120))
+# ranks r // n form a domain (environment IRIS_DOMAIN_SIZE; unset: by process and host, see Runtime)
+DEFAULT_DOMAIN_SIZE = int(os.environ["IRIS_DOMAIN_SIZE"]) if os.environ.get("IRIS_DOMAIN_SIZE") else None
 
 SIM_LAUNCHED = "sim-launched"
 SIM_WORKERS = "sim-workers"
@@ -63,12 +72,17 @@ class Runtime:
       devices: the JAX devices of this process that own a heap, in rank order.
       world_size: ranks in total (all processes).
       heap: the SymmetricHeap (bases of every rank as mapped in this process).
+      domains: the ranks of each domain (ranks that can map each other's heaps), in order.
+      domain_size: the explicit setting the domains came from (None: the default).
     """
 
-    def __init__(self, heap_size: int | None = None, devices: Sequence[jax.Device] | None = None):
+    def __init__(self, heap_size: int | None = None, devices: Sequence[jax.Device] | None = None,
+                 domain_size: int | None = None):
         from iris_core.sim.env import launched_rank
 
         launched = launched_rank()
+        self.domain_size = domain_size if domain_size is not None else DEFAULT_DOMAIN_SIZE
+        self.domains: tuple[tuple[int, ...], ...] | None = None  # set by the model's init, before any heap maps
         self.sim_world = None
         self._bases_seen_by: list[list[int]] | None = None  # one process per rank: see _join_processes
         if launched is not None:
@@ -118,6 +132,7 @@ class Runtime:
                     f"jax.distributed.initialize joined {self.world_size} processes, but the simulator "
                     f"launched {launched.world_size}; call it without arguments under `python -m iris_core.sim` "
                     "(the launcher's environment names the run)")
+        self.domains = _domains(self.world_size, self.domain_size)
         self.heap = SharedMemoryHeap(self.world_size, heap_size, [rank], launched.session,
                                      FileStore(launched.store_path), timeout_s=RENDEZVOUS_TIMEOUT_S)
         self._device_ranks = {local[0]: rank}
@@ -131,6 +146,7 @@ class Runtime:
 
         self.mode = SIM_WORKERS
         self.world_size = len(local)
+        self.domains = _domains(self.world_size, self.domain_size)
         self.sim_world = get_world(self.world_size)
         self.heap = self.sim_world.create_heaps(heap_size)
         self._device_ranks = {d: r for r, d in enumerate(local)}
@@ -141,6 +157,7 @@ class Runtime:
 
         self.mode = GPU_SINGLE
         self.world_size = len(local)
+        self.domains = _domains(self.world_size, self.domain_size)
         self.heap = CudaHeap(len(local), heap_size, list(range(len(local))),
                              [d.local_hardware_id for d in local])
         self._device_ranks = {d: r for r, d in enumerate(local)}
@@ -163,8 +180,11 @@ class Runtime:
         self.world_size = world_size
         self.store = _DistributedStore(client)
         session = self._session = _next_session()
+        self.domains = _domains(world_size, self.domain_size) if self.domain_size else self._domains_by_host(rank)
+        # CUDA IPC handles are valid on their own host only: open the peers of this rank's domain
         self.heap = CudaHeap(world_size, heap_size, [rank], [local[0].local_hardware_id],
-                             store=self.store, session=session, timeout_s=RENDEZVOUS_TIMEOUT_S)
+                             store=self.store, session=session, timeout_s=RENDEZVOUS_TIMEOUT_S,
+                             reachable=next(d for d in self.domains if rank in d))
         self._device_ranks = {local[0]: rank}
         self._join_processes(rank)
 
@@ -183,10 +203,36 @@ class Runtime:
             [int(b) for b in np.frombuffer(self.store.get(f"{key}/{r}", RENDEZVOUS_TIMEOUT_S), np.uint64)]
             for r in range(self.world_size)]
 
+    def _domains_by_host(self, rank: int) -> tuple[tuple[int, ...], ...]:
+        """One process per GPU: the ranks of each host, through the key-value store."""
+        key = f"iris/{self._session}/host"
+        self.store.set(f"{key}/{rank}", socket.gethostname().encode())
+        hosts = [self.store.get(f"{key}/{r}", RENDEZVOUS_TIMEOUT_S) for r in range(self.world_size)]
+        return tuple(tuple(r for r in range(self.world_size) if hosts[r] == h) for h in dict.fromkeys(hosts))
+
     # -- ranks and contexts ------------------------------------------------------
     @property
     def devices(self) -> list[jax.Device]:
         return list(self._device_ranks)
+
+    def domain_of(self, rank: int) -> int:
+        """The index in `domains` of rank's domain."""
+        for i, members in enumerate(self.domains):
+            if rank in members:
+                return i
+        raise RankMismatchError(f"rank {rank} is not in this runtime's world of {self.world_size} ranks")
+
+    def check_one_domain(self, ranks: Sequence[int], what: str) -> None:
+        """Raises CrossDomainError unless `ranks` share a domain (before any kernel over them runs)."""
+        found = {r: self.domain_of(r) for r in ranks}
+        if len(set(found.values())) > 1:
+            a = ranks[0]
+            b = next(r for r in ranks if found[r] != found[a])
+            raise CrossDomainError(
+                f"{what} spans domains: ranks {a} and {b} lie in domains {found[a]} and {found[b]} "
+                f"(domains {list(map(list, self.domains))}), and an iris kernel reaches only the heaps of its "
+                "own domain. Run it over mesh axes inside one domain, use the iris collectives (which compose "
+                "iris inside domains with XLA across them), or jax.lax")
 
     def rank_of(self, device: jax.Device) -> int:
         try:
@@ -286,7 +332,7 @@ class Runtime:
 
     def __repr__(self) -> str:
         return (f"Runtime(mode={self.mode!r}, world_size={self.world_size}, "
-                f"heap_size={format_bytes(self.heap_size)}, devices={self.devices})")
+                f"heap_size={format_bytes(self.heap_size)}, domains={len(self.domains)}, devices={self.devices})")
 
 
 def stale_program_error(what: str) -> IrisError:
@@ -313,6 +359,15 @@ def _process_rank(device: jax.Device) -> tuple[int, int]:
     return everyone.index(device), len(everyone)
 
 
+def _domains(world_size: int, domain_size: int | None) -> tuple[tuple[int, ...], ...]:
+    """Ranks r // domain_size form a domain; None: one domain of every rank."""
+    size = world_size if domain_size is None else domain_size
+    if size < 1 or world_size % size:
+        raise RankMismatchError(f"domain_size={domain_size} must be >= 1 and divide the world size "
+                                f"{world_size}; pass a divisor (or None for one domain)")
+    return tuple(tuple(range(start, start + size)) for start in range(0, world_size, size))
+
+
 def _next_session() -> str:
     """Key prefix of one runtime in the shared key-value store: processes of one run init and
     shut down alike, so they count the same; keys of an earlier runtime are never reused."""
@@ -321,13 +376,16 @@ def _next_session() -> str:
 _runtime_lock = threading.Lock()
 
 
-def init(heap_size: int | None = None, devices: Sequence[jax.Device] | None = None) -> Runtime:
+def init(heap_size: int | None = None, devices: Sequence[jax.Device] | None = None,
+         domain_size: int | None = None) -> Runtime:
     """Sets up one symmetric heap per participating device and returns the runtime.
 
     Args:
       heap_size: bytes per device heap (default 1 GiB on GPUs, 64 MiB on the simulator;
         environment IRIS_HEAP_SIZE).
       devices: the devices that get a heap (default: every local device).
+      domain_size: ranks r // domain_size form a domain (default: environment IRIS_DOMAIN_SIZE,
+        else one domain per process or, with one process per GPU, per host).
 
     Raises:
       IrisError: when a runtime with different settings already exists (call shutdown()).
@@ -343,8 +401,12 @@ def init(heap_size: int | None = None, devices: Sequence[jax.Device] | None = No
                 raise IrisError(
                     f"iris is already initialized on devices {_runtime.devices}; init(devices="
                     f"{list(devices)}) conflicts. Call iris_jax.shutdown() first.")
+            if domain_size is not None and domain_size != _runtime.domain_size:
+                raise IrisError(
+                    f"iris is already initialized with domain_size={_runtime.domain_size}; init(domain_size="
+                    f"{domain_size}) conflicts. Call iris_jax.shutdown() first.")
             return _runtime
-        _runtime = Runtime(heap_size, devices)
+        _runtime = Runtime(heap_size, devices, domain_size)
         _generation.set_global(next(_generations))
         return _runtime
 

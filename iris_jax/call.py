@@ -214,7 +214,11 @@ def context_operand(ctx):
 
 def group_table(ctx, group_axes: tuple[str, ...]) -> np.ndarray:
     """Per device: [index in its group over `group_axes`, global ranks of the group's members,
-    heap offset of the partition's workspace as two int32 words (low, high)]."""
+    heap offset of the partition's workspace as two int32 words (low, high)].
+
+    Raises:
+      CrossDomainError: a group spans domains (see Runtime.domains), before anything runs.
+    """
     from jax._src.sharding_impls import SPMDAxisContext
 
     rt = runtime_lib.runtime()
@@ -238,6 +242,8 @@ def group_table(ctx, group_axes: tuple[str, ...]) -> np.ndarray:
             members.append(rt.rank_of(devices[tuple(p)]))
         index = int(np.ravel_multi_index([position[i] for i in order], [devices.shape[i] for i in order]))
         rows.append([index, *members])
+    for group in {tuple(row[1:]) for row in rows}:  # heaps map only within a domain
+        rt.check_one_domain(group, f"an iris kernel over mesh axes {tuple(group_axes)}")
     offset = workspaces(rt).offset_for(row[1:] for row in rows)
     return np.asarray([[*row, offset & 0xFFFFFFFF, offset >> 32] for row in rows], np.int64).astype(np.int32)
 

@@ -43,6 +43,9 @@ class CollectiveConfig:
       block, programs_per_sm, warps: the kernel's tile (elements), grid and warps
         (None: the platform's default, see iris_jax.collectives.launch_config).
       stream_programs_per_sm, stream_warps: the same for streamed calls of many tiles.
+      scatter_hierarchy_from: a psum over axes that span domains runs as psum_scatter /
+        psum / all_gather (iris, XLA, iris) from this size, as psum / psum below it
+        (iris_jax.domains).
     """
 
     variant: str = "auto"
@@ -59,6 +62,7 @@ class CollectiveConfig:
     warps: int | None = None
     stream_programs_per_sm: int | None = None
     stream_warps: int | None = None
+    scatter_hierarchy_from: int = 1 << 20
 
     def __post_init__(self):
         if self.variant not in VARIANTS:
@@ -67,7 +71,8 @@ class CollectiveConfig:
             raise ValueError(f"timeout_s must be > 0 seconds, got {self.timeout_s}")
         if not 0 < self.stream_senders_percent < 100:
             raise ValueError(f"stream_senders_percent must be in (0, 100), got {self.stream_senders_percent}")
-        for name in ("two_shot_from", "zero_copy_from", "push_from", "stream_from", "stream_until"):
+        for name in ("two_shot_from", "zero_copy_from", "push_from", "stream_from", "stream_until",
+                     "scatter_hierarchy_from"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be a byte count >= 0, got {getattr(self, name)}")
         if self.chunk_bytes is not None and self.chunk_bytes <= 0:
@@ -116,6 +121,7 @@ _ENVIRONMENT = {  # field: (variable, parse, what it expects)
     "warps": ("IRIS_COLLECTIVE_WARPS", int, "an integer"),
     "stream_programs_per_sm": ("IRIS_COLLECTIVE_STREAM_PROGRAMS_PER_SM", int, "an integer"),
     "stream_warps": ("IRIS_COLLECTIVE_STREAM_WARPS", int, "an integer"),
+    "scatter_hierarchy_from": ("IRIS_COLLECTIVE_SCATTER_HIERARCHY_FROM", *_BYTES),
 }
 
 

@@ -11,7 +11,8 @@ but the lowering is lax's own, applied through iris:
   collectives that lax's rule emits (psum_scatter for all_gather, psum for pvary, ...) are
   iris collectives too;
 * lowering: iris kernels (iris_jax.lowering.lower) on GPUs and on the simulator; XLA's own
-  lowering where iris has nothing to do (see iris_jax.rewrite.placement).
+  lowering where iris has nothing to do (see iris_jax.rewrite.placement); over axes that
+  span domains, iris inside them and XLA across (iris_jax.domains).
 
 One equation may carry several operands of one dtype with the same parameters (a pytree):
 their kernels run as one launch.
@@ -174,8 +175,8 @@ batching.fancy_primitive_batchers[iris_collective_p] = _batch
 
 # -- lowering ---------------------------------------------------------------------------
 def _lowering(ctx, *xs, collective, params, config):
-    from iris_jax import lowering
-    from iris_jax.rewrite import lowers_on_iris
+    from iris_jax import _runtime, domains, lowering
+    from iris_jax.rewrite import axes_of, lowers_on_iris
 
     kwargs = dict(params)
     if not lowers_on_iris(ctx, collective, kwargs):
@@ -184,9 +185,11 @@ def _lowering(ctx, *xs, collective, params, config):
     axis_context = ctx.module_context.axis_context
     manual_mesh = axis_context.mesh.abstract_mesh.update_axis_types(
         {a: jax.sharding.AxisType.Manual for a in axis_context.manual_axes})
+    inside, across = domains.split_axes(axis_context.mesh, axes_of(kwargs), _runtime.runtime())
+    lower = partial(domains.lower_across, collective, kwargs, config, inside, across) if across else partial(
+        lowering.lower, collective, kwargs, config)
     with jax.sharding.use_abstract_mesh(manual_mesh):
-        return mlir.lower_fun(partial(lowering.lower, collective, kwargs, config),
-                              multiple_results=True)(ctx, *xs)
+        return mlir.lower_fun(lower, multiple_results=True)(ctx, *xs)
 
 
 # not cacheable: a cached lowering is emitted as a function of its own, and the CPU lowering

@@ -46,10 +46,12 @@ class UnsupportedCollectiveError(TypeError):
 # -- where each collective runs ---------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class Scope:
-    """The mesh around an equation: axis sizes and which axes are manual."""
+    """The mesh around an equation: axis sizes, which axes are manual, and the concrete mesh
+    where a shard_map names one (None: known only at lowering)."""
 
     sizes: tuple = ()  # ((axis, size), ...)
     manual: frozenset = frozenset()
+    mesh: object = None
 
     @classmethod
     def current(cls) -> Scope:
@@ -62,7 +64,8 @@ class Scope:
         mesh = params["mesh"]
         newly = params.get("newly_manual_axes", params.get("manual_axes", params.get("axis_names")))
         newly = frozenset(newly) if newly is not None else frozenset(mesh.axis_names)
-        return Scope(tuple(mesh.shape.items()), self.manual | newly)
+        concrete = mesh if isinstance(mesh, jax.sharding.Mesh) else self.mesh
+        return Scope(tuple(mesh.shape.items()), self.manual | newly, concrete)
 
 
 def axes_of(params: dict) -> tuple:
@@ -111,7 +114,7 @@ class _Rewriter:
     config: CollectiveConfig
     strict: bool
     merge: bool = True
-    decisions: list = dataclasses.field(default_factory=list)  # (name, params, aval, reason or None)
+    decisions: list = dataclasses.field(default_factory=list)  # (name, params, aval, reason or None, scope, config)
     memo: dict = dataclasses.field(default_factory=dict)
 
     def closed(self, closed: core.ClosedJaxpr, scope: Scope) -> core.ClosedJaxpr:
@@ -129,7 +132,7 @@ class _Rewriter:
         if name in COLLECTIVES:
             aval = eqn.invars[0].aval
             reason, callers_fix = placement(name, eqn.params, aval, scope)
-            self.decisions.append((name, eqn.params, aval, reason))
+            self.decisions.append((name, eqn.params, aval, reason, scope, self.config))
             if reason is None:
                 params = dict(collective=eqn.primitive, params=freeze(eqn.params), config=self.config)
                 return eqn.replace(primitive=iris_collective_p, params=params)
@@ -141,7 +144,8 @@ class _Rewriter:
                 warnings.warn(f"iris_jax.{COLLECTIVES[name]} runs on XLA here: {reason}", stacklevel=4)
             return eqn
         if eqn.primitive is iris_collective_p:
-            self.decisions.append((eqn.params["collective"].name, dict(eqn.params["params"]), eqn.invars[0].aval, None))
+            self.decisions.append((eqn.params["collective"].name, dict(eqn.params["params"]), eqn.invars[0].aval, None,
+                                   scope, eqn.params["config"]))
             return eqn
         inner = scope.inside_shard_map(eqn.params) if name == "shard_map" else scope
         params = {k: self.param(v, inner) for k, v in eqn.params.items()}
@@ -245,18 +249,29 @@ class Placement:
 def explain(f: Callable, *args, config: CollectiveConfig | None = None, **kwargs) -> list[Placement]:
     """Each collective `replace_lax_collectives(f)(*args, **kwargs)` would run (iris
     collectives called explicitly included): its op, axes, shape, dtype, bytes per rank,
-    and where it runs and why. `print(*explain(...), sep="\\n")` shows a table."""
+    and where it runs and why; one row per step where its axes span domains (the steps'
+    bytes per rank, the collective's shape). `print(*explain(...), sep="\\n")` shows a table."""
     decisions: list = []
     config = config or default_config()
     jax.make_jaxpr(lambda *a, **k: run_on_iris(lambda a, k: f(*a, **k), (a, k), config, strict=False,
                                                 decisions=decisions))(*args, **kwargs)
     rows = []
-    for name, params, aval, reason in decisions:
+    for name, params, aval, reason, scope, used in decisions:  # used: the config the collective runs with
         if name in _NO_KERNEL:
             continue
-        why = reason or _iris_detail(name, params, aval, config)
+        nbytes = int(aval.size) * aval.dtype.itemsize
+        if reason is None and scope.mesh is not None:  # where the axes span domains: a row per step
+            from iris_jax import _runtime, domains
+
+            inside, across = domains.split_axes(scope.mesh, axes_of(params), _runtime.runtime())
+            for part in domains.plan(name, params, nbytes, dict(scope.sizes), inside, across, used):
+                why = part.why or _iris_detail(name, params, aval, used)
+                rows.append(Placement(part.op, part.axes, tuple(aval.shape), aval.dtype.name, part.nbytes,
+                                      "iris" if part.on_iris else "XLA", why))
+            continue
+        why = reason or _iris_detail(name, params, aval, used)
         rows.append(Placement(COLLECTIVES[name], axes_of(params), tuple(aval.shape), aval.dtype.name,
-                              int(aval.size) * aval.dtype.itemsize, "XLA" if reason else "iris", why))
+                              nbytes, "XLA" if reason else "iris", why))
     return rows
 
 

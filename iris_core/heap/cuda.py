@@ -43,15 +43,17 @@ class CudaHeap(SymmetricHeap):
       local_ranks: ranks whose heaps this process allocates.
       devices: the CUDA ordinal of each local rank.
       store, session: needed when some ranks live in other processes (CUDA IPC).
+      reachable: the ranks whose heaps are mapped here (default: all); the others' bases stay
+        0, e.g. ranks on other hosts, whose IPC handles are not valid here.
     """
 
     def __init__(self, world_size: int, heap_size: int, local_ranks: Sequence[int],
                  devices: Sequence[int], store: KeyValueStore | None = None,
-                 session: str = "iris", timeout_s: float = 300.0):
+                 session: str = "iris", timeout_s: float = 300.0, reachable: Sequence[int] | None = None):
         super().__init__(world_size, heap_size, local_ranks)
         if len(devices) != len(local_ranks):
             raise RankMismatchError(f"{len(local_ranks)} local ranks but {len(devices)} devices")
-        remote = [r for r in range(world_size) if r not in local_ranks]
+        remote = [r for r in range(world_size) if r not in local_ranks and (reachable is None or r in reachable)]
         if remote and len(local_ranks) != 1:
             raise RankMismatchError(
                 "multi-process heaps need exactly one GPU per process "

@@ -15,8 +15,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 TEST_HEAP = 16 << 20
 
 
-def use_runtime(n: int, heap_size: int = TEST_HEAP):
-    """The runtime over jax.devices()[:n] with `heap_size`, (re)initialized if needed."""
+def use_runtime(n: int, heap_size: int = TEST_HEAP, domain_size: int | None = None):
+    """The runtime over jax.devices()[:n] with `heap_size` and `domain_size`, (re)initialized
+    if needed."""
     import jax
 
     import iris_jax
@@ -25,10 +26,11 @@ def use_runtime(n: int, heap_size: int = TEST_HEAP):
     assert len(devices) == n, f"need {n} CPU devices, have {jax.device_count()}"
     if iris_jax.is_initialized():
         rt = iris_jax.runtime()
-        if [d.id for d in rt.devices] == [d.id for d in devices] and rt.heap_size == heap_size:
+        if ([d.id for d in rt.devices] == [d.id for d in devices] and rt.heap_size == heap_size
+                and rt.domain_size == domain_size):
             return rt
         iris_jax.shutdown()
-    return iris_jax.init(heap_size=heap_size, devices=devices)
+    return iris_jax.init(heap_size=heap_size, devices=devices, domain_size=domain_size)
 
 
 def smap(mesh, f, in_specs, out_specs, **kwargs):
