@@ -68,8 +68,13 @@ def device_barrier(*arrays, timeout_s: float = DEFAULT_TIMEOUT_S):
     to be certain, pass `status` into the later kernel as an (unused) argument.
     Returns (status, *arrays): status is -1, or the rank that did not arrive within
     `timeout_s` (check it with `check_barrier`).
+
+    Raises:
+      CrossDomainError: the ranks span several domains (the kernel signals every rank's heap).
     """
     rt = runtime_lib.runtime()
+    rt.check_one_domain(range(rt.world_size), "iris_jax.device_barrier (it signals every rank; use iris_jax.barrier() "
+                        "on the host)")
     area = rt.service("device_barrier", _BarrierArea)
     # `after` becomes available only once every input is computed: the barrier runs after them
     after, *arrays = jax.lax.optimization_barrier((jnp.zeros((1,), jnp.int32), *arrays))

@@ -202,6 +202,15 @@ def test_kernel_over_a_spanning_group_is_refused():
         _lowered(mesh, f, x)
 
 
+def test_device_barrier_is_refused_across_domains():
+    use_runtime(WORLD, domain_size=4)
+    mesh = Mesh(np.array(jax.devices()[:WORLD]), ("i",))
+    x = jax.device_put(jnp.zeros((WORLD,)), NamedSharding(mesh, P("i")))
+    f = jax.shard_map(lambda v: iris_jax.device_barrier(v)[1], mesh=mesh, in_specs=P("i"), out_specs=P("i"))
+    with pytest.raises(iris_jax.CrossDomainError, match="device_barrier .* spans domains: ranks 0 and 4"):
+        jax.jit(f)(x)
+
+
 def test_runtime_domains():
     rt = use_runtime(WORLD, domain_size=2)
     assert rt.domains == ((0, 1), (2, 3), (4, 5), (6, 7)) and [rt.domain_of(r) for r in range(4)] == [0, 0, 1, 1]
