@@ -16,7 +16,10 @@ stays in the domain). An iris collective equation then runs as:
   - all_gather: one untiled gather per run of consecutive axes of one kind, last run first,
     so that members come out in the tuple's order;
   - psum_scatter: one tiled scatter per run, first run first;
-  - all_to_all, ppermute, pbroadcast: XLA (no composition here).
+  - all_to_all: the split dimension's chunk index viewed as one dimension per run, then one
+    all_to_all per run that exchanges along that dimension (split and concat on it), which
+    leaves chunk k of the result from member k, as lax concatenates;
+  - ppermute, pbroadcast: XLA (no composition here).
 
 One mesh axis over two domains (a "gpu" axis of 8 over two hosts of 4) is across: lay the
 mesh out with one axis per level, e.g. ("node", "gpu"), so that iris runs within the node.
@@ -96,7 +99,7 @@ def plan(name: str, params: dict, nbytes: int, sizes: dict, inside: tuple, acros
                     Part("all_gather", inside, True, f"{whole} 3/3: inside domains", share)]
         return [Part(op, inside, True, f"{whole} 1/2: inside domains", nbytes),
                 Part(op, across, False, f"{whole} 2/2: across domains", nbytes)]
-    if name in _GATHERS or name == "reduce_scatter":
+    if name in _GATHERS or name in ("reduce_scatter", "all_to_all"):
         steps = runs(axes, inside)
         if name in _GATHERS:
             steps = steps[::-1]
@@ -105,7 +108,7 @@ def plan(name: str, params: dict, nbytes: int, sizes: dict, inside: tuple, acros
             where = "inside domains" if on_iris else "across domains"
             parts.append(Part(op, run, on_iris, f"{whole} {k}/{len(steps)}: {where}", size))
             g = math.prod(sizes[a] for a in run)
-            size = size * g if name in _GATHERS else size // g
+            size = size * g if name in _GATHERS else size // g if name == "reduce_scatter" else size
         return parts
     return [Part(op, axes, False, f"{whole} spans domains and has no hierarchical composition here", nbytes)]
 
@@ -117,7 +120,7 @@ def lower_across(collective, params: dict, config, inside: tuple, across: tuple,
     name = collective.name
     if name == "pvary":
         return list(xs)
-    if not inside or name not in (*_REDUCTIONS, *_GATHERS, "reduce_scatter"):
+    if not inside or name not in (*_REDUCTIONS, *_GATHERS, "reduce_scatter", "all_to_all"):
         return [_xla(collective, x, params) for x in xs]
     if name in _REDUCTIONS:
         nbytes = sum(x.size for x in xs) * xs[0].dtype.itemsize
@@ -126,6 +129,8 @@ def lower_across(collective, params: dict, config, inside: tuple, across: tuple,
         partial = lowering.lower(collective, {**params, "axes": inside}, config, *xs)
         return [_xla(collective, y, {**params, "axes": across}) for y in partial]
     axes = tuple(params["axis_name"])
+    if name == "all_to_all":
+        return _all_to_all(collective, params, config, inside, axes, xs)
     if name in _GATHERS:
         d, tiled, G = params["all_gather_dimension"], params["tiled"], math.prod(_sizes(axes))
         ys = list(xs)
@@ -154,6 +159,18 @@ def _psum_scattered(collective, params, config, inside, across, xs) -> list:
     gather = dict(axis_name=inside, all_gather_dimension=0, axis_index_groups=None, axis_size=G, tiled=False)
     gathered = lowering.lower(lax_parallel.all_gather_invariant_p, gather, config, *summed)
     return [g.reshape(-1)[:x.size].reshape(x.shape) for g, x in zip(gathered, xs)]
+
+
+def _all_to_all(collective, params, config, inside, axes, xs) -> list:
+    """One all_to_all per run of axes, each over its own dimension of the chunk index."""
+    s, c, G = params["split_axis"], params["concat_axis"], math.prod(_sizes(axes))
+    steps = runs(axes, inside)
+    counts = [math.prod(_sizes(run)) for run, _ in steps]
+    ys = [lowering.split_chunks(x, s, G) for x in xs]  # [G, size / G, ...]: chunk j goes to member j
+    ys = [y.reshape(*counts, *y.shape[1:]) for y in ys]
+    for k, (run, on_iris) in enumerate(steps):
+        ys = _run(collective, {**params, "axis_name": run, "split_axis": k, "concat_axis": k}, config, on_iris, ys)
+    return [lowering.concatenated(y.reshape(G, *y.shape[len(counts):]), x, s, c, G) for y, x in zip(ys, xs)]
 
 
 def _run(collective, params, config, on_iris, xs) -> list:

@@ -96,9 +96,9 @@ def lower(collective, params: dict, config: CollectiveConfig, *xs) -> list:
         return outs
     if name == "all_to_all":
         s, c = params["split_axis"], params["concat_axis"]
-        chunks = [_split_chunks(x, s, G) for x in xs]
+        chunks = [split_chunks(x, s, G) for x in xs]
         rows = _launch_many(K.ALL_TO_ALL, [ch.reshape(G, -1) for ch in chunks], axes, G, config, what="all_to_all")
-        return [_concatenated(r.reshape(ch.shape), x, s, c, G) for r, ch, x in zip(rows, chunks, xs)]
+        return [concatenated(r.reshape(ch.shape), x, s, c, G) for r, ch, x in zip(rows, chunks, xs)]
     if name == "ppermute":
         perm = [(src % G, dst % G) for src, dst in params["perm"]]
         if len({s for s, _ in perm}) != len(perm) or len({d for _, d in perm}) != len(perm):
@@ -145,13 +145,13 @@ def _gathered(rows, x, G, axis, tiled):
     return out
 
 
-def _split_chunks(x, s, G):
+def split_chunks(x, s, G):
     """[G, size / G, ...rest]: chunk i goes to member i."""
     moved = jnp.moveaxis(x, s, 0)
     return moved.reshape(G, x.shape[s] // G, *moved.shape[1:])
 
 
-def _concatenated(received, x, s, c, G):
+def concatenated(received, x, s, c, G):
     """received[i] came from member i: put it back where the split dim was, then concatenate.
     (The primitive is always tiled: lax.all_to_all adds and removes the axes of untiled calls.)"""
     size = x.shape[s]

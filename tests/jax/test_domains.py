@@ -1,5 +1,6 @@
 """Domains on the simulator: ranks split by `init(domain_size=...)`, collectives over axes
-that span domains composed from iris inside them and XLA across (iris_jax.domains).
+that span domains composed from iris inside them and XLA across (iris_jax.domains): psum,
+pmean, pmax, all_gather, psum_scatter and all_to_all against lax.
 
 Meshes of 2x2 and 2x4 CPU devices with the domain boundary on either axis: `layout`
 "node" puts consecutive ranks along the "gpu" axis (so "gpu" stays inside a domain and
@@ -79,7 +80,7 @@ def every_collective(lib, config=None):
                 lib.all_gather(x, BOTH, axis=1, tiled=True, **kw), lib.all_gather(x, BOTH[::-1], **kw),
                 lib.psum_scatter(x, BOTH, scatter_dimension=0, tiled=True, **kw),
                 lib.psum_scatter(x, BOTH[::-1], scatter_dimension=1, tiled=True, **kw),
-                lib.all_to_all(x, BOTH, 0, 0, tiled=True, **kw))
+                lib.all_to_all(x, BOTH, 0, 0, tiled=True, **kw), lib.all_to_all(x, BOTH[::-1], 1, 0, tiled=True, **kw))
 
     return f
 
@@ -117,7 +118,8 @@ def test_grad_equals_lax(case, groups):
             y = lib.psum(jnp.sin(x), BOTH, **kw) * lib.pmean(x, BOTH[::-1], **kw)
             g = lib.all_gather(x, BOTH, axis=0, tiled=True, **kw)
             s = lib.psum_scatter(x * x, BOTH, scatter_dimension=0, tiled=True, **kw)
-            return jnp.sum(y * y) + jnp.sum(jnp.cos(g)) + jnp.sum(s)
+            a = lib.all_to_all(jnp.sin(x), BOTH[::-1], 0, 1, tiled=True, **kw)
+            return jnp.sum(y * y) + jnp.sum(jnp.cos(g)) + jnp.sum(s) + jnp.sum(a * a[:, ::-1].T.reshape(a.shape))
 
         return jax.jit(jax.grad(lambda x: jnp.sum(jax.shard_map(
             lambda v: f(v)[None], mesh=mesh, in_specs=P(BOTH), out_specs=P(BOTH))(x))))
@@ -146,8 +148,9 @@ def _lowered(mesh, f, x):
     (lambda x, c: iris_jax.all_gather(x, BOTH, config=c), None, (1, 1)),
     (lambda x, c: iris_jax.psum(x, "gpu", config=c), None, (1, 0)),
     (lambda x, c: iris_jax.psum(x, "node", config=c), None, (0, 1)),
-    (lambda x, c: iris_jax.all_to_all(x, BOTH, 0, 0, tiled=True, config=c), None, (0, 1)),
-], ids=["psum", "psum-scattered", "all_gather", "inside", "across", "all_to_all"])
+    (lambda x, c: iris_jax.all_to_all(x, BOTH, 0, 0, tiled=True, config=c), None, (1, 1)),
+    (lambda x, c: iris_jax.ppermute(x, BOTH, [(i, (i + 1) % 4) for i in range(4)], config=c), None, (0, 1)),
+], ids=["psum", "psum-scattered", "all_gather", "inside", "across", "all_to_all", "ppermute"])
 def test_what_runs_where(op, config, want, groups):
     """(iris kernels, XLA collectives) in the lowered program; explain() names the same steps."""
     mesh = domain_mesh((2, 2), "node", 2)
@@ -163,14 +166,15 @@ def test_what_runs_where(op, config, want, groups):
 def test_explain_names_the_steps():
     mesh = domain_mesh((2, 2), "node", 2)
     x = sharded(mesh, np.random.default_rng(4), (16, 8))
-    f = jax.shard_map(lambda v: (iris_jax.psum(v, BOTH, config=SCATTERED), iris_jax.all_to_all(v, BOTH, 0, 0)),
+    f = jax.shard_map(lambda v: (iris_jax.psum(v, BOTH, config=SCATTERED), iris_jax.all_to_all(v, BOTH, 0, 0),
+                                 iris_jax.ppermute(v, BOTH, [(0, 1), (1, 0)])),
                       mesh=mesh, in_specs=P(BOTH), out_specs=P(BOTH))
     rows = iris_jax.explain(f, x)
     assert [(r.op, r.axes, r.runs_on) for r in rows] == [
         ("psum_scatter", ("gpu",), "iris"), ("psum", ("node",), "XLA"), ("all_gather", ("gpu",), "iris"),
-        ("all_to_all", BOTH, "XLA")]
+        ("all_to_all", ("node",), "XLA"), ("all_to_all", ("gpu",), "iris"), ("ppermute", BOTH, "XLA")]
     assert "2/3: across domains, 1/2 of the data" in rows[1].why and rows[1].nbytes == 4 * 8 * 4 // 2
-    assert "no hierarchical composition" in rows[3].why
+    assert "no hierarchical composition" in rows[5].why
 
 
 def test_one_axis_over_two_domains_runs_on_xla(groups):
