@@ -48,6 +48,10 @@ step gpu_suite 580 bash -c "XLA_PYTHON_CLIENT_PREALLOCATE=false $shared tests/gp
 group=tests
 step gpu_jax 120 $t tests/gpu/test_gpu_jax.py
 step gpu_multi 300 $t tests/gpu/test_gpu_multiprocess.py
+# domains (issue 22), two GPUs: by host (one domain), then IRIS_DOMAIN_SIZE=1 (a domain per process: no
+# peer mapped, psum on NCCL, a kernel over both refused); each process prints "process P: domains OK"
+step gpu_domains 260 bash -c 'for d in "" 1; do for r in 0 1; do IRIS_DOMAIN_SIZE=$d timeout 120 python3 \
+  tests/gpu/domains_mp.py $r 2 2951${d:-0} & done; wait; done'
 step gpu_tracing 150 $t tests/gpu/test_gpu_tracing.py
 step gpu_collectives 300 $t tests/gpu/test_gpu_collectives.py
 step gpu_tiles 120 $t tests/gpu/test_gpu_tiles.py
