@@ -19,7 +19,9 @@ stays in the domain). An iris collective equation then runs as:
   - all_to_all: the split dimension's chunk index viewed as one dimension per run, then one
     all_to_all per run that exchanges along that dimension (split and concat on it), which
     leaves chunk k of the result from member k, as lax concatenates;
-  - ppermute, pbroadcast: XLA (no composition here).
+  - pbroadcast: a one-hot psum (the source's value, zeros elsewhere), composed as psum is
+    (XLA lowers pbroadcast itself on GPUs only);
+  - ppermute: XLA (no composition here).
 
 One mesh axis over two domains (a "gpu" axis of 8 over two hosts of 4) is across: lay the
 mesh out with one axis per level, e.g. ("node", "gpu"), so that iris runs within the node.
@@ -34,6 +36,7 @@ import math
 
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 from jax._src.lax import parallel as lax_parallel
 
 from iris_jax import lowering
@@ -88,6 +91,9 @@ def plan(name: str, params: dict, nbytes: int, sizes: dict, inside: tuple, acros
     op, axes = COLLECTIVES[name], axes_of(params)
     if not across:
         return [Part(op, axes, True, "", nbytes)]
+    if name == "pbroadcast":
+        return [dataclasses.replace(p, why=f"pbroadcast over {axes} as a one-hot psum: {p.why}")
+                for p in plan("psum_invariant", {"axes": axes}, nbytes, sizes, inside, across, config)]
     if not inside:
         return [Part(op, axes, False, f"every axis of {axes} crosses domains", nbytes)]
     whole = f"{op} over {axes}"
@@ -120,6 +126,11 @@ def lower_across(collective, params: dict, config, inside: tuple, across: tuple,
     name = collective.name
     if name == "pvary":
         return list(xs)
+    if name == "pbroadcast":
+        axes = tuple(params["axis_name"])
+        source = lax.axis_index(axes) == params["source"]
+        masked = [jnp.where(source, x, jnp.zeros_like(x)) for x in xs]
+        return lower_across(lax_parallel.psum_invariant_p, {"axes": axes}, config, inside, across, *masked)
     if not inside or name not in (*_REDUCTIONS, *_GATHERS, "reduce_scatter", "all_to_all"):
         return [_xla(collective, x, params) for x in xs]
     if name in _REDUCTIONS:

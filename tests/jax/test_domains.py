@@ -138,6 +138,18 @@ def test_replace_lax_collectives_composes(groups):
     assert groups
 
 
+@pytest.mark.parametrize("axes", [BOTH, ("gpu",)])  # "gpu" crosses domains here
+def test_pbroadcast_is_a_one_hot_psum(axes, groups):
+    """lax.pbroadcast, which XLA lowers on GPUs only, against the one-hot psum it equals."""
+    mesh = domain_mesh((2, 4), "gpu", 2)
+    x = sharded(mesh, np.random.default_rng(6), (16, 3))
+    got = run(mesh, lambda v: iris_jax.pbroadcast(v, axes, 3 if axes == BOTH else 1), x)
+    want = run(mesh, lambda v: lax.psum(jnp.where(lax.axis_index(axes) == (3 if axes == BOTH else 1), v, 0 * v),
+                                        axes), x)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    assert len(groups) == (8 if axes == BOTH else 0)  # one kernel inside the domains, of 8 partitions
+
+
 def _lowered(mesh, f, x):
     return jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P(BOTH), out_specs=P(BOTH))).lower(x)
 
