@@ -10,7 +10,9 @@ iris_jax.lowering.
 Each function takes `config=` (an iris_jax.CollectiveConfig; default: the environment's).
 The explicit API never falls back to XLA silently: a call iris cannot run (float64,
 axis_index_groups, positional axes) raises UnsupportedCollectiveError; calls with nothing to
-send (a group of one, zero-size arrays) emit no kernel, as with lax.
+send (a group of one, zero-size arrays) emit no kernel, as with lax. Over axes that span
+domains (ranks whose heaps cannot map each other), iris runs inside each domain and XLA across
+(iris_jax.domains).
 """
 
 from __future__ import annotations

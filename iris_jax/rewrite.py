@@ -10,7 +10,9 @@ Where iris does not run a collective (placement): positional axes, `axis_index_g
 dtypes other than float32/bfloat16/float16/int32, collectives over axes that are not manual
 shard_map axes, partially manual shard_map, and calls with nothing to send (a group of one
 member, zero-size arrays), which XLA removes. The explicit API raises for the first three
-(`strict`); replace_lax_collectives leaves them to XLA.
+(`strict`); replace_lax_collectives leaves them to XLA. An iris equation over axes that span
+domains is split at lowering, where the devices are known: iris inside each domain, XLA
+across (iris_jax.domains; `explain` shows the steps where the shard_map names its mesh).
 """
 
 from __future__ import annotations
