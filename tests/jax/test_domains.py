@@ -1,6 +1,7 @@
 """Domains on the simulator: ranks split by `init(domain_size=...)`, collectives over axes
 that span domains composed from iris inside them and XLA across (iris_jax.domains): psum,
-pmean, pmax, all_gather, psum_scatter and all_to_all against lax.
+pmean, pmax, all_gather, psum_scatter, all_to_all and pbroadcast against lax, under jit,
+grad, vmap and jvp.
 
 Meshes of 2x2 and 2x4 CPU devices with the domain boundary on either axis: `layout`
 "node" puts consecutive ranks along the "gpu" axis (so "gpu" stays inside a domain and
@@ -126,6 +127,25 @@ def test_grad_equals_lax(case, groups):
 
     np.testing.assert_allclose(np.asarray(loss(iris_jax, SCATTERED)(x)), np.asarray(loss(lax)(x)),
                                rtol=1e-4, atol=1e-4)
+    assert groups
+
+
+def test_vmap_and_jvp_equal_lax(groups):
+    mesh = domain_mesh((2, 2), "gpu", 2)
+    x = sharded(mesh, np.random.default_rng(7), (16, 6))
+
+    def f(lib):
+        def body(v):
+            g = jax.vmap(lambda r: lib.all_gather(r, BOTH, tiled=True))(v)
+            p = jax.vmap(lambda r: lib.psum(r, BOTH[::-1]))(v)
+            t = jax.jvp(lambda r: lib.psum_scatter(jnp.sin(r), BOTH, scatter_dimension=1, tiled=True),
+                        (v[:, :4],), (v[:, :4],))[1]
+            return g, p, t
+
+        return body
+
+    for g, w in zip(run(mesh, f(iris_jax), x), run(mesh, f(lax), x)):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-5)
     assert groups
 
 
