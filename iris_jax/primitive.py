@@ -49,8 +49,13 @@ def _lax_bind(collective, x, params: dict):
 
 
 def _abstract_eval(*avals, collective, params, config):
+    """lax's shapes and effects, plus the iris kernel effect: programs with iris kernels then
+    carry JAX's runtime tokens, so jax.effects_barrier() waits for every device's kernels
+    (a replicated result is ready when its first device's copy is)."""
+    from iris_jax.call import iris_kernel_effect
+
     del config
-    outs, effects = [], set()
+    outs, effects = [], {iris_kernel_effect}
     for aval in avals:
         out, effect = collective.abstract_eval(aval, **dict(params))
         outs.append(out[0] if collective.multiple_results else out)
