@@ -44,6 +44,7 @@ def main():
     buf = iris_jax.zeros((N,), jnp.float32, device=device)
     flag = iris_jax.zeros((1,), jnp.int32, device=device)
     assert iris_jax.is_symmetric(buf) and iris_jax.is_symmetric(flag)
+    iris_jax.barrier()  # every rank zeroed its flag before any peer bumps it
 
     send = jax.jit(lambda buf, flag: iris_jax.triton_call(
         buf, flag, kernel=send_to_next, out_shape=jax.ShapeDtypeStruct((1,), jnp.int32), grid=(1,),
