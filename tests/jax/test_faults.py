@@ -141,6 +141,15 @@ def expect_timeouts_naming(errors, missing: int, ranks) -> None:
         assert f"iris all_reduce(sum): timed out waiting for rank {missing}" in errors[r], errors[r]
 
 
+def expect_survivors_failed_on_rank_1(errors, elapsed: float, untouched: Untouched) -> None:
+    """Ranks 0 and 2 timed out naming rank 1 within the timeout, nothing outside the heaps
+    changed, and the group then fails at once until a restart."""
+    expect_timeouts_naming(errors, 1, (0, 2))
+    assert elapsed < TIMEOUT_S + SLACK_S
+    untouched.check()
+    expect_group_poisoned_then_restart()
+
+
 def test_worker_killed_mid_collective(world):
     """Case 1 (workers): rank 1's worker is SIGKILLed while ranks 0 and 2 wait for it in a psum.
     Rank 1 fails as dead; 0 and 2 time out naming rank 1 (their workers are left alone)."""
@@ -162,10 +171,7 @@ def test_worker_killed_mid_collective(world):
     record("1 rank killed mid-collective", "workers", "rank 1: SimulatedRankError died (exit code -9); "
            "ranks 0, 2: PeerTimeoutError naming all_reduce(sum) and rank 1", elapsed)
     assert "simulated rank 1 died (exit code -9) while running kernel spin_on_rank" in errors[1], errors[1]
-    expect_timeouts_naming(errors, 1, (0, 2))
-    assert elapsed < TIMEOUT_S + SLACK_S
-    untouched.check()
-    expect_group_poisoned_then_restart()
+    expect_survivors_failed_on_rank_1(errors, elapsed, untouched)
 
 
 def test_worker_killed_between_calls_is_replaced(world):
@@ -224,10 +230,7 @@ def test_rank_raising_inside_a_kernel(world, fault):
                "ranks 0, 2: PeerTimeoutError naming rank 1", elapsed)
         assert "simulated rank 1 raised" in errors[1] and "AssertionError" in errors[1], errors[1]
         assert "fault test: assertion failed on the victim rank" in errors[1], errors[1]
-    expect_timeouts_naming(errors, 1, (0, 2))
-    assert elapsed < TIMEOUT_S + SLACK_S
-    untouched.check()
-    expect_group_poisoned_then_restart()
+    expect_survivors_failed_on_rank_1(errors, elapsed, untouched)
 
 
 def test_rank_that_never_calls_the_collective(world):
@@ -241,10 +244,7 @@ def test_rank_that_never_calls_the_collective(world):
     record("3 rank never calls the collective", "workers", "ranks 0, 2: PeerTimeoutError naming all_reduce(sum) "
            "and rank 1; rank 1: no error", elapsed)
     assert errors[1] is None
-    expect_timeouts_naming(errors, 1, (0, 2))
-    assert elapsed < TIMEOUT_S + SLACK_S
-    untouched.check()
-    expect_group_poisoned_then_restart()
+    expect_survivors_failed_on_rank_1(errors, elapsed, untouched)
 
 
 def test_collective_called_by_only_some_ranks(world):
