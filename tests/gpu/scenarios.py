@@ -749,16 +749,6 @@ def timeouts(world: World) -> None:
         world.require("all_reduce fails without the absent rank", raised is not None, f"returned after {seconds:.1f} s")
         world.require("all_reduce failed promptly", seconds < 30, f"{seconds:.1f} s")
     world.say(f"all_reduce without rank {missing}: {seconds:.1f} s, {(raised or 'returned')[:300]!r}")
-    # In one process per rank, the absent rank stays until the others' kernels have given up: the
-    # others write POISON into every member's heap, and a process that exits takes its heap with it
-    # (an absent rank is late, not dead; a dead one is the launcher's business).
-    store = world.runtime.store
-    if store is not None and len(world.ranks) == 1:
-        if world.ranks == [missing]:
-            for r in range(W - 1):
-                store.get(f"timeouts-done/{r}", 60)
-        else:
-            store.set(f"timeouts-done/{world.ranks[0]}", b"1")
 
 
 def heap_guard(world: World) -> None:
