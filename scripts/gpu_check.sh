@@ -69,6 +69,12 @@ step guard_cost 560 python3 benchmarks/guard_cost.py time --out "$OUT/guard_cost
 # the same on ONE GPU: iris psum alone at 1 KiB, 64 KiB, 16 MiB, 2 ranks as processes sharing GPU 0, guard on / off
 # twice each (the guard's relative kernel-time cost; not NVLink speed)
 step guard_cost1 200 python3 benchmarks/guard_cost.py time1 --limit 45
+# a trap while the host already waits: reported or hung? (the shared-GPU timeout runs; each case 40 s at most)
+step trap_probe 200 bash -c 'for c in early late late_chain sync_after; do timeout 40 python3 benchmarks/trap_probe.py $c \
+  || echo "$c: exit $?"; done; timeout 40 python3 benchmarks/trap_probe.py spin & sleep 3; timeout 40 python3 \
+  benchmarks/trap_probe.py early; wait'
+# where the first iris collective of a process goes (twice: cold, then warm Triton cache)
+step startup 150 bash -c "python3 benchmarks/startup.py --processes 2 --heap-mib 384 --out $OUT && python3 benchmarks/startup.py --processes 2 --heap-mib 384"
 # the collectives' GPU tests without their largest sizes (after a change of the small-call paths)
 step gpu_small 200 $t tests/gpu/test_gpu_collectives.py \
   -k "((all_reduce and not other_algorithms) or other_collectives or ten_thousand) and not 268435459 and not 4194304"
