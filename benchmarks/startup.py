@@ -24,7 +24,23 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+class _FirstImport:
+    """A meta-path finder that records the Python stack of the first import of a module."""
+
+    def __init__(self, name: str):
+        self.name, self.stack = name, None
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname == self.name and self.stack is None:
+            import traceback
+
+            self.stack = "".join(traceback.format_stack(limit=25)[:-1])
+        return None
+
+
 def main():
+    torch_import = _FirstImport("torch")
+    sys.meta_path.insert(0, torch_import)
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=None)
     parser.add_argument("--heap-mib", type=int, default=1024)
@@ -84,6 +100,8 @@ def main():
     who = f"process {args.process_id}: " if args.process_id is not None else ""
     for name, seconds in times.items():
         print(f"{who}{name:24s} {seconds:8.3f} s", flush=True)
+    if not args.process_id:
+        print("torch imported from:\n" + torch_import.stack if torch_import.stack else "torch never imported", flush=True)
     if args.out and not args.process_id:
         text = io.StringIO()
         pstats.Stats(profile, stream=text).sort_stats("cumulative").print_stats(40)

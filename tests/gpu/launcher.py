@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -148,7 +149,13 @@ class Run:
         """Waits for every process, at most until the limit, or `grace_s` after one failed (its
         peers may wait for it until their own timeouts)."""
         deadline = self.started + self.limit_s
+        look_at = self.started + max(self.limit_s - 30, 5)  # before mp_script's own exit at limit - 20
         while any(p.poll() is None for p in self.procs) and time.monotonic() < deadline:
+            if look_at and time.monotonic() > look_at:
+                look_at = None
+                for proc, path in zip(self.procs, self.paths):
+                    if proc.poll() is None:
+                        _native_state(proc.pid, path.with_suffix(".native"))
             if any(p.poll() not in (None, 0) for p in self.procs):
                 deadline = min(deadline, time.monotonic() + grace_s)
                 grace_s = float("inf")  # counted from the first failure only
@@ -161,6 +168,28 @@ class Run:
         return Result(self.world_size, self.shared, time.monotonic() - self.started,
                       [p.returncode for p in self.procs], [path.read_text(errors="replace") for path in self.paths],
                       timed_out)
+
+
+def _native_state(pid: int, path: Path) -> None:
+    """Where a process that is still running near its limit waits, below Python: each thread's
+    kernel wait channel and, where gdb is installed, its native stack (a hang inside CUDA or XLA)."""
+    lines = []
+    for tid in sorted(os.listdir(f"/proc/{pid}/task")):
+        def read(name):
+            try:
+                return Path(f"/proc/{pid}/task/{tid}/{name}").read_text().strip()
+            except OSError as e:
+                return f"({e.strerror})"
+        lines.append(f"thread {tid} {read('comm')}: wchan {read('wchan')}, state {read('stat').split(' ')[2:3]}")
+    if shutil.which("gdb"):
+        try:
+            lines.append(subprocess.run(["gdb", "-p", str(pid), "-batch", "-ex", "thread apply all bt 25"],
+                                        capture_output=True, text=True, timeout=60).stdout)
+        except subprocess.TimeoutExpired:
+            lines.append("(gdb timed out)")
+    else:
+        lines.append("(no gdb here)")
+    path.write_text("\n".join(lines) + "\n")
 
 
 def start(world_size: int, scenarios: list[str], **kwargs) -> Run:
