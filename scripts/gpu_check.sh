@@ -78,7 +78,7 @@ step trap_probe 200 bash -c 'for c in early late late_chain sync_after; do timeo
 # leaves its threads' wait channels and native stacks in $OUT/timeouts_logs.tgz (*.native)
 step timeouts_probe 260 bash -c "IRIS_GPU_SHARED_SCENARIOS=timeouts IRIS_GPU_SHARED_WORLDS=4,8 IRIS_GPU_LOG_DIR=/tmp/iris_to/a \
   python3 -m pytest -m gpu -q -rfE --tb=line -p no:cacheprovider tests/gpu/test_gpu_shared.py; rm -rf /tmp/quiet; \
-  mkdir /tmp/quiet; cp -r iris_core iris_jax tests /tmp/quiet/; sed -i 's/        if REPORT:/        if False:/' \
+  mkdir /tmp/quiet; cp -r iris_core iris_jax tests pyproject.toml /tmp/quiet/; sed -i 's/        if REPORT:/        if False:/' \
   /tmp/quiet/iris_core/device/nvidia.py; (cd /tmp/quiet && IRIS_GPU_SHARED_SCENARIOS=timeouts IRIS_GPU_SHARED_WORLDS=4 \
   IRIS_GPU_LOG_DIR=/tmp/iris_to/b python3 -m pytest -m gpu -q -rfE --tb=line -p no:cacheprovider \
   tests/gpu/test_gpu_shared.py); tar czf $OUT/timeouts_logs.tgz -C /tmp/iris_to ."
