@@ -33,6 +33,7 @@ from collections.abc import Iterator, Sequence
 import jax
 import numpy as np
 
+from iris_core import gpu_watchdog
 from iris_core.errors import CrossDomainError, IrisError, RankMismatchError
 from iris_core.heap.allocator import format_bytes
 from iris_core.heap.context_layout import encode_context
@@ -160,6 +161,7 @@ class Runtime:
         self.domains = _domains(self.world_size, self.domain_size)
         self.heap = CudaHeap(len(local), heap_size, list(range(len(local))),
                              [d.local_hardware_id for d in local])
+        gpu_watchdog.watch([d.local_hardware_id for d in local])  # a trapped kernel ends the process, no hang
         self._device_ranks = {d: r for r, d in enumerate(local)}
         self.store = None
 
@@ -186,6 +188,7 @@ class Runtime:
                              store=self.store, session=session, timeout_s=RENDEZVOUS_TIMEOUT_S,
                              reachable=next(d for d in self.domains if rank in d))
         self._device_ranks = {local[0]: rank}
+        gpu_watchdog.watch([local[0].local_hardware_id])
         self._join_processes(rank)
 
     def _join_processes(self, rank: int) -> None:

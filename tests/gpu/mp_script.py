@@ -31,6 +31,8 @@ def main():
     import jax
 
     me = args.process_id
+    if me == 0 and "timeouts" in args.scenarios:  # process 0 hosts JAX's coordination service: it ends last
+        os.environ["IRIS_DEAD_CONTEXT_EXIT_S"] = str(float(os.environ.get("IRIS_DEAD_CONTEXT_EXIT_S", 30)) + 20)
     jax.distributed.initialize(f"localhost:{args.port}", num_processes=args.num_processes, process_id=me,
                                local_device_ids=[0 if args.shared else me])
     import iris_jax
@@ -46,11 +48,29 @@ def main():
     sys.stdout.flush()
     if "timeouts" in names:  # a kernel trapped: this process's CUDA context is gone; skip the teardown
         print(f"process {me}: {'OK' if all(passed) else 'FAILED'}", flush=True)
+        _leave_after_trap(me, args.num_processes, rt.store)
         os._exit(0 if all(passed) else 1)
     iris_jax.barrier()
     iris_jax.shutdown()
     print(f"process {me}: {'OK' if all(passed) else 'FAILED'}", flush=True)
     sys.exit(0 if all(passed) else 1)
+
+
+def _leave_after_trap(me: int, processes: int, store) -> None:
+    """Process 0 leaves last, when every other process has left or at most 20 s on (a process
+    whose trapped call never returned is ended by iris's GPU watchdog within that time; if the
+    coordination service went first, JAX would abort it instead)."""
+    import time
+
+    if me != 0:
+        store.set(f"mp_script/left/{me}", b"1")
+        return
+    deadline = time.monotonic() + 20
+    for p in range(1, processes):
+        try:
+            store.get(f"mp_script/left/{p}", max(deadline - time.monotonic(), 0.1))
+        except Exception:  # noqa: BLE001 - it did not leave in time (ended by the watchdog)
+            pass
 
 
 if __name__ == "__main__":
