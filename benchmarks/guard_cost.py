@@ -3,6 +3,7 @@
     python benchmarks/guard_cost.py ptx            # instructions per kernel, guard on and off
     python benchmarks/guard_cost.py time [--sizes 1K,64K,16M,256M]   # GPUs: psum vs lax, guard on / off
     python benchmarks/guard_cost.py time1 [--sizes 1K,64K,16M]       # one GPU: iris psum alone, on / off
+    python benchmarks/guard_cost.py rma1 [--sizes 64K,16M,256M]      # one GPU: guarded load/store kernels
 
 The guard (iris_core.device.rma, IRIS_HEAP_GUARD) checks every translated access against
 the heap's bounds and the rank against the world size. `ptx` compiles, for sm_90 and in a
@@ -19,7 +20,14 @@ IRIS_HEAP_GUARD=1 and 0 (twice each, interleaved, a fresh pair of processes per 
 It reports per call the collective kernel's time from a profile and the wall time. The two
 ranks' kernels time-slice on one GPU and their "remote" accesses stay in that GPU's memory,
 so it measures the guard's relative kernel-time cost (on / off), not NVLink speed and not
-what a psum costs between GPUs.
+what a psum costs between GPUs. Measured: each wait on the other rank costs a time slice
+(~2 ms per call at every size), which hides the guard.
+
+`rma1` needs one GPU and no peer: a heap of one rank, and persistent kernels that copy N bytes
+through `ctx.load(from_rank=0)` and through `ctx.store(to_rank=0)` (every access translated and,
+with the guard, bounds-checked), timed with triton.testing.do_bench, guard on and off in fresh
+processes, twice each, interleaved. It is the guard's cost per translated access on a
+memory-bound kernel, what the collectives' tile loops pay.
 """
 
 from __future__ import annotations
@@ -204,9 +212,68 @@ def time_psum_one_gpu(sizes: str, calls: int, rounds: int, limit_s: float) -> No
           f"{rounds} runs per setting)")
 
 
+def rma_one_gpu(sizes: str) -> list[dict]:
+    """`rma1`'s child: this process's guard setting, each size, load and store kernels."""
+    import torch
+    import triton
+
+    from benchmarks.rma import load_persistent_kernel, store_persistent_kernel
+    from iris_core.heap.cuda import CudaHeap
+
+    largest = max(parse_bytes(size) for size in sizes.split(","))
+    heap = CudaHeap(1, 2 * largest + (1 << 20), [0], [0])
+    src_off, dst_off = heap.allocate(largest), heap.allocate(largest)
+    ctx = torch.from_numpy(heap.context(0)).to("cuda:0")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    rows = []
+    for size in sizes.split(","):
+        n = parse_bytes(size) // 4
+        src = heap.torch_tensor(0, src_off, (n,), torch.float32)
+        dst = heap.torch_tensor(0, dst_off, (n,), torch.float32)
+        src.copy_(torch.randn(n, device="cuda:0"))
+        for op, kernel, extra in (("load", load_persistent_kernel, dict(FROM=0, CACHE="")),
+                                  ("store", store_persistent_kernel, dict(TO=0))):
+            dst.fill_(float("nan"))
+            run = lambda: kernel[(sms,)](ctx, src, dst, n, BLOCK=4096, W=1, num_warps=8, **extra)  # noqa: E731
+            run()
+            torch.cuda.synchronize()
+            ok = bool(torch.equal(dst, src))
+            us = triton.testing.do_bench(run, warmup=25, rep=200, return_mode="median") * 1e3
+            rows.append(dict(guard=os.environ.get("IRIS_HEAP_GUARD", "1"), size=size, op=op, us=us, ok=ok))
+    heap.close()
+    return rows
+
+
+def parse_bytes(size: str) -> int:
+    return int(size[:-1]) << {"K": 10, "M": 20, "G": 30}[size[-1]] if size[-1] in "KMG" else int(size)
+
+
+def time_rma_one_gpu(sizes: str, rounds: int) -> None:
+    """`rma1`: fresh processes per setting (the switch is read at import), interleaved; a table."""
+    rows = []
+    for guard in ("1", "0") * rounds:
+        env = dict(os.environ, IRIS_HEAP_GUARD=guard, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+        out = subprocess.run([sys.executable, __file__, "_rma1", "--sizes", sizes], env=env, cwd=ROOT,
+                             capture_output=True, text=True, timeout=300)
+        mine = [json.loads(line[len(SHARED_ROW):]) for line in out.stdout.splitlines() if line.startswith(SHARED_ROW)]
+        if out.returncode != 0 or not mine:
+            print(f"--- IRIS_HEAP_GUARD={guard} (exit {out.returncode}):\n{(out.stdout + out.stderr)[-3000:]}")
+        rows += mine
+    print("| size | op | us, guard on | us, guard off | on / off | correct |\n|---|---|---|---|---|---|")
+    for size in sizes.split(","):
+        for op in ("load", "store"):
+            on = [r for r in rows if (r["size"], r["op"], r["guard"]) == (size, op, "1")]
+            off = [r for r in rows if (r["size"], r["op"], r["guard"]) == (size, op, "0")]
+            if on and off:
+                best_on, best_off = min(r["us"] for r in on), min(r["us"] for r in off)
+                print(f"| {size} | {op} | {best_on:.1f} | {best_off:.1f} | {best_on / best_off:.3f} | "
+                      f"{all(r['ok'] for r in on + off)} |")
+    print(f"(one GPU, a heap of one rank, persistent grid of one program per SM; best of {rounds} processes per setting)")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=["ptx", "time", "time1", "_measure", "_shared_rank"])
+    parser.add_argument("what", choices=["ptx", "time", "time1", "rma1", "_measure", "_shared_rank", "_rma1"])
     parser.add_argument("--sizes", default=None, help="default 1K,64K,16M,256M (time) or 1K,64K,16M (time1)")
     parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "out", "guard"))
     parser.add_argument("--calls", type=int, default=20, help="time1: chained psum calls per jit")
@@ -221,6 +288,11 @@ def main():
         print(ptx_table())
     elif opts.what == "time":
         time_psum(opts.sizes or "1K,64K,16M,256M", opts.out)
+    elif opts.what == "rma1":
+        time_rma_one_gpu(opts.sizes or "64K,16M,256M", opts.rounds)
+    elif opts.what == "_rma1":
+        for row in rma_one_gpu(opts.sizes):
+            print(SHARED_ROW + json.dumps(row), flush=True)
     elif opts.what == "time1":
         time_psum_one_gpu(opts.sizes or "1K,64K,16M", opts.calls, opts.rounds, opts.limit)
     else:
