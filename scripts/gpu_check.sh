@@ -86,6 +86,8 @@ step timeouts_probe 260 bash -c "IRIS_GPU_SHARED_SCENARIOS=timeouts IRIS_GPU_SHA
 step startup 150 bash -c "python3 benchmarks/startup.py --processes 2 --heap-mib 384 --out $OUT && python3 benchmarks/startup.py --processes 2 --heap-mib 384"
 # the guard's cost on one GPU without peers: guarded load / store kernels at 64 KiB, 16 MiB, 256 MiB, on / off
 step guard_rma1 200 python3 benchmarks/guard_cost.py rma1
+# how this JAX picks a Pallas GPU lowering (the Mosaic GPU case of test_gpu_pallas)
+step pallas_probe 60 python3 benchmarks/pallas_probe.py
 # the collectives' GPU tests without their largest sizes (after a change of the small-call paths)
 step gpu_small 200 $t tests/gpu/test_gpu_collectives.py \
   -k "((all_reduce and not other_algorithms) or other_collectives or ten_thousand) and not 268435459 and not 4194304"

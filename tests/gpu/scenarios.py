@@ -801,15 +801,19 @@ def transforms(world: World) -> None:
         return f
 
     smap = lambda f: jax.shard_map(f, mesh=world.mesh, in_specs=P("i"), out_specs=P("i"))  # noqa: E731
+    # replace_lax_collectives, not jit: the varying output of an invariant result is a pvary that
+    # shard_map adds outside the iris op, and its transpose (a psum) would otherwise run on XLA
+    # (NCCL, which refuses ranks sharing a GPU)
+    jit = iris_jax.replace_lax_collectives
     for name, (iris_op, lax_op) in ops.items():
         sharded, ref = smap(body(iris_op)), jax.vmap(body(lax_op), axis_name="i")
         programs = {  # transformation: (iris on the mesh, its input, the reference on all blocks)
-            "jit": (jax.jit(sharded), x, lambda X: ref(X[..., 0])),
-            "grad": (jax.jit(jax.grad(lambda v: sharded(v).sum())), x,
+            "jit": (jit(sharded), x, lambda X: ref(X[..., 0])),
+            "grad": (jit(jax.grad(lambda v: sharded(v).sum())), x,
                      lambda X: jax.grad(lambda u: ref(u).sum())(X[..., 0])),
-            "jvp": (jax.jit(lambda v: jax.jvp(sharded, (v,), (jnp.cos(v),))[1]), x,
+            "jvp": (jit(lambda v: jax.jvp(sharded, (v,), (jnp.cos(v),))[1]), x,
                     lambda X: jax.jvp(ref, (X[..., 0],), (jnp.cos(X[..., 0]),))[1]),
-            "vmap": (jax.jit(jax.vmap(sharded, in_axes=2, out_axes=1)), x4,
+            "vmap": (jit(jax.vmap(sharded, in_axes=2, out_axes=1)), x4,
                      lambda X: jax.vmap(ref, in_axes=3, out_axes=1)(X)),
         }
         for transform, (program, arg, reference) in programs.items():
