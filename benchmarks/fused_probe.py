@@ -33,6 +33,7 @@ import triton.language as tl
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from iris_core.device import Context  # noqa: E402
+from iris_core.device.flags import write_epoch  # noqa: E402
 from iris_core.heap.context_layout import encode_context  # noqa: E402
 from iris_core.kernels import fused as F  # noqa: E402
 from iris_core.kernels import gemm as Gm  # noqa: E402
@@ -82,7 +83,7 @@ def probe_kernel(context_ptr, group_ptr, a_ptr, b_ptr, out_ptr, M: tl.constexpr,
                 pid_m, pid_n = Gm.tile_coords(t, tiles_m, tiles_n, GROUP_M)
                 F._reduce_tile(ctx, group_ptr, data, flags, t, epoch, offs, out_ptr, pid_m, pid_n, M, N, 1, BM, BN,
                                POLL_NS, 10**10, "probe")
-    F._epilogue(epoch_ptr, epoch)
+    write_epoch(epoch_ptr, epoch)
 
 
 def main():

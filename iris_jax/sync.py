@@ -2,10 +2,10 @@
 
 The device barrier uses a small block of every heap (W + 1 int64 slots, one cache line
 each): slot p on my heap holds the last epoch rank p announced to me; slot W my own
-epoch. A call bumps my epoch, publishes it on every peer (release), then waits until
-every peer's slot on my heap reached it (acquire). Epochs only grow, so back-to-back
-barriers need no reset and no host sync. The wait is bounded: past the timeout the
-kernel stops waiting and reports the missing rank. With tracing on (iris_jax.tracing),
+epoch. A call bumps my epoch, signals it to every peer (release), then waits until every
+peer's slot on my heap reached it (acquire): the flag protocol of iris_core.device.flags.
+Epochs only grow, so back-to-back barriers need no reset and no host sync. The wait is
+bounded: past the timeout the kernel stops waiting and reports the missing rank. With tracing on (iris_jax.tracing),
 the barrier records an EVENT_BARRIER span and its signalling atomics.
 """
 
@@ -17,16 +17,16 @@ import numpy as np
 import triton
 import triton.language as tl
 
-from iris_core.device import Context, global_timer
+from iris_core.device import Context, flags, global_timer
 from iris_core.device.tracing import EVENT_BARRIER
 from iris_core.errors import PeerTimeoutError
 from iris_core.heap.status import error_from_word
 from iris_jax import _runtime as runtime_lib
 from iris_jax.call import triton_call
 
-SLOT_WORDS = 16  # int64 words per slot: one 128-byte line each
+SLOT_WORDS = flags.LINE_BYTES // 8  # int64 words per slot: one line each
 SLOT = tl.constexpr(SLOT_WORDS)
-DEFAULT_TIMEOUT_S = 60.0
+DEFAULT_TIMEOUT_S = flags.DEFAULT_TIMEOUT_S
 
 
 class _BarrierArea:
@@ -41,19 +41,15 @@ def _device_barrier(context_ptr, after_ptr, status_ptr, AREA_OFFSET: tl.constexp
     base = tl.load(ctx.heap_bases + ctx.rank)
     slots = tl.cast(base + AREA_OFFSET, tl.pointer_type(tl.int64))
     event = ctx.tracing.record_event_start(EVENT_BARRIER, ctx.rank, slots + W * SLOT)
-    epoch = tl.load(slots + W * SLOT, volatile=True) + 1
-    tl.debug_barrier()  # every thread has read the old epoch before one of them stores the new one
-    tl.store(slots + W * SLOT, epoch)
+    epoch = flags.read_epoch(slots + W * SLOT) + 1
+    flags.write_epoch(slots + W * SLOT, epoch)
     for peer in range(W):
-        ctx.atomic_max(slots + ctx.rank * SLOT, epoch, to_rank=peer, sem="release", scope="sys")
+        flags.signal(ctx, slots + ctx.rank * SLOT, epoch, peer)
     start = global_timer()
     missing = tl.full((), -1, tl.int32)
-    for peer in range(W):
-        seen = tl.atomic_add(slots + peer * SLOT, 0, sem="acquire", scope="sys")
-        while (seen < epoch) & (missing < 0):
-            if global_timer() - start > TIMEOUT_NS:
-                missing = peer
-            seen = tl.atomic_add(slots + peer * SLOT, 0, sem="acquire", scope="sys")
+    for peer in range(W):  # past the timeout, every later wait returns at once
+        if flags.timed_out(flags.wait(slots + peer * SLOT, epoch, start, TIMEOUT_NS)) & (missing < 0):
+            missing = peer
     tl.store(status_ptr, missing)
     ctx.tracing.record_event_end(event)
 

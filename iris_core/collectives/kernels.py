@@ -39,24 +39,23 @@ peer may then read my input until its last chunk, the call ends with one more ro
 before any rank returns. Every rank decides for itself; mixed groups work.
 
 Peers' workspaces are read with plain loads: every read follows an acquire of the peer's
-flag and a CTA barrier, which order it after the peer's writes. `.cg` loads (L2 only) of
-peer memory ran at 93 GB/s against 372 GB/s for plain ones (2 x H200, benchmarks/rma.py).
+flag and a CTA barrier (iris_core.device.flags), which order it after the peer's writes, so
+the much slower `.cg` loads (L2 only) are not needed (benchmarks/RESULTS.md, "session 2").
 """
 
 import triton
 import triton.language as tl
 
-from iris_core.device import Context, global_timer
-from iris_core.device.nvidia import load_acquire, peer_failed, peer_timeout
+from iris_core.device import Context, flags, global_timer
+from iris_core.device.flags import LINE
+from iris_core.device.nvidia import peer_failed, peer_timeout
 from iris_core.device.tracing import EVENT_TRANSFER, EVENT_WAIT
 
 ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL, PPERMUTE, BROADCAST = range(6)
 SUM, MAX, MIN = range(3)
 ONE_SHOT, TWO_SHOT, ATOMIC, SPINLOCK, RING = range(5)
-LINE: tl.constexpr = tl.constexpr(128)
 STEPS: tl.constexpr = tl.constexpr(64)  # flag rounds per chunk (ring: 2G - 1, so G <= 32)
 DONE: tl.constexpr = tl.constexpr(63)  # the last round of the last chunk: zero-copy readers are done
-POISON: tl.constexpr = tl.constexpr(1 << 62)  # the flag of a program that gave up (timed out)
 
 
 @triton.jit
@@ -125,12 +124,11 @@ def _source(ctx, ws, heap_base, x_ptr, ws_base, pid, member, block_in, m, c0, co
 @triton.jit
 def _signal(ctx, group_ptr, ws_base, pid, me, stamp, G: tl.constexpr, MAX_PROGRAMS: tl.constexpr,
             WORLD: tl.constexpr):
-    """Raises my flag to `stamp` on every member (release: my earlier writes are visible first).
-    Stamps only grow, so a max is a store, except that it keeps a POISON flag poisoned."""
+    """Raises my flag to `stamp` on every member (flags.signal: my earlier writes first)."""
     tl.debug_barrier()  # every thread's stores precede the release
     flag = _flag(ws_base, pid, me, MAX_PROGRAMS, WORLD)
     for i in tl.static_range(G):
-        ctx.atomic_max(flag, stamp, to_rank=tl.load(group_ptr + 1 + i), sem="release", scope="sys")
+        flags.signal(ctx, flag, stamp, tl.load(group_ptr + 1 + i))
 
 
 @triton.jit
@@ -141,23 +139,19 @@ def _give_up(ctx, group_ptr, ws_base, pid, me, rank, G: tl.constexpr, MAX_PROGRA
     flag. No CTA barrier here: threads may reach this branch at different times."""
     flag = _flag(ws_base, pid, me, MAX_PROGRAMS, WORLD)
     for i in tl.static_range(G):
-        ctx.atomic_max(flag, POISON, to_rank=tl.load(group_ptr + 1 + i), sem="relaxed", scope="sys")
+        flags.poison(ctx, flag, tl.load(group_ptr + 1 + i))
     peer_timeout(WHAT, rank)
 
 
 @triton.jit
 def _wait_member(ctx, group_ptr, ws_base, pid, me, member, stamp, start, G: tl.constexpr,
                  MAX_PROGRAMS: tl.constexpr, WORLD: tl.constexpr, TIMEOUT_NS: tl.constexpr, WHAT: tl.constexpr):
-    """Spins until `member`'s flag reached `stamp` (acquire); fails after the timeout, or at
-    once when the member gave up on an earlier call (its flag is POISON)."""
-    flag = _flag(ws_base, pid, member, MAX_PROGRAMS, WORLD)
-    seen = load_acquire(flag)
-    while seen < stamp:
-        if global_timer() - start > TIMEOUT_NS:
-            _give_up(ctx, group_ptr, ws_base, pid, me, tl.load(group_ptr + 1 + member), G, MAX_PROGRAMS, WORLD,
-                     WHAT)
-        seen = load_acquire(flag)
-    if seen >= POISON:
+    """Waits until `member`'s flag reached `stamp` (flags.wait); gives up after the timeout,
+    fails at once when the member gave up on an earlier call (its flag is POISON)."""
+    seen = flags.wait(_flag(ws_base, pid, member, MAX_PROGRAMS, WORLD), stamp, start, TIMEOUT_NS)
+    if flags.timed_out(seen):
+        _give_up(ctx, group_ptr, ws_base, pid, me, tl.load(group_ptr + 1 + member), G, MAX_PROGRAMS, WORLD, WHAT)
+    if flags.poisoned(seen):
         peer_failed(WHAT, tl.load(group_ptr + 1 + member))
 
 
@@ -208,15 +202,13 @@ def _all_reduce_push(ctx, group_ptr, x_ptr, out_ptr, ws, locks, ws_base, c0, m, 
         value = tl.load(x_ptr + (c0 + cols).to(tl.int64), mask=mask)
         for i in tl.static_range(G):
             if LOCKED:
-                start = global_timer()
-                while ctx.atomic_cas(locks + t, 0, 1, to_rank=_rank(group_ptr, i), sem="acquire", scope="sys") != 0:
-                    if global_timer() - start > TIMEOUT_NS:
-                        _give_up(ctx, group_ptr, ws_base, pid, me, _rank(group_ptr, i), G, MAX_PROGRAMS, WORLD, WHAT)
+                if flags.lock(ctx, locks + t, _rank(group_ptr, i), global_timer(), TIMEOUT_NS) != 0:
+                    _give_up(ctx, group_ptr, ws_base, pid, me, _rank(group_ptr, i), G, MAX_PROGRAMS, WORLD, WHAT)
                 current = ctx.load(ws + cols, from_rank=_rank(group_ptr, i), mask=mask, cache_modifier=".cg")
                 total = (current.to(ACC) + value.to(ACC)).to(ws.dtype.element_ty)
                 ctx.store(ws + cols, total, to_rank=_rank(group_ptr, i), mask=mask)
                 tl.debug_barrier()
-                ctx.atomic_xchg(locks + t, 0, to_rank=_rank(group_ptr, i), sem="release", scope="sys")
+                flags.unlock(ctx, locks + t, _rank(group_ptr, i))
             else:
                 ctx.atomic_add(ws + cols, value, to_rank=_rank(group_ptr, i), mask=mask, sem="relaxed", scope="sys")
     _signal(ctx, group_ptr, ws_base, pid, me, stamp + 1, G, MAX_PROGRAMS, WORLD)
@@ -460,7 +452,7 @@ def _pipelined(ctx, group_ptr, x_ptr, out_ptr, heap_base, ws_base, m, pid, progr
     Pull mode: chunk c + 1 is staged into my buffer (a local copy) and members read it over
     the link. Push mode (PUSH): chunk c + 1 goes straight into my slot of each receiver's
     buffer (remote stores), and chunk c is read from my own buffer (local reads): no staging
-    copy, and with traffic both ways stores move 8% more than loads (benchmarks/rma.py).
+    copy, and with traffic both ways the link moves stores faster than loads (RESULTS.md, "session 5").
 
     Chunk c + 1 is announced (its stamp) only after chunk c was received: a member's flag for
     chunk c + 1 therefore also says that it is done with chunk c - 1, whose buffer (same
@@ -539,8 +531,8 @@ def _streamed(ctx, group_ptr, x_ptr, out_ptr, ws_base, m, pid, programs, me, blo
     T: tl.constexpr = STREAM_BYTES // 256
     failed = tl.cast(region, tl.pointer_type(tl.int64))
     sdata = region + LINE
-    flags = tl.cast(sdata + 2 * STREAM_BYTES, tl.pointer_type(tl.int32))
-    sent = flags + T
+    tile_flags = tl.cast(sdata + 2 * STREAM_BYTES, tl.pointer_type(tl.int32))
+    sent = tile_flags + T
     got = sent + T
     gave_up = tl.load(failed, volatile=True)  # 1 + the rank that gave up on an earlier call, or 0
     if gave_up != 0:
@@ -557,7 +549,7 @@ def _streamed(ctx, group_ptr, x_ptr, out_ptr, ws_base, m, pid, programs, me, blo
             tl.debug_barrier()  # every thread's stores precede the release
             for i in tl.static_range(G):
                 if i != me:
-                    ctx.atomic_xchg(flags + t * G + me, k, to_rank=_rank(group_ptr, i), sem="release", scope="sys")
+                    flags.set_flag(ctx, tile_flags + t * G + me, k, _rank(group_ptr, i))
             tl.store(sent + t, k)
     else:
         start = global_timer()
@@ -566,14 +558,10 @@ def _streamed(ctx, group_ptr, x_ptr, out_ptr, ws_base, m, pid, programs, me, blo
             wait = ctx.tracing.record_event_start(EVENT_WAIT, ctx.rank, None, t, 0)  # pid_m: the tile
             for i in tl.static_range(G):
                 if i != me:
-                    seen = load_acquire(flags + t * G + i)
-                    while seen < k:
-                        if global_timer() - start > TIMEOUT_NS:
-                            for j in tl.static_range(G):  # later calls of this group fail at once
-                                ctx.store(failed, (_rank(group_ptr, me) + 1).to(tl.int64), to_rank=_rank(group_ptr, j))
-                            _give_up(ctx, group_ptr, ws_base, pid, me, _rank(group_ptr, i), G, MAX_PROGRAMS, WORLD,
-                                     WHAT)
-                        seen = load_acquire(flags + t * G + i)
+                    if flags.timed_out(flags.wait(tile_flags + t * G + i, k, start, TIMEOUT_NS)):
+                        for j in tl.static_range(G):  # later calls of this group fail at once
+                            ctx.store(failed, (_rank(group_ptr, me) + 1).to(tl.int64), to_rank=_rank(group_ptr, j))
+                        _give_up(ctx, group_ptr, ws_base, pid, me, _rank(group_ptr, i), G, MAX_PROGRAMS, WORLD, WHAT)
             tl.debug_barrier()  # every thread's reads follow the acquires
             ctx.tracing.record_event_end(wait)
             ws = tl.cast(sdata + (k % 2).to(tl.uint64) * STREAM_BYTES, x_ptr.dtype)
@@ -613,10 +601,8 @@ def collective_kernel(context_ptr, group_ptr, x_ptr, m, out_ptr,
         in_place = (x_at >= heap_base) & (x_end <= heap_base + HEAP_BYTES)
         _publish(ctx, group_ptr, ws_base, pid, me, tl.where(in_place, (x_at - heap_base).to(tl.int64), -1), G,
                  MAX_PROGRAMS, WORLD)
-    # The epoch lives in a register for the whole call: re-reading it through the (incoherent)
-    # L1 in a later chunk could give threads of one program different epochs.
     epoch_ptr = tl.cast(ws_base + pid * LINE, tl.pointer_type(tl.int64))
-    epoch = tl.load(epoch_ptr, volatile=True)
+    epoch = flags.read_epoch(epoch_ptr)
     source = tl.full((), -1, tl.int32)
     for i in tl.static_range(G):
         source = tl.where(me == i, SOURCES[i], source)
@@ -665,5 +651,4 @@ def collective_kernel(context_ptr, group_ptr, x_ptr, m, out_ptr,
     if ZERO_COPY:  # nobody returns (and lets its input change) while a member may still read it
         _signal(ctx, group_ptr, ws_base, pid, me, epoch * STEPS + DONE, G, MAX_PROGRAMS, WORLD)
         _wait(ctx, group_ptr, ws_base, pid, me, epoch * STEPS + DONE, G, MAX_PROGRAMS, WORLD, TIMEOUT_NS, WHAT)
-    tl.debug_barrier()  # every thread is done with the epoch before it is published locally
-    tl.store(epoch_ptr, epoch)
+    flags.write_epoch(epoch_ptr, epoch)

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-LINE_BYTES = 128
+from iris_core.device.flags import LINE_BYTES
+
 MAX_PROGRAMS = 256
 
 

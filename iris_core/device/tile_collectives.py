@@ -7,20 +7,19 @@ ready flags: a producer sets its entry to 1 after writing its tile, consumers wa
 Flags are single-use: reset them (e.g. zero the array) before the next round.
 Completion on *other* ranks needs a barrier (or flags) before their data is read.
 
-Waits (for a flag, for a lock) give up after TIMEOUT_NS: on the simulator with a
-PeerTimeoutError naming the rank, on GPUs with a trap and no message, because these run
-inside GEMM kernels and a print there (an extern call) makes ptxas serialize every wgmma of
-the kernel (40% of a GEMM, benchmarks/RESULTS.md run 33).
-Peers' data is read with plain loads after the flag's acquire and a CTA barrier (`.cg` loads
-of peer memory ran at a quarter of the bandwidth, benchmarks/rma.py).
+Flags and locks follow iris_core.device.flags. Waits give up after flags.DEFAULT_TIMEOUT_NS:
+on the simulator with a PeerTimeoutError naming the rank, on GPUs with a trap and no message,
+because these run inside GEMM kernels and a print there (an extern call) makes ptxas
+serialize every wgmma of the kernel (see nvidia.peer_timeout).
+Peers' data is read with plain loads after the flag's acquire and a CTA barrier: `.cg` loads
+of peer memory (L2 only) are slower (benchmarks/RESULTS.md, "RMA bandwidth").
 """
 
 import triton
 import triton.language as tl
 
+from iris_core.device import flags
 from iris_core.device.nvidia import global_timer, peer_timeout
-
-TIMEOUT_NS: tl.constexpr = tl.constexpr(60 * 10**9)
 
 
 @triton.jit
@@ -31,21 +30,16 @@ def tile_id(tile, view):
 
 @triton.jit
 def _wait_flag(ctx, flag_ptr, rank, value):
-    """Spins until `rank`'s flag reaches `value` (acquire), then a CTA barrier: every thread's
-    later reads see what the flag's writer wrote before raising it."""
-    start = global_timer()
-    while ctx.atomic_add(flag_ptr, 0, to_rank=rank, sem="acquire", scope="sys") < value:
-        if global_timer() - start > TIMEOUT_NS:
-            peer_timeout("tile collective (flag)", rank, REPORT=False)
-    tl.debug_barrier()
+    """Waits until `rank`'s flag reaches `value`, then a CTA barrier: every thread's later
+    reads see what the flag's writer wrote before raising it."""
+    flags.wait_or_abort(flag_ptr, value, rank, "tile collective (flag)", flags.DEFAULT_TIMEOUT_NS, REPORT=False,
+                        ctx=ctx, rank=rank)
 
 
 @triton.jit
 def _lock(ctx, lock, rank):
-    start = global_timer()
-    while ctx.atomic_cas(lock, 0, 1, to_rank=rank, sem="acquire", scope="sys") != 0:
-        if global_timer() - start > TIMEOUT_NS:
-            peer_timeout("tile collective (lock)", rank, REPORT=False)
+    if flags.lock(ctx, lock, rank, global_timer(), flags.DEFAULT_TIMEOUT_NS) != 0:
+        peer_timeout("tile collective (lock)", rank, REPORT=False)
     tl.debug_barrier()
 
 
@@ -67,7 +61,7 @@ def all_reduce_spinlock(ctx, tile, dst_view, locks):
         current = ctx.load(ptrs, from_rank=r, mask=mask)
         ctx.store(ptrs, current + tile.data, to_rank=r, mask=mask)
         tl.debug_barrier()  # every thread's store precedes the release
-        ctx.atomic_xchg(lock, 0, to_rank=r, sem="release", scope="sys")
+        flags.unlock(ctx, lock, r)
 
 
 @triton.jit
@@ -76,7 +70,7 @@ def _publish(ctx, tile, src_view, locks):
     ptrs, mask = src_view.tile_ptr(tile)
     tl.store(ptrs, tile.data, mask=mask)
     tl.debug_barrier()
-    tl.atomic_xchg(locks + tile_id(tile, src_view), 1, sem="release", scope="sys")
+    flags.set_flag(ctx, locks + tile_id(tile, src_view), 1)
     return ptrs, mask
 
 

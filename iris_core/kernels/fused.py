@@ -33,8 +33,8 @@ tail, for their own publication): all programs resident (GPU, P <= SMs) or run o
 another in index order (simulator), nothing deadlocks.
 
 No printing in these kernels: a `tl.device_print` (an extern call) makes ptxas serialize
-every wgmma of the kernel, 40% off the GEMM (RESULTS.md run 33); timeouts trap silently on
-GPUs (the simulator raises PeerTimeoutError naming the op and the rank).
+every wgmma of the kernel (see nvidia.peer_timeout); timeouts trap silently on GPUs (the
+simulator raises PeerTimeoutError naming the op and the rank).
 
 Reuse of the parity buffers, all-gather: a rank pushes into a peer's buffer of parity
 e % 2 in call e. The peer read that buffer in call e - 2. In call e - 1 this rank waited on
@@ -49,11 +49,9 @@ meshes, or always the same axes); see iris_jax/ops.py for the multi-axis caveat.
 import triton
 import triton.language as tl
 
-from iris_core.device import Context, global_timer
-from iris_core.device.nvidia import load_acquire, nanosleep, peer_timeout
+from iris_core.device import Context, flags
+from iris_core.device.flags import LINE
 from iris_core.kernels.gemm import aligned_rows, store_tile, tile_coords, tile_gemm
-
-LINE: tl.constexpr = tl.constexpr(128)
 
 
 @triton.jit
@@ -62,32 +60,15 @@ def _prologue(ctx, WS_OFFSET: tl.constexpr):
     pid = tl.program_id(0)
     ws_base = tl.load(ctx.heap_bases + ctx.rank) + WS_OFFSET
     epoch_ptr = tl.cast(ws_base + pid * LINE, tl.pointer_type(tl.int32))
-    # kept in a register for the whole call (an L1 re-read could differ between threads)
-    epoch = tl.load(epoch_ptr, volatile=True) + 1
-    return ws_base, epoch_ptr, epoch
-
-
-@triton.jit
-def _epilogue(epoch_ptr, epoch):
-    tl.debug_barrier()  # every thread is done with the epoch before it is published locally
-    tl.store(epoch_ptr, epoch)
+    return ws_base, epoch_ptr, flags.read_epoch(epoch_ptr) + 1
 
 
 @triton.jit
 def _wait(flag_ptr, epoch, who, POLL_NS: tl.constexpr, TIMEOUT_NS: tl.constexpr, WHAT: tl.constexpr):
-    """Waits until my local flag reaches `epoch` (raised by rank `who`), acquiring it, reading
-    it every POLL_NS (the reducers wait beside the GEMM programs: no need to spin flat out;
-    0-2000 ns measured the same, RESULTS run 33). A timeout traps without a message (see
-    peer_timeout: a print would serialize the kernel's wgmma)."""
-    start = global_timer()
-    seen = load_acquire(flag_ptr)
-    while seen < epoch:
-        if POLL_NS > 0:
-            nanosleep(POLL_NS)
-        if global_timer() - start > TIMEOUT_NS:
-            peer_timeout(WHAT, who, REPORT=False)
-        seen = load_acquire(flag_ptr)
-    tl.debug_barrier()
+    """Waits until my local flag reaches `epoch` (raised by rank `who`), reading it every
+    POLL_NS: the reducers wait beside the GEMM programs, so they need not spin flat out. A
+    timeout traps without a message (see peer_timeout: a print would serialize the wgmma)."""
+    flags.wait_or_abort(flag_ptr, epoch, who, WHAT, TIMEOUT_NS, POLL_NS, REPORT=False)
 
 
 @triton.jit
@@ -112,7 +93,7 @@ def _push(ctx, ptrs, value, rank, ROW_BYTES: tl.constexpr, mask=None):
 def _pull(ctx, ptrs, rank, ROW_BYTES: tl.constexpr):
     """Loads the tile at my-heap pointers `ptrs` from `rank`'s heap, as 16-byte vectors when
     ROW_BYTES allows. Plain loads: the caller acquired `rank`'s flag and passed a CTA barrier
-    first; `.cg` loads of peer memory run at a quarter of the speed (benchmarks/rma.py)."""
+    first, so the much slower `.cg` loads of peer memory are not needed."""
     if ROW_BYTES % 16 == 0:
         return ctx.load(ptrs, rank, hint=(1, 16))
     else:
@@ -120,7 +101,7 @@ def _pull(ctx, ptrs, rank, ROW_BYTES: tl.constexpr):
 
 
 @triton.jit
-def _reduce_tile(ctx, group_ptr, data, flags, t, epoch, offs, out_ptr, pid_m, pid_n, M: tl.constexpr,
+def _reduce_tile(ctx, group_ptr, data, tile_flags, t, epoch, offs, out_ptr, pid_m, pid_n, M: tl.constexpr,
                  N: tl.constexpr, G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, POLL_NS: tl.constexpr,
                  TIMEOUT_NS: tl.constexpr, WHAT: tl.constexpr):
     """Out tile (pid_m, pid_n) = the sum of every member's published tile `t`, each pulled
@@ -128,7 +109,7 @@ def _reduce_tile(ctx, group_ptr, data, flags, t, epoch, offs, out_ptr, pid_m, pi
     reducing a tile gets bit-identical results). All flags first, then all loads back to
     back, so the members' transfers overlap; full tiles are stored in 16-byte vectors."""
     for i in tl.static_range(G):
-        _wait(flags + t * G + i, epoch, tl.load(group_ptr + 1 + i), POLL_NS, TIMEOUT_NS, WHAT)
+        _wait(tile_flags + t * G + i, epoch, tl.load(group_ptr + 1 + i), POLL_NS, TIMEOUT_NS, WHAT)
     out_dtype = out_ptr.dtype.element_ty
     item: tl.constexpr = out_dtype.primitive_bitwidth // 8
     total = tl.zeros((BM, BN), dtype=tl.float32)
@@ -170,7 +151,7 @@ def matmul_reduce_kernel(context_ptr, group_ptr, a_ptr, b_ptr, out_ptr,
     me = tl.load(group_ptr)
     ws_base, epoch_ptr, epoch = _prologue(ctx, WS_OFFSET)
     data = tl.cast(ws_base + DATA + (epoch % 2).to(tl.uint64) * DATA_BYTES, out_ptr.dtype)
-    flags = tl.cast(ws_base + FLAGS, tl.pointer_type(tl.int32))
+    tile_flags = tl.cast(ws_base + FLAGS, tl.pointer_type(tl.int32))
     tiles_m = tl.cdiv(M, BM)
     tiles_n = tl.cdiv(N, BN)
     TB = tiles_m * tiles_n
@@ -191,15 +172,13 @@ def matmul_reduce_kernel(context_ptr, group_ptr, a_ptr, b_ptr, out_ptr,
             tl.store(_slot(data, t, offs, BN), acc.to(out_dtype))
             tl.debug_barrier()
             if SCATTER:  # tile t is there: tell the member that reduces it
-                ctx.atomic_xchg(flags + t * G + me, epoch, to_rank=tl.load(group_ptr + 1 + block), sem="release",
-                                scope="sys")
+                flags.set_flag(ctx, tile_flags + t * G + me, epoch, tl.load(group_ptr + 1 + block))
             else:
                 for i in tl.static_range(G):
-                    ctx.atomic_xchg(flags + t * G + me, epoch, to_rank=tl.load(group_ptr + 1 + i), sem="release",
-                                    scope="sys")
+                    flags.set_flag(ctx, tile_flags + t * G + me, epoch, tl.load(group_ptr + 1 + i))
             owner = block if SCATTER else me  # the member that outputs tile t
             if (t >= tail) & (owner == me):
-                _reduce_tile(ctx, group_ptr, data, flags, t, epoch, offs, out_ptr, pid_m, pid_n, M, N,
+                _reduce_tile(ctx, group_ptr, data, tile_flags, t, epoch, offs, out_ptr, pid_m, pid_n, M, N,
                              G, BM, BN, POLL_NS, TIMEOUT_NS, WHAT)
     else:
         C = programs - PG
@@ -207,9 +186,9 @@ def matmul_reduce_kernel(context_ptr, group_ptr, a_ptr, b_ptr, out_ptr,
             t = l * NB + me * SCATTER
             if t < tail:
                 pid_m, pid_n = tile_coords(l, tiles_m, tiles_n, GROUP_M)
-                _reduce_tile(ctx, group_ptr, data, flags, t, epoch, offs, out_ptr, pid_m, pid_n, M, N,
+                _reduce_tile(ctx, group_ptr, data, tile_flags, t, epoch, offs, out_ptr, pid_m, pid_n, M, N,
                              G, BM, BN, POLL_NS, TIMEOUT_NS, WHAT)
-    _epilogue(epoch_ptr, epoch)
+    flags.write_epoch(epoch_ptr, epoch)
 
 
 @triton.jit
@@ -232,7 +211,7 @@ def all_gather_matmul_kernel(context_ptr, group_ptr, a_ptr, b_ptr, out_ptr,
     me = tl.load(group_ptr)
     ws_base, epoch_ptr, epoch = _prologue(ctx, WS_OFFSET)
     gathered = tl.cast(ws_base + DATA + (epoch % 2).to(tl.uint64) * DATA_BYTES, a_ptr.dtype)
-    flags = tl.cast(ws_base + FLAGS, tl.pointer_type(tl.int32))
+    tile_flags = tl.cast(ws_base + FLAGS, tl.pointer_type(tl.int32))
     tiles_m = tl.cdiv(M, BM)
     tiles_n = tl.cdiv(N, BN)
     TB = tiles_m * tiles_n
@@ -255,8 +234,7 @@ def all_gather_matmul_kernel(context_ptr, group_ptr, a_ptr, b_ptr, out_ptr,
                 tl.debug_barrier()
                 for j in tl.static_range(G):
                     if j != me:
-                        ctx.atomic_xchg(flags + me * tiles_m + i, epoch, to_rank=tl.load(group_ptr + 1 + j),
-                                        sem="release", scope="sys")
+                        flags.set_flag(ctx, tile_flags + me * tiles_m + i, epoch, tl.load(group_ptr + 1 + j))
     # 2. my own block, from my A directly: every program, no waiting
     for l in range(pid, TB, programs):
         pid_m, pid_n = tile_coords(l, tiles_m, tiles_n, GROUP_M)
@@ -272,8 +250,8 @@ def all_gather_matmul_kernel(context_ptr, group_ptr, a_ptr, b_ptr, out_ptr,
                 a_s = gathered + s * M * K
                 for l in range(pid - COMM, TB, programs - COMM):
                     pid_m, pid_n = tile_coords(l, tiles_m, tiles_n, GROUP_M)
-                    _wait(flags + s * tiles_m + pid_m, epoch, source, POLL_NS, TIMEOUT_NS, WHAT)
+                    _wait(tile_flags + s * tiles_m + pid_m, epoch, source, POLL_NS, TIMEOUT_NS, WHAT)
                     acc = tile_gemm(a_s, b_ptr, pid_m, pid_n, M, N, K, K, 1, stride_bk, stride_bn,
                                     BM, BN, BK, K % BK == 0, PREC, True)
                     store_tile(out_ptr + s * M * N, acc.to(out_dtype), pid_m, pid_n, M, N, N, 1, BM, BN)
-    _epilogue(epoch_ptr, epoch)
+    flags.write_epoch(epoch_ptr, epoch)

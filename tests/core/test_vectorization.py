@@ -1,10 +1,10 @@
-"""The data paths compile to 16-byte accesses for sm_90 (no GPU needed; PTX inspected).
+"""The data paths compile to 16-byte accesses, and the flags to release signals and acquire
+waits, for sm_90 (no GPU needed; PTX inspected).
 
 Alignment hints are easy to lose: Triton drops `tl.multiple_of` / `tl.max_contiguous` given on a
 function's argument, and a pointer translated to a peer or made from an integer (a workspace)
-knows nothing of its alignment. On 2 x H200 that cost the fused kernels 4-5x (2-byte remote
-stores; benchmarks/RESULTS.md run 15). Pointer arguments get 16-byte divisibility, as
-jax-triton declares them.
+knows nothing of its alignment; the fused kernels then move tiles in 2-byte remote stores, several
+times slower. Pointer arguments get 16-byte divisibility, as jax-triton declares them.
 """
 
 import re
@@ -35,6 +35,42 @@ def _accesses(ptx: str) -> set:
     return set(re.findall(r"(?:ld|st)(?:\.acquire\.sys)?\.global[a-z0-9.]*|nanosleep\.u32", ptx))
 
 
+def _atomics(ptx: str) -> set:
+    """The kinds of atomics in `ptx`, with their semantics and scope."""
+    return set(re.findall(r"\b(?:atom|red)\.[a-z0-9._]+", ptx))
+
+
+def _fences(ptx: str) -> set:
+    """Memory fences in `ptx` (not `fence.sync.aligned`, which orders a GEMM's wgmma)."""
+    return set(re.findall(r"\bmembar\.[a-z]+|\bfence\.(?:acq_rel|sc|acquire|release)[a-z0-9.]*", ptx))
+
+
+def _collective_ptx(kind, variant, push=False, stream=False, zero_copy=False) -> str:
+    layout = WorkspaceLayout(2, 1 << 20)
+    consts = dict(KIND=kind, OP=C.SUM, VARIANT=variant, G=2, WORLD=2,
+                  XB=2 if kind in (C.REDUCE_SCATTER, C.ALL_TO_ALL) else 1,
+                  OB=2 if kind in (C.ALL_GATHER, C.ALL_TO_ALL) else 1,
+                  SOURCES=(1, 0), ACC=tl.float32, BLOCK=2048, CHUNK=(1 << 20) // 8, DATA=layout.data,
+                  DATA2=layout.data2, DATA_BYTES=layout.data_bytes, MAX_PROGRAMS=MAX_PROGRAMS, TIMEOUT_NS=10**9,
+                  WHAT="test", ZERO_COPY=zero_copy, HEAP_BYTES=1 << 30, VEC=4, PUSH=push, STREAM=stream,
+                  STREAM_AT=layout.stream, STREAM_BYTES=layout.stream_capacity, SENDERS=4)
+    signature = {"context_ptr": "*i32", "group_ptr": "*i32", "x_ptr": "*fp32", "m": "i32", "out_ptr": "*fp32"}
+    return _ptx(C.collective_kernel, signature, consts, num_warps=8)
+
+
+def _fused_ptx(kernel: str) -> str:
+    M = N = K = 256
+    consts = dict(M=M, N=N, K=K, stride_am=K, stride_ak=1, stride_bk=N, stride_bn=1, G=2, WORLD=2, BM=64, BN=64,
+                  BK=32, GROUP_M=8, PREC="tf32", WS_OFFSET=1 << 20, FLAGS=0, DATA=1 << 16, DATA_BYTES=1 << 24,
+                  POLL_NS=500, TIMEOUT_NS=10**9, WHAT="test")
+    if kernel == "matmul_reduce":
+        fn, consts = F.matmul_reduce_kernel, dict(consts, SCATTER=0, GEMM_PROGRAMS=12)
+    else:
+        fn, consts = F.all_gather_matmul_kernel, dict(consts, BKC=64, COMM=2)
+    signature = {"context_ptr": "*i32", "group_ptr": "*i32", "a_ptr": "*bf16", "b_ptr": "*bf16", "out_ptr": "*bf16"}
+    return _ptx(fn, signature, consts, num_warps=4, num_stages=2)
+
+
 @pytest.mark.parametrize("kind,variant,push,stream", [
     (C.ALL_REDUCE, C.ONE_SHOT, False, False), (C.ALL_REDUCE, C.TWO_SHOT, False, False),
     (C.ALL_GATHER, C.ONE_SHOT, False, False), (C.PPERMUTE, C.ONE_SHOT, False, False),
@@ -42,15 +78,7 @@ def _accesses(ptx: str) -> set:
     (C.PPERMUTE, C.ONE_SHOT, True, False), (C.ALL_REDUCE, C.ONE_SHOT, True, True), (C.ALL_TO_ALL, C.ONE_SHOT, True, True)])
 def test_collective_kernel_moves_data_in_16_byte_vectors(kind, variant, push, stream):
     pytest.importorskip("triton.backends.nvidia")
-    layout = WorkspaceLayout(2, 1 << 20)
-    consts = dict(KIND=kind, OP=C.SUM, VARIANT=variant, G=2, WORLD=2, XB=2 if kind == C.ALL_TO_ALL else 1,
-                  OB=2 if kind in (C.ALL_GATHER, C.ALL_TO_ALL) else 1,
-                  SOURCES=(1, 0), ACC=tl.float32, BLOCK=2048, CHUNK=(1 << 20) // 8, DATA=layout.data,
-                  DATA2=layout.data2, DATA_BYTES=layout.data_bytes, MAX_PROGRAMS=MAX_PROGRAMS, TIMEOUT_NS=10**9,
-                  WHAT="test", ZERO_COPY=not push, HEAP_BYTES=1 << 30, VEC=4, PUSH=push, STREAM=stream,
-                  STREAM_AT=layout.stream, STREAM_BYTES=layout.stream_capacity, SENDERS=4)
-    signature = {"context_ptr": "*i32", "group_ptr": "*i32", "x_ptr": "*fp32", "m": "i32", "out_ptr": "*fp32"}
-    accesses = _accesses(_ptx(C.collective_kernel, signature, consts, num_warps=8))
+    accesses = _accesses(_collective_ptx(kind, variant, push, stream, zero_copy=not push))
     assert "st.global.v4.b32" in accesses and "ld.global.v4.b32" in accesses, accesses
     if not stream:  # only flags and epochs (64-bit) are scalar (streamed: also the int32 tile counts)
         assert "st.global.b32" not in accesses, accesses
@@ -62,16 +90,7 @@ def test_collective_kernel_moves_data_in_16_byte_vectors(kind, variant, push, st
 @pytest.mark.parametrize("kernel", ["matmul_reduce", "all_gather_matmul"])
 def test_fused_kernels_move_tiles_in_16_byte_vectors(kernel):
     pytest.importorskip("triton.backends.nvidia")
-    M = N = K = 256
-    consts = dict(M=M, N=N, K=K, stride_am=K, stride_ak=1, stride_bk=N, stride_bn=1, G=2, WORLD=2, BM=64, BN=64,
-                  BK=32, GROUP_M=8, PREC="tf32", WS_OFFSET=1 << 20, FLAGS=0, DATA=1 << 16, DATA_BYTES=1 << 24,
-                  POLL_NS=500, TIMEOUT_NS=10**9, WHAT="test")
-    if kernel == "matmul_reduce":
-        fn, consts = F.matmul_reduce_kernel, dict(consts, SCATTER=0, GEMM_PROGRAMS=12)
-    else:
-        fn, consts = F.all_gather_matmul_kernel, dict(consts, BKC=64, COMM=2)
-    signature = {"context_ptr": "*i32", "group_ptr": "*i32", "a_ptr": "*bf16", "b_ptr": "*bf16", "out_ptr": "*bf16"}
-    ptx = _ptx(fn, signature, consts, num_warps=4, num_stages=2)
+    ptx = _fused_ptx(kernel)
     accesses = _accesses(ptx)
     assert not {a for a in accesses if a.endswith(".b16")}, accesses  # no 2-byte loads or stores
     assert "st.global.v4.b32" in accesses, accesses
@@ -105,3 +124,54 @@ def test_tuple_hints_through_a_constexpr_parameter_compile_and_vectorize(rows, h
     assert "st.global.v4.b32" in _accesses(ptx), _accesses(ptx)
     if same_as is not None:
         assert ptx == _ptx(_hinted_put, signature, dict(consts, HINT=same_as), num_warps=4)
+
+
+SIGNAL = "atom.global.sys.release.max.s64"  # flags.signal: a stamp raised on a member
+POISON = "atom.global.sys.relaxed.max.s64"  # flags.poison: a program that gave up
+EXCHANGE = "atom.global.sys.release.exch.b32"  # flags.set_flag (a tile flag), flags.unlock
+
+
+@pytest.mark.parametrize("path,variant,options,atomics", [
+    ("pull", C.ONE_SHOT, {}, {SIGNAL, POISON}),
+    ("zero_copy", C.ONE_SHOT, dict(zero_copy=True), {SIGNAL, POISON}),
+    ("push", C.ONE_SHOT, dict(push=True), {SIGNAL, POISON}),
+    ("streamed", C.ONE_SHOT, dict(push=True, stream=True), {EXCHANGE, POISON}),
+    ("two_shot", C.TWO_SHOT, {}, {SIGNAL, POISON}),
+    ("atomic", C.ATOMIC, {}, {SIGNAL, POISON, "atom.global.sys.relaxed.add.f32"}),
+    ("spinlock", C.SPINLOCK, {}, {SIGNAL, POISON, EXCHANGE, "atom.global.acquire.sys.cas.b32"}),
+    ("ring", C.RING, {}, {SIGNAL, POISON}),
+])
+def test_collective_flags_are_release_signals_and_acquire_waits(path, variant, options, atomics):
+    """Every flag is raised by a system-scope release (a stamp's atomic max; a streamed tile's
+    exchange) and polled by an acquiring load, with no fence; a program that gives up poisons
+    its flags (relaxed max) and reports (vprintf) before it traps."""
+    pytest.importorskip("triton.backends.nvidia")
+    ptx = _collective_ptx(C.ALL_REDUCE, variant, **options)
+    assert _atomics(ptx) == atomics
+    acquire = f"ld.acquire.sys.global.b{32 if path == 'streamed' else 64}"
+    assert acquire in _accesses(ptx), _accesses(ptx)
+    assert not _fences(ptx), _fences(ptx)
+    assert "vprintf" in ptx and "trap;" in ptx
+
+
+@pytest.mark.parametrize("kernel", ["matmul_reduce", "all_gather_matmul"])
+def test_fused_kernels_flag_tiles_with_release_exchanges_and_no_fence(kernel):
+    """The fused kernels raise tile flags by release exchanges and wait by acquiring loads
+    (test above); a timeout traps without printing."""
+    pytest.importorskip("triton.backends.nvidia")
+    ptx = _fused_ptx(kernel)
+    assert _atomics(ptx) == {EXCHANGE}
+    assert not _fences(ptx), _fences(ptx)
+    assert "trap;" in ptx
+
+
+def test_device_barrier_signals_by_release_and_waits_by_acquire_without_printing():
+    pytest.importorskip("triton.backends.nvidia")
+    from iris_jax import sync
+
+    signature = {"context_ptr": "*i32", "after_ptr": "*i32", "status_ptr": "*i32"}
+    ptx = _ptx(sync._device_barrier, signature, dict(AREA_OFFSET=1 << 16, TIMEOUT_NS=10**9, W=2), num_warps=4)
+    assert _atomics(ptx) == {SIGNAL}
+    assert "ld.acquire.sys.global.b64" in _accesses(ptx), _accesses(ptx)
+    assert not _fences(ptx), _fences(ptx)
+    assert "vprintf" not in ptx and "trap;" not in ptx  # a missing rank is reported in the status
