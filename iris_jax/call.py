@@ -286,8 +286,8 @@ def _gpu_lowering(ctx, device_index, *args, fn, symmetric, group_axes, scalar_ar
 
 # -- launch path ----------------------------------------------------------------------
 # jax-triton 0.3.1 lowers to jaxlib's legacy custom call `triton_kernel_call`. XLA launches
-# a legacy custom call from the host, outside its CUDA graphs (command buffers), which costs
-# ~15 us per call (benchmarks/latency_floor.py). jaxlib also has the same launcher as an FFI
+# a legacy custom call from the host, outside its CUDA graphs (command buffers): a host
+# launch per call (benchmarks/latency_floor.py). jaxlib also has the same launcher as an FFI
 # handler (`triton_kernel_call_ffi`: same serialized kernel, module loaded at its initialize
 # stage, only a kernel launch at execute). We register that handler once more under our own
 # name with the command-buffer-compatible trait, and point the call at it, so XLA can
@@ -323,7 +323,7 @@ def _register() -> str | None:
                                     traits=xla_client.CustomCallTargetTraits.COMMAND_BUFFER_COMPATIBLE)
     except Exception as e:  # any refusal means: keep the legacy call
         warnings.warn(f"iris kernels fall back to jax-triton's host-launched call (outside XLA's CUDA graphs, "
-                      f"~15 us more per call): registering {GRAPH_TARGET} failed: {e}", stacklevel=2)
+                      f"a host launch per call): registering {GRAPH_TARGET} failed: {e}", stacklevel=2)
         return None
     return GRAPH_TARGET
 

@@ -35,12 +35,12 @@ from iris_jax.workspace import workspaces
 _OPS = {"sum": K.SUM, "max": K.MAX, "min": K.MIN}
 _VARIANTS = {"one_shot": K.ONE_SHOT, "two_shot": K.TWO_SHOT, "ring": K.RING, "atomic": K.ATOMIC,
              "spinlock": K.SPINLOCK}
-# GPU launch defaults: the best geometric mean of 8 configurations (benchmarks/tune_collectives.py)
+# GPU launch defaults: the configuration benchmarks/tune_collectives.py found best over its sizes
 DEFAULT_BLOCK, DEFAULT_PROGRAMS_PER_SM, DEFAULT_WARPS = 8192, 1, 8
 # streamed calls of more tiles than half the SMs: every SM both sends and receives
 DEFAULT_STREAM_PROGRAMS_PER_SM, DEFAULT_STREAM_WARPS = 2, 4
 # the simulator: the interpreter runs a tile as numpy operations, so a few large tiles cost far
-# less than many small ones (RESULTS.md, simulator speed); a simulated device counts as 2 SMs
+# less than many small ones (RESULTS.md, "Simulator speed"); a simulated device counts as 2 SMs
 SIM_BLOCK, SIM_SMS = 1 << 16, 2
 MIN_BLOCK = 256
 

@@ -20,18 +20,17 @@ float32, result in the input dtype (as `jnp.dot`). Every op is differentiable
 does unfused) or "auto". On GPUs `auto` runs an op fused when (`_auto_fused`)
 
 * the problem is small, at most 2^34 FLOPs per rank (M = 1024, N = K = 4096 on 2 GPUs):
-  XLA launches its NCCL collective from the host, the fused kernel is 1.28-1.58x faster; or
+  XLA launches its NCCL collective from the host, which the fused kernel does not; or
 * the GEMM covers the communication: at least 4096 FLOPs per byte that a rank receives
   over the link (bf16 on 2 GPUs: K per rank >= 4096 for matmul_all_reduce, >= 2048 for
   matmul_reduce_scatter, N >= 4096 for all_gather_matmul), with a product of at least 2^24
   elements per rank (~4 rounds of tiles, so the last one, which nothing overlaps, is short).
 
-Measured with benchmarks/fused.py (bf16, 2 x H200, GPU time from the profiler, RESULTS.md
-run 34): every shape this rule runs fused was 1.07-1.58x faster than XLA (matmul_all_reduce
-at M = N = 8192, K = 4096 per rank 1.35x); every shape it leaves to XLA was 0.71-1.02x
-fused (bound by the link: 16 reducing programs pull ~170 GB/s; or by a last round of tiles
-that nothing overlaps). The simulator has no speed to choose by; there `auto` runs the fused
-kernels, so that code built on the simulator exercises them.
+The thresholds follow benchmarks/fused.py (RESULTS.md, "session 6"): the shapes the rule
+runs fused were faster fused than through XLA; the ones it leaves to XLA were bound by the
+link (the few reducing programs pull below its rate) or by a last round of tiles that nothing
+overlaps. The simulator has no speed to choose by; there `auto` runs the fused kernels, so
+that code built on the simulator exercises them.
 
 Workspace: the kernels exchange tiles through a fixed region of every heap (`FusedWorkspace`:
 2 x IRIS_FUSED_WORKSPACE_BYTES, default 128 MiB on GPUs and 512 KiB on the simulator, plus
@@ -51,6 +50,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from iris_core.device import flags
 from iris_core.errors import IrisError
 from iris_core.kernels import fused as F
 from iris_core.kernels import gemm as Gm
@@ -61,11 +61,10 @@ from iris_jax.lowering import group_size
 
 SUPPORTED_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
 IMPLS = ("auto", "fused", "xla")
-LINE_BYTES = 128
 MAX_PROGRAMS = 256
-DEFAULT_TIMEOUT_S = float(os.environ.get("IRIS_COLLECTIVE_TIMEOUT", "60"))
+DEFAULT_TIMEOUT_S = float(os.environ.get("IRIS_COLLECTIVE_TIMEOUT", flags.DEFAULT_TIMEOUT_S))
 DEFAULT_POLL_NS = 500  # FusedWorkspace.poll_ns
-# auto on GPUs (see the docstring and _auto_fused; benchmarks/fused.py, RESULTS.md run 34)
+# auto on GPUs (see the docstring and _auto_fused)
 AUTO_SMALL_FLOPS = 2 ** 34  # per rank: M = 1024, N = K = 4096 on 2 GPUs
 AUTO_MIN_INTENSITY = 4096  # FLOPs per byte a rank receives over the link
 AUTO_MIN_PRODUCT = 2 ** 24  # elements of the product each rank computes
@@ -79,7 +78,7 @@ class FusedWorkspace:
         default = (512 << 10) if self.simulated else (128 << 20)
         self.data_bytes = int(os.environ.get("IRIS_FUSED_WORKSPACE_BYTES", default)) // 256 * 256
         self.flag_count = (1 << 12) if self.simulated else (1 << 16)
-        self.flags = MAX_PROGRAMS * LINE_BYTES
+        self.flags = MAX_PROGRAMS * flags.LINE_BYTES
         self.data = self.flags + math.ceil(self.flag_count * 4 / 256) * 256
         self.offset = rt.allocate_shared(self.data + 2 * self.data_bytes)
         # the grid of every fused kernel: all programs co-resident (<= SMs); fixed, so every
@@ -102,9 +101,9 @@ class FusedWorkspace:
 
     @property
     def poll_ns(self) -> int:
-        """How long a waiting program sleeps between two reads of a flag, in ns (the reducing
-        programs poll beside the computing ones; 0-2000 ns measured the same, RESULTS run 33).
-        IRIS_FUSED_POLL_NS overrides (read at trace time)."""
+        """How long a waiting program sleeps between two reads of a flag, in ns: the reducing
+        programs poll beside the computing ones, and the period hardly matters (RESULTS.md,
+        "session 6"). IRIS_FUSED_POLL_NS overrides (read at trace time)."""
         ns = int(os.environ.get("IRIS_FUSED_POLL_NS", 0 if self.simulated else DEFAULT_POLL_NS))
         if not 0 <= ns <= 1_000_000:
             raise IrisError(f"IRIS_FUSED_POLL_NS={ns}: must be in [0, 1000000]")
@@ -122,7 +121,7 @@ class FusedWorkspace:
             return BM, BN, BK, GROUP_M, "tf32", warps, stages
         if jnp.dtype(dtype) == jnp.dtype(jnp.float32):
             return 128, 128, 32, 8, "ieee", 8, 3
-        # 16-bit: 128 x 256 tiles measured best of 7 on H200 (benchmarks/tune_gemm.py, RESULTS run 13)
+        # 16-bit: the best of benchmarks/tune_gemm.py's configurations on H200 (RESULTS.md, "session 3")
         return 128, 256, 64, 8, "tf32", 8, 3
 
 

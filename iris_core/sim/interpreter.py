@@ -159,9 +159,10 @@ def _patch_interpreter(ti) -> None:
     scalar argument fails; __index__ takes the element instead.
 
     Speed: the interpreter patches the language again at every call of a @triton.jit helper
-    (and never undoes it), ~6 ms of inspect.getmembers each; a collective kernel makes ~90
-    such calls per launch. Inside a launch, a helper that sees the same language modules as
-    the ones already patched gets nothing new from it, so it is skipped.
+    (and never undoes it), an inspect.getmembers each time, and a collective kernel makes
+    dozens of such calls per launch (RESULTS.md, "Simulator speed"). Inside a launch, a
+    helper that sees the same language modules as the ones already patched gets nothing
+    new from it, so it is skipped.
     """
     if getattr(ti._patch_lang, "_iris_fixed", False):
         return

@@ -33,8 +33,8 @@ def chrome_trace(traces: Sequence[RankTrace], names: dict[int, str] | None = Non
       track: "sm" (one track per SM id) or "program" (per program id).
       align: "barrier" (default): shifts each rank so that its first barrier event ends
         when the first rank's does, then subtracts the earliest timestamp of all; without
-        barrier events it acts as "global". Needed on GPUs: the %globaltimer of two H200s
-        of one node disagreed by more than 165 us (measured, benchmarks/RESULTS.md).
+        barrier events it acts as "global". Needed on GPUs: the %globaltimer clocks of two
+        GPUs of one node disagree by more than a typical span (RESULTS.md, "session 2").
         "global": the earliest timestamp subtracted only (one clock for every rank, as the
         simulator's host clock); "none": raw timestamps.
     """
