@@ -6,7 +6,8 @@
   under Triton's interpreter, heaps in shared memory; a script that joined the ranks with
   `jax.distributed.initialize()` sees every rank's device, as one process per GPU does;
 * several JAX processes (`jax.distributed.initialize`) on GPUs: one heap per GPU, peers'
-  heaps mapped through CUDA IPC, handles exchanged through JAX's key-value store;
+  heaps mapped through CUDA IPC or CUDA's virtual memory API (`heap_allocator`), handles
+  exchanged through JAX's key-value store (file descriptors over Unix sockets);
 * one process, GPUs: one heap per GPU, peer access between all pairs;
 * one process, CPU devices only: the CPU simulator, one rank per CPU device (use
   XLA_FLAGS=--xla_force_host_platform_device_count=N for N ranks); each device's kernels
@@ -34,7 +35,7 @@ import jax
 import numpy as np
 
 from iris_core import gpu_watchdog
-from iris_core.errors import CrossDomainError, IrisError, RankMismatchError
+from iris_core.errors import CrossDomainError, IrisError, PeerTimeoutError, RankMismatchError
 from iris_core.heap.allocator import format_bytes
 from iris_core.heap.context_layout import encode_context
 
@@ -45,6 +46,8 @@ DEFAULT_SIM_HEAP_SIZE = int(os.environ.get("IRIS_HEAP_SIZE", 64 << 20))
 RENDEZVOUS_TIMEOUT_S = float(os.environ.get("IRIS_RENDEZVOUS_TIMEOUT", 120))
 # ranks r // n form a domain (environment IRIS_DOMAIN_SIZE; unset: by process and host, see Runtime)
 DEFAULT_DOMAIN_SIZE = int(os.environ["IRIS_DOMAIN_SIZE"]) if os.environ.get("IRIS_DOMAIN_SIZE") else None
+# how GPU heaps are allocated and shared: auto | malloc | vmm | fabric (iris_core.heap.cuda; IRIS_HEAP_ALLOCATOR)
+DEFAULT_HEAP_ALLOCATOR = os.environ.get("IRIS_HEAP_ALLOCATOR") or "auto"
 
 SIM_LAUNCHED = "sim-launched"
 SIM_WORKERS = "sim-workers"
@@ -62,7 +65,14 @@ class _DistributedStore:
         self.client.key_value_set(key, value.hex())
 
     def get(self, key: str, timeout_s: float) -> bytes:
-        return bytes.fromhex(self.client.blocking_key_value_get(key, int(timeout_s * 1000)))
+        try:
+            return bytes.fromhex(self.client.blocking_key_value_get(key, int(timeout_s * 1000)))
+        except Exception as e:  # noqa: BLE001 - JAX's runtime error type moved between versions
+            if "DEADLINE_EXCEEDED" not in str(e):
+                raise
+            raise PeerTimeoutError(  # the kind of error every KeyValueStore raises (rendezvous.py)
+                f"rendezvous key {key!r} not published within {timeout_s:g} s: a peer process did not "
+                "start, or did not get this far") from e
 
 
 class Runtime:
@@ -75,14 +85,18 @@ class Runtime:
       heap: the SymmetricHeap (bases of every rank as mapped in this process).
       domains: the ranks of each domain (ranks that can map each other's heaps), in order.
       domain_size: the explicit setting the domains came from (None: the default).
+      heap_allocator: GPUs: how the heaps were allocated ("malloc", "vmm" or "fabric", as
+        chosen from the setting; iris_core.heap.cuda); the simulator: None.
     """
 
     def __init__(self, heap_size: int | None = None, devices: Sequence[jax.Device] | None = None,
-                 domain_size: int | None = None):
+                 domain_size: int | None = None, heap_allocator: str | None = None):
         from iris_core.sim.env import launched_rank
 
         launched = launched_rank()
         self.domain_size = domain_size if domain_size is not None else DEFAULT_DOMAIN_SIZE
+        self._heap_allocator_setting = heap_allocator or DEFAULT_HEAP_ALLOCATOR
+        _check_heap_allocator(self._heap_allocator_setting)
         self.domains: tuple[tuple[int, ...], ...] | None = None  # set by the model's init, before any heap maps
         self.sim_world = None
         self._bases_seen_by: list[list[int]] | None = None  # one process per rank: see _join_processes
@@ -100,6 +114,7 @@ class Runtime:
             else:
                 self._init_gpu_single(heap_size or DEFAULT_HEAP_SIZE, local)
         self.heap_size = self.heap.heap_size
+        self.heap_allocator = getattr(self.heap, "heap_allocator", None)
         from iris_jax.tracing import RuntimeTracer
 
         self.tracing = RuntimeTracer(self)  # device event tracing (iris_jax.tracing)
@@ -160,7 +175,7 @@ class Runtime:
         self.world_size = len(local)
         self.domains = _domains(self.world_size, self.domain_size)
         self.heap = CudaHeap(len(local), heap_size, list(range(len(local))),
-                             [d.local_hardware_id for d in local])
+                             [d.local_hardware_id for d in local], heap_allocator=self._heap_allocator_setting)
         gpu_watchdog.watch([d.local_hardware_id for d in local])  # a trapped kernel ends the process, no hang
         self._device_ranks = {d: r for r, d in enumerate(local)}
         self.store = None
@@ -182,11 +197,14 @@ class Runtime:
         self.world_size = world_size
         self.store = _DistributedStore(client)
         session = self._session = _next_session()
-        self.domains = _domains(world_size, self.domain_size) if self.domain_size else self._domains_by_host(rank)
-        # CUDA IPC handles are valid on their own host only: open the peers of this rank's domain
+        hosts = self._hosts(rank)
+        self.domains = _domains(world_size, self.domain_size) if self.domain_size else _domains_by_host(hosts)
+        # a heap's handles are valid in its domain only: map the peers of this rank's domain
+        domain = next(d for d in self.domains if rank in d)
         self.heap = CudaHeap(world_size, heap_size, [rank], [local[0].local_hardware_id],
                              store=self.store, session=session, timeout_s=RENDEZVOUS_TIMEOUT_S,
-                             reachable=next(d for d in self.domains if rank in d))
+                             reachable=domain, heap_allocator=self._heap_allocator_setting,
+                             across_hosts=len({hosts[r] for r in domain}) > 1)
         self._device_ranks = {local[0]: rank}
         gpu_watchdog.watch([local[0].local_hardware_id])
         self._join_processes(rank)
@@ -206,12 +224,11 @@ class Runtime:
             [int(b) for b in np.frombuffer(self.store.get(f"{key}/{r}", RENDEZVOUS_TIMEOUT_S), np.uint64)]
             for r in range(self.world_size)]
 
-    def _domains_by_host(self, rank: int) -> tuple[tuple[int, ...], ...]:
-        """One process per GPU: the ranks of each host, through the key-value store."""
+    def _hosts(self, rank: int) -> list[bytes]:
+        """One process per GPU: every rank's host name, through the key-value store."""
         key = f"iris/{self._session}/host"
         self.store.set(f"{key}/{rank}", socket.gethostname().encode())
-        hosts = [self.store.get(f"{key}/{r}", RENDEZVOUS_TIMEOUT_S) for r in range(self.world_size)]
-        return tuple(tuple(r for r in range(self.world_size) if hosts[r] == h) for h in dict.fromkeys(hosts))
+        return [self.store.get(f"{key}/{r}", RENDEZVOUS_TIMEOUT_S) for r in range(self.world_size)]
 
     # -- ranks and contexts ------------------------------------------------------
     @property
@@ -334,8 +351,10 @@ class Runtime:
         self.heap.close()
 
     def __repr__(self) -> str:
+        allocator = f"heap_allocator={self.heap_allocator!r}, " if self.heap_allocator else ""
         return (f"Runtime(mode={self.mode!r}, world_size={self.world_size}, "
-                f"heap_size={format_bytes(self.heap_size)}, domains={len(self.domains)}, devices={self.devices})")
+                f"heap_size={format_bytes(self.heap_size)}, {allocator}domains={len(self.domains)}, "
+                f"devices={self.devices})")
 
 
 def stale_program_error(what: str) -> IrisError:
@@ -362,6 +381,20 @@ def _process_rank(device: jax.Device) -> tuple[int, int]:
     return everyone.index(device), len(everyone)
 
 
+def _check_heap_allocator(name: str) -> None:
+    """A misspelt setting fails in every model, also where it does not apply (the simulator)."""
+    from iris_core.heap.cuda import HEAP_ALLOCATORS
+
+    if name not in HEAP_ALLOCATORS:
+        raise ValueError(f"unknown heap allocator {name!r} (init(heap_allocator=...) or IRIS_HEAP_ALLOCATOR); "
+                         f"choose one of {HEAP_ALLOCATORS}")
+
+
+def _domains_by_host(hosts: Sequence[bytes]) -> tuple[tuple[int, ...], ...]:
+    """The ranks of each host, in order of their first rank."""
+    return tuple(tuple(r for r, host in enumerate(hosts) if host == h) for h in dict.fromkeys(hosts))
+
+
 def _domains(world_size: int, domain_size: int | None) -> tuple[tuple[int, ...], ...]:
     """Ranks r // domain_size form a domain; None: one domain of every rank."""
     size = world_size if domain_size is None else domain_size
@@ -380,7 +413,7 @@ _runtime_lock = threading.Lock()
 
 
 def init(heap_size: int | None = None, devices: Sequence[jax.Device] | None = None,
-         domain_size: int | None = None) -> Runtime:
+         domain_size: int | None = None, heap_allocator: str | None = None) -> Runtime:
     """Sets up one symmetric heap per participating device and returns the runtime.
 
     Args:
@@ -389,11 +422,18 @@ def init(heap_size: int | None = None, devices: Sequence[jax.Device] | None = No
       devices: the devices that get a heap (default: every local device).
       domain_size: ranks r // domain_size form a domain (default: environment IRIS_DOMAIN_SIZE,
         else one domain per process or, with one process per GPU, per host).
+      heap_allocator: how GPU heaps are allocated and shared (default: environment
+        IRIS_HEAP_ALLOCATOR, else "auto"): "malloc" (cudaMalloc + CUDA IPC), "vmm" (CUDA
+        virtual memory, POSIX-fd handles within a host), "fabric" (fabric handles, multi-node
+        NVLink) or "auto" (see iris_core.heap.cuda). Every process must choose the same; the
+        simulator ignores it.
 
     Raises:
       IrisError: when a runtime with different settings already exists (call shutdown()).
     """
     global _runtime
+    if heap_allocator is not None:
+        _check_heap_allocator(heap_allocator)
     with _runtime_lock:
         if _runtime is not None:
             if heap_size is not None and heap_size != _runtime.heap_size:
@@ -408,8 +448,12 @@ def init(heap_size: int | None = None, devices: Sequence[jax.Device] | None = No
                 raise IrisError(
                     f"iris is already initialized with domain_size={_runtime.domain_size}; init(domain_size="
                     f"{domain_size}) conflicts. Call iris_jax.shutdown() first.")
+            if heap_allocator not in (None, "auto", _runtime.heap_allocator) and _runtime.heap_allocator:
+                raise IrisError(
+                    f"iris is already initialized with heap_allocator={_runtime.heap_allocator!r}; init("
+                    f"heap_allocator={heap_allocator!r}) conflicts. Call iris_jax.shutdown() first.")
             return _runtime
-        _runtime = Runtime(heap_size, devices, domain_size)
+        _runtime = Runtime(heap_size, devices, domain_size, heap_allocator)
         _generation.set_global(next(_generations))
         return _runtime
 

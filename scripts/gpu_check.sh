@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # What we run on the GPU machine (device tool, kind nvidia-h200-x2, or nvidia-h200 for `shared`):
-#   bash scripts/gpu_check.sh [shared|tests|bench|probe|all|STEP...]
+#   bash scripts/gpu_check.sh [shared|vmm|tests|bench|probe|all|STEP...]
 # `shared` (step gpu_shared) needs one GPU: world sizes 2, 4 and 8 as processes sharing GPU 0, at most
-# 360 + 90 s; `suite` (step gpu_suite) is the whole `pytest -m gpu` in one call, on one GPU the shared
+# 360 + 90 s; `vmm` (step gpu_vmm, one GPU) the same harness at 2 and 4 ranks with each heap allocator, 240 s; `suite` (step gpu_suite) is the whole `pytest -m gpu` in one call, on one GPU the shared
 # runs plus the tests of a world of one (the tests that need two or more GPUs are deselected there).
 # A device call lasts at most 600 s: `tests` takes about 450 s when nothing hangs, `bench` more
 # than one call, so name steps to split them (e.g. `gpu_fused gpu_examples`, `rma collectives`).
@@ -40,6 +40,13 @@ shared="IRIS_GPU_LOG_DIR=/tmp/iris_shared python3 -m pytest -m gpu -q -rfE --tb=
   -o faulthandler_timeout=560"
 step gpu_shared 570 bash -c "$shared tests/gpu/test_gpu_shared.py; rc=\$?; tar czf $OUT/shared_logs.tgz \
   -C /tmp/iris_shared . 2>/dev/null; exit \$rc"
+# both heap allocators (issue 22), one GPU: 2 and 4 ranks sharing GPU 0 with IRIS_HEAP_ALLOCATOR=vmm (cuMemCreate,
+# POSIX-fd handles) and =malloc (cudaMalloc + CUDA IPC), kernels / device_barrier / collectives each, every process's
+# runtime naming the allocator; at most 220 s (the launcher's limit); every process's log in $OUT/vmm_logs.tgz
+group=vmm
+step gpu_vmm 240 bash -c "IRIS_GPU_LOG_DIR=/tmp/iris_vmm python3 -m pytest -m gpu -q -rfE --tb=short -p no:cacheprovider \
+  -o faulthandler_timeout=230 tests/gpu/test_gpu_vmm.py; rc=\$?; tar czf $OUT/vmm_logs.tgz -C /tmp/iris_vmm . 2>/dev/null; \
+  exit \$rc"
 # the whole `pytest -m gpu` in one step (one GPU: the shared runs and the tests of a world of one, such as
 # test_gpu_pallas, whose in-process JAX must not preallocate the memory that the shared runs' ranks need)
 group=suite

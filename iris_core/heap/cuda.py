@@ -1,19 +1,28 @@
-"""GPU backend: one cudaMalloc per local device; peers reached by peer access or CUDA IPC.
+"""GPU backend: one heap per local device; peers reached by peer access or shareable handles.
 
 * one process, several devices: every rank is local, peer access is enabled between
   all pairs and `heap_bases` are plain device pointers;
-* one process per device: the local heap is exported with cudaIpcGetMemHandle, the
-  64-byte handles go through a KeyValueStore, and peers' heaps are opened here.
+* one process per device: the local heap is exported and peers' heaps are mapped here,
+  through one of two allocators (`heap_allocator`, every process the same):
+  "malloc": cudaMalloc, 64-byte cudaIpc handles through a KeyValueStore (one host);
+  "vmm" / "fabric": CUDA's virtual memory API (iris_core.heap.vmm), handles as POSIX file
+  descriptors over a Unix socket (one host) or as fabric handles through the store (the
+  hosts of a multi-node NVLink domain). "auto" takes "vmm" where the GPU offers POSIX-fd
+  handles (and "fabric" for a domain that spans hosts), else "malloc"; one process alone
+  takes "malloc".
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
+import struct
 from collections.abc import Sequence
 
 import numpy as np
 
 from iris_core.errors import IrisError, RankMismatchError
+from iris_core.heap import fd_exchange, vmm
 from iris_core.heap.rendezvous import KeyValueStore
 from iris_core.heap.symmetric import SymmetricHeap
 
@@ -26,6 +35,9 @@ def _cudart():
             "the GPU heap needs the `cuda-bindings` package (pip install cuda-bindings)"
         ) from e
     return runtime
+
+
+HEAP_ALLOCATORS = ("auto", "malloc", "vmm", "fabric")
 
 
 def _check(result, what: str):
@@ -42,14 +54,22 @@ class CudaHeap(SymmetricHeap):
       world_size, heap_size: as for every SymmetricHeap.
       local_ranks: ranks whose heaps this process allocates.
       devices: the CUDA ordinal of each local rank.
-      store, session: needed when some ranks live in other processes (CUDA IPC).
+      store, session: needed when some ranks live in other processes.
       reachable: the ranks whose heaps are mapped here (default: all); the others' bases stay
-        0, e.g. ranks on other hosts, whose IPC handles are not valid here.
+        0, e.g. ranks outside this rank's domain, whose handles are not valid here.
+      heap_allocator: one of HEAP_ALLOCATORS (see the module docstring); `self.heap_allocator`
+        is the one chosen.
+      across_hosts: the reachable ranks span several hosts (only fabric handles reach them).
+
+    Raises:
+      RankMismatchError: the processes chose different allocators.
+      IrisError: the chosen allocator is not available, or a CUDA call failed (named).
     """
 
     def __init__(self, world_size: int, heap_size: int, local_ranks: Sequence[int],
                  devices: Sequence[int], store: KeyValueStore | None = None,
-                 session: str = "iris", timeout_s: float = 300.0, reachable: Sequence[int] | None = None):
+                 session: str = "iris", timeout_s: float = 300.0, reachable: Sequence[int] | None = None,
+                 heap_allocator: str = "auto", across_hosts: bool = False):
         super().__init__(world_size, heap_size, local_ranks)
         if len(devices) != len(local_ranks):
             raise RankMismatchError(f"{len(local_ranks)} local ranks but {len(devices)} devices")
@@ -60,47 +80,79 @@ class CudaHeap(SymmetricHeap):
                 f"(got local ranks {list(local_ranks)}); start one process per GPU"
             )
         self.devices = dict(zip(local_ranks, devices))
-        self._owned: list[tuple[int, int]] = []  # (device, pointer)
-        self._opened: list[tuple[int, int]] = []
+        self._owned: list[tuple[int, int]] = []  # (device, pointer) of cudaMalloc
+        self._opened: list[tuple[int, int]] = []  # (device, pointer) of cudaIpcOpenMemHandle
+        self._mapped: list[tuple[int, vmm.Mapping]] = []  # (device, mapping): VMM, own and peers'
+        self.heap_allocator = choose_allocator(heap_allocator, devices, exporting=bool(remote),
+                                               across_hosts=across_hosts)
         rt = _cudart()
         bases = [0] * world_size
         try:
+            if remote:
+                _agree(store, session, local_ranks[0], remote, self.heap_allocator, heap_allocator, timeout_s)
+            _enable_peer_access(rt, devices)
             for rank, dev in self.devices.items():
                 _check(rt.cudaSetDevice(dev), f"cudaSetDevice({dev})")
-                ptr = int(_check(rt.cudaMalloc(heap_size), f"cudaMalloc({heap_size}) on GPU {dev}"))
-                self._owned.append((dev, ptr))
-                _check(rt.cudaMemset(ptr, 0, heap_size), "cudaMemset")
-                bases[rank] = ptr
-            for a in devices:
-                for b in devices:
-                    if a != b:
-                        _check(rt.cudaSetDevice(a), "cudaSetDevice")
-                        can = _check(rt.cudaDeviceCanAccessPeer(a, b), "cudaDeviceCanAccessPeer")
-                        if not can:
-                            raise IrisError(f"GPU {a} cannot access GPU {b} (no NVLink/P2P path)")
-                        err = rt.cudaDeviceEnablePeerAccess(b, 0)[0]
-                        if err not in (rt.cudaError_t.cudaSuccess,
-                                       rt.cudaError_t.cudaErrorPeerAccessAlreadyEnabled):
-                            raise IrisError(f"cudaDeviceEnablePeerAccess({a}->{b}) failed: {err}")
-                        rt.cudaGetLastError()
+                bases[rank] = self._allocate(dev, heap_size, devices)
+                _check(rt.cudaMemset(bases[rank], 0, heap_size), "cudaMemset")
             if remote:
-                (rank, dev), = self.devices.items()
-                _check(rt.cudaSetDevice(dev), "cudaSetDevice")
-                handle = _check(rt.cudaIpcGetMemHandle(bases[rank]), "cudaIpcGetMemHandle")
-                store.set(f"iris/{session}/ipc/{rank}", _handle_bytes(handle))
-                for peer in remote:
-                    data = store.get(f"iris/{session}/ipc/{peer}", timeout_s)
-                    peer_handle = rt.cudaIpcMemHandle_t()
-                    ctypes.memmove(peer_handle.getPtr(), data, 64)
-                    ptr = int(_check(rt.cudaIpcOpenMemHandle(
-                        peer_handle, rt.cudaIpcMemLazyEnablePeerAccess), "cudaIpcOpenMemHandle"))
-                    self._opened.append((dev, ptr))
-                    bases[peer] = ptr
+                _check(rt.cudaSetDevice(devices[0]), "cudaSetDevice")
+                exchange = self._exchange_ipc if self.heap_allocator == "malloc" else self._exchange_vmm
+                exchange(bases, local_ranks[0], remote, store, session, timeout_s)
             _check(rt.cudaDeviceSynchronize(), "cudaDeviceSynchronize")
         except BaseException:
             self._release()
             raise
         self.heap_bases = bases
+
+    def _allocate(self, dev: int, heap_size: int, devices: Sequence[int]) -> int:
+        """This process's heap on GPU `dev` (current); every local device may access it."""
+        if self.heap_allocator == "malloc":
+            ptr = int(_check(_cudart().cudaMalloc(heap_size), f"cudaMalloc({heap_size}) on GPU {dev}"))
+            self._owned.append((dev, ptr))
+            return ptr
+        kind = self.heap_allocator
+        mapping = vmm.create(dev, vmm.rounded_size(dev, kind, heap_size), kind, access_devices=devices)
+        self._mapped.append((dev, mapping))
+        return mapping.pointer
+
+    def _exchange_ipc(self, bases, rank, remote, store, session, timeout_s) -> None:
+        """Publishes the heap's cudaIpc handle in the store and opens every peer's here."""
+        rt, dev = _cudart(), self.devices[rank]
+        handle = _check(rt.cudaIpcGetMemHandle(bases[rank]), "cudaIpcGetMemHandle")
+        store.set(f"iris/{session}/ipc/{rank}", _handle_bytes(handle))
+        for peer in remote:
+            data = store.get(f"iris/{session}/ipc/{peer}", timeout_s)
+            peer_handle = rt.cudaIpcMemHandle_t()
+            ctypes.memmove(peer_handle.getPtr(), data, 64)
+            ptr = int(_check(rt.cudaIpcOpenMemHandle(
+                peer_handle, rt.cudaIpcMemLazyEnablePeerAccess), "cudaIpcOpenMemHandle"))
+            self._opened.append((dev, ptr))
+            bases[peer] = ptr
+
+    def _exchange_vmm(self, bases, rank, remote, store, session, timeout_s) -> None:
+        """Publishes the heap's mapped size (and, for fabric, its handle) in the store, passes
+        file descriptors over sockets ("vmm"), and maps every peer's heap here."""
+        kind, dev = self.heap_allocator, self.devices[rank]
+        (_, mine), = self._mapped
+        shareable = vmm.export(mine, kind)
+        fds: dict[int, int] = {}
+        try:
+            store.set(f"iris/{session}/vmm/{rank}",
+                      _SIZE.pack(mine.size) + (shareable if kind == "fabric" else b""))
+            if kind == "vmm":
+                fds = fd_exchange.exchange_fds(shareable, rank, remote, store, session, timeout_s)
+            for peer in remote:
+                record = store.get(f"iris/{session}/vmm/{peer}", timeout_s)
+                size, = _SIZE.unpack_from(record)
+                mapping = vmm.open_shared(fds.get(peer, record[_SIZE.size:]), size, kind, dev)
+                self._mapped.append((dev, mapping))
+                bases[peer] = mapping.pointer
+        finally:  # imported allocations hold their own references: no descriptor outlives the exchange
+            for fd in fds.values():
+                os.close(fd)
+            if kind == "vmm":
+                os.close(shareable)
 
     def torch_tensor(self, rank: int, offset: int, shape, dtype, owner: object = None):
         """A torch tensor over rank's heap at `offset` (rank must be local); the tensor's
@@ -133,15 +185,91 @@ class CudaHeap(SymmetricHeap):
 
     def _release(self) -> None:
         rt = _cudart()
+        for dev in {dev for dev, _ in self._owned + self._mapped}:  # no kernel may still use a heap
+            rt.cudaSetDevice(dev)
+            rt.cudaDeviceSynchronize()
         for dev, ptr in self._opened:
             rt.cudaSetDevice(dev)
             rt.cudaIpcCloseMemHandle(ptr)
+        for dev, mapping in reversed(self._mapped):  # peers' mappings first, then this process's heaps
+            rt.cudaSetDevice(dev)
+            vmm.release(mapping)
         for dev, ptr in self._owned:
             rt.cudaSetDevice(dev)
-            rt.cudaDeviceSynchronize()
             rt.cudaFree(ptr)
         self._opened.clear()
+        self._mapped.clear()
         self._owned.clear()
+
+
+def choose_allocator(requested: str, devices: Sequence[int], exporting: bool, across_hosts: bool = False) -> str:
+    """The allocator that `requested` (one of HEAP_ALLOCATORS) means on these GPUs.
+
+    Args:
+      exporting: other processes map this process's heap (one process per GPU).
+      across_hosts: some of them run on other hosts (only fabric handles reach them).
+
+    Raises:
+      ValueError: an unknown name. IrisError: the allocator cannot serve these processes.
+    """
+    if requested not in HEAP_ALLOCATORS:
+        raise ValueError(f"unknown heap allocator {requested!r}; choose one of {HEAP_ALLOCATORS} "
+                         "(IRIS_HEAP_ALLOCATOR or init(heap_allocator=...))")
+    if requested == "auto":
+        if not exporting:
+            return "malloc"
+        if across_hosts:  # only fabric handles reach another host
+            requested = "fabric"
+        else:
+            return "vmm" if all(vmm.supports(dev, "vmm") for dev in devices) else "malloc"
+    if requested != "malloc":
+        missing = [dev for dev in devices if not vmm.supports(dev, requested)]
+        if missing:
+            handle_type, attribute = vmm.KINDS[requested]
+            raise IrisError(
+                f"heap allocator {requested!r}: GPU {missing[0]} does not offer {handle_type} allocations "
+                f"({attribute} or virtual memory management is not supported); "
+                + ("this rank's domain spans several hosts, which only fabric handles reach: make each host a "
+                   "domain (leave IRIS_DOMAIN_SIZE unset, or set it to the GPUs per host)" if across_hosts and
+                   exporting else "use IRIS_HEAP_ALLOCATOR=malloc (cudaMalloc + CUDA IPC)"))
+    if exporting and across_hosts and requested != "fabric":
+        raise IrisError(
+            f"heap allocator {requested!r} reaches the processes of one host only, but this rank's domain spans "
+            "several hosts: use 'fabric' on a multi-node NVLink system that offers it, or make each host a "
+            "domain (leave IRIS_DOMAIN_SIZE unset, or set it to the GPUs per host)")
+    return requested
+
+
+def _agree(store: KeyValueStore, session: str, rank: int, peers: Sequence[int], chosen: str, requested: str,
+           timeout_s: float) -> None:
+    """Raises RankMismatchError unless every peer chose the same allocator (before any allocates)."""
+    store.set(f"iris/{session}/heap-allocator/{rank}", chosen.encode())
+    for peer in peers:
+        theirs = store.get(f"iris/{session}/heap-allocator/{peer}", timeout_s).decode()
+        if theirs != chosen:
+            raise RankMismatchError(
+                f"rank {rank} chose heap allocator {chosen!r} (asked for {requested!r}) but rank {peer} chose "
+                f"{theirs!r}; every process must use the same one: set IRIS_HEAP_ALLOCATOR (or "
+                "init(heap_allocator=...)) alike in all of them, e.g. to 'malloc'")
+
+
+def _enable_peer_access(rt, devices: Sequence[int]) -> None:
+    """Peer access between every pair of this process's GPUs (one process, several devices)."""
+    for a in devices:
+        for b in devices:
+            if a != b:
+                _check(rt.cudaSetDevice(a), "cudaSetDevice")
+                can = _check(rt.cudaDeviceCanAccessPeer(a, b), "cudaDeviceCanAccessPeer")
+                if not can:
+                    raise IrisError(f"GPU {a} cannot access GPU {b} (no NVLink/P2P path)")
+                err = rt.cudaDeviceEnablePeerAccess(b, 0)[0]
+                if err not in (rt.cudaError_t.cudaSuccess,
+                               rt.cudaError_t.cudaErrorPeerAccessAlreadyEnabled):
+                    raise IrisError(f"cudaDeviceEnablePeerAccess({a}->{b}) failed: {err}")
+                rt.cudaGetLastError()
+
+
+_SIZE = struct.Struct("<Q")  # a VMM heap's mapped size, in the store before its fabric handle
 
 
 def _handle_bytes(handle) -> bytes:
