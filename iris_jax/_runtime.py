@@ -34,7 +34,6 @@ from collections.abc import Iterator, Sequence
 import jax
 import numpy as np
 
-from iris_core import gpu_watchdog
 from iris_core.errors import CrossDomainError, IrisError, PeerTimeoutError, RankMismatchError
 from iris_core.heap.allocator import format_bytes
 from iris_core.heap.context_layout import encode_context
@@ -176,7 +175,6 @@ class Runtime:
         self.domains = _domains(self.world_size, self.domain_size)
         self.heap = CudaHeap(len(local), heap_size, list(range(len(local))),
                              [d.local_hardware_id for d in local], heap_allocator=self._heap_allocator_setting)
-        gpu_watchdog.watch([d.local_hardware_id for d in local])  # a trapped kernel ends the process, no hang
         self._device_ranks = {d: r for r, d in enumerate(local)}
         self.store = None
 
@@ -206,7 +204,6 @@ class Runtime:
                              reachable=domain, heap_allocator=self._heap_allocator_setting,
                              across_hosts=len({hosts[r] for r in domain}) > 1)
         self._device_ranks = {local[0]: rank}
-        gpu_watchdog.watch([local[0].local_hardware_id])
         self._join_processes(rank)
 
     def _join_processes(self, rank: int) -> None:

@@ -80,19 +80,10 @@ class Result:
                  for m in [re.match(r"([\d.]+) s", detail)] if m]
         return max(times) if times else float("nan")
 
-    def ended_by_watchdog(self, process: int) -> bool:
-        """Whether iris's GPU watchdog ended the process (its CUDA context had failed; see
-        iris_core.gpu_watchdog), rather than a hang or a crash."""
-        from iris_core.gpu_watchdog import EXIT_CODE
-
-        return self.returncodes[process] == EXIT_CODE and "iris: ending the process" in self.logs[process]
-
-    def check(self, scenario: str, watchdog_ok: bool = False) -> None:
-        """Raises AssertionError unless every process reported `scenario` OK (or, with
-        watchdog_ok, was ended by the GPU watchdog)."""
+    def check(self, scenario: str) -> None:
+        """Raises AssertionError unless every process reported `scenario` OK."""
         reports = self.reports.get(scenario, {})
-        bad = [p for p in range(self.world_size) if reports.get(p, ("missing",))[0] != "OK"
-               and not (watchdog_ok and self.ended_by_watchdog(p))]
+        bad = [p for p in range(self.world_size) if reports.get(p, ("missing",))[0] != "OK"]
         if not bad:
             return
         why = "timed out" if self.timed_out else "ran"
@@ -110,11 +101,10 @@ class Result:
             parts.append(f"{scenario} {ok}/{self.world_size} OK {self.seconds_of(scenario):.0f} s")
         return f"{self.label}: {self.seconds:.0f} s{' (timed out)' if self.timed_out else ''}; " + ", ".join(parts)
 
-    def check_exit(self, watchdog_ok: bool = False) -> None:
-        """Raises AssertionError unless every process ended with `process P: OK` and exit code 0
-        (or, with watchdog_ok, was ended by the GPU watchdog)."""
+    def check_exit(self) -> None:
+        """Raises AssertionError unless every process ended with `process P: OK` and exit code 0."""
         bad = [p for p, (rc, log) in enumerate(zip(self.returncodes, self.logs, strict=True))
-               if (rc != 0 or f"process {p}: OK" not in log) and not (watchdog_ok and self.ended_by_watchdog(p))]
+               if rc != 0 or f"process {p}: OK" not in log]
         if bad:
             raise AssertionError(f"{self.label}: process(es) {bad} did not end cleanly (exit codes "
                                  f"{[self.returncodes[p] for p in bad]}):\n" +

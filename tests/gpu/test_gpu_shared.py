@@ -58,9 +58,7 @@ def worlds(tmp_path_factory):
 def timeout_worlds(request, tmp_path_factory):
     if SCENARIOS:  # after the main runs: a trap in one of these processes stays apart from them
         request.getfixturevalue("worlds")
-    # a rank whose JAX never returns from the trapped call is ended by iris's GPU watchdog, 5 s on
-    return _launch_all(tmp_path_factory, ["timeouts"], "shared_timeouts", TIMEOUT_LIMIT_S,
-                       env={"IRIS_DEAD_CONTEXT_EXIT_S": "5"})
+    return _launch_all(tmp_path_factory, ["timeouts"], "shared_timeouts", TIMEOUT_LIMIT_S)
 
 
 if SCENARIOS:  # (IRIS_GPU_SHARED_SCENARIOS may name the timeouts alone)
@@ -78,15 +76,7 @@ if TIMEOUTS:
     @pytest.mark.parametrize("world_size", WORLD_SIZES)
     def test_absent_rank_fails_the_others_promptly(timeout_worlds, world_size):
         """The last rank never calls a device barrier, then an all_reduce (timeout_s=3 each): the
-        others get PeerTimeoutError naming it, then a failed all_reduce; no process hangs. JAX
-        does not always return from a call whose kernel trapped (when every launch of the program
-        came before the trap); iris's GPU watchdog then ends that process (iris_core.gpu_watchdog),
-        after its device barrier had named the absent rank."""
+        others get PeerTimeoutError naming it, then a failed all_reduce; no process hangs."""
         result = timeout_worlds[world_size]
-        missing = world_size - 1
-        assert not result.timed_out, result.summary()
-        for p in range(world_size):
-            if result.ended_by_watchdog(p):
-                assert f"device barrier timed out waiting for rank(s) [{missing}]" in result.logs[p], result.logs[p][-3000:]
-        result.check("timeouts", watchdog_ok=True)
-        result.check_exit(watchdog_ok=True)
+        result.check("timeouts")
+        result.check_exit()
