@@ -74,6 +74,13 @@ class _DistributedStore:
                 "start, or did not get this far") from e
 
 
+def _call_table(heap):
+    """The simulator's call records, the first allocation of every heap (so at one offset everywhere)."""
+    from iris_core.sim import call_table
+
+    return call_table.CallTable(heap, heap.allocate(call_table.NBYTES, zero=True))
+
+
 class Runtime:
     """Heaps, ranks and contexts of the participating devices.
 
@@ -98,6 +105,7 @@ class Runtime:
         _check_heap_allocator(self._heap_allocator_setting)
         self.domains: tuple[tuple[int, ...], ...] | None = None  # set by the model's init, before any heap maps
         self.sim_world = None
+        self.call_table = None  # the simulator's check that a group's ranks make the same calls
         self._bases_seen_by: list[list[int]] | None = None  # one process per rank: see _join_processes
         if launched is not None:
             self._init_launched_sim(launched, heap_size or DEFAULT_SIM_HEAP_SIZE, devices)
@@ -153,6 +161,7 @@ class Runtime:
         self._device_ranks = {local[0]: rank}
         self.store = FileStore(launched.store_path)
         self._session = _next_session()
+        self.call_table = _call_table(self.heap)
         if joined:
             self._join_processes(rank)
 
@@ -166,6 +175,7 @@ class Runtime:
         self.heap = self.sim_world.create_heaps(heap_size)
         self._device_ranks = {d: r for r, d in enumerate(local)}
         self.store = None
+        self.call_table = _call_table(self.heap)
 
     def _init_gpu_single(self, heap_size, local):
         from iris_core.heap.cuda import CudaHeap

@@ -28,9 +28,10 @@ import jax
 import numpy as np
 from jax.interpreters import mlir
 
-from iris_core.errors import NotOnHeapError
+from iris_core.errors import NotOnHeapError, PeerTimeoutError, RankMismatchError
 from iris_core.heap.context_layout import context_words, trace_offset
 from iris_core.heap.shared_memory import SHM_DIR
+from iris_core.sim import call_table
 from iris_core.sim.interpreter import Pointer, run_kernel
 from iris_jax import _runtime as runtime_lib
 from iris_jax._ffi import register_cpu_target
@@ -62,6 +63,8 @@ class KernelSpec:
     group_nbytes: int = 0  # >0: the kernel's second argument is the group row (collectives)
     ordered_after: int = 0  # trailing operands that only order this call after the previous one
     debug: bool = False  # triton_call(debug=True): device-side assertions raise
+    signature: int = 0  # group kernels: what the ranks' records of a call must agree on (call_table)
+    what: str = ""  # ... and how the call is named to the user
 
     @property
     def group(self) -> bool:
@@ -69,13 +72,13 @@ class KernelSpec:
 
 
 def _lower(ctx, operands, avals_in, *, pass_context, fn, scalar_args, out_shapes, grid,
-           input_output_aliases, zeroed_outputs, symmetric=(), group_axes=None, **params):
+           input_output_aliases, zeroed_outputs, symmetric=(), group_axes=None, workspace="collective", **params):
     from jax_triton.triton_lib import normalize_grid
 
     metaparams = {k: v for k, v in params.items() if k not in _CALL_PARAMS}
     group = 1 if group_axes else 0
     scalars = tuple(sorted((i + group, v) for i, _, v in scalar_args))
-    extra, extra_avals = extra_operands(ctx, group_axes)
+    extra, extra_avals = extra_operands(ctx, group_axes, workspace)
     launch = _resolve(fn, extra_avals if pass_context else [], avals_in, scalars, ctx.avals_out, metaparams,
                       input_output_aliases, pass_context)
     zeroed = zeroed_outputs(launch.constexprs) if callable(zeroed_outputs) else zeroed_outputs
@@ -90,7 +93,7 @@ def _lower(ctx, operands, avals_in, *, pass_context, fn, scalar_args, out_shapes
         zeroed=tuple(zeroed), symmetric=tuple(symmetric), pass_context=pass_context,
         runtime=weakref.ref(runtime_lib.runtime()), debug=bool(params.get("debug", False)))
     if group_axes:
-        spec = dataclasses.replace(spec, group_nbytes=_nbytes(extra_avals[1]))
+        spec = dataclasses.replace(spec, group_nbytes=_nbytes(extra_avals[1]), **_signature(spec, avals_in))
     # the custom call's operands are [context row, group row?, *operands, previous result?]
     offset = len(extra) - (1 if pass_context else 0)
     aliases = {i + offset: o for i, o in input_output_aliases}
@@ -105,6 +108,25 @@ def _lower(ctx, operands, avals_in, *, pass_context, fn, scalar_args, out_shapes
     if results:
         _remember_call(ctx, results[0], ctx.avals_out[0])
     return results
+
+
+def _signature(spec: KernelSpec, avals_in) -> dict:
+    """A group kernel's signature and name (see iris_core.sim.call_table)."""
+    what = spec.constexprs.get("WHAT") or _kernel_name(spec)
+    shapes = ", ".join(f"{np.dtype(a.dtype).name}{list(a.shape)}" for a in avals_in)
+    stable = {k: _stable(v) for k, v in sorted(spec.constexprs.items())}
+    key = (_kernel_name(spec), stable, spec.scalars, spec.grid, spec.operand_nbytes, spec.result_nbytes,
+           [str(d) for d in spec.operand_dtypes])
+    return {"signature": call_table.digest(key), "what": f"iris {what} of ({shapes})"}
+
+
+def _stable(value):
+    """`value` as a repr that is the same in every process (no object addresses)."""
+    if isinstance(value, (bool, int, float, str, type(None))):
+        return value
+    if isinstance(value, (tuple, list)):
+        return tuple(_stable(v) for v in value)
+    return f"{type(value).__name__}:{getattr(value, '__name__', None) or str(value).split(' at 0x')[0]}"
 
 
 def _resolve(fn, lead_avals, avals_in, scalars, avals_out, metaparams, input_output_aliases, pass_context):
@@ -189,10 +211,24 @@ def _execute(rt, spec: KernelSpec, ins: list[int], outs: list[int]) -> None:
                 f"operand {j} of kernel {_kernel_name(spec)} is declared symmetric but is not on "
                 f"rank {rank}'s heap (inside jit it was copied or computed); pass an array made by "
                 "iris_jax (zeros, to_heap, ...) straight into the jitted function. Nothing was run.")
-    if rt.mode == runtime_lib.SIM_WORKERS:
-        _execute_in_worker(rt, rank, spec, group_ptr, operand_ptrs, outs, _trace_words(row_ptr, rt.world_size))
-    else:
-        _execute_here(spec, row_ptr, group_ptr, operand_ptrs, outs)
+    call = members = None
+    if spec.group and rt.call_table is not None:
+        row = np.frombuffer(ctypes.string_at(group_ptr, spec.group_nbytes), np.int32)
+        members = [int(m) for m in row[1:-2]]  # row: [my index, members..., workspace offset (2 words)]
+        call = rt.call_table.begin(rank, call_table.digest(row[1:].tolist()), spec.signature, spec.what)
+    try:
+        if rt.mode == runtime_lib.SIM_WORKERS:
+            _execute_in_worker(rt, rank, spec, group_ptr, operand_ptrs, outs, _trace_words(row_ptr, rt.world_size))
+        else:
+            _execute_here(spec, row_ptr, group_ptr, operand_ptrs, outs)
+    except PeerTimeoutError as e:  # a mismatch can also make the kernels wait for each other
+        problem = call and rt.call_table.mismatch(call, members)
+        if problem:
+            raise RankMismatchError(problem) from e
+        raise
+    problem = call and rt.call_table.mismatch(call, members)
+    if problem:
+        raise RankMismatchError(problem)
 
 
 def _kernel_name(spec) -> str:

@@ -9,10 +9,12 @@ poison, and the next program works, or fails saying why and works after
 `iris_jax.shutdown()`. Each test prints its time to the error ("fault matrix |" lines; run
 with -s to see them).
 
-Two cases misbehave still and are marked so: a psum that only some ranks call pairs with the
-others' next one (test_collective_called_by_only_some_ranks: the others fail, the rank that
-skipped returns their value), and processes of a multi-controller run that disagree on a shape
-get values without an error (test_launched_shapes_that_differ_between_processes, xfail).
+Calls that differ between ranks (a shape, under rank-dependent control flow or between the
+processes of a multi-controller run) pair anyway, since the kernels count calls; the simulator's
+call records (iris_core.sim.call_table) catch the difference and every rank fails with
+RankMismatchError. One case still misbehaves and is marked so: a psum that only some ranks call
+pairs with the others' next one of the same signature (test_collective_called_by_only_some_ranks:
+the others fail, the rank that skipped returns their value).
 """
 
 from __future__ import annotations
@@ -271,6 +273,29 @@ def test_collective_called_by_only_some_ranks(world):
     expect_group_poisoned_then_restart()
 
 
+def test_calls_that_differ_between_ranks(world):
+    """Case 5 (workers): under rank-dependent control flow rank 1 sums 32 elements where the others
+    sum 64. The kernels pair the two calls (they count calls); every rank's call record differs from
+    a peer's, so each fails with RankMismatchError naming both shapes and the other rank, at once;
+    nothing outside the heaps changes, and the next program works."""
+    untouched = Untouched()
+    x = inputs()
+    half = lambda u: jnp.pad(psum(u[:N // 2]), (0, N // 2))  # noqa: E731
+    program = spmd(lambda v: lax.cond(lax.axis_index("i") == 1, half, psum, v)).lower(x).compile()
+    start = time.monotonic()
+    errors = errors_by_rank(program(x))
+    elapsed = time.monotonic() - start
+    for r, error in enumerate(errors):
+        assert error is not None and "RankMismatchError: iris all_reduce(sum)" in error, (r, error)
+        assert "float32[1, 32]" in error and "float32[1, 64]" in error, error
+        assert f"rank {1 if r != 1 else 0}" in error or f"rank {2 if r != 1 else 0}" in error, error
+    record("5 calls that differ between ranks", "workers", "every rank: RankMismatchError naming both shapes",
+           elapsed)
+    assert elapsed < SLACK_S
+    untouched.check()
+    check_psum_works()
+
+
 def test_heap_exhausted_mid_program(world):
     """Case 4 (workers): after kernels ran, an array and a new group's collective workspace that do
     not fit fail with HeapExhaustedError before anything runs; the heap's bookkeeping is as
@@ -436,20 +461,19 @@ def test_launched_collective_called_by_only_some_ranks():
     assert session_left(lines) == []
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "not detected: the collective kernel pairs calls by epoch and reads the sizes its own rank traced "
-    "(iris_core/collectives/kernels.py: no call signature beside the flags), so each process returns a "
-    "sum over its own shape, reading past what a shorter peer staged, without an error"))
 def test_launched_shapes_that_differ_between_processes():
     """Case 5 (launched, multi-controller): jax.distributed.initialize() joins the ranks, whose
-    processes disagree on the shard's length (64 and 65 elements). Every rank should fail naming the
-    psum and the ranks; today both return a value."""
+    processes disagree on the shard's length (64 and 65 elements). The kernels pair the two psums
+    anyway (they count calls); the simulator's call records (iris_core.sim.call_table) differ, and
+    the first rank to compare them fails with RankMismatchError naming the psum, both shapes and the
+    other rank (the launcher then stops the rest)."""
     status, lines = launch("shapes", 2, FAULT_BARRIER_TIMEOUT=str(TIMEOUT_S))
     text = output(lines)
     returned = sorted({w[0] for _, line in lines if (w := said(line)) is not None and w[2].startswith("psum returned")})
     elapsed = lines[-1][0] - when_said(lines, 0, f"psum of {N} elements per rank")
     record("5 shapes differ between processes", "launched, jax.distributed",
-           f"none: ranks {returned} returned a value (summed over their own shapes)" if returned else "an error",
+           f"none: ranks {returned} returned a value (summed over their own shapes)" if returned
+           else "RankMismatchError naming the psum, both shapes and the other rank",
            elapsed)
     assert returned == [] and status != 0, text
-    assert "iris all_reduce(sum)" in text and "rank 1" in text, text
+    assert "RankMismatchError: iris all_reduce(sum)" in text and "rank 1" in text, text
