@@ -95,8 +95,8 @@ def triton_call(*args: Any, kernel, out_shape, grid, name: str = "",
                 enable_fp_fusion: bool = True, input_output_aliases: dict[int, int] | None = None,
                 zeroed_outputs: Sequence[int] | Callable = (), debug: bool = False,
                 serialized_metadata: bytes = b"", symmetric: Sequence[int] = (),
-                group_axes: tuple[str, ...] | None = None, out_varying: tuple[str, ...] | None = None,
-                **metaparams: Any):
+                group_axes: tuple[str, ...] | None = None, workspace: str = "collective",
+                out_varying: tuple[str, ...] | None = None, **metaparams: Any):
     """Calls a Triton kernel whose first parameter receives the iris context.
 
     Same arguments as `jax_triton.triton_call` (the context is not among `args`; indices
@@ -110,6 +110,8 @@ def triton_call(*args: Any, kernel, out_shape, grid, name: str = "",
         after the context, an int32 array [my index in the group, global rank of member 0,
         ..., member G-1, workspace offset low, high] (members in the order of
         `lax.axis_index(group_axes)`; the workspace: see iris_jax.workspace).
+      workspace: which part of the group's workspace that offset points to: "collective"
+        (the collective kernels') or "fused" (the fused GEMM ops').
       out_varying: mesh axes the outputs vary over (default: every manual axis); a
         collective whose result is the same across an axis leaves that axis out.
     """
@@ -142,7 +144,8 @@ def triton_call(*args: Any, kernel, out_shape, grid, name: str = "",
         compute_capability=compute_capability, enable_fp_fusion=enable_fp_fusion,
         input_output_aliases=tuple((i + 1, o) for i, o in (input_output_aliases or {}).items()),
         zeroed_outputs=zeroed_outputs, debug=debug, serialized_metadata=serialized_metadata,
-        symmetric=symmetric_operands, group_axes=tuple(group_axes) if group_axes else None, **metaparams)
+        symmetric=symmetric_operands, group_axes=tuple(group_axes) if group_axes else None, workspace=workspace,
+        **metaparams)
     return tree_util.tree_unflatten(out_tree, out_flat)
 
 
@@ -212,9 +215,9 @@ def context_operand(ctx):
     return per_device_operand(ctx, runtime_lib.runtime().context_table(devices_of(ctx)))
 
 
-def group_table(ctx, group_axes: tuple[str, ...]) -> np.ndarray:
+def group_table(ctx, group_axes: tuple[str, ...], workspace: str = "collective") -> np.ndarray:
     """Per device: [index in its group over `group_axes`, global ranks of the group's members,
-    heap offset of the partition's workspace as two int32 words (low, high)].
+    heap offset of the partition's `workspace` part as two int32 words (low, high)].
 
     Raises:
       CrossDomainError: a group spans domains (see Runtime.domains), before anything runs.
@@ -244,16 +247,16 @@ def group_table(ctx, group_axes: tuple[str, ...]) -> np.ndarray:
         rows.append([index, *members])
     for group in {tuple(row[1:]) for row in rows}:  # heaps map only within a domain
         rt.check_one_domain(group, f"an iris kernel over mesh axes {tuple(group_axes)}")
-    offset = workspaces(rt).offset_for(row[1:] for row in rows)
+    offset = workspaces(rt).offset_for((row[1:] for row in rows), workspace)
     return np.asarray([[*row, offset & 0xFFFFFFFF, offset >> 32] for row in rows], np.int64).astype(np.int32)
 
 
-def extra_operands(ctx, group_axes):
+def extra_operands(ctx, group_axes, workspace="collective"):
     """Operands prepended to the kernel's arguments: the context row, then the group row."""
     operands = [context_operand(ctx)]
     avals = [context_aval()]
     if group_axes:
-        table = group_table(ctx, group_axes)
+        table = group_table(ctx, group_axes, workspace)
         operands.append(per_device_operand(ctx, table))
         avals.append(core.ShapedArray(table.shape[1:], np.int32))
     return operands, avals
@@ -263,12 +266,12 @@ def context_aval() -> core.ShapedArray:
     return core.ShapedArray(runtime_lib.runtime().context(0).shape, np.int32)
 
 
-def _gpu_lowering(ctx, device_index, *args, fn, symmetric, group_axes, scalar_args, input_output_aliases,
-                  **params):
+def _gpu_lowering(ctx, device_index, *args, fn, symmetric, group_axes, workspace, scalar_args,
+                  input_output_aliases, **params):
     from jax_triton import triton_lib
 
     del device_index, symmetric  # device_index carries the outputs' varying axes only
-    extra, extra_avals = extra_operands(ctx, group_axes)
+    extra, extra_avals = extra_operands(ctx, group_axes, workspace)
     shift = len(extra) - 1  # user arguments were numbered after the context only
     kernel_ctx = ctx.replace(avals_in=[*extra_avals, *ctx.avals_in[1:]])
     results = triton_lib.triton_kernel_call_lowering(

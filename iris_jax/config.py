@@ -21,6 +21,8 @@ from collections.abc import Iterator, Mapping
 
 import jax
 
+from iris_core.device.flags import DEFAULT_TIMEOUT_S
+
 VARIANTS = ("auto", "one_shot", "two_shot", "ring", "atomic", "spinlock")
 _LAUNCH_WARPS = (1, 2, 4, 8, 16, 32)
 
@@ -49,7 +51,7 @@ class CollectiveConfig:
     """
 
     variant: str = "auto"
-    timeout_s: float = 60.0
+    timeout_s: float = DEFAULT_TIMEOUT_S
     two_shot_from: int = 1 << 62  # two-shot never beat one-shot on 2 x H200 (RESULTS.md)
     zero_copy_from: int = 16 << 20
     push_from: int = 32 << 20
@@ -132,6 +134,12 @@ _scoped = jax.make_user_context(default_value=None)
 @functools.cache
 def _from_environment() -> CollectiveConfig:
     return CollectiveConfig.from_env()
+
+
+def default_timeout_s() -> float:
+    """How long a call that passes no timeout and no config waits for a peer (the fused ops'
+    default): IRIS_COLLECTIVE_TIMEOUT as it was at the first call, else DEFAULT_TIMEOUT_S."""
+    return _from_environment().timeout_s
 
 
 def default_config() -> CollectiveConfig:

@@ -43,6 +43,12 @@ DEFAULT_STREAM_PROGRAMS_PER_SM, DEFAULT_STREAM_WARPS = 2, 4
 # less than many small ones (RESULTS.md, "Simulator speed"); a simulated device counts as 2 SMs
 SIM_BLOCK, SIM_SMS = 1 << 16, 2
 MIN_BLOCK = 256
+FALLBACK_SMS = 132  # an H200's, for devices that do not report their SM count
+
+
+def sm_count(rt) -> int:
+    """SMs of the runtime's GPUs (FALLBACK_SMS where the device does not say)."""
+    return int(getattr(rt.devices[0], "core_count", None) or FALLBACK_SMS)
 
 
 def group_size(axes) -> int:
@@ -192,8 +198,7 @@ def launch_config(rt, config: CollectiveConfig, streamed: bool = False) -> tuple
         per_sm, warps = config.programs_per_sm or DEFAULT_PROGRAMS_PER_SM, config.warps or DEFAULT_WARPS
     if simulated:
         return block, min(per_sm * SIM_SMS, MAX_PROGRAMS), 4
-    sms = getattr(rt.devices[0], "core_count", None) or 132
-    return block, min(per_sm * sms, MAX_PROGRAMS), warps
+    return block, min(per_sm * sm_count(rt), MAX_PROGRAMS), warps
 
 
 def fitting_block(block: int, buffer_bytes: int, slots: int, itemsize: int) -> int:

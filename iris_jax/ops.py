@@ -8,7 +8,7 @@
 Each fused op is one persistent Triton kernel (iris_core.kernels.fused) that moves data
 tile by tile while the remaining tiles are still computed. matmul_all_reduce and
 matmul_reduce_scatter: most programs compute C tiles into the heap and flag them, the
-others (`FusedWorkspace.reduce_programs`, 16 of 132 on H200) pull the members' tiles over
+others (`FusedSettings.reduce_programs`, 16 of 132 on H200) pull the members' tiles over
 the link and reduce them. all_gather_matmul: a few programs push A's row tiles to the peers,
 the others multiply them as they arrive.
 Inputs: float32, bfloat16 or float16 (both operands the same dtype), accumulation in
@@ -32,13 +32,11 @@ link (the few reducing programs pull below its rate) or by a last round of tiles
 overlaps. The simulator has no speed to choose by; there `auto` runs the fused kernels, so
 that code built on the simulator exercises them.
 
-Workspace: the kernels exchange tiles through a fixed region of every heap (`FusedWorkspace`:
-2 x IRIS_FUSED_WORKSPACE_BYTES, default 128 MiB on GPUs and 512 KiB on the simulator, plus
-flags). Problems larger than the workspace run as several kernels over row chunks.
-
-Caveat: reuse of the workspace between calls is race-free when consecutive fused calls use
-the same group (a 1-D mesh, or always the same axes of a multi-axis mesh); alternating fused
-calls over different axes of one mesh can race (see iris_core/kernels/fused.py).
+Workspace: the kernels exchange tiles through the fused part of their partition's workspace
+(iris_jax.workspace: one per partition of the ranks into groups, so calls over different
+axes of a mesh never share flags or buffers; 2 x IRIS_FUSED_WORKSPACE_BYTES, default 128 MiB
+on GPUs and 512 KiB on the simulator, plus flags). Problems larger than it run as several
+kernels over row chunks.
 """
 
 from __future__ import annotations
@@ -50,44 +48,35 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from iris_core.device import flags
+from iris_core.collectives.workspace import MAX_PROGRAMS
 from iris_core.errors import IrisError
 from iris_core.kernels import fused as F
 from iris_core.kernels import gemm as Gm
 from iris_jax import _runtime as runtime_lib
 from iris_jax import collectives as C
 from iris_jax.call import triton_call, vary, varying_axes
-from iris_jax.lowering import group_size
+from iris_jax.config import default_timeout_s
+from iris_jax.lowering import group_size, sm_count
+from iris_jax.workspace import workspaces
 
 SUPPORTED_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
 IMPLS = ("auto", "fused", "xla")
-MAX_PROGRAMS = 256
-DEFAULT_TIMEOUT_S = float(os.environ.get("IRIS_COLLECTIVE_TIMEOUT", flags.DEFAULT_TIMEOUT_S))
-DEFAULT_POLL_NS = 500  # FusedWorkspace.poll_ns
+DEFAULT_POLL_NS = 500  # FusedSettings.poll_ns
 # auto on GPUs (see the docstring and _auto_fused)
 AUTO_SMALL_FLOPS = 2 ** 34  # per rank: M = 1024, N = K = 4096 on 2 GPUs
 AUTO_MIN_INTENSITY = 4096  # FLOPs per byte a rank receives over the link
 AUTO_MIN_PRODUCT = 2 ** 24  # elements of the product each rank computes
 
 
-class FusedWorkspace:
-    """Fixed heap region of the fused kernels: epochs, flags, 2 parity data buffers."""
+class FusedSettings:
+    """How the fused kernels launch on this runtime: grid, programs per role, poll period and
+    GEMM tile configuration (their workspace: iris_jax.workspace)."""
 
     def __init__(self, rt):
         self.simulated = rt.mode.startswith("sim")
-        default = (512 << 10) if self.simulated else (128 << 20)
-        self.data_bytes = int(os.environ.get("IRIS_FUSED_WORKSPACE_BYTES", default)) // 256 * 256
-        self.flag_count = (1 << 12) if self.simulated else (1 << 16)
-        self.flags = MAX_PROGRAMS * flags.LINE_BYTES
-        self.data = self.flags + math.ceil(self.flag_count * 4 / 256) * 256
-        self.offset = rt.allocate_shared(self.data + 2 * self.data_bytes)
         # the grid of every fused kernel: all programs co-resident (<= SMs); fixed, so every
         # program's epoch advances once per call
-        if self.simulated:
-            self.programs = 3
-        else:
-            sms = getattr(rt.devices[0], "core_count", None) or 132
-            self.programs = min(int(sms), MAX_PROGRAMS)
+        self.programs = 3 if self.simulated else min(sm_count(rt), MAX_PROGRAMS)
         self.comm_programs = 1 if self.simulated else 8  # all_gather_matmul's pushing programs
 
     @property
@@ -125,8 +114,8 @@ class FusedWorkspace:
         return 128, 256, 64, 8, "tf32", 8, 3
 
 
-def workspace() -> FusedWorkspace:
-    return runtime_lib.runtime().service("fused_ops", FusedWorkspace)
+def settings() -> FusedSettings:
+    return runtime_lib.runtime().service("fused_ops", FusedSettings)
 
 
 # -- helpers --------------------------------------------------------------------------------
@@ -200,6 +189,10 @@ def _dot(a, b):
     return jnp.dot(a, b, preferred_element_type=jnp.float32).astype(a.dtype)
 
 
+def _timeout_ns(timeout_s):
+    return int((timeout_s or default_timeout_s()) * 1e9)
+
+
 def _chunks(total, step):
     return [(s, min(total, s + step)) for s in range(0, total, step)]
 
@@ -217,7 +210,7 @@ def matmul(a, b):
     N = b.shape[1]
     if M == 0 or N == 0 or K == 0:
         return jnp.zeros((M, N), a.dtype)
-    ws = workspace()
+    ws = settings()
     meta, launch = _common(a, b, ws)
     tiles = math.ceil(M / meta["BM"]) * math.ceil(N / meta["BN"])
     return triton_call(a, b, kernel=Gm.matmul_kernel, out_shape=jax.ShapeDtypeStruct((M, N), a.dtype),
@@ -229,7 +222,8 @@ def matmul(a, b):
 def _launch_reduce(a, b, axes, scatter: bool, what, timeout_s):
     """Kernel launches (row chunks) of matmul_reduce_kernel. a: (NB*M) x K, NB = G if scatter."""
     rt = runtime_lib.runtime()
-    ws = workspace()
+    ws = settings()
+    layout = workspaces(rt).fused_layout
     G = group_size(axes)
     meta, launch = _common(a, b, ws)
     BM, BN = meta["BM"], meta["BN"]
@@ -240,10 +234,10 @@ def _launch_reduce(a, b, axes, scatter: bool, what, timeout_s):
     # every rank keeps all tiles it computes (NB row blocks) for its peers to pull, and a flag
     # per tile and member
     row_tile_bytes = NB * tiles_n * BM * BN * a.dtype.itemsize
-    row_tiles = min(ws.data_bytes // row_tile_bytes, ws.flag_count // (NB * tiles_n * G))
+    row_tiles = min(layout.data_bytes // row_tile_bytes, layout.flag_count // (NB * tiles_n * G))
     if row_tiles < 1:
         raise IrisError(f"iris_jax.ops.{what}: N={N} is too wide for the fused workspace "
-                        f"({ws.data_bytes} bytes); raise IRIS_FUSED_WORKSPACE_BYTES or use impl='xla'")
+                        f"({layout.data_bytes} bytes); raise IRIS_FUSED_WORKSPACE_BYTES or use impl='xla'")
     step = row_tiles * BM
     vma = varying_axes(a) | varying_axes(b)
     out_varying = tuple(sorted(vma | set(axes))) if scatter else tuple(sorted(vma - set(axes)))
@@ -257,11 +251,11 @@ def _launch_reduce(a, b, axes, scatter: bool, what, timeout_s):
         gemm_programs = ws.programs if tiles <= ws.programs else ws.programs - ws.reduce_programs
         outs.append(triton_call(
             part, b, kernel=F.matmul_reduce_kernel, out_shape=jax.ShapeDtypeStruct((r1 - r0, N), a.dtype),
-            grid=(ws.programs,), group_axes=axes, out_varying=out_varying,
+            grid=(ws.programs,), group_axes=axes, workspace="fused", out_varying=out_varying,
             M=r1 - r0, N=N, K=K, stride_am=K, stride_ak=1, stride_bk=N, stride_bn=1, SCATTER=int(scatter), G=G,
-            WORLD=rt.world_size, GEMM_PROGRAMS=gemm_programs, WS_OFFSET=ws.offset, FLAGS=ws.flags,
-            DATA=ws.data, DATA_BYTES=ws.data_bytes, POLL_NS=ws.poll_ns,
-            TIMEOUT_NS=int((timeout_s or DEFAULT_TIMEOUT_S) * 1e9), WHAT=what, **meta, **launch))
+            WORLD=rt.world_size, GEMM_PROGRAMS=gemm_programs, FLAGS=layout.flags, DATA=layout.data,
+            DATA_BYTES=layout.data_bytes, POLL_NS=ws.poll_ns, TIMEOUT_NS=_timeout_ns(timeout_s), WHAT=what,
+            **meta, **launch))
     return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=0)
 
 
@@ -355,17 +349,18 @@ def matmul_reduce_scatter(a, b, axis_name, scatter_dimension: int = 0, *, impl: 
 # -- all-gather + matmul -------------------------------------------------------------------------
 def _launch_gather(a, b, axes, timeout_s):
     rt = runtime_lib.runtime()
-    ws = workspace()
+    ws = settings()
+    layout = workspaces(rt).fused_layout
     G = group_size(axes)
     meta, launch = _common(a, b, ws)
     BM = meta["BM"]
     M, K = a.shape
     N = b.shape[1]
     row_tile_bytes = G * BM * K * a.dtype.itemsize
-    row_tiles = min(ws.data_bytes // row_tile_bytes, ws.flag_count // G)
+    row_tiles = min(layout.data_bytes // row_tile_bytes, layout.flag_count // G)
     if row_tiles < 1:
         raise IrisError(f"iris_jax.ops.all_gather_matmul: K={K} is too large for the fused workspace "
-                        f"({ws.data_bytes} bytes); raise IRIS_FUSED_WORKSPACE_BYTES or use impl='xla'")
+                        f"({layout.data_bytes} bytes); raise IRIS_FUSED_WORKSPACE_BYTES or use impl='xla'")
     step = row_tiles * BM
     out_varying = tuple(sorted(varying_axes(a) | varying_axes(b) | set(axes)))
     outs = []
@@ -374,11 +369,10 @@ def _launch_gather(a, b, axes, timeout_s):
         out = triton_call(
             part, b, kernel=F.all_gather_matmul_kernel,
             out_shape=jax.ShapeDtypeStruct((G * (r1 - r0), N), a.dtype), grid=(ws.programs,), group_axes=axes,
-            out_varying=out_varying, M=r1 - r0, N=N, K=K, stride_am=K, stride_ak=1, stride_bk=N, stride_bn=1,
-            G=G, WORLD=rt.world_size, BKC=min(256, max(16, 1 << (K - 1).bit_length())),
-            COMM=ws.comm_programs, WS_OFFSET=ws.offset, FLAGS=ws.flags, DATA=ws.data,
-            DATA_BYTES=ws.data_bytes, POLL_NS=ws.poll_ns, TIMEOUT_NS=int((timeout_s or DEFAULT_TIMEOUT_S) * 1e9),
-            WHAT="all_gather_matmul", **meta, **launch)
+            workspace="fused", out_varying=out_varying, M=r1 - r0, N=N, K=K, stride_am=K, stride_ak=1,
+            stride_bk=N, stride_bn=1, G=G, WORLD=rt.world_size, BKC=min(256, max(16, 1 << (K - 1).bit_length())),
+            COMM=ws.comm_programs, FLAGS=layout.flags, DATA=layout.data, DATA_BYTES=layout.data_bytes,
+            POLL_NS=ws.poll_ns, TIMEOUT_NS=_timeout_ns(timeout_s), WHAT="all_gather_matmul", **meta, **launch)
         outs.append(out.reshape(G, r1 - r0, N))
     out = outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=1)
     return out.reshape(G * M, N)
@@ -437,5 +431,5 @@ def all_gather_matmul(a, b, axis_name, gather_axis: int = 0, *, impl: str = "aut
     return f(a, b)
 
 
-__all__ = ["all_gather_matmul", "matmul", "matmul_all_reduce", "matmul_reduce_scatter", "workspace",
-           "FusedWorkspace"]
+__all__ = ["all_gather_matmul", "matmul", "matmul_all_reduce", "matmul_reduce_scatter", "settings",
+           "FusedSettings"]

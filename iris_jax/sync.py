@@ -26,7 +26,6 @@ from iris_jax.call import triton_call
 
 SLOT_WORDS = flags.LINE_BYTES // 8  # int64 words per slot: one line each
 SLOT = tl.constexpr(SLOT_WORDS)
-DEFAULT_TIMEOUT_S = flags.DEFAULT_TIMEOUT_S
 
 
 class _BarrierArea:
@@ -54,7 +53,7 @@ def _device_barrier(context_ptr, after_ptr, status_ptr, AREA_OFFSET: tl.constexp
     ctx.tracing.record_event_end(event)
 
 
-def device_barrier(*arrays, timeout_s: float = DEFAULT_TIMEOUT_S):
+def device_barrier(*arrays, timeout_s: float = flags.DEFAULT_TIMEOUT_S):
     """Waits, on the devices, until every rank reached this point; returns `arrays` unchanged.
 
     Use inside `jax.jit(jax.shard_map(...))` between kernels. The barrier runs after the

@@ -1,11 +1,14 @@
 """Heap workspaces for communicating kernels, one per *partition* of the ranks into groups.
 
-A collective over mesh axes splits the mesh's devices into disjoint groups (a partition).
+A collective or fused op over mesh axes splits the mesh's devices into disjoint groups (a partition).
 Every group of a partition runs the same sequence of calls, so epochs and double-buffered
 flags stay consistent inside the partition; two partitions that share ranks (a mesh's x and
 y axes, or two meshes over overlapping devices) would not, so each partition gets its own
 workspace, allocated from the symmetric heap the first time it is used. Disjoint groups of
-one partition share the offset (they never touch each other's heaps).
+one partition share the offset (they never touch each other's heaps). A partition has two
+parts, each allocated the first time a kernel of its kind runs over it: the collectives'
+and the fused GEMM ops' (iris_jax.ops), so that neither kind's flags or buffers see the
+other's calls.
 
 Size per partition: `WorkspaceLayout(world_size, data_bytes, stream_bytes).total_bytes`,
 about 4 x data_bytes + 2 x stream_bytes (2 x 2 buffers, and the streamed calls' own 2);
@@ -14,6 +17,10 @@ IRIS_WORKSPACE_BYTES), stream_bytes to 4 x data_bytes (IRIS_STREAM_BYTES): ~195 
 partition on GPUs. A 64 MiB streamed buffer holds one slot per sender (G - 1 of them), so
 psum, all_gather, psum_scatter and all_to_all calls of up to 64 MiB per rank stream on 2
 GPUs (21 MiB on 4). Larger arrays are processed in chunks.
+
+Fused part per partition: `FusedLayout(data_bytes, flag_count).total_bytes`, 2 x data_bytes
+plus epochs and flags; data_bytes defaults to 128 MiB on GPUs and 512 KiB on the simulator
+(IRIS_FUSED_WORKSPACE_BYTES). Problems larger than it run as several kernels over row chunks.
 """
 
 from __future__ import annotations
@@ -21,7 +28,9 @@ from __future__ import annotations
 import os
 import threading
 
-from iris_core.collectives.workspace import WorkspaceLayout
+from iris_core.collectives.workspace import FusedLayout, WorkspaceLayout
+
+PARTS = ("collective", "fused")
 
 
 class GroupWorkspaces:
@@ -33,21 +42,35 @@ class GroupWorkspaces:
         data_bytes = int(os.environ.get("IRIS_WORKSPACE_BYTES", default))
         stream_bytes = int(os.environ.get("IRIS_STREAM_BYTES", 4 * data_bytes))  # the streamed calls' buffers
         self.layout = WorkspaceLayout(rt.world_size, data_bytes, stream_bytes)
+        fused_default = (512 << 10) if self.simulated else (128 << 20)
+        fused_bytes = int(os.environ.get("IRIS_FUSED_WORKSPACE_BYTES", fused_default)) // 256 * 256
+        self.fused_layout = FusedLayout(fused_bytes, (1 << 12) if self.simulated else (1 << 16))
+        self._sizes = {"collective": self.layout.total_bytes, "fused": self.fused_layout.total_bytes}
         self._rt = rt
-        self._offsets: dict[tuple, int] = {}
+        self._offsets: dict[str, dict[tuple, int]] = {part: {} for part in PARTS}
         self._lock = threading.Lock()
 
-    def offset_for(self, groups) -> int:
-        """Heap offset of the workspace of the partition made of `groups` (rank tuples)."""
+    def offset_for(self, groups, part: str = "collective") -> int:
+        """Heap offset of `part` ("collective" or "fused") of the workspace of the partition
+        made of `groups` (rank tuples)."""
+        if part not in PARTS:
+            raise ValueError(f"unknown workspace part {part!r}; choose one of {PARTS}")
         key = tuple(sorted(tuple(g) for g in set(map(tuple, groups))))
         with self._lock:
-            if key not in self._offsets:
-                self._offsets[key] = self._rt.allocate_shared(self.layout.total_bytes)
-            return self._offsets[key]
+            offsets = self._offsets[part]
+            if key not in offsets:
+                offsets[key] = self._rt.allocate_shared(self._sizes[part])
+            return offsets[key]
+
+    def offsets(self, part: str = "collective") -> list[int]:
+        """Heap offsets of `part` of every partition's workspace allocated so far."""
+        with self._lock:
+            return list(self._offsets[part].values())
 
     @property
     def partitions(self) -> int:
-        return len(self._offsets)
+        """Partitions with a collective workspace."""
+        return len(self._offsets["collective"])
 
 
 def workspaces(rt=None) -> GroupWorkspaces:

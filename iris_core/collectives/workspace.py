@@ -1,4 +1,8 @@
-"""Layout of the fixed collective workspace that every rank keeps at one heap offset.
+"""Layouts of the workspaces that every rank keeps at one heap offset per partition of the
+ranks (iris_jax.workspace): the collectives' (`WorkspaceLayout`) and the fused GEMM ops'
+(`FusedLayout`, at the end of this docstring).
+
+Collectives:
 
     epochs  [MAX_PROGRAMS]              at offset 0: local call counter of each program (one line each)
     flags   [MAX_PROGRAMS][W]           flag p of program k on my heap: the last stamp rank p raised
@@ -18,11 +22,18 @@ Every flag sits on its own 128-byte line. A call's flags carry stamps epoch * ST
 so they only grow; buffers alternate with the epoch's parity, so back-to-back calls need no
 reset and no host synchronization: a rank overwrites a buffer only after every peer that
 reads it has signalled a later round.
+
+Fused ops (iris_core.kernels.fused):
+
+    epochs  [MAX_PROGRAMS]              at offset 0: fused calls each program has made (one line each)
+    flags   int32 [flag_count]          flag f: the epoch in which its data was last published
+    data    [2 parities][data_bytes]    tiles (parity = epoch % 2)
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from math import ceil
 
 from iris_core.device.flags import LINE_BYTES
 
@@ -60,3 +71,21 @@ class WorkspaceLayout:
     @property
     def total_bytes(self) -> int:
         return self.stream + LINE_BYTES + 2 * self.stream_capacity + 3 * 4 * (self.stream_capacity // 256)
+
+
+@dataclass(frozen=True)
+class FusedLayout:
+    data_bytes: int  # per parity buffer, a multiple of 256
+    flag_count: int
+
+    @property
+    def flags(self) -> int:
+        return MAX_PROGRAMS * LINE_BYTES
+
+    @property
+    def data(self) -> int:
+        return self.flags + ceil(self.flag_count * 4 / 256) * 256
+
+    @property
+    def total_bytes(self) -> int:
+        return self.data + 2 * self.data_bytes

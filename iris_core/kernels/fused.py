@@ -5,15 +5,16 @@ moved to the ranks that need them while the remaining tiles are still being comp
     matmul_reduce_kernel(SCATTER=1)   reduce-scatter: out = rows block `me` of that sum
     all_gather_matmul_kernel          all-gather:     out = [A_0; ...; A_{G-1}] @ B_me
 
-Workspace: every rank keeps the same region of its heap (offset WS_OFFSET) with
+Workspace: the fused part of the group's partition workspace (iris_jax.workspace; its heap
+offset is in the group row, the layout is iris_core.collectives.workspace.FusedLayout):
 
     epochs  [MAX_PROGRAMS] int32, one 128-byte line each: calls this program has made
-    flags   int32 [...]: flag f holds the epoch in which its data was last published
-    data    [2 parities][DATA_BYTES]: tiles (parity = epoch % 2)
+    flags   int32 [...] at FLAGS: flag f holds the epoch in which its data was last published
+    data    [2 parities][DATA_BYTES] at DATA: tiles (parity = epoch % 2)
 
 Programs and waits. The grid is always the same P programs (the launcher's fixed count), so
-every program's epoch equals the number of fused calls so far, identical on every rank
-(SPMD). Every wait is bounded by TIMEOUT_NS.
+every program's epoch equals the number of fused calls over this partition so far,
+identical on every member (SPMD). Every wait is bounded by TIMEOUT_NS.
 
 * reduce kernels *pull*, on their own SMs. The GEMM programs write each C tile into their
   own heap and release a flag into the heap of every member that reduces it; they never
@@ -42,23 +43,24 @@ a flag the peer raised in call e - 1 (every call consumes at least one tile from
 member), and kernels of one device run in stream order, so the peer had finished call
 e - 2. Reduce kernels: a rank rewrites its own buffer of parity e % 2 in call e, which peers
 read in call e - 2; in call e - 1 it pulled a tile the peer published in call e - 1, so the
-peer's call e - 2 was over. This holds when consecutive fused calls use the same group (1-D
-meshes, or always the same axes); see iris_jax/ops.py for the multi-axis caveat.
+peer's call e - 2 was over. Both arguments need consecutive calls over one workspace to
+have the same group: hence a workspace per partition of the ranks.
 """
 
 import triton
 import triton.language as tl
 
+from iris_core.collectives.kernels import _workspace_offset
 from iris_core.device import Context, flags
 from iris_core.device.flags import LINE
 from iris_core.kernels.gemm import aligned_rows, store_tile, tile_coords, tile_gemm
 
 
 @triton.jit
-def _prologue(ctx, WS_OFFSET: tl.constexpr):
+def _prologue(ctx, group_ptr, G: tl.constexpr):
     """(workspace base address, my epoch pointer, this call's epoch)."""
     pid = tl.program_id(0)
-    ws_base = tl.load(ctx.heap_bases + ctx.rank) + WS_OFFSET
+    ws_base = tl.load(ctx.heap_bases + ctx.rank) + _workspace_offset(group_ptr, G)
     epoch_ptr = tl.cast(ws_base + pid * LINE, tl.pointer_type(tl.int32))
     return ws_base, epoch_ptr, flags.read_epoch(epoch_ptr) + 1
 
@@ -130,7 +132,7 @@ def matmul_reduce_kernel(context_ptr, group_ptr, a_ptr, b_ptr, out_ptr,
                          stride_bn: tl.constexpr, SCATTER: tl.constexpr, G: tl.constexpr,
                          WORLD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                          GROUP_M: tl.constexpr, PREC: tl.constexpr, GEMM_PROGRAMS: tl.constexpr,
-                         WS_OFFSET: tl.constexpr, FLAGS: tl.constexpr, DATA: tl.constexpr,
+                         FLAGS: tl.constexpr, DATA: tl.constexpr,
                          DATA_BYTES: tl.constexpr, POLL_NS: tl.constexpr, TIMEOUT_NS: tl.constexpr,
                          WHAT: tl.constexpr):
     """A is (NB * M) x K with NB = G if SCATTER else 1, B is K x N; C = A @ B is split into NB
@@ -149,7 +151,7 @@ def matmul_reduce_kernel(context_ptr, group_ptr, a_ptr, b_ptr, out_ptr,
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
     me = tl.load(group_ptr)
-    ws_base, epoch_ptr, epoch = _prologue(ctx, WS_OFFSET)
+    ws_base, epoch_ptr, epoch = _prologue(ctx, group_ptr, G)
     data = tl.cast(ws_base + DATA + (epoch % 2).to(tl.uint64) * DATA_BYTES, out_ptr.dtype)
     tile_flags = tl.cast(ws_base + FLAGS, tl.pointer_type(tl.int32))
     tiles_m = tl.cdiv(M, BM)
@@ -198,7 +200,7 @@ def all_gather_matmul_kernel(context_ptr, group_ptr, a_ptr, b_ptr, out_ptr,
                              stride_bn: tl.constexpr, G: tl.constexpr, WORLD: tl.constexpr,
                              BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BKC: tl.constexpr,
                              GROUP_M: tl.constexpr, PREC: tl.constexpr, COMM: tl.constexpr,
-                             WS_OFFSET: tl.constexpr, FLAGS: tl.constexpr, DATA: tl.constexpr,
+                             FLAGS: tl.constexpr, DATA: tl.constexpr,
                              DATA_BYTES: tl.constexpr, POLL_NS: tl.constexpr, TIMEOUT_NS: tl.constexpr,
                              WHAT: tl.constexpr):
     """A is my M x K block, B is K x N; out ((G * M) x N) = [A_0; ...; A_{G-1}] @ B.
@@ -209,7 +211,7 @@ def all_gather_matmul_kernel(context_ptr, group_ptr, a_ptr, b_ptr, out_ptr,
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
     me = tl.load(group_ptr)
-    ws_base, epoch_ptr, epoch = _prologue(ctx, WS_OFFSET)
+    ws_base, epoch_ptr, epoch = _prologue(ctx, group_ptr, G)
     gathered = tl.cast(ws_base + DATA + (epoch % 2).to(tl.uint64) * DATA_BYTES, a_ptr.dtype)
     tile_flags = tl.cast(ws_base + FLAGS, tl.pointer_type(tl.int32))
     tiles_m = tl.cdiv(M, BM)

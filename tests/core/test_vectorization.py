@@ -61,7 +61,7 @@ def _collective_ptx(kind, variant, push=False, stream=False, zero_copy=False) ->
 def _fused_ptx(kernel: str) -> str:
     M = N = K = 256
     consts = dict(M=M, N=N, K=K, stride_am=K, stride_ak=1, stride_bk=N, stride_bn=1, G=2, WORLD=2, BM=64, BN=64,
-                  BK=32, GROUP_M=8, PREC="tf32", WS_OFFSET=1 << 20, FLAGS=0, DATA=1 << 16, DATA_BYTES=1 << 24,
+                  BK=32, GROUP_M=8, PREC="tf32", FLAGS=0, DATA=1 << 16, DATA_BYTES=1 << 24,
                   POLL_NS=500, TIMEOUT_NS=10**9, WHAT="test")
     if kernel == "matmul_reduce":
         fn, consts = F.matmul_reduce_kernel, dict(consts, SCATTER=0, GEMM_PROGRAMS=12)

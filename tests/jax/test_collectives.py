@@ -91,7 +91,7 @@ def poison():
         area = staging.for_rank(rank)
         with area.lock:
             area.ensure(1 << 20).buffer[:] = POISON_BYTE
-        for offset in list(pool._offsets.values()):  # one workspace per partition of the ranks
+        for offset in pool.offsets():  # one workspace per partition of the ranks
             data = rt.heap.host_view(rank, offset + pool.layout.data, (4 * pool.layout.data_bytes,), np.uint8)
             data[:] = POISON_BYTE
             del data

@@ -18,6 +18,8 @@ from jax.sharding import PartitionSpec as P
 import iris_jax
 from iris_core.errors import IrisError
 from iris_jax import ops
+from iris_jax.call import vary
+from iris_jax.workspace import workspaces
 from tests.jax.helpers import use_runtime
 
 F32, BF16, F16 = jnp.float32, jnp.bfloat16, jnp.float16
@@ -134,40 +136,44 @@ def test_reduce_whole_tiles(rng, monkeypatch, W, reducers):
     _close(got[1], want[1], BF16, "matmul_reduce_scatter")
 
 
-def test_chunked_and_repeated(rng):
+@pytest.fixture
+def small_fused_workspace(monkeypatch):
+    """A fresh runtime whose fused workspaces hold 8 KiB per buffer: a few row tiles per chunk."""
+    iris_jax.shutdown()
+    monkeypatch.setenv("IRIS_FUSED_WORKSPACE_BYTES", str(8 << 10))
+    yield 8 << 10
+    iris_jax.shutdown()
+
+
+def test_chunked_and_repeated(rng, small_fused_workspace):
     """A workspace smaller than the problem (several kernels over row chunks), ten calls in a
     fori_loop (epochs, parity buffers), impl='xla' agreeing with impl='fused'."""
     W = 2
     mesh = _mesh(W)
-    ws = ops.workspace()
-    saved = ws.data_bytes
-    ws.data_bytes = 8 << 10  # 8 KiB: a few row tiles per chunk
-    try:
-        a = _put(mesh, _rand(rng, (70, W * K), F32), P(None, "i"))
-        b = _put(mesh, _rand(rng, (W * K, N), F32), P("i", None))
-        a_col = _put(mesh, _rand(rng, (W * 70, K), F32), P("i", None))
-        b_col = _put(mesh, _rand(rng, (K, W * N), F32), P(None, "i"))
+    assert workspaces().fused_layout.data_bytes == small_fused_workspace
+    a = _put(mesh, _rand(rng, (70, W * K), F32), P(None, "i"))
+    b = _put(mesh, _rand(rng, (W * K, N), F32), P("i", None))
+    a_col = _put(mesh, _rand(rng, (W * 70, K), F32), P("i", None))
+    b_col = _put(mesh, _rand(rng, (K, W * N), F32), P(None, "i"))
 
-        def body(fused, a, b, a_col, b_col):
-            def step(_, c):
-                return c + 0.5 * ops.matmul_all_reduce(a, b, "i") + ops.matmul_reduce_scatter(a, b, "i").sum() \
-                    + ops.all_gather_matmul(a_col, b_col, "i")[:70, :N]
+    def body(fused, a, b, a_col, b_col):
+        def step(_, c):
+            return c + 0.5 * ops.matmul_all_reduce(a, b, "i") + ops.matmul_reduce_scatter(a, b, "i").sum() \
+                + ops.all_gather_matmul(a_col, b_col, "i")[:70, :N]
 
-            def step_xla(_, c):
-                return c + 0.5 * ops.matmul_all_reduce(a, b, "i", impl="xla") \
-                    + ops.matmul_reduce_scatter(a, b, "i", impl="xla").sum() \
-                    + ops.all_gather_matmul(a_col, b_col, "i", impl="xla")[:70, :N]
+        def step_xla(_, c):
+            return c + 0.5 * ops.matmul_all_reduce(a, b, "i", impl="xla") \
+                + ops.matmul_reduce_scatter(a, b, "i", impl="xla").sum() \
+                + ops.all_gather_matmul(a_col, b_col, "i", impl="xla")[:70, :N]
 
-            z = jnp.zeros((70, N), F32)
-            z = lax.pcast(z, ("i",), to="varying")
-            return lax.fori_loop(0, 10, step if fused else step_xla, z)
+        z = jnp.zeros((70, N), F32)
+        z = lax.pcast(z, ("i",), to="varying")
+        return lax.fori_loop(0, 10, step if fused else step_xla, z)
 
-        in_specs = (P(None, "i"), P("i", None), P("i", None), P(None, "i"))
-        got = _jit(lambda *x: body(True, *x), mesh, in_specs, P("i"))(a, b, a_col, b_col)
-        want = _jit(lambda *x: body(False, *x), mesh, in_specs, P("i"))(a, b, a_col, b_col)
-        _close(got, want, F32, "chunked loop")
-    finally:
-        ws.data_bytes = saved
+    in_specs = (P(None, "i"), P("i", None), P("i", None), P(None, "i"))
+    got = _jit(lambda *x: body(True, *x), mesh, in_specs, P("i"))(a, b, a_col, b_col)
+    want = _jit(lambda *x: body(False, *x), mesh, in_specs, P("i"))(a, b, a_col, b_col)
+    _close(got, want, F32, "chunked loop")
 
 
 def test_one_axis_of_a_2d_mesh(rng):
@@ -179,6 +185,49 @@ def test_one_axis_of_a_2d_mesh(rng):
     got = _jit(lambda a, b: ops.matmul_all_reduce(a, b, "x"), mesh, in_specs, out_specs)(a, b)
     want = _jit(lambda a, b: lax.psum(_ref_dot(a, b), "x"), mesh, in_specs, out_specs)(a, b)
     _close(got, want, BF16, "2-D mesh, axis x")
+
+
+@pytest.mark.parametrize("op", ["matmul_all_reduce", "matmul_reduce_scatter", "all_gather_matmul"])
+def test_alternating_axes_with_a_late_rank(rng, op):
+    """Fused calls over x, y, x of a 2 x 2 mesh in one jit, rank 1 arriving 1 s late for the
+    y call, while its y-partner's x-partner runs ahead into the next x call. (Regression: when
+    every fused call shared one workspace, that x call's flags could satisfy a wait of the y
+    call early: all_gather_matmul returned stale rows, the reduce ops timed out. Each axis
+    now has its own workspace.)"""
+    import time
+
+    from jax.experimental import io_callback
+
+    mesh = _mesh(4, ("x", "y"), (2, 2))
+    gather = op == "all_gather_matmul"
+    b_spec = P(None, ("x", "y")) if gather else P(("x", "y"))
+    a = _put(mesh, _rand(rng, (2 * 2 * M, 2 * K), F32), P("x", "y"))                    # [2M, K] per rank
+    b = _put(mesh, _rand(rng, (K, 4 * N) if gather else (4 * K, N), F32), b_spec)      # [K, N] per rank
+    fused = getattr(ops, op)
+    reference = {"matmul_all_reduce": lambda a, b, ax: lax.psum(_ref_dot(a, b), ax),
+                 "matmul_reduce_scatter": lambda a, b, ax: lax.psum_scatter(_ref_dot(a, b), ax, tiled=True),
+                 "all_gather_matmul": lambda a, b, ax: _ref_dot(lax.all_gather(a, ax, tiled=True), b)}[op]
+
+    def late(v):
+        slept = io_callback(lambda u: (time.sleep(1.0), u)[1], jax.ShapeDtypeStruct(v.shape, v.dtype), v)
+        return lax.pcast(slept, ("x", "y"), to="varying")
+
+    def program(call):
+        def body(a, b):
+            rank = lax.axis_index("x") * 2 + lax.axis_index("y")
+            first = call(a, b, "x")
+            a2 = lax.cond(rank == 1, late, lambda u: u, a * 2)
+            second = call(a2, b, "y")
+            third = call(a - 1, b, "x")
+            # every rank's three results, side by side (each made varying over both axes)
+            parts = [vary(p, ("x", "y")) for p in (first, second, third)]
+            return jnp.concatenate([p.reshape(1, -1) for p in parts], axis=1)
+
+        return np.asarray(_jit(body, mesh, (P("x", "y"), b_spec), P(("x", "y")))(a, b))
+
+    want = program(reference)
+    for _ in range(2):  # back to back: the second run starts from the first one's epochs
+        _close(program(lambda a, b, ax: fused(a, b, ax, timeout_s=20)), want, F32, op)
 
 
 @pytest.mark.parametrize("W", [2, 4])
@@ -227,7 +276,7 @@ def test_errors():
 def test_reduce_programs_setting(monkeypatch):
     """IRIS_FUSED_REDUCE_PROGRAMS is read when a call is traced; out of range is an error."""
     _mesh(2)
-    ws = ops.workspace()
+    ws = ops.settings()
     monkeypatch.setenv("IRIS_FUSED_REDUCE_PROGRAMS", "2")
     assert ws.reduce_programs == 2
     monkeypatch.setenv("IRIS_FUSED_REDUCE_PROGRAMS", str(ws.programs))
