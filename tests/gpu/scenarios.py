@@ -35,8 +35,9 @@ TOLERANCE = {"float32": (1e-5, 1e-5), "bfloat16": (2e-2, 2e-2), "float16": (4e-3
 # thins with the world (tier): 2 ranks every variant, kind, dtype and path; 4 ranks every variant and
 # kind in float32 and the other dtypes and paths through a few kernels; 8 ranks every variant and
 # kind once (float32, 2^20 + 3 elements, the default paths); scenarios whose kernels do not depend
-# on the world size (atomics, tuple_hint) or that smaller worlds cover (the forced paths, zero-copy)
-# do not run at the top tiers (UP_TO_TIER), so that the three worlds fit one 10-minute device call.
+# on the world size (atomics, tuple_hint) or that smaller worlds cover (the forced paths, zero-copy,
+# the Pallas kernels at 2 and 4 ranks) do not run at the top tiers (UP_TO_TIER), so that the three
+# worlds fit one 10-minute device call.
 def tier(world) -> int:
     return _tier(world.size)
 
@@ -698,6 +699,106 @@ def tiles(world: World) -> None:
                          exact=not sums)
 
 
+# -- Pallas kernels with iris (experimental) -------------------------------------------------------
+PALLAS_ADD_PROGRAMS = 8  # programs of every rank adding into rank 0's counters
+PALLAS_LOCK_ROUNDS = {"gpu": 50, "sim": 5}  # lock rounds of every rank (each simulated remote op is a callback)
+
+
+def pallas(world: World) -> None:
+    """iris_jax.pallas kernels across the ranks (tests/jax/pallas_kernels.py; Pallas's Triton
+    backend on GPUs, interpret mode on the simulator): a ring put with flags (release add, acquire
+    wait), every atomic contended by every rank's programs on every rank, adds into rank 0's
+    counters with each sem (the old values distinct), a CAS lock on rank 0 around a plain remote
+    read-modify-write (no lost update), and examples/06_pallas_all_reduce.py's one-shot all-reduce
+    in two epochs on the same flags. Every kernel's output starts poisoned (aliased to a poisoned
+    input), and heap arrays that peers write start poisoned too."""
+    import jax
+    from jax.sharding import PartitionSpec as P
+
+    import iris_jax
+    from iris_jax import pallas as ipl
+    from tests.jax import pallas_kernels as K
+
+    W = world.size
+
+    def program(kernel, count, shape, dtype, poison, grid=(), symmetric=()):
+        """kernel(ctx, *count inputs, out) on the mesh; its output of `shape` per rank starts as `poison`."""
+        call = ipl.pallas_call(K.poisoned_output(kernel, count), out_shape=jax.ShapeDtypeStruct(shape, dtype),
+                               grid=grid, symmetric=symmetric, input_output_aliases={count: 0})
+        step = world.smap(call, (P("i"),) * (count + 1), P("i"))
+        return lambda *inputs: step(*inputs, world.put(np.full((W,) + shape, poison, dtype)))
+
+    def on_heap(rows, dtype, value=None):
+        return world.heap(np.asarray(rows, dtype) if value is None else np.full(rows, value, dtype))
+
+    # ring put with flags
+    xs = world.inputs(K.N, "float32", seed=23)
+    inbox, flags = on_heap((W, K.N), np.float32, K.POISON), on_heap((W, 4), np.int32, 0)
+    out = program(K.ring_put, 3, (K.N,), np.float32, np.nan, symmetric=(0, 1))(inbox, flags, world.put(xs))
+    for me in world.ranks:
+        world.expect(f"ring put: out on rank {me}", world.shard(out, me), xs[(me - 1) % W] * 2, exact=True)
+    iris_jax.barrier()  # every rank's kernel ended: the heaps are read below
+    for me in world.ranks:
+        world.expect(f"ring put: inbox of rank {me}", world.shard(inbox, me), xs[(me - 1) % W] * 2, exact=True)
+        world.expect(f"ring put: flags of rank {me}", world.shard(flags, me), [1, 0, 0, 0], exact=True)
+
+    # every atomic, contended
+    counters = on_heap(np.tile(np.asarray(K.CONTENDED_START, np.int32), (W, 1)), np.int32)
+    old = program(K.contended, 1, (3,), np.int32, -5, grid=(3,), symmetric=(0,))(counters)
+    olds = {me: world.shard(old, me) for me in world.ranks}
+    iris_jax.barrier()
+    want = K.contended_expected(W)
+    for me in world.ranks:
+        world.expect(f"contended atomics: counters of rank {me}", world.shard(counters, me), want[me], exact=True)
+        # each program's adds to the W ranks' counter 0 return W old values, each below the final count
+        world.require(f"contended atomics: old values of rank {me}",
+                      ((0 <= olds[me]) & (olds[me] <= W * (3 * W - 1))).all(), olds[me])
+
+    # adds into rank 0's counters, one counter per sem
+    programs, sems = PALLAS_ADD_PROGRAMS, len(K.SEMS)
+    counters = on_heap([np.zeros(sems) if r == 0 else np.full(sems, -5) for r in range(W)], np.int32)
+    old = program(K.add_into_rank0, 1, (programs * sems,), np.int32, -5, grid=(programs,), symmetric=(0,))(counters)
+    olds = {me: world.shard(old, me).reshape(programs, sems) for me in world.ranks}
+    iris_jax.barrier()
+    for me in world.ranks:
+        world.expect(f"adds into rank 0: counters of rank {me}", world.shard(counters, me),
+                     np.full(sems, W * programs if me == 0 else -5), exact=True)
+        for k, sem in enumerate(K.SEMS):
+            seen = olds[me][:, k]
+            world.require(f"adds into rank 0 ({sem}): distinct old values on rank {me}",
+                          len(np.unique(seen)) == programs and seen.min() >= 0 and seen.max() < W * programs, seen)
+
+    # a CAS lock around a plain read-modify-write of rank 0's counter
+    rounds = PALLAS_LOCK_ROUNDS["gpu" if world.runtime.mode.startswith("gpu") else "sim"]
+    lock, counter = on_heap((W, 1), np.int32, 0), on_heap((W, 1), np.int32, 0)
+    taken = program(K.make_cas_lock(rounds), 2, (1,), np.int32, -5, symmetric=(0, 1))(lock, counter)
+    tries = {me: world.shard(taken, me) for me in world.ranks}
+    iris_jax.barrier()
+    for me in world.ranks:
+        world.expect(f"cas lock: counter of rank {me}", world.shard(counter, me), [W * rounds if me == 0 else 0],
+                     exact=True)
+        world.expect(f"cas lock: lock of rank {me}", world.shard(lock, me), [0], exact=True)
+        world.require(f"cas lock: rounds taken on rank {me}", int(tries[me][0]) >= rounds, tries[me])
+
+    # the example's one-shot all-reduce, two epochs on the same flags
+    example = K.example()
+    n = example.N
+    buf, flags = on_heap((W, n), np.float32, K.POISON), on_heap((W, W), np.int32, 0)
+    all_reduce = program(example.one_shot_all_reduce, 4, (n,), np.float32, np.nan, symmetric=(0, 1))
+    for epoch in (1, 2):
+        xs = world.inputs(n, "float32", seed=30 + epoch)
+        out = all_reduce(buf, flags, world.put(np.full((W, 1), epoch, np.int32)), world.put(xs))
+        for me in world.ranks:
+            world.expect(f"one-shot all-reduce epoch {epoch} on rank {me}", world.shard(out, me),
+                         xs.astype(np.float64).sum(0))
+        # (a rank starting the next epoch overwrites its slot of buf, which the example does not
+        # guard: a slower peer may still be reading it for this epoch)
+        iris_jax.barrier()
+        for me in world.ranks:
+            world.expect(f"one-shot all-reduce epoch {epoch}: flags of rank {me}", world.shard(flags, me),
+                         np.full(W, epoch), exact=True)
+
+
 # -- a peer that never arrives (its own run: the collective's trap ends the CUDA context) -----------
 def timeouts(world: World) -> None:
     """The last rank never calls: a device barrier with timeout_s=3 reports it (PeerTimeoutError
@@ -837,12 +938,14 @@ SCENARIOS = {
     "transforms": (transforms, {}),
     "fused": (fused, {}),
     "tiles": (tiles, {}),
+    "pallas": (pallas, {}),
     "tracing": (tracing, {}),  # last but timeouts: enabling tracing clears JAX's caches
     "timeouts": (timeouts, {}),
 }
 ENDS_IN_FAILED_KERNELS = {"timeouts"}  # run last and alone: on GPUs its trap ends the process's CUDA context
 MAIN = [name for name in SCENARIOS if name not in ENDS_IN_FAILED_KERNELS]
-UP_TO_TIER = {"atomics": 1, "tuple_hint": 0, "transforms": 0, "zero_copy": 1, "pushed": 1, "streamed": 1, "chunked": 1}  # others: all
+UP_TO_TIER = {"atomics": 1, "tuple_hint": 0, "transforms": 0, "zero_copy": 1, "pushed": 1, "streamed": 1, "chunked": 1,
+              "pallas": 1}  # others: all
 
 
 def applies(name: str, world_size: int) -> bool:

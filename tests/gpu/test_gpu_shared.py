@@ -1,9 +1,10 @@
 """The GPU suite on any GPU count: world sizes 2, 4 and 8 as processes sharing GPU 0 (pytest -m gpu).
 
-Each world runs every scenario of tests/gpu/scenarios.py (kernels, every atomic, device
-barriers, every collective and all-reduce variant at odd sizes and in four dtypes, pushed,
-streamed, chunked and zero-copy paths, fused ops, tile-level collectives, tracing) in one set
-of processes (tests/gpu/launcher.py), each rank checking its values against numpy; then a run
+Each world runs every scenario of tests/gpu/scenarios.py that applies at its size (kernels,
+every atomic, device barriers, every collective and all-reduce variant at odd sizes and in four
+dtypes, pushed, streamed, chunked and zero-copy paths, fused ops, tile-level collectives,
+iris_jax.pallas kernels at 2 and 4 ranks, tracing) in one set of processes
+(tests/gpu/launcher.py), each rank checking its values against numpy; then a run
 in which the last rank never calls (timeouts). The three worlds run at the same time: their
 kernels time-slice on the GPU and their compilations share the CPUs.
 

@@ -112,6 +112,7 @@ def device_barriers(world) -> None:
 
 SCENARIOS = {"heap_arrays": heap_arrays, "ring_kernels": kernels, "collectives_beside_lax": collectives,
              "device_barriers": device_barriers}
+GPU_SCENARIOS = ["pallas"]  # tests/gpu/scenarios.py's own, run as on GPUs after these
 
 
 def main():
@@ -130,7 +131,7 @@ def main():
     scenarios.SCENARIOS.update({name: (fn, {}) for name, fn in SCENARIOS.items()})  # the GPU runs' runner runs them
     world = scenarios.World(".")
     print(f"process {me}: rank {world.ranks}, heaps mapped {rt}", flush=True)
-    passed = [scenarios.run(world, name) for name in SCENARIOS]
+    passed = [scenarios.run(world, name) for name in [*SCENARIOS, *GPU_SCENARIOS]]
     iris_jax.barrier()
     iris_jax.shutdown()
     print(f"process {me}: {'OK' if all(passed) else 'FAILED'}", flush=True)

@@ -17,9 +17,21 @@ import iris_jax
 from iris_core.errors import IrisError, NotOnHeapError
 from iris_jax import pallas as ipl
 from tests.jax.helpers import read_heap, run_python, smap, use_runtime
-
-N = 8  # elements per rank
-POISON = -7.0
+from tests.jax.pallas_kernels import (
+    CONTENDED_START,
+    POISON,
+    ROUNDS,
+    SEMS,
+    N,
+    add_into_rank0,
+    cas_lock,
+    contended,
+    contended_expected,
+    make_cas_lock,
+    poisoned_output,
+    ring_put,
+)
+from tests.jax.pallas_kernels import example as load_example
 
 
 @pytest.fixture(params=[2, 3, 4], ids=["w2", "w3", "w4"], scope="module")
@@ -33,54 +45,6 @@ def world(request):
 
 def rows_of(rt, array, n, dtype):
     return np.stack([read_heap(array, r, (n,), dtype) for r in range(rt.world_size)])
-
-
-# -- kernels ------------------------------------------------------------------------------
-def ring_put(ctx, inbox_ref, flags_ref, x_ref, o_ref):
-    """Put x into the next rank's inbox, raise its flag, wait for mine, read my inbox."""
-    peer = (ctx.rank + 1) % ctx.world_size
-    ctx.store(inbox_ref, x_ref[...] * 2.0, to_rank=peer)
-    ctx.sync_threads()  # GPUs: every thread's part of the store before the flag
-    ctx.atomic_add(flags_ref.at[0], 1, to_rank=peer, sem="release")
-    ctx.wait(flags_ref.at[0], 1)
-    o_ref[...] = ctx.load(inbox_ref, from_rank=ctx.rank)
-
-
-def contended(ctx, counters_ref, o_ref):
-    """Every program of every rank adds into every rank's counters (grid of 3)."""
-    i = pl.program_id(0)
-    old = jnp.zeros((), jnp.int32)
-    for peer in range(ctx.world_size):
-        old += ctx.atomic_add(counters_ref.at[0], 1, to_rank=peer)
-        ctx.atomic_max(counters_ref.at[1], ctx.rank * 10 + i, to_rank=peer, sem="relaxed")
-        ctx.atomic_min(counters_ref.at[2], ctx.rank * 10 + i, to_rank=peer, scope="gpu")
-        ctx.atomic_or(counters_ref.at[3], 1 << ctx.rank, to_rank=peer)
-        ctx.atomic_xor(counters_ref.at[4], 1 << ctx.rank, to_rank=peer)
-        ctx.atomic_and(counters_ref.at[5], ~(1 << ctx.rank), to_rank=peer)
-        ctx.atomic_sub(counters_ref.at[6], 2, to_rank=peer)
-    ctx.atomic_add(counters_ref.at[pl.ds(8, 8)], jnp.arange(8, dtype=jnp.int32), to_rank=0)
-    o_ref[i] = old
-
-
-def cas_lock(ctx, lock_ref, counter_ref, o_ref):
-    """ROUNDS times: take the lock on rank 0 (CAS), increment its counter with plain remote
-    load + store, release with an exchange. Lost updates would show without exclusion."""
-    def round_(k, acquired):
-        def spin(_):
-            return ctx.atomic_cas(lock_ref.at[0], 0, 1, to_rank=0, sem="acquire")
-
-        tries = lax.while_loop(lambda old: old != 0, spin, spin(None))
-        ctx.sync_threads()
-        value = ctx.load(counter_ref.at[0], from_rank=0)
-        ctx.store(counter_ref.at[0], value + 1, to_rank=0)
-        ctx.sync_threads()
-        ctx.atomic_xchg(lock_ref.at[0], 0, to_rank=0, sem="release")
-        return acquired + 1 + tries
-
-    o_ref[0] = lax.fori_loop(0, ROUNDS, round_, jnp.zeros((), jnp.int32))
-
-
-ROUNDS = 5
 
 
 # -- remote ops on the simulator ----------------------------------------------------------
@@ -101,23 +65,12 @@ def test_ring_put_with_flags(world):
 def test_contended_atomics(world):
     rt, mesh, rows = world
     W = rt.world_size
-    start = np.array([0, -1, 100, 0, 0, -1, 0, 0] + [0] * 8, np.int32)
-    counters = iris_jax.to_heap(jnp.tile(jnp.asarray(start), W), sharding=rows)
+    counters = iris_jax.to_heap(jnp.tile(jnp.asarray(CONTENDED_START, jnp.int32), W), sharding=rows)
     step = ipl.pallas_call(contended, out_shape=jax.ShapeDtypeStruct((3,), jnp.int32), grid=(3,),
                            symmetric=(0,))
     old = np.asarray(smap(mesh, step, P("x"), P("x"))(counters))  # waits for the kernels
-    got = rows_of(rt, counters, 16, np.int32)
+    np.testing.assert_array_equal(rows_of(rt, counters, 16, np.int32), contended_expected(W))
     programs = 3 * W
-    for r in range(W):
-        assert got[r, 0] == programs
-        assert got[r, 1] == (W - 1) * 10 + 2
-        assert got[r, 2] == 0
-        assert got[r, 3] == (1 << W) - 1
-        assert got[r, 4] == (((1 << W) - 1) if 3 % 2 else 0)
-        assert got[r, 5] == -1 & ~((1 << W) - 1)
-        assert got[r, 6] == -2 * programs
-    np.testing.assert_array_equal(got[0, 8:], np.arange(8) * programs)
-    np.testing.assert_array_equal(got[1:, 8:], 0)
     # each program's adds to its W peers return W old values, each below the final count
     assert old.min() >= 0 and old.max() <= W * (programs - 1)
 
@@ -392,6 +345,41 @@ def test_triton_ir_for_gpus():
     # the kernel is kept: Pallas's custom call is marked side-effecting
     calls = [line for line in hlo.splitlines() if "__gpu$xla.gpu.triton" in line]
     assert len(calls) == 1 and "has_side_effect = true" in calls[0]
+
+
+@pytest.mark.parametrize("W", [2, 4])
+def test_multi_rank_scenario_kernels_lower_for_gpus(W):
+    """The kernels of tests/gpu/scenarios.py's `pallas` scenario (the shared-GPU runs), each with
+    its output aliased to a poisoned input as there, lowered for cuda at the world sizes it runs at."""
+    from tests.gpu.scenarios import PALLAS_ADD_PROGRAMS, PALLAS_LOCK_ROUNDS
+
+    use_runtime(W)
+    S, f32, i32 = jax.ShapeDtypeStruct, jnp.float32, jnp.int32
+    example = load_example()
+    n, programs, sems = example.N, PALLAS_ADD_PROGRAMS, len(SEMS)
+    cases = {  # name: kernel, inputs (one rank's), output, grid, symmetric, what its IR must hold
+        "ring_put": (ring_put, [S((N,), f32), S((4,), i32), S((N,), f32)], S((N,), f32), (), (0, 1),
+                     ["tt.atomic_rmw add, release, sys", "ld.acquire.sys.global.b32"]),
+        "contended": (contended, [S((16,), i32)], S((3,), i32), (3,), (0,),
+                      ["tt.atomic_rmw max, relaxed, sys", "tt.atomic_rmw min, acq_rel, gpu"]),
+        "add_into_rank0": (add_into_rank0, [S((sems,), i32)], S((programs * sems,), i32), (programs,), (0,),
+                           [f"tt.atomic_rmw add, {sem}, sys" for sem in SEMS]),
+        "cas_lock": (make_cas_lock(PALLAS_LOCK_ROUNDS["gpu"]), [S((1,), i32)] * 2, S((1,), i32), (), (0, 1),
+                     ["tt.atomic_cas acquire, sys", "tt.atomic_rmw exch, release, sys", "scf.while"]),
+        "one_shot_all_reduce": (example.one_shot_all_reduce, [S((n,), f32), S((W,), i32), S((1,), i32),
+                                                              S((n,), f32)], S((n,), f32), (), (0, 1),
+                                ["tt.atomic_rmw max, release, sys", "ld.acquire.sys.global.b32"]),
+    }
+    for name, (kernel, ins, out, grid, symmetric, wanted) in cases.items():
+        step = ipl.pallas_call(poisoned_output(kernel, len(ins)), out_shape=out, grid=grid, symmetric=symmetric,
+                               input_output_aliases={len(ins): 0}, interpret=False, debug=True)
+        ir, hlo = triton_ir(step, *ins, out)
+        for text in wanted:
+            assert text in ir, (name, text)
+        assert "tt.int_to_ptr" in ir, name  # pointers translated to the peer's heap
+        calls = [line for line in hlo.splitlines() if "__gpu$xla.gpu.triton" in line]
+        assert len(calls) == 1 and "has_side_effect = true" in calls[0], name
+        assert "output_operand_aliases" in calls[0], name  # the output starts as the poisoned input
 
 
 def test_example_one_shot_all_reduce():
