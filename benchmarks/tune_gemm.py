@@ -3,7 +3,7 @@
     python benchmarks/tune_gemm.py [--shapes 1024x4096x4096,8192x8192x8192] [--reps 7]
 
 Each configuration (IRIS_GEMM_CONFIG="BM,BN,BK,GROUP_M,warps,stages", read by
-iris_jax.ops.FusedWorkspace.config) runs iris_jax.ops.matmul on [M, K] @ [K, N] (shapes
+iris_jax.ops.FusedSettings.config) runs iris_jax.ops.matmul on [M, K] @ [K, N] (shapes
 written MxNxK), checked against jnp.dot, timed as the median GPU span of `reps` calls from
 the profiler (benchmarks/collectives.gpu_time; the host's launch cost is left out, which
 matters for the small shapes). Prints a markdown table. GPUs only.

@@ -2,7 +2,8 @@
 CPU simulator: world sizes 2 and 4, float32 / bfloat16 / float16, shapes that are not
 multiples of the simulator's 16 x 16 x 16 tiles, back-to-back calls in one jit (workspace
 epochs and parity buffers), row chunking (a workspace smaller than the problem), both
-scatter dimensions and gather axes, a group over one axis of a 2 x 2 mesh, and gradients.
+scatter dimensions and gather axes, a group over one axis of a 2 x 2 mesh, calls alternating
+between its axes with a late rank (a workspace per partition of the ranks), and gradients.
 """
 
 from __future__ import annotations
