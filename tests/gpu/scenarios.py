@@ -756,12 +756,12 @@ def pallas(world: World) -> None:
 
     # adds into rank 0's counters, one counter per sem
     programs, sems = PALLAS_ADD_PROGRAMS, len(K.SEMS)
-    counters = on_heap([np.zeros(sems) if r == 0 else np.full(sems, -5) for r in range(W)], np.int32)
-    old = program(K.add_into_rank0, 1, (programs * sems,), np.int32, -5, grid=(programs,), symmetric=(0,))(counters)
+    rank0 = on_heap([np.zeros(sems) if r == 0 else np.full(sems, -5) for r in range(W)], np.int32)
+    old = program(K.add_into_rank0, 1, (programs * sems,), np.int32, -5, grid=(programs,), symmetric=(0,))(rank0)
     olds = {me: world.shard(old, me).reshape(programs, sems) for me in world.ranks}
     iris_jax.barrier()
     for me in world.ranks:
-        world.expect(f"adds into rank 0: counters of rank {me}", world.shard(counters, me),
+        world.expect(f"adds into rank 0: counters of rank {me}", world.shard(rank0, me),
                      np.full(sems, W * programs if me == 0 else -5), exact=True)
         for k, sem in enumerate(K.SEMS):
             seen = olds[me][:, k]
@@ -782,21 +782,21 @@ def pallas(world: World) -> None:
 
     # the example's one-shot all-reduce, two epochs on the same flags
     example = K.example()
-    n = example.N
-    buf, flags = on_heap((W, n), np.float32, K.POISON), on_heap((W, W), np.int32, 0)
+    n, epochs = example.N, (1, 2)
+    buf, epoch_flags = on_heap((W, n), np.float32, K.POISON), on_heap((W, W), np.int32, 0)
     all_reduce = program(example.one_shot_all_reduce, 4, (n,), np.float32, np.nan, symmetric=(0, 1))
-    for epoch in (1, 2):
+    for epoch in epochs:
         xs = world.inputs(n, "float32", seed=30 + epoch)
-        out = all_reduce(buf, flags, world.put(np.full((W, 1), epoch, np.int32)), world.put(xs))
+        out = all_reduce(buf, epoch_flags, world.put(np.full((W, 1), epoch, np.int32)), world.put(xs))
         for me in world.ranks:
             world.expect(f"one-shot all-reduce epoch {epoch} on rank {me}", world.shard(out, me),
                          xs.astype(np.float64).sum(0))
-        # (a rank starting the next epoch overwrites its slot of buf, which the example does not
-        # guard: a slower peer may still be reading it for this epoch)
+        # every rank ended this epoch before any starts the next: a rank starting it overwrites its
+        # slot of buf, which a slower peer may still be reading (the example does not guard that)
         iris_jax.barrier()
-        for me in world.ranks:
-            world.expect(f"one-shot all-reduce epoch {epoch}: flags of rank {me}", world.shard(flags, me),
-                         np.full(W, epoch), exact=True)
+    for me in world.ranks:  # (read after the last epoch: a faster peer's next epoch raises them)
+        world.expect(f"one-shot all-reduce: flags of rank {me}", world.shard(epoch_flags, me),
+                     np.full(W, epochs[-1]), exact=True)
 
 
 # -- a peer that never arrives (its own run: the collective's trap ends the CUDA context) -----------
