@@ -37,6 +37,7 @@ import numpy as np
 from iris_core.errors import CrossDomainError, IrisError, PeerTimeoutError, RankMismatchError
 from iris_core.heap.allocator import format_bytes
 from iris_core.heap.context_layout import encode_context
+from iris_jax import backends
 
 DEFAULT_HEAP_SIZE = int(os.environ.get("IRIS_HEAP_SIZE", 1 << 30))
 DEFAULT_SIM_HEAP_SIZE = int(os.environ.get("IRIS_HEAP_SIZE", 64 << 20))
@@ -47,12 +48,6 @@ RENDEZVOUS_TIMEOUT_S = float(os.environ.get("IRIS_RENDEZVOUS_TIMEOUT", 120))
 DEFAULT_DOMAIN_SIZE = int(os.environ["IRIS_DOMAIN_SIZE"]) if os.environ.get("IRIS_DOMAIN_SIZE") else None
 # how GPU heaps are allocated and shared: auto | malloc | vmm | fabric (iris_core.heap.cuda; IRIS_HEAP_ALLOCATOR)
 DEFAULT_HEAP_ALLOCATOR = os.environ.get("IRIS_HEAP_ALLOCATOR") or "auto"
-
-SIM_LAUNCHED = "sim-launched"
-SIM_WORKERS = "sim-workers"
-GPU_SINGLE = "gpu-single-process"
-GPU_MULTI = "gpu-multi-process"
-
 
 class _DistributedStore:
     """KeyValueStore over JAX's distributed client."""
@@ -85,7 +80,8 @@ class Runtime:
     """Heaps, ranks and contexts of the participating devices.
 
     Attributes:
-      mode: which execution model (one of the module constants).
+      backend: what depends on the execution model (iris_jax.backends).
+      mode: the model's name (`backend.mode`), for display.
       devices: the JAX devices of this process that own a heap, in rank order.
       world_size: ranks in total (all processes).
       heap: the SymmetricHeap (bases of every rank as mapped in this process).
@@ -145,7 +141,7 @@ class Runtime:
             raise RankMismatchError(
                 f"a launched simulated rank owns exactly one device, got {len(local)}; do not set "
                 "xla_force_host_platform_device_count under `python -m iris_core.sim`")
-        self.mode = SIM_LAUNCHED
+        self.backend = backends.SimulatorLaunched()
         rank, self.world_size = launched.rank, launched.world_size
         joined = jax.process_count() > 1  # the script called jax.distributed.initialize: ranks are its processes
         if joined:
@@ -168,7 +164,7 @@ class Runtime:
     def _init_sim_workers(self, heap_size, local):
         from iris_core.sim.world import get_world
 
-        self.mode = SIM_WORKERS
+        self.backend = backends.SimulatorWorkers()
         self.world_size = len(local)
         self.domains = _domains(self.world_size, self.domain_size)
         self.sim_world = get_world(self.world_size)
@@ -180,7 +176,7 @@ class Runtime:
     def _init_gpu_single(self, heap_size, local):
         from iris_core.heap.cuda import CudaHeap
 
-        self.mode = GPU_SINGLE
+        self.backend = backends.GpuSingleProcess()
         self.world_size = len(local)
         self.domains = _domains(self.world_size, self.domain_size)
         self.heap = CudaHeap(len(local), heap_size, list(range(len(local))),
@@ -201,7 +197,7 @@ class Runtime:
         client = distributed.global_state.client
         if client is None:
             raise IrisError("jax.process_count() > 1 but no distributed client; call jax.distributed.initialize()")
-        self.mode = GPU_MULTI
+        self.backend = backends.GpuMultiProcess()
         self.world_size = world_size
         self.store = _DistributedStore(client)
         session = self._session = _next_session()
@@ -238,6 +234,10 @@ class Runtime:
         return [self.store.get(f"{key}/{r}", RENDEZVOUS_TIMEOUT_S) for r in range(self.world_size)]
 
     # -- ranks and contexts ------------------------------------------------------
+    @property
+    def mode(self) -> str:
+        return self.backend.mode
+
     @property
     def devices(self) -> list[jax.Device]:
         return list(self._device_ranks)
@@ -298,7 +298,7 @@ class Runtime:
 
     def sync_processes(self) -> None:
         """Host barrier between the processes of a multi-process run; no-op in one process."""
-        if self.mode in (GPU_MULTI, SIM_LAUNCHED):
+        if self.backend.process_per_rank:
             from iris_core.heap.rendezvous import store_barrier
 
             store_barrier(self.store, f"iris/{self._session}/sync/{next(self._syncs)}",

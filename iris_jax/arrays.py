@@ -24,15 +24,6 @@ class _Allocation:
         heap.free_when_collected(self, offset)
 
 
-class _HostBytes:
-    """`nbytes` of host memory as a numpy-compatible object that keeps `owner` alive."""
-
-    def __init__(self, address: int, nbytes: int, owner):
-        self.owner = owner
-        self.__array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (address, False),
-                                    "version": 3}
-
-
 def _sharding_for(sharding: Sharding | None, device: jax.Device | None) -> Sharding:
     if sharding is not None and device is not None:
         raise ValueError("pass either sharding= or device=, not both")
@@ -63,49 +54,16 @@ def _place(values: jax.Array | None, shape, dtype, sharding: Sharding) -> jax.Ar
     owner = _Allocation(rt.heap, rt.heap.allocate(nbytes))
     source = {s.device: s.data for s in values.addressable_shards} if values is not None else {}
     buffers = [_wrap(rt, rt.rank_of(d), owner, shard_shape, dtype, d, source.get(d)) for d in devices]
-    if rt.mode.startswith("gpu"):
-        import torch
-
-        for d in devices:
-            torch.cuda.synchronize(d.local_hardware_id)
+    rt.backend.wait_for_devices(devices)
     return jax.make_array_from_single_device_arrays(tuple(shape), sharding, buffers)
 
 
 def _wrap(rt, rank, owner, shape, dtype, device, value):
-    address = rt.heap.address(rank, owner.offset)
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    if rt.mode.startswith("gpu"):
-        import torch
-
-        # the storage owns `owner`: the block is freed once JAX's buffer (which holds the
-        # exported tensor) and every torch view are gone; an attribute on the Python tensor
-        # object would not survive that object
-        tensor = rt.heap.torch_tensor(rank, owner.offset, (max(nbytes, 1),), torch.uint8, owner)[:nbytes]
-        if value is not None and nbytes:
-            value.block_until_ready()
-            tensor.copy_(torch.from_dlpack(value).reshape(-1).view(torch.uint8))
-        with torch.cuda.device(tensor.device):
-            array = jax.dlpack.from_dlpack(tensor.view(_torch_dtype(dtype)).view(shape) if nbytes else tensor)
-        if nbytes == 0:
-            array = jnp.zeros(shape, dtype, device=device)
-    else:
-        # the view exports the heap's mapping, which then outlives heap.close() (shutdown) as
-        # long as this array does; a bare address would dangle once the heap is unmapped
-        mapped = rt.heap.host_view(rank, owner.offset, (max(nbytes, 1),), np.uint8)
-        raw = np.asarray(_HostBytes(address, max(nbytes, 1), (owner, mapped)))[:nbytes]
-        host = raw.view(dtype).reshape(shape)
-        if value is not None:
-            host[...] = np.asarray(value)
-        array = jax.device_put(host, device)
-    if nbytes and array.unsafe_buffer_pointer() != address:
+    """One shard's buffer, placed by the backend, checked to be the heap memory itself."""
+    array = rt.backend.heap_array(rt.heap, rank, owner, shape, dtype, device, value)
+    if array.size and array.unsafe_buffer_pointer() != rt.heap.address(rank, owner.offset):
         raise RuntimeError(f"heap placement was not zero-copy on {device} (internal error)")
     return array
-
-
-def _torch_dtype(dtype):
-    import torch
-
-    return {np.dtype(jnp.bfloat16): torch.bfloat16}.get(dtype) or getattr(torch, dtype.name)
 
 
 # -- constructors ------------------------------------------------------------------------

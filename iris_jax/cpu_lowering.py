@@ -217,10 +217,7 @@ def _execute(rt, spec: KernelSpec, ins: list[int], outs: list[int]) -> None:
         members = [int(m) for m in row[1:-2]]  # row: [my index, members..., workspace offset (2 words)]
         call = rt.call_table.begin(rank, call_table.digest(row[1:].tolist()), spec.signature, spec.what)
     try:
-        if rt.mode == runtime_lib.SIM_WORKERS:
-            _execute_in_worker(rt, rank, spec, group_ptr, operand_ptrs, outs, _trace_words(row_ptr, rt.world_size))
-        else:
-            _execute_here(spec, row_ptr, group_ptr, operand_ptrs, outs)
+        rt.backend.execute(rt, rank, spec, row_ptr, group_ptr, operand_ptrs, outs)  # here or in rank's worker
     except PeerTimeoutError as e:  # a mismatch can also make the kernels wait for each other
         problem = call and rt.call_table.mismatch(call, members)
         if problem:
@@ -242,7 +239,8 @@ def _kernel_args(spec: KernelSpec, context, group, operands: list, results: list
     return args + results
 
 
-def _execute_here(spec, row_ptr, group_ptr, operand_ptrs, outs):
+def execute_here(spec, row_ptr, group_ptr, operand_ptrs, outs):
+    """Runs the kernel in this process, on XLA's pointers (a launched rank)."""
     for i in spec.zeroed:
         ctypes.memset(outs[i], 0, spec.result_nbytes[i])
     operands = [Pointer(p, d) for p, d in zip(operand_ptrs, spec.operand_dtypes)]
@@ -254,7 +252,9 @@ def _execute_here(spec, row_ptr, group_ptr, operand_ptrs, outs):
                    debug=spec.debug)
 
 
-def _execute_in_worker(rt, rank, spec, group_ptr, operand_ptrs, outs, trace_words=()):
+def execute_in_worker(rt, rank, spec, row_ptr, group_ptr, operand_ptrs, outs):
+    """Runs the kernel in rank's worker process, XLA's buffers staged through shared memory."""
+    trace_words = _trace_words(row_ptr, rt.world_size)
     staging = rt.service("cpu_staging", lambda _: StagingAreas()).for_rank(rank)
     with staging.lock:
         layout: dict[int, int] = {}  # pointer -> staged offset

@@ -35,20 +35,12 @@ from iris_jax.workspace import workspaces
 _OPS = {"sum": K.SUM, "max": K.MAX, "min": K.MIN}
 _VARIANTS = {"one_shot": K.ONE_SHOT, "two_shot": K.TWO_SHOT, "ring": K.RING, "atomic": K.ATOMIC,
              "spinlock": K.SPINLOCK}
-# GPU launch defaults: the configuration benchmarks/tune_collectives.py found best over its sizes
-DEFAULT_BLOCK, DEFAULT_PROGRAMS_PER_SM, DEFAULT_WARPS = 8192, 1, 8
+# launch defaults: the configuration benchmarks/tune_collectives.py found best over its sizes
+# (the tile's elements per backend: iris_jax.backends)
+DEFAULT_PROGRAMS_PER_SM, DEFAULT_WARPS = 1, 8
 # streamed calls of more tiles than half the SMs: every SM both sends and receives
 DEFAULT_STREAM_PROGRAMS_PER_SM, DEFAULT_STREAM_WARPS = 2, 4
-# the simulator: the interpreter runs a tile as numpy operations, so a few large tiles cost far
-# less than many small ones (RESULTS.md, "Simulator speed"); a simulated device counts as 2 SMs
-SIM_BLOCK, SIM_SMS = 1 << 16, 2
 MIN_BLOCK = 256
-FALLBACK_SMS = 132  # an H200's, for devices that do not report their SM count
-
-
-def sm_count(rt) -> int:
-    """SMs of the runtime's GPUs (FALLBACK_SMS where the device does not say)."""
-    return int(getattr(rt.devices[0], "core_count", None) or FALLBACK_SMS)
 
 
 def group_size(axes) -> int:
@@ -184,21 +176,19 @@ def launch_config(rt, config: CollectiveConfig, streamed: bool = False) -> tuple
     peers' twins), so programs stay within `programs_per_sm` x SMs and MAX_PROGRAMS.
     Streamed calls of more tiles than half the programs (`streamed`) run two programs of
     4 warps per SM: two always fit an SM's registers (at most 255 per thread), and each SM
-    then both sends and receives. The simulator's defaults are large tiles over 2 SMs
-    (SIM_BLOCK); a config's `block` and `programs_per_sm` apply there too (small tiles
-    exercise the tiling). The tile shrinks further where a workspace slot is smaller
-    (`fitting_block`).
+    then both sends and receives. The backend gives the default tile and the SMs: on the
+    simulator large tiles over 2 SMs of 4 warps (backends.SIM_BLOCK); a config's `block` and
+    `programs_per_sm` apply there too (small tiles exercise the tiling). The tile shrinks
+    further where a workspace slot is smaller (`fitting_block`).
     """
-    simulated = rt.mode.startswith("sim")
-    block = config.block or (SIM_BLOCK if simulated else DEFAULT_BLOCK)
+    backend = rt.backend
+    block = config.block or backend.collective_block
     if streamed:
         per_sm = config.stream_programs_per_sm or DEFAULT_STREAM_PROGRAMS_PER_SM
         warps = config.stream_warps or DEFAULT_STREAM_WARPS
     else:
         per_sm, warps = config.programs_per_sm or DEFAULT_PROGRAMS_PER_SM, config.warps or DEFAULT_WARPS
-    if simulated:
-        return block, min(per_sm * SIM_SMS, MAX_PROGRAMS), 4
-    return block, min(per_sm * sm_count(rt), MAX_PROGRAMS), warps
+    return block, min(per_sm * backend.sm_count(rt.devices), MAX_PROGRAMS), backend.collective_warps(warps)
 
 
 def fitting_block(block: int, buffer_bytes: int, slots: int, itemsize: int) -> int:

@@ -48,7 +48,6 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from iris_core.collectives.workspace import MAX_PROGRAMS
 from iris_core.errors import IrisError
 from iris_core.kernels import fused as F
 from iris_core.kernels import gemm as Gm
@@ -56,12 +55,11 @@ from iris_jax import _runtime as runtime_lib
 from iris_jax import collectives as C
 from iris_jax.call import triton_call, vary, varying_axes
 from iris_jax.config import default_timeout_s
-from iris_jax.lowering import group_size, sm_count
+from iris_jax.lowering import group_size
 from iris_jax.workspace import workspaces
 
 SUPPORTED_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
 IMPLS = ("auto", "fused", "xla")
-DEFAULT_POLL_NS = 500  # FusedSettings.poll_ns
 # auto on GPUs (see the docstring and _auto_fused)
 AUTO_SMALL_FLOPS = 2 ** 34  # per rank: M = 1024, N = K = 4096 on 2 GPUs
 AUTO_MIN_INTENSITY = 4096  # FLOPs per byte a rank receives over the link
@@ -70,20 +68,20 @@ AUTO_MIN_PRODUCT = 2 ** 24  # elements of the product each rank computes
 
 class FusedSettings:
     """How the fused kernels launch on this runtime: grid, programs per role, poll period and
-    GEMM tile configuration (their workspace: iris_jax.workspace)."""
+    GEMM tile configuration (their workspace: iris_jax.workspace); the defaults are the backend's."""
 
     def __init__(self, rt):
-        self.simulated = rt.mode.startswith("sim")
+        self.backend = rt.backend
         # the grid of every fused kernel: all programs co-resident (<= SMs); fixed, so every
         # program's epoch advances once per call
-        self.programs = 3 if self.simulated else min(sm_count(rt), MAX_PROGRAMS)
-        self.comm_programs = 1 if self.simulated else 8  # all_gather_matmul's pushing programs
+        self.programs = self.backend.fused_programs(rt.devices)
+        self.comm_programs = self.backend.fused_comm_programs  # all_gather_matmul's pushing programs
 
     @property
     def reduce_programs(self) -> int:
         """matmul_all_reduce / matmul_reduce_scatter: programs that pull and reduce while the
         others compute (IRIS_FUSED_REDUCE_PROGRAMS overrides, read when a call is traced)."""
-        count = int(os.environ.get("IRIS_FUSED_REDUCE_PROGRAMS", 1 if self.simulated else 16))
+        count = int(os.environ.get("IRIS_FUSED_REDUCE_PROGRAMS", self.backend.fused_reduce_programs))
         if not 0 <= count < self.programs:
             raise IrisError(f"IRIS_FUSED_REDUCE_PROGRAMS={count}: must be in [0, {self.programs})")
         return count
@@ -93,7 +91,7 @@ class FusedSettings:
         """How long a waiting program sleeps between two reads of a flag, in ns: the reducing
         programs poll beside the computing ones, and the period hardly matters (RESULTS.md,
         "session 6"). IRIS_FUSED_POLL_NS overrides (read at trace time)."""
-        ns = int(os.environ.get("IRIS_FUSED_POLL_NS", 0 if self.simulated else DEFAULT_POLL_NS))
+        ns = int(os.environ.get("IRIS_FUSED_POLL_NS", self.backend.fused_poll_ns))
         if not 0 <= ns <= 1_000_000:
             raise IrisError(f"IRIS_FUSED_POLL_NS={ns}: must be in [0, 1000000]")
         return ns
@@ -102,8 +100,9 @@ class FusedSettings:
         """(BM, BN, BK, GROUP_M, PREC, num_warps, num_stages) for `dtype`. For tuning
         (benchmarks/tune_gemm.py), IRIS_GEMM_CONFIG="BM,BN,BK,GROUP_M,warps,stages" overrides
         the 16-bit configuration on GPUs."""
-        if self.simulated:
-            return 16, 16, 16, 2, "ieee", 4, 1
+        fixed = self.backend.gemm_config(dtype)
+        if fixed is not None:  # the simulator's, small tiles for every dtype
+            return fixed
         override = os.environ.get("IRIS_GEMM_CONFIG")
         if override and jnp.dtype(dtype) != jnp.dtype(jnp.float32):
             BM, BN, BK, GROUP_M, warps, stages = (int(v) for v in override.split(","))
@@ -141,7 +140,7 @@ def _impl(impl, what, flops, link_bytes, product):
     if impl not in IMPLS:
         raise ValueError(f"iris_jax.ops.{what}: unknown impl {impl!r}; choose one of {IMPLS}")
     if impl == "auto":
-        if runtime_lib.runtime().mode.startswith("sim"):
+        if not runtime_lib.runtime().backend.speed_guides_auto:
             return "fused"
         return "fused" if _auto_fused(flops, link_bytes, product) else "xla"
     return impl

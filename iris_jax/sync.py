@@ -92,11 +92,7 @@ def barrier() -> None:
     raises NotOnHeapError if a kernel of this process's ranks refused an access
     (check_heap_errors)."""
     rt = runtime_lib.runtime()
-    if rt.mode.startswith("gpu"):
-        import torch
-
-        for d in rt.devices:
-            torch.cuda.synchronize(d.local_hardware_id)
+    rt.backend.wait_for_devices(rt.devices)
     jax.effects_barrier()
     rt.sync_processes()
     check_heap_errors()
@@ -109,8 +105,7 @@ def check_heap_errors() -> None:
     work first; clears the reports. On GPUs the guard reports here, after the call (the
     simulator raises at once, in the call)."""
     rt = runtime_lib.runtime()
-    if rt.mode.startswith("gpu"):  # the simulator raised in the call already (and its barrier would again)
-        jax.effects_barrier()  # every dispatched kernel was launched; take_errors waits for them
+    rt.backend.wait_for_dispatch()  # take_errors then waits for the launched kernels
     errors = [error_from_word(word, rank, rt.heap_size) for rank, word in rt.heap.take_errors()]
     if errors:
         raise errors[0] if len(errors) == 1 else type(errors[0])("\n".join(str(e) for e in errors))

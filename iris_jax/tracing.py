@@ -66,11 +66,7 @@ class RuntimeTracer(Tracer):
     def _sync(self) -> None:
         """Waits for the device work of this process (not for other processes')."""
         jax.effects_barrier()
-        if self._rt.mode.startswith("gpu"):
-            import torch
-
-            for d in self._rt.devices:
-                torch.cuda.synchronize(d.local_hardware_id)
+        self._rt.backend.wait_for_devices(self._rt.devices)
 
 
 def _tracer() -> RuntimeTracer:

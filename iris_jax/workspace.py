@@ -37,14 +37,12 @@ class GroupWorkspaces:
     """Per-runtime pool of partition workspaces (a runtime service)."""
 
     def __init__(self, rt):
-        self.simulated = rt.mode.startswith("sim")
-        default = (256 << 10) if self.simulated else (16 << 20)
-        data_bytes = int(os.environ.get("IRIS_WORKSPACE_BYTES", default))
+        backend = rt.backend  # the default sizes
+        data_bytes = int(os.environ.get("IRIS_WORKSPACE_BYTES", backend.workspace_bytes))
         stream_bytes = int(os.environ.get("IRIS_STREAM_BYTES", 4 * data_bytes))  # the streamed calls' buffers
         self.layout = WorkspaceLayout(rt.world_size, data_bytes, stream_bytes)
-        fused_default = (512 << 10) if self.simulated else (128 << 20)
-        fused_bytes = int(os.environ.get("IRIS_FUSED_WORKSPACE_BYTES", fused_default)) // 256 * 256
-        self.fused_layout = FusedLayout(fused_bytes, (1 << 12) if self.simulated else (1 << 16))
+        fused_bytes = int(os.environ.get("IRIS_FUSED_WORKSPACE_BYTES", backend.fused_workspace_bytes)) // 256 * 256
+        self.fused_layout = FusedLayout(fused_bytes, backend.fused_flags)
         self._sizes = {"collective": self.layout.total_bytes, "fused": self.fused_layout.total_bytes}
         self._rt = rt
         self._offsets: dict[str, dict[tuple, int]] = {part: {} for part in PARTS}

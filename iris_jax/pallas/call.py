@@ -74,7 +74,7 @@ def pallas_call(kernel: Callable[..., None], out_shape: Any, *, grid: int | Sequ
         if in_tree != tree_util.tree_structure(tuple(flat_args)):
             raise TypeError("iris_jax.pallas.pallas_call takes arrays as operands, not pytrees")
         _check_symmetric(flat_args, symmetric)
-        interpreted = rt.mode.startswith("sim") if interpret is None else bool(interpret)
+        interpreted = rt.backend.interprets_kernels if interpret is None else bool(interpret)
         specs = _in_specs(in_specs, len(flat_args), symmetric)
         world_size = rt.world_size
         row_words = 2 * context_words(world_size) + (2 * len(symmetric) if interpreted else 0)

@@ -8,7 +8,7 @@ from jax import lax
 
 import iris_jax
 from iris_core.collectives import kernels as K
-from iris_jax import lowering
+from iris_jax import backends, lowering
 from iris_jax.config import CollectiveConfig
 from tests.jax.test_collectives import BF16, F32, I32, Case, _reduce_tol, mesh_of, run_cases
 
@@ -145,7 +145,7 @@ def test_streamed_launch_config():
     others one of 8; each has its own overrides, and bad values fail when the config is made."""
     from types import SimpleNamespace
 
-    gpu = SimpleNamespace(mode="gpu", devices=[SimpleNamespace(core_count=132)])
+    gpu = SimpleNamespace(backend=backends.GpuSingleProcess(), devices=[SimpleNamespace(core_count=132)])
     launch_config = lowering.launch_config
     assert launch_config(gpu, CollectiveConfig()) == (8192, 132, 8)
     assert launch_config(gpu, CollectiveConfig(), streamed=True) == (8192, 256, 4)

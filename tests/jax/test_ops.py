@@ -304,10 +304,10 @@ def test_auto_on_gpus_runs_fused_where_it_was_measured_faster(monkeypatch, what)
     op itself (per-rank shapes as benchmarks/fused.py); tracing stops at the choice."""
     from types import SimpleNamespace
 
-    from iris_jax import _runtime
+    from iris_jax import backends
 
     mesh = _mesh(2)
-    monkeypatch.setattr(ops.runtime_lib, "runtime", lambda: SimpleNamespace(mode=_runtime.GPU_SINGLE))
+    monkeypatch.setattr(ops.runtime_lib, "runtime", lambda: SimpleNamespace(backend=backends.GpuSingleProcess()))
     real_impl = ops._impl
 
     class Chosen(Exception):
@@ -333,9 +333,9 @@ def test_auto_on_gpus_runs_fused_where_it_was_measured_faster(monkeypatch, what)
 def test_impl_argument(monkeypatch):
     from types import SimpleNamespace
 
-    from iris_jax import _runtime
+    from iris_jax import backends
 
-    monkeypatch.setattr(ops.runtime_lib, "runtime", lambda: SimpleNamespace(mode=_runtime.GPU_SINGLE))
+    monkeypatch.setattr(ops.runtime_lib, "runtime", lambda: SimpleNamespace(backend=backends.GpuSingleProcess()))
     assert ops._impl("fused", "matmul_all_reduce", 2 ** 50, 2 ** 49, 1) == "fused"  # forced, whatever auto says
     assert ops._impl("xla", "matmul_all_reduce", 1, 1, 1) == "xla"
     with pytest.raises(ValueError, match="unknown impl"):

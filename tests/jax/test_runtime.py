@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import iris_jax
+from iris_jax import backends
 from tests.jax import kernels
 from tests.jax.helpers import TEST_HEAP, run_python, use_runtime
 
@@ -32,6 +33,21 @@ def test_runtime_describes_the_simulator():
     with pytest.raises(iris_jax.RankMismatchError):
         rt.rank_of(jax.devices()[2])
     assert "sim-workers" in repr(rt)
+
+
+def test_the_backend_owns_what_the_model_decides():
+    """One process of CPU devices: the simulator's backend, one process for every rank."""
+    rt = use_runtime(2)
+    backend = rt.backend
+    assert isinstance(backend, backends.SimulatorWorkers) and rt.mode == backend.mode
+    assert backend.interprets_kernels and not backend.process_per_rank and not backend.speed_guides_auto
+    assert backend.sm_count(rt.devices) == backends.SIM_SMS and backend.collective_warps(8) == 4
+    with pytest.raises(AttributeError):
+        rt.mode = backends.GPU_SINGLE  # a name for display: the backend decides
+    gpu = backends.GpuMultiProcess()  # its defaults need no GPU
+    assert gpu.process_per_rank and not gpu.interprets_kernels and gpu.collective_warps(8) == 8
+    with pytest.raises(iris_jax.IrisError, match="run on GPUs"):
+        gpu.execute(rt, 0, None, 0, None, [], [])
 
 
 def test_conflicting_init_raises_and_names_shutdown():

@@ -10,18 +10,18 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 import iris_jax
-from iris_jax import lowering
+from iris_jax import backends, lowering
 from iris_jax.config import CollectiveConfig
 from tests.jax.test_collectives import mesh_of
 
-SIM = SimpleNamespace(mode="sim-workers", devices=[])
+SIM = SimpleNamespace(backend=backends.SimulatorWorkers(), devices=[])
 
 
 def test_simulator_defaults_and_overrides():
-    assert lowering.launch_config(SIM, CollectiveConfig()) == (lowering.SIM_BLOCK, 2, 4)
+    assert lowering.launch_config(SIM, CollectiveConfig()) == (backends.SIM_BLOCK, 2, 4)
     assert lowering.launch_config(SIM, CollectiveConfig(block=256)) == (256, 2, 4)  # the old tiling
     assert lowering.launch_config(SIM, CollectiveConfig(block=1024, programs_per_sm=3)) == (1024, 6, 4)
-    gpu = SimpleNamespace(mode="gpu", devices=[SimpleNamespace(core_count=132)])
+    gpu = SimpleNamespace(backend=backends.GpuSingleProcess(), devices=[SimpleNamespace(core_count=132)])
     assert lowering.launch_config(gpu, CollectiveConfig()) == (8192, 132, 8)  # GPUs unchanged
 
 
