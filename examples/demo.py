@@ -32,7 +32,7 @@ def put_to_next(context_ptr, inbox_ptr, x_ptr, n, out_ptr, W: tl.constexpr, BLOC
 def main():
     rt = iris_jax.init()
     W = rt.world_size
-    mode = "GPUs" if rt.mode.startswith("gpu") else "CPU simulator"
+    mode = "CPU simulator" if rt.backend.interprets_kernels else "GPUs"
     print(f"iris_jax demo: {W} ranks on the {mode}")
     mesh = jax.make_mesh((W,), ("x",), devices=rt.devices)
     rows = NamedSharding(mesh, P("x"))

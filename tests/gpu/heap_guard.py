@@ -61,7 +61,7 @@ def heap_guard(world) -> None:
     read = world.smap(lambda b: iris_jax.triton_call(b, N, kernel=read_local, out_shape=out_t, grid=grid,
                                                      BLOCK=BLOCK), P("i"), P("i"))
 
-    gpu = world.runtime.mode.startswith("gpu")
+    gpu = not world.runtime.backend.interprets_kernels
     # declared symmetric: on GPUs nothing checks that before the launch, the guard must catch
     # it; the simulator would refuse the launch, so there the guard is tested undeclared
     symmetric = (0,) if gpu else ()

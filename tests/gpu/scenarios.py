@@ -171,10 +171,7 @@ def run(world: World, name: str) -> bool:
             error = traceback.format_exc()
     if name not in ENDS_IN_FAILED_KERNELS:  # this process's kernels finished
         try:
-            if world.runtime.mode.startswith("gpu"):
-                import torch
-
-                torch.cuda.synchronize(jax.local_devices()[0].local_hardware_id)
+            world.runtime.backend.wait_for_devices(jax.local_devices()[:1])
             jax.effects_barrier()
         except Exception:  # noqa: BLE001
             error = (error or "") + "after the scenario: " + traceback.format_exc()
@@ -404,7 +401,7 @@ def kernels(world: World) -> None:
             xs = np.arange(W * 301, dtype=np.float32).reshape(W, 301)
             x = world.put(xs)
             f = world.smap(lambda v: iris_jax.psum(v * 2, "i") + 1, P("i"), P())
-            if world.runtime.mode.startswith("gpu"):  # (the simulator has its own lowering)
+            if not world.runtime.backend.interprets_kernels:  # (the simulator has its own lowering)
                 world.require(f"{mode} launch path",
                               f'custom_call_target="{target}"' in f.lower(x).compile().as_text())
             out = f(x)
@@ -446,7 +443,7 @@ def atomics(world: World) -> None:
         olds = [world.heap(np.full((W, D, K, 2, B), A.POISON[dtype_name], dtype)) for _ in range(C)]
         val = world.put(vals)
         for c, (sem, scope, hint) in enumerate(combos):
-            hint = _gpu_hint(hint) if world.runtime.mode.startswith("gpu") else hint
+            hint = hint if world.runtime.backend.interprets_kernels else _gpu_hint(hint)
             f = world.smap(lambda t, o, v, m, sem=sem, scope=scope, hint=hint: iris_jax.triton_call(
                 t, o, v, m, A.N, kernel=every_atomic, out_shape=jax.ShapeDtypeStruct((1,), jnp.int32),
                 grid=(1,), W=W, BLOCK=B, NUM_OPS=K, INT_OPS=dtype.kind in "iu", SEM=sem, SCOPE=scope, HINT=hint,
@@ -769,7 +766,7 @@ def pallas(world: World) -> None:
                           len(np.unique(seen)) == programs and seen.min() >= 0 and seen.max() < W * programs, seen)
 
     # a CAS lock around a plain read-modify-write of rank 0's counter
-    rounds = PALLAS_LOCK_ROUNDS["gpu" if world.runtime.mode.startswith("gpu") else "sim"]
+    rounds = PALLAS_LOCK_ROUNDS["sim" if world.runtime.backend.interprets_kernels else "gpu"]
     lock, counter = on_heap((W, 1), np.int32, 0), on_heap((W, 1), np.int32, 0)
     taken = program(K.make_cas_lock(rounds), 2, (1,), np.int32, -5, symmetric=(0, 1))(lock, counter)
     tries = {me: world.shard(taken, me) for me in world.ranks}
