@@ -217,17 +217,18 @@ def rma_one_gpu(sizes: str) -> list[dict]:
     import torch
     import triton
 
+    from benchmarks.collectives import parse_size
     from benchmarks.rma import load_persistent_kernel, store_persistent_kernel
     from iris_core.heap.cuda import CudaHeap
 
-    largest = max(parse_bytes(size) for size in sizes.split(","))
+    largest = max(parse_size(size) for size in sizes.split(","))
     heap = CudaHeap(1, 2 * largest + (1 << 20), [0], [0])
     src_off, dst_off = heap.allocate(largest), heap.allocate(largest)
     ctx = torch.from_numpy(heap.context(0)).to("cuda:0")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows = []
     for size in sizes.split(","):
-        n = parse_bytes(size) // 4
+        n = parse_size(size) // 4
         src = heap.torch_tensor(0, src_off, (n,), torch.float32)
         dst = heap.torch_tensor(0, dst_off, (n,), torch.float32)
         src.copy_(torch.randn(n, device="cuda:0"))
@@ -242,10 +243,6 @@ def rma_one_gpu(sizes: str) -> list[dict]:
             rows.append(dict(guard=os.environ.get("IRIS_HEAP_GUARD", "1"), size=size, op=op, us=us, ok=ok))
     heap.close()
     return rows
-
-
-def parse_bytes(size: str) -> int:
-    return int(size[:-1]) << {"K": 10, "M": 20, "G": 30}[size[-1]] if size[-1] in "KMG" else int(size)
 
 
 def time_rma_one_gpu(sizes: str, rounds: int) -> None:
