@@ -196,8 +196,8 @@ def _chunks(total, step):
     return [(s, min(total, s + step)) for s in range(0, total, step)]
 
 
-def _common(a, b, ws):
-    BM, BN, BK, GROUP_M, PREC, warps, stages = ws.config(a.dtype)
+def _common(a, b, fs):
+    BM, BN, BK, GROUP_M, PREC, warps, stages = fs.config(a.dtype)
     return dict(BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M, PREC=PREC), dict(num_warps=warps, num_stages=stages)
 
 
@@ -209,11 +209,11 @@ def matmul(a, b):
     N = b.shape[1]
     if M == 0 or N == 0 or K == 0:
         return jnp.zeros((M, N), a.dtype)
-    ws = settings()
-    meta, launch = _common(a, b, ws)
+    fs = settings()
+    meta, launch = _common(a, b, fs)
     tiles = math.ceil(M / meta["BM"]) * math.ceil(N / meta["BN"])
     return triton_call(a, b, kernel=Gm.matmul_kernel, out_shape=jax.ShapeDtypeStruct((M, N), a.dtype),
-                       grid=(min(tiles, ws.programs),), M=M, N=N, K=K, stride_am=K, stride_ak=1, stride_bk=N,
+                       grid=(min(tiles, fs.programs),), M=M, N=N, K=K, stride_am=K, stride_ak=1, stride_bk=N,
                        stride_bn=1, **meta, **launch)
 
 
@@ -221,10 +221,10 @@ def matmul(a, b):
 def _launch_reduce(a, b, axes, scatter: bool, what, timeout_s):
     """Kernel launches (row chunks) of matmul_reduce_kernel. a: (NB*M) x K, NB = G if scatter."""
     rt = runtime_lib.runtime()
-    ws = settings()
+    fs = settings()
     layout = workspaces(rt).fused_layout
     G = group_size(axes)
-    meta, launch = _common(a, b, ws)
+    meta, launch = _common(a, b, fs)
     BM, BN = meta["BM"], meta["BN"]
     K, N = b.shape
     NB = G if scatter else 1
@@ -247,13 +247,13 @@ def _launch_reduce(a, b, axes, scatter: bool, what, timeout_s):
         tiles = NB * math.ceil((r1 - r0) / BM) * tiles_n
         # one round of tiles: every program computes (and reduces its own tile); more: some
         # programs reduce while the others compute
-        gemm_programs = ws.programs if tiles <= ws.programs else ws.programs - ws.reduce_programs
+        gemm_programs = fs.programs if tiles <= fs.programs else fs.programs - fs.reduce_programs
         outs.append(triton_call(
             part, b, kernel=F.matmul_reduce_kernel, out_shape=jax.ShapeDtypeStruct((r1 - r0, N), a.dtype),
-            grid=(ws.programs,), group_axes=axes, workspace="fused", out_varying=out_varying,
+            grid=(fs.programs,), group_axes=axes, workspace="fused", out_varying=out_varying,
             M=r1 - r0, N=N, K=K, stride_am=K, stride_ak=1, stride_bk=N, stride_bn=1, SCATTER=int(scatter), G=G,
             WORLD=rt.world_size, GEMM_PROGRAMS=gemm_programs, FLAGS=layout.flags, DATA=layout.data,
-            DATA_BYTES=layout.data_bytes, POLL_NS=ws.poll_ns, TIMEOUT_NS=_timeout_ns(timeout_s), WHAT=what,
+            DATA_BYTES=layout.data_bytes, POLL_NS=fs.poll_ns, TIMEOUT_NS=_timeout_ns(timeout_s), WHAT=what,
             **meta, **launch))
     return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=0)
 
@@ -348,10 +348,10 @@ def matmul_reduce_scatter(a, b, axis_name, scatter_dimension: int = 0, *, impl: 
 # -- all-gather + matmul -------------------------------------------------------------------------
 def _launch_gather(a, b, axes, timeout_s):
     rt = runtime_lib.runtime()
-    ws = settings()
+    fs = settings()
     layout = workspaces(rt).fused_layout
     G = group_size(axes)
-    meta, launch = _common(a, b, ws)
+    meta, launch = _common(a, b, fs)
     BM = meta["BM"]
     M, K = a.shape
     N = b.shape[1]
@@ -367,11 +367,11 @@ def _launch_gather(a, b, axes, timeout_s):
         part = a[r0:r1] if (r0, r1) != (0, M) else a
         out = triton_call(
             part, b, kernel=F.all_gather_matmul_kernel,
-            out_shape=jax.ShapeDtypeStruct((G * (r1 - r0), N), a.dtype), grid=(ws.programs,), group_axes=axes,
+            out_shape=jax.ShapeDtypeStruct((G * (r1 - r0), N), a.dtype), grid=(fs.programs,), group_axes=axes,
             workspace="fused", out_varying=out_varying, M=r1 - r0, N=N, K=K, stride_am=K, stride_ak=1,
             stride_bk=N, stride_bn=1, G=G, WORLD=rt.world_size, BKC=min(256, max(16, 1 << (K - 1).bit_length())),
-            COMM=ws.comm_programs, FLAGS=layout.flags, DATA=layout.data, DATA_BYTES=layout.data_bytes,
-            POLL_NS=ws.poll_ns, TIMEOUT_NS=_timeout_ns(timeout_s), WHAT="all_gather_matmul", **meta, **launch)
+            COMM=fs.comm_programs, FLAGS=layout.flags, DATA=layout.data, DATA_BYTES=layout.data_bytes,
+            POLL_NS=fs.poll_ns, TIMEOUT_NS=_timeout_ns(timeout_s), WHAT="all_gather_matmul", **meta, **launch)
         outs.append(out.reshape(G, r1 - r0, N))
     out = outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=1)
     return out.reshape(G * M, N)
