@@ -39,7 +39,7 @@ def main():
     print(f"process {me}: distributed up, {jax.local_devices()} of {jax.device_count()}", flush=True)
     rt = iris_jax.init(heap_size=args.heap_mib << 20)
     assert rt.mode == "gpu-multi-process", rt.mode
-    world = scenarios.World(args.out)
+    world = scenarios.World(args.out, shared_gpu=args.shared)
     print(f"process {me}: rank {world.ranks}, heaps mapped {rt}", flush=True)
     names = [name for name in args.scenarios.split(",") if scenarios.applies(name, world.size)]
     passed = [scenarios.run(world, name) for name in names]
@@ -56,15 +56,15 @@ def main():
 
 def _leave_after_trap(me: int, processes: int, store) -> None:
     """Process 0 hosts JAX's coordination service: it leaves last, when every other process has
-    left or 40 s on (a process still in its call then; JAX aborts it once the service is gone).
-    The errors of trapped kernels come late when several processes share a GPU (RESULTS.md,
-    session 10: 7 s at 2 ranks, 15 s at 8 from the call), so the wait is generous."""
+    left or 15 s per process on (a process still in its call then; JAX aborts it once the service
+    is gone). Processes sharing a GPU trap one after another, each error a few seconds after its
+    call (scenarios._one_trap_at_a_time), so the wait grows with them."""
     import time
 
     if me != 0:
         store.set(f"mp_script/left/{me}", b"1")
         return
-    deadline = time.monotonic() + 40
+    deadline = time.monotonic() + 15 * processes
     for p in range(1, processes):
         try:
             store.get(f"mp_script/left/{p}", max(deadline - time.monotonic(), 0.1))

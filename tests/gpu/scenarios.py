@@ -50,7 +50,7 @@ class World:
     """This process's ranks in the run (one per local device: one in multi-process runs, every
     rank on the simulator): mesh, sharding, inputs, and the checks of the running scenario."""
 
-    def __init__(self, out_dir: str):
+    def __init__(self, out_dir: str, shared_gpu: bool = False):
         import jax
         from jax.sharding import Mesh, NamedSharding
         from jax.sharding import PartitionSpec as P
@@ -62,6 +62,7 @@ class World:
         self.mesh = Mesh(np.array(devices), ("i",))  # mesh position == iris rank (see Runtime.rank_of)
         self.ranks = sorted(self.runtime.rank_of(d) for d in jax.local_devices())
         self.process, self.size, self.out_dir = jax.process_index(), len(devices), out_dir
+        self.shared_gpu = shared_gpu  # every process's rank on one GPU (launcher's --shared)
         self.rows = NamedSharding(self.mesh, P("i"))
         self.failures: list[str] = []
         self.checks = 0
@@ -835,20 +836,44 @@ def timeouts(world: World) -> None:
         world.say(f"rank {me}: device_barrier without rank {missing}: {seconds:.1f} s, {raised!r}")
 
     reduce = world.smap(skip(lambda u, absent=False: u if absent else iris_jax.all_reduce(u, "i", timeout_s=3)),
-                        P("i"), P("i"), check_vma=False)
-    start = time.monotonic()
-    try:
-        jax.block_until_ready(reduce(x))
-        raised = None
-    except Exception as e:  # noqa: BLE001 - on GPUs a JaxRuntimeError from the kernel's trap
-        raised = f"{type(e).__name__}: {e}"
-    seconds = time.monotonic() - start
+                        P("i"), P("i"), check_vma=False).lower(x).compile()  # compiled before any turn
+    with _one_trap_at_a_time(world):
+        start = time.monotonic()
+        try:
+            jax.block_until_ready(reduce(x))
+            raised = None
+        except Exception as e:  # noqa: BLE001 - on GPUs a JaxRuntimeError from the kernel's trap
+            raised = f"{type(e).__name__}: {e}"
+        seconds = time.monotonic() - start
     if world.ranks == [missing]:
         world.require("the absent rank's own call", raised is None, raised)
     else:  # (on the simulator, one process holds the absent rank and the others: its call fails too)
         world.require("all_reduce fails without the absent rank", raised is not None, f"returned after {seconds:.1f} s")
         world.require("all_reduce failed promptly", seconds < 30, f"{seconds:.1f} s")
     world.say(f"all_reduce without rank {missing}: {seconds:.1f} s, {(raised or 'returned')[:300]!r}")
+
+
+TURN_WAIT_S = 60  # for the previous process's failed call (a few seconds each)
+
+
+@contextlib.contextmanager
+def _one_trap_at_a_time(world: World):
+    """Processes sharing one GPU make their failing call one after another (process p after p - 1).
+
+    Traps of several processes' kernels at once on one time-sliced GPU left some of them in
+    block_until_ready with no error and no output from the kernel (RESULTS.md, session 11); one
+    process per GPU, or one trap at a time, reports every one. Elsewhere this does nothing."""
+    store = world.runtime.store
+    if not world.shared_gpu:
+        yield
+        return
+    key = lambda p: f"scenarios/timeouts/turn/{p}"  # noqa: E731 - (one timeouts run per set of processes)
+    if world.process > 0:
+        store.get(key(world.process - 1), TURN_WAIT_S)
+    try:
+        yield
+    finally:
+        store.set(key(world.process), b"1")
 
 
 def heap_guard(world: World) -> None:
