@@ -8,7 +8,9 @@ kernel reads and writes the memory itself. Relies on triton 3.6 interpreter inte
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
+import functools
 import inspect
 import os
 import threading
@@ -162,7 +164,8 @@ def _patch_interpreter(ti) -> None:
     (and never undoes it), an inspect.getmembers each time, and a collective kernel makes
     dozens of such calls per launch (RESULTS.md, "Simulator speed"). Inside a launch, a
     helper that sees the same language modules as the ones already patched gets nothing
-    new from it, so it is skipped.
+    new from it, so it is skipped; and a launch's patches are the same at every launch, so
+    they are taken once and set again from that list.
     """
     if getattr(ti._patch_lang, "_iris_fixed", False):
         return
@@ -173,14 +176,26 @@ def _patch_interpreter(ti) -> None:
         if langs is None:  # the language modules a helper sees: its module's globals
             langs = _LANGS_OF[fn] = frozenset(
                 id(v) for v in fn.__globals__.values() if isinstance(v, type(os)) and v in _LANGS)
-        if _LAUNCH.patched is not None and langs <= _LAUNCH.patched:
+        if _LAUNCH.patched is None:
+            return patched(fn)
+        if langs <= _LAUNCH.patched:
             return _NoPatches()
+        key = (langs, _LAUNCH.patched)
+        _LAUNCH.patched = _LAUNCH.patched | langs
+        if key not in _PATCHES:
+            scope = patched(fn)
+            _PATCHES[key] = [(obj, name, getattr(obj, name)) for obj, name, _ in scope._changes]
+            return scope
+        scope = ti._LangPatchScope()
+        for obj, name, value in _PATCHES[key]:
+            scope.set_attr(obj, name, value)
+        return scope
+
+    def patched(fn):
         scope = original(fn)
         import triton.language as tl
 
         scope.set_attr(tl.core.tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-        if _LAUNCH.patched is not None:
-            _LAUNCH.patched = _LAUNCH.patched | langs
         return scope
 
     import triton.language as tl
@@ -188,6 +203,95 @@ def _patch_interpreter(ti) -> None:
     _LANGS.extend([tl, tl.core])
     patch_lang._iris_fixed = True
     ti._patch_lang = patch_lang
+    _patch_builder(ti)
+
+
+def _patch_builder(ti) -> None:
+    """Faster tile operations, with Triton's results. Its loads and stores move one element
+    at a time in C++ (milliseconds for a tile of the simulator's size): a tile whose
+    accessed lanes are one run of consecutive elements is copied as one slice instead, any
+    other goes through Triton's own loop. Its dtype lookup builds a dict of dtypes at every
+    call, and its pointer arithmetic makes four passes over the offsets."""
+    builder = ti.InterpreterBuilder
+    masked_load, masked_store = builder.create_masked_load, builder.create_masked_store
+    np_dtype = ti._get_np_dtype
+    np_dtypes: dict = {}
+
+    def cached_np_dtype(tt_dtype):
+        found = np_dtypes.get(tt_dtype.name)
+        if found is None:
+            found = np_dtypes[tt_dtype.name] = np_dtype(tt_dtype)
+        return found
+
+    def load(self, ptrs, mask, other, cache_modifier, eviction_policy, is_volatile):
+        dtype_tt = ptrs.get_element_ty()
+        dtype_np = cached_np_dtype(dtype_tt)
+        run = _dense_run(ptrs.data, mask.data, dtype_np.itemsize)
+        if run is None or (other is not None and other.data.dtype != dtype_np):
+            return masked_load(self, ptrs, mask, other, cache_modifier, eviction_policy, is_volatile)
+        address, lo, hi = run
+        if other is None:
+            out = np.zeros(ptrs.data.size, dtype_np)
+        else:
+            out = np.broadcast_to(other.data, ptrs.data.shape).reshape(-1).copy()
+        out[lo:hi] = _host_array(address, hi - lo, dtype_np)
+        return ti.TensorHandle(out.reshape(ptrs.data.shape), dtype_tt)
+
+    def store(self, ptrs, value, mask, cache_modifier, eviction_policy):
+        run = _dense_run(ptrs.data, mask.data, value.data.itemsize)
+        if run is None or value.data.itemsize != max(1, ptrs.get_element_ty().primitive_bitwidth // 8):
+            return masked_store(self, ptrs, value, mask, cache_modifier, eviction_policy)
+        address, lo, hi = run
+        values = np.broadcast_to(value.data, ptrs.data.shape).reshape(-1)
+        _host_array(address, hi - lo, values.dtype)[:] = values[lo:hi]
+
+    def addptr(self, ptr, offset):
+        # as Triton's (offsets wrap to uint64, times the element size), in two array passes, not four
+        element_bytes = max(1, ptr.get_element_ty().primitive_bitwidth // 8)
+        address = np.multiply(offset.data, element_bytes, dtype=np.uint64, casting="unsafe")
+        if address.size >= ptr.data.size:
+            return ti.TensorHandle(np.add(address, ptr.data, out=address), ptr.dtype)
+        return ti.TensorHandle(address + ptr.data, ptr.dtype)
+
+    ti._get_np_dtype = cached_np_dtype
+    builder.create_masked_load, builder.create_masked_store = load, store
+    builder.create_addptr = addptr
+
+
+_DENSE_MIN = 256  # elements: smaller tiles (flags, scalars) keep Triton's own loop
+
+
+def _dense_run(ptrs: np.ndarray, mask: np.ndarray, itemsize: int):
+    """(address, lo, hi) when the lanes in `mask` are exactly lanes [lo, hi) of the flat tile
+    and their pointers consecutive aligned elements from `address` (hi == lo: none); else None.
+    Only those lanes are touched, as in Triton's loop: the others may point anywhere."""
+    if ptrs.size < _DENSE_MIN or mask.shape != ptrs.shape:
+        return None
+    flat, lanes = ptrs.reshape(-1), mask.reshape(-1)
+    lo, hi = 0, flat.size
+    if not lanes.all():
+        lo = int(lanes.argmax())
+        if not lanes[lo]:
+            return 0, 0, 0
+        hi = flat.size - int(lanes[::-1].argmax())
+        if not lanes[lo:hi].all():
+            return None
+    address = int(flat[lo])
+    if address % itemsize or int(flat[hi - 1]) - address != (hi - 1 - lo) * itemsize:
+        return None
+    if not np.array_equal(flat[lo:hi] - np.uint64(address), _steps(hi - lo, itemsize)):
+        return None
+    return address, lo, hi
+
+
+@functools.lru_cache(maxsize=32)
+def _steps(count: int, itemsize: int) -> np.ndarray:
+    return np.arange(0, count * itemsize, itemsize, dtype=np.uint64)
+
+
+def _host_array(address: int, count: int, dtype) -> np.ndarray:
+    """`count` elements of host memory at `address` as a numpy array (no copy)."""
+    return np.frombuffer((ctypes.c_char * (count * dtype.itemsize)).from_address(address), dtype)
 
 
 class _Launch(threading.local):
@@ -197,6 +301,7 @@ class _Launch(threading.local):
 _LAUNCH = _Launch()
 _LANGS: list = []
 _LANGS_OF: dict = {}  # function -> ids of the language modules in its globals
+_PATCHES: dict = {}  # (modules to patch, modules patched before) -> [(object, name, value set)]
 
 
 def enable_interpreter() -> None:

@@ -42,10 +42,40 @@ def _rebuild_kernel(module: str, qualname: str, fn):
     return _REBUILT[key]
 
 
+def _rebuild_named_kernel(module: str, qualname: str, pickled_fn: bytes):
+    """_rebuild_kernel of a kernel that its module names; its function, pickled once by the
+    sender, is unpickled only where the module's kernel cannot be found here."""
+    key = (module, qualname, pickled_fn)
+    if key not in _REBUILT:
+        kernel = _named(module, qualname)
+        _REBUILT[key] = kernel if isinstance(kernel, _KERNEL_TYPES) else triton.jit(loads(pickled_fn))
+    return _REBUILT[key]
+
+
+def _named(module: str, qualname: str):
+    try:
+        found = importlib.import_module(module)
+        for part in qualname.split("."):
+            found = getattr(found, part)
+    except (ImportError, AttributeError):
+        return None
+    return found
+
+
+# kernels found under their module and name -> their function pickled (by value: the module's
+# attribute is the kernel, not the function); pickling it again at every call took most of a
+# call's time in the sending process
+_PICKLED_FNS: dict = {}
+
+
 class _Pickler(cloudpickle.CloudPickler):
     def reducer_override(self, obj):
         if isinstance(obj, _KERNEL_TYPES):
             fn = obj.fn
+            if fn.__module__ != "__main__" and _named(fn.__module__, fn.__qualname__) is obj:
+                if obj not in _PICKLED_FNS:
+                    _PICKLED_FNS[obj] = dumps(fn)
+                return _rebuild_named_kernel, (fn.__module__, fn.__qualname__, _PICKLED_FNS[obj])
             return _rebuild_kernel, (fn.__module__, fn.__qualname__, fn)
         return super().reducer_override(obj)
 
