@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from iris_core.collectives import kernels as K
+from iris_core.collectives import kinds
 from iris_core.collectives.workspace import MAX_PROGRAMS
 from iris_jax import _runtime as runtime_lib
 from iris_jax.call import triton_call
@@ -255,8 +256,7 @@ def streams(kind: int, variant: int, nbytes: int, G: int, config: CollectiveConf
     """Whether the call may stream (it does if it also fits one chunk of the streamed
     buffers): a kind in which every member sends to every other, G >= 2, and at least
     `stream_from` bytes per rank or, but for all_gather, at most `stream_until`."""
-    every_pair = kind in (K.ALL_GATHER, K.REDUCE_SCATTER, K.ALL_TO_ALL) or (
-        kind == K.ALL_REDUCE and variant == K.ONE_SHOT)
+    every_pair = kinds.every_pair(kind, variant)
     large = nbytes >= config.stream_from
     small = kind != K.ALL_GATHER and nbytes <= config.stream_until
     return every_pair and G > 1 and (large or small)
@@ -280,5 +280,4 @@ def stream_programs(tiles: int, max_programs: int, senders_percent: int) -> tupl
 
 def pushes(kind: int, variant: int, nbytes: int, config: CollectiveConfig) -> bool:
     """Whether the call pushes (the pipelined kinds, from `push_from` bytes; 0: always)."""
-    pipelined = kind != K.ALL_REDUCE or variant == K.ONE_SHOT
-    return pipelined and nbytes >= config.push_from
+    return kinds.pipelined(kind, variant) and nbytes >= config.push_from

@@ -65,7 +65,7 @@ class WorkspaceLayout:
 
     @property
     def stream(self) -> int:
-        """Offset of the streamed region (sub-offsets: iris_core.collectives.kernels._streamed)."""
+        """Offset of the streamed region (its layout: iris_core.collectives.streamed)."""
         return self.data2 + 2 * self.data_bytes
 
     @property

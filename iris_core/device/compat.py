@@ -42,4 +42,14 @@ def aggregate(cls):
     for name, member in list(vars(cls).items()):
         if isinstance(member, InterpretedFunction):
             setattr(cls, name, _Method(member))
+    # the interpreter's constexprs are plain values (Python ints, not `constexpr`, meet in `t % G`)
+    constexprs = [name for name, kind in cls.__annotations__.items() if kind in (tl_core.constexpr, "tl.constexpr")]
+    init = cls.__init__
+
+    def __init__(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        for name in constexprs:
+            setattr(self, name, tl_core._unwrap_if_constexpr(getattr(self, name)))
+
+    cls.__init__ = __init__
     return cls

@@ -50,7 +50,7 @@ have the same group: hence a workspace per partition of the ranks.
 import triton
 import triton.language as tl
 
-from iris_core.collectives.kernels import _workspace_offset
+from iris_core.collectives.group import member_rank, workspace_offset
 from iris_core.device import Context, flags
 from iris_core.device.flags import LINE
 from iris_core.kernels.gemm import aligned_rows, store_tile, tile_coords, tile_gemm
@@ -60,7 +60,7 @@ from iris_core.kernels.gemm import aligned_rows, store_tile, tile_coords, tile_g
 def _prologue(ctx, group_ptr, G: tl.constexpr):
     """(workspace base address, my epoch pointer, this call's epoch)."""
     pid = tl.program_id(0)
-    ws_base = tl.load(ctx.heap_bases + ctx.rank) + _workspace_offset(group_ptr, G)
+    ws_base = tl.load(ctx.heap_bases + ctx.rank) + workspace_offset(group_ptr, G)
     epoch_ptr = tl.cast(ws_base + pid * LINE, tl.pointer_type(tl.int32))
     return ws_base, epoch_ptr, flags.read_epoch(epoch_ptr) + 1
 
@@ -111,12 +111,12 @@ def _reduce_tile(ctx, group_ptr, data, tile_flags, t, epoch, offs, out_ptr, pid_
     reducing a tile gets bit-identical results). All flags first, then all loads back to
     back, so the members' transfers overlap; full tiles are stored in 16-byte vectors."""
     for i in tl.static_range(G):
-        _wait(tile_flags + t * G + i, epoch, tl.load(group_ptr + 1 + i), POLL_NS, TIMEOUT_NS, WHAT)
+        _wait(tile_flags + t * G + i, epoch, member_rank(group_ptr, i), POLL_NS, TIMEOUT_NS, WHAT)
     out_dtype = out_ptr.dtype.element_ty
     item: tl.constexpr = out_dtype.primitive_bitwidth // 8
     total = tl.zeros((BM, BN), dtype=tl.float32)
     for i in tl.static_range(G):
-        total += _pull(ctx, _slot(data, t, offs, BN), tl.load(group_ptr + 1 + i), BN * item).to(tl.float32)
+        total += _pull(ctx, _slot(data, t, offs, BN), member_rank(group_ptr, i), BN * item).to(tl.float32)
     if M % BM == 0 and N % BN == 0:
         rows = pid_m * BM + tl.arange(0, BM)
         cols = pid_n * BN + tl.arange(0, BN)
@@ -174,10 +174,10 @@ def matmul_reduce_kernel(context_ptr, group_ptr, a_ptr, b_ptr, out_ptr,
             tl.store(_slot(data, t, offs, BN), acc.to(out_dtype))
             tl.debug_barrier()
             if SCATTER:  # tile t is there: tell the member that reduces it
-                flags.set_flag(ctx, tile_flags + t * G + me, epoch, tl.load(group_ptr + 1 + block))
+                flags.set_flag(ctx, tile_flags + t * G + me, epoch, member_rank(group_ptr, block))
             else:
                 for i in tl.static_range(G):
-                    flags.set_flag(ctx, tile_flags + t * G + me, epoch, tl.load(group_ptr + 1 + i))
+                    flags.set_flag(ctx, tile_flags + t * G + me, epoch, member_rank(group_ptr, i))
             owner = block if SCATTER else me  # the member that outputs tile t
             if (t >= tail) & (owner == me):
                 _reduce_tile(ctx, group_ptr, data, tile_flags, t, epoch, offs, out_ptr, pid_m, pid_n, M, N,
@@ -231,12 +231,12 @@ def all_gather_matmul_kernel(context_ptr, group_ptr, a_ptr, b_ptr, out_ptr,
                     dst = gathered + (me * M + rows)[:, None] * K + cols[None, :]
                     for j in tl.static_range(G):
                         if j != me:
-                            _push(ctx, dst, value, tl.load(group_ptr + 1 + j),
+                            _push(ctx, dst, value, member_rank(group_ptr, j),
                                   K * (a_ptr.dtype.element_ty.primitive_bitwidth // 8), mask)
                 tl.debug_barrier()
                 for j in tl.static_range(G):
                     if j != me:
-                        flags.set_flag(ctx, tile_flags + me * tiles_m + i, epoch, tl.load(group_ptr + 1 + j))
+                        flags.set_flag(ctx, tile_flags + me * tiles_m + i, epoch, member_rank(group_ptr, j))
     # 2. my own block, from my A directly: every program, no waiting
     for l in range(pid, TB, programs):
         pid_m, pid_n = tile_coords(l, tiles_m, tiles_n, GROUP_M)
@@ -248,7 +248,7 @@ def all_gather_matmul_kernel(context_ptr, group_ptr, a_ptr, b_ptr, out_ptr,
         if pid >= COMM:
             for bi in range(1, G):
                 s = (me + bi) % G
-                source = tl.load(group_ptr + 1 + s)
+                source = member_rank(group_ptr, s)
                 a_s = gathered + s * M * K
                 for l in range(pid - COMM, TB, programs - COMM):
                     pid_m, pid_n = tile_coords(l, tiles_m, tiles_n, GROUP_M)

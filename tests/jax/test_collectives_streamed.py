@@ -1,4 +1,4 @@
-"""Streamed push (iris_core.collectives.kernels._streamed) on the CPU simulator: the kinds in
+"""Streamed push (iris_core.collectives.streamed) on the CPU simulator: the kinds in
 which every member sends to every other, one chunk, half the programs sending and half
 receiving tile by tile. CollectiveConfig(stream_from=0) makes every such call stream,
 stream_until=0 makes small calls pull."""

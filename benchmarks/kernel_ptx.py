@@ -1,0 +1,112 @@
+"""The collective kernel's sm_90 PTX for a matrix of its configurations, compiled on any machine (no GPU).
+
+    python benchmarks/kernel_ptx.py > before.json   # then change the kernel
+    python benchmarks/kernel_ptx.py --compare before.json
+
+For each configuration (kind, variant, path, group size, dtype, tracing): the instruction count,
+16-byte accesses, and a fingerprint of the instruction sequence with registers, labels and
+names left out. A refactor that keeps every fingerprint compiles to the same code.
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+os.environ.setdefault("TRITON_INTERPRET", "0")
+
+from benchmarks.guard_cost import _count, _ptx  # noqa: E402
+
+
+def _fingerprint(ptx: str) -> str:
+    body = ptx[ptx.index("{"):]
+    ops = []
+    for line in body.splitlines():
+        line = line.strip()
+        if line.endswith(";") and not line.startswith((".", "//")):
+            line = re.sub(r"%\w+|\$\w+|\b\w*_param_\d+\b", "R", line)  # registers, labels, parameter names
+            ops.append(line)
+    return hashlib.sha256("\n".join(ops).encode()).hexdigest()[:16]
+
+
+def cases() -> dict:
+    from iris_core.collectives import kernels as C
+
+    out = {}
+    for kind, name in [(C.ALL_REDUCE, "all_reduce"), (C.ALL_GATHER, "all_gather"),
+                       (C.REDUCE_SCATTER, "reduce_scatter"), (C.ALL_TO_ALL, "all_to_all"),
+                       (C.PPERMUTE, "ppermute"), (C.BROADCAST, "broadcast")]:
+        paths = {"pull": {}, "zero_copy": dict(ZERO_COPY=True), "push": dict(PUSH=True)}
+        if kind in (C.ALL_REDUCE, C.ALL_GATHER, C.REDUCE_SCATTER, C.ALL_TO_ALL):
+            paths["stream"] = dict(PUSH=True, STREAM=True)
+        for path, extra in paths.items():
+            out[f"{name} {path} G4"] = dict(KIND=kind, VARIANT=C.ONE_SHOT, G=4, **extra)
+        out[f"{name} pull G2 bf16"] = dict(KIND=kind, VARIANT=C.ONE_SHOT, G=2, dtype="bf16")
+    for variant, name in [(C.TWO_SHOT, "two_shot"), (C.ATOMIC, "atomic"), (C.SPINLOCK, "spinlock"),
+                          (C.RING, "ring")]:
+        out[f"all_reduce {name} G4"] = dict(KIND=C.ALL_REDUCE, VARIANT=variant, G=4)
+        out[f"all_reduce {name} G2 zero_copy"] = dict(KIND=C.ALL_REDUCE, VARIANT=variant, G=2, ZERO_COPY=True)
+    out["all_reduce pull G4 max"] = dict(KIND=C.ALL_REDUCE, VARIANT=C.ONE_SHOT, G=4, OP=C.MAX)
+    out["all_reduce push G4 traced"] = dict(KIND=C.ALL_REDUCE, VARIANT=C.ONE_SHOT, G=4, PUSH=True, TRACING=True)
+    out["all_reduce two_shot G4 traced"] = dict(KIND=C.ALL_REDUCE, VARIANT=C.TWO_SHOT, G=4, TRACING=True)
+    return out
+
+
+def measure(only: str | None = None) -> dict:
+    import triton.language as tl
+
+    from iris_core.collectives import kernels as C
+    from iris_core.collectives.workspace import MAX_PROGRAMS, WorkspaceLayout
+
+    results = {}
+    for name, case in cases().items():
+        if only and only not in name:
+            continue
+        case = dict(case)
+        G = case.pop("G")
+        bf16 = case.pop("dtype", "fp32") == "bf16"
+        blocks = G if case["KIND"] in (C.REDUCE_SCATTER, C.ALL_TO_ALL) else 1
+        out_blocks = G if case["KIND"] in (C.ALL_GATHER, C.ALL_TO_ALL) else 1
+        layout = WorkspaceLayout(G, 1 << 20)
+        dtype = "*bf16" if bf16 else "*fp32"
+        signature = {"context_ptr": "*i32", "group_ptr": "*i32", "x_ptr": dtype, "m": "i32", "out_ptr": dtype}
+        constexprs = dict(OP=C.SUM, G=G, WORLD=G, XB=blocks, OB=out_blocks, SOURCES=tuple((i + 1) % G for i in range(G)),
+                          ACC=tl.float32, BLOCK=4096, CHUNK=(1 << 20) // (4 * blocks), DATA=layout.data,
+                          DATA2=layout.data2, DATA_BYTES=layout.data_bytes, MAX_PROGRAMS=MAX_PROGRAMS,
+                          TIMEOUT_NS=10**9, WHAT="collective", HEAP_BYTES=1 << 30, VEC=8 if bf16 else 4,
+                          STREAM_AT=layout.stream, STREAM_BYTES=layout.stream_capacity, SENDERS=4)
+        constexprs.update(ZERO_COPY=False, TRACING=False, PUSH=False, STREAM=False)  # every one named: Triton's
+        constexprs.update(case)  # cache key joins the values alone, so two sparse sets could collide
+        ptx = _ptx(C.collective_kernel, signature, constexprs, num_warps=8)
+        results[name] = dict(_count(ptx), fingerprint=_fingerprint(ptx))
+    return results
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--compare", help="a JSON file of an earlier run: print what changed")
+    parser.add_argument("--only", help="configurations whose name contains this")
+    args = parser.parse_args()
+    now = measure(args.only)
+    if not args.compare:
+        print(json.dumps(now, indent=1))
+        return
+    before = json.load(open(args.compare))
+    same = 0
+    for name, result in now.items():
+        old = before.get(name)
+        if old == result:
+            same += 1
+            continue
+        was = f"{old['instructions']} ({old['fingerprint']})" if old else "absent"
+        print(f"{name}: {was} -> {result['instructions']} ({result['fingerprint']}), "
+              f"16-byte accesses {old and old['v4_accesses']} -> {result['v4_accesses']}")
+    print(f"{same} of {len(now)} configurations compile to the same instructions")
+
+
+if __name__ == "__main__":
+    main()

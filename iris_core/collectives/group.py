@@ -1,0 +1,134 @@
+"""`Group`: the members of a collective call as one program sees them, and their flags.
+
+The kernel's group row is [my index, member ranks..., workspace offset low, high]
+(iris_jax.call.group_table). A program signals and waits on its own line of flags in each
+member's workspace: the flag that member i raises for program `pid` sits at line
+MAX_PROGRAMS + pid * WORLD + i (iris_core.collectives.workspace), so program k waits only
+for program k of its peers. Stamps: STEPS flag rounds per call epoch (iris_core.device.flags).
+"""
+
+import triton
+import triton.language as tl
+
+from iris_core.device import Context, flags, global_timer
+from iris_core.device.compat import aggregate
+from iris_core.device.flags import LINE
+from iris_core.device.nvidia import peer_failed, peer_timeout
+from iris_core.device.tracing import EVENT_WAIT
+
+STEPS: tl.constexpr = tl.constexpr(64)  # flag rounds per chunk (ring: 2G - 1, so G <= 32)
+DONE: tl.constexpr = tl.constexpr(63)  # the last round of the last chunk: zero-copy readers are done
+
+
+@triton.jit
+def member_rank(group_ptr, member):
+    """Global rank of group member `member`."""
+    return tl.load(group_ptr + 1 + member)
+
+
+@triton.jit
+def workspace_offset(group_ptr, G: tl.constexpr):
+    """Heap offset of this group's workspace (see iris_jax.workspace)."""
+    low = tl.load(group_ptr + 1 + G).to(tl.uint32).to(tl.uint64)
+    high = tl.load(group_ptr + 2 + G).to(tl.uint32).to(tl.uint64)
+    return low | (high << 32)
+
+
+@aggregate
+class Group:
+    """My index `me` among the G members, my program `pid` of `programs`, the workspace base on
+    my heap, and how to wait (TIMEOUT_NS) and what to name on a timeout (WHAT)."""
+    ctx: Context
+    row: tl.tensor
+    me: tl.tensor
+    pid: tl.tensor
+    programs: tl.tensor
+    ws_base: tl.tensor
+    G: tl.constexpr
+    MAX_PROGRAMS: tl.constexpr
+    TIMEOUT_NS: tl.constexpr
+    WHAT: tl.constexpr
+
+    @triton.constexpr_function
+    def __init__(self, ctx, row, me, pid, programs, ws_base, G, MAX_PROGRAMS, TIMEOUT_NS, WHAT):
+        self.ctx = ctx
+        self.row = row
+        self.me = me
+        self.pid = pid
+        self.programs = programs
+        self.ws_base = ws_base
+        self.G = tl.constexpr(G)
+        self.MAX_PROGRAMS = tl.constexpr(MAX_PROGRAMS)
+        self.TIMEOUT_NS = tl.constexpr(TIMEOUT_NS)
+        self.WHAT = tl.constexpr(WHAT)
+
+    @staticmethod
+    @triton.jit
+    def initialize(ctx, group_ptr, G: tl.constexpr, MAX_PROGRAMS: tl.constexpr, TIMEOUT_NS: tl.constexpr,
+                   WHAT: tl.constexpr):
+        """Decodes the group row for this program."""
+        ws_base = tl.load(ctx.heap_bases + ctx.rank) + workspace_offset(group_ptr, G)
+        return Group(ctx, group_ptr, tl.load(group_ptr), tl.program_id(0), tl.num_programs(0), ws_base, G, MAX_PROGRAMS,
+                     TIMEOUT_NS, WHAT)
+
+    @triton.jit
+    def rank(self, member):
+        """Global rank of member `member`."""
+        return member_rank(self.row, member)
+
+    @triton.jit
+    def flag(self, member):
+        """Pointer (in my heap) to the flag `member` raises for my program."""
+        line = self.MAX_PROGRAMS + self.pid * self.ctx.world_size + member
+        return tl.cast(self.ws_base + line * LINE, tl.pointer_type(tl.int64))
+
+    @triton.jit
+    def epoch_ptr(self):
+        """My program's call count (iris_core.device.flags.read_epoch)."""
+        return tl.cast(self.ws_base + self.pid * LINE, tl.pointer_type(tl.int64))
+
+    @triton.jit
+    def publish(self, input_offset):
+        """Zero-copy: writes my input's heap offset (-1: staged) next to my flag on every member;
+        the next signal releases it. Stable for the whole call (rewritten after the DONE round)."""
+        word = self.flag(self.me) + 1
+        for i in tl.static_range(self.G):
+            self.ctx.store(word, input_offset, to_rank=self.rank(i))
+
+    @triton.jit
+    def signal(self, stamp):
+        """Raises my flag to `stamp` on every member (flags.signal: my earlier writes first)."""
+        tl.debug_barrier()  # every thread's stores precede the release
+        flag = self.flag(self.me)
+        for i in tl.static_range(self.G):
+            flags.signal(self.ctx, flag, stamp, self.rank(i))
+
+    @triton.jit
+    def give_up(self, rank):
+        """Times out waiting on `rank`. My flag on every member becomes POISON first: this call's
+        epoch is lost on my side, so a member's later wait on me must fail, not pass on a stale
+        flag. No CTA barrier here: threads may reach this branch at different times."""
+        flag = self.flag(self.me)
+        for i in tl.static_range(self.G):
+            flags.poison(self.ctx, flag, self.rank(i))
+        peer_timeout(self.WHAT, rank)
+
+    @triton.jit
+    def wait_member(self, member, stamp, start):
+        """Waits until `member`'s flag reached `stamp` (flags.wait); gives up after the timeout,
+        fails at once when the member gave up on an earlier call (its flag is POISON)."""
+        seen = flags.wait(self.flag(member), stamp, start, self.TIMEOUT_NS)
+        if flags.timed_out(seen):
+            self.give_up(self.rank(member))
+        if flags.poisoned(seen):
+            peer_failed(self.WHAT, self.rank(member))
+
+    @triton.jit
+    def wait(self, stamp):
+        """Waits until every member's flag reached `stamp` (traced as a `wait` span)."""
+        event = self.ctx.tracing.record_event_start(EVENT_WAIT, self.ctx.rank, None)
+        start = global_timer()
+        for i in tl.static_range(self.G):
+            self.wait_member(i, stamp, start)
+        tl.debug_barrier()
+        self.ctx.tracing.record_event_end(event)

@@ -1,0 +1,52 @@
+"""What a collective launch asks for: its kind, how it combines, which all-reduce algorithm.
+
+Plain ints, the kernel's KIND / OP / VARIANT constexprs. Device code names them through this
+module (`kinds.ALL_GATHER`; Triton resolves a module's attribute at compile time), and the
+predicates below are constexpr functions, so host and device code ask the same question the
+same way.
+
+    kind            input blocks  output blocks  member i contributes
+    ALL_REDUCE      1             1              all of its input, combined
+    ALL_GATHER      1             G              all of its input, as output block i
+    REDUCE_SCATTER  G             1              its block `me`, combined
+    ALL_TO_ALL      G             G              its block `me`, as output block i
+    PPERMUTE        1             1              all of its input, from my source member only
+    BROADCAST       1             1              all of its input, from the root only
+"""
+
+import triton
+
+ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL, PPERMUTE, BROADCAST = range(6)
+SUM, MAX, MIN = range(3)
+ONE_SHOT, TWO_SHOT, ATOMIC, SPINLOCK, RING = range(5)
+
+
+@triton.constexpr_function
+def combines(kind):
+    """Whether the members' contributions are combined (OP) into one output block."""
+    return kind in (ALL_REDUCE, REDUCE_SCATTER)
+
+
+@triton.constexpr_function
+def gathers(kind):
+    """Whether member i's contribution becomes output block i."""
+    return kind in (ALL_GATHER, ALL_TO_ALL)
+
+
+@triton.constexpr_function
+def from_one_source(kind):
+    """Whether the output comes from one member (SOURCES[me]; -1: none, zeros)."""
+    return kind in (PPERMUTE, BROADCAST)
+
+
+@triton.constexpr_function
+def pipelined(kind, variant):
+    """Whether the call runs the shared pipelined tile loop (every kind but the all-reduce
+    algorithms of their own modules: two-shot, atomic, spinlock, ring)."""
+    return kind != ALL_REDUCE or variant == ONE_SHOT
+
+
+@triton.constexpr_function
+def every_pair(kind, variant):
+    """Whether every member sends to every other (the kinds that can be streamed)."""
+    return variant == ONE_SHOT if kind == ALL_REDUCE else combines(kind) or gathers(kind)
