@@ -137,9 +137,9 @@ def _from_environment() -> CollectiveConfig:
 
 
 def default_timeout_s() -> float:
-    """How long a call that passes no timeout and no config waits for a peer (the fused ops'
-    default): IRIS_COLLECTIVE_TIMEOUT as it was at the first call, else DEFAULT_TIMEOUT_S."""
-    return _from_environment().timeout_s
+    """How long a call that passes no timeout waits for a peer (the fused ops' default): the
+    timeout of `default_config()`, so `use_config`'s inside its block."""
+    return default_config().timeout_s
 
 
 def default_config() -> CollectiveConfig:

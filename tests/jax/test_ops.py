@@ -340,3 +340,20 @@ def test_impl_argument(monkeypatch):
     assert ops._impl("xla", "matmul_all_reduce", 1, 1, 1) == "xla"
     with pytest.raises(ValueError, match="unknown impl"):
         ops._impl("fast", "matmul_all_reduce", 1, 1, 1)
+
+
+def test_fused_ops_wait_as_long_as_the_active_config_says(monkeypatch):
+    """A fused op given no timeout_s waits `use_config`'s timeout inside its block, else the
+    environment's (IRIS_COLLECTIVE_TIMEOUT)."""
+    from iris_jax import config, ops
+
+    monkeypatch.setenv("IRIS_COLLECTIVE_TIMEOUT", "7")
+    config._from_environment.cache_clear()
+    try:
+        assert ops._timeout_ns(None) == 7 * 10**9
+        with iris_jax.use_config(iris_jax.CollectiveConfig(timeout_s=2.5)):
+            assert ops._timeout_ns(None) == int(2.5e9)
+            assert ops._timeout_ns(4.0) == 4 * 10**9  # an explicit timeout_s still wins
+        assert ops._timeout_ns(None) == 7 * 10**9
+    finally:
+        config._from_environment.cache_clear()
