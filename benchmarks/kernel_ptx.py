@@ -33,6 +33,15 @@ def _fingerprint(ptx: str) -> str:
     return hashlib.sha256("\n".join(ops).encode()).hexdigest()[:16]
 
 
+def _memory(ptx: str) -> dict:
+    """How the kernel touches memory: each kind of global load / store (vector width, acquire),
+    atomic (op, semantics, scope) and fence, counted, and whether it prints (vprintf) or traps."""
+    ops = re.findall(r"\b(?:(?:ld|st)(?:\.acquire\.sys)?\.global[a-z0-9.]*|(?:atom|red)\.[a-z0-9._]+|membar\.[a-z]+|"
+                     r"fence\.(?:acq_rel|sc|acquire|release)[a-z0-9.]*)", ptx)
+    counts = {op: ops.count(op) for op in sorted(set(ops))}
+    return dict(counts, vprintf="vprintf" in ptx, trap="trap;" in ptx)
+
+
 def cases() -> dict:
     from iris_core.collectives import kernels as C
 
@@ -82,7 +91,7 @@ def measure(only: str | None = None) -> dict:
         constexprs.update(ZERO_COPY=False, TRACING=False, PUSH=False, STREAM=False)  # every one named: Triton's
         constexprs.update(case)  # cache key joins the values alone, so two sparse sets could collide
         ptx = _ptx(C.collective_kernel, signature, constexprs, num_warps=8)
-        results[name] = dict(_count(ptx), fingerprint=_fingerprint(ptx))
+        results[name] = dict(_count(ptx), fingerprint=_fingerprint(ptx), memory=_memory(ptx))
     return results
 
 
@@ -96,16 +105,24 @@ def main():
         print(json.dumps(now, indent=1))
         return
     before = json.load(open(args.compare))
-    same = 0
+    same = same_memory = 0
     for name, result in now.items():
         old = before.get(name)
         if old == result:
             same += 1
+            same_memory += 1
             continue
         was = f"{old['instructions']} ({old['fingerprint']})" if old else "absent"
         print(f"{name}: {was} -> {result['instructions']} ({result['fingerprint']}), "
               f"16-byte accesses {old and old['v4_accesses']} -> {result['v4_accesses']}")
-    print(f"{same} of {len(now)} configurations compile to the same instructions")
+        if old and old.get("memory") == result["memory"]:
+            same_memory += 1
+        elif old:
+            changed = {k: (old.get("memory", {}).get(k), v) for k, v in result["memory"].items()
+                       if old.get("memory", {}).get(k) != v}
+            print(f"  memory operations changed: {changed}")
+    print(f"{same} of {len(now)} configurations compile to the same instructions, {same_memory} to the same "
+          "memory operations (each kind of load, store, atomic and fence, counted; prints; traps)")
 
 
 if __name__ == "__main__":
