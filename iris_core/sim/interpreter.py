@@ -12,6 +12,7 @@ import ctypes
 import dataclasses
 import functools
 import inspect
+import math
 import os
 import threading
 from collections.abc import Sequence
@@ -196,6 +197,7 @@ def _patch_interpreter(ti) -> None:
         import triton.language as tl
 
         scope.set_attr(tl.core.tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+        scope.set_attr(tl.core.tensor, "__init__", _tensor_init(tl.core))
         return scope
 
     import triton.language as tl
@@ -206,12 +208,31 @@ def _patch_interpreter(ti) -> None:
     _patch_builder(ti)
 
 
+def _tensor_init(core):
+    """tensor.__init__ as Triton's, with one shape tuple and element count per shape: Triton
+    builds them (a constexpr per dimension, a language tuple and its type) for every value,
+    a tenth of a launch's time."""
+    shapes: dict = {}
+
+    def init(self, handle, type):
+        self.handle = handle
+        self.type = type
+        self.dtype = type.scalar
+        shape = type.shape if type.is_block() else ()
+        if shape not in shapes:
+            shapes[shape] = core.constexpr(math.prod(shape)), core.tuple([core.constexpr(s) for s in shape])
+        self.numel, self.shape = shapes[shape]
+
+    return init
+
+
 def _patch_builder(ti) -> None:
     """Faster tile operations, with Triton's results. Its loads and stores move one element
     at a time in C++ (milliseconds for a tile of the simulator's size): a tile whose
     accessed lanes are one run of consecutive elements is copied as one slice instead, any
     other goes through Triton's own loop. Its dtype lookup builds a dict of dtypes at every
-    call, and its pointer arithmetic makes four passes over the offsets."""
+    call, its pointer arithmetic makes four passes over the offsets, and it fills a tile
+    with a scalar wherever one meets a tile."""
     builder = ti.InterpreterBuilder
     masked_load, masked_store = builder.create_masked_load, builder.create_masked_store
     np_dtype = ti._get_np_dtype
@@ -246,16 +267,27 @@ def _patch_builder(ti) -> None:
         _host_array(address, hi - lo, values.dtype)[:] = values[lo:hi]
 
     def addptr(self, ptr, offset):
-        # as Triton's (offsets wrap to uint64, times the element size), in two array passes, not four
+        # as Triton's (offsets wrap to uint64, times the element size), in one or two array passes, not four
         element_bytes = max(1, ptr.get_element_ty().primitive_bitwidth // 8)
+        if element_bytes == 1:
+            return ti.TensorHandle(np.add(offset.data, ptr.data, dtype=np.uint64, casting="unsafe"), ptr.dtype)
         address = np.multiply(offset.data, element_bytes, dtype=np.uint64, casting="unsafe")
         if address.size >= ptr.data.size:
             return ti.TensorHandle(np.add(address, ptr.data, out=address), ptr.dtype)
         return ti.TensorHandle(address + ptr.data, ptr.dtype)
 
+    splat = builder.create_splat
+
+    def broadcast(self, ret_ty, arg):
+        # a read-only view instead of a filled tile: every operation makes a new array
+        if math.prod(ret_ty.shape) < _DENSE_MIN:
+            return splat(self, ret_ty, arg)
+        value = arg.data.reshape(-1)[:1].astype(cached_np_dtype(arg.dtype))
+        return ti.TensorHandle(np.broadcast_to(value, tuple(ret_ty.shape)), arg.dtype.scalar)
+
     ti._get_np_dtype = cached_np_dtype
     builder.create_masked_load, builder.create_masked_store = load, store
-    builder.create_addptr = addptr
+    builder.create_addptr, builder.create_splat = addptr, broadcast
 
 
 _DENSE_MIN = 256  # elements: smaller tiles (flags, scalars) keep Triton's own loop
