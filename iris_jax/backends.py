@@ -39,6 +39,8 @@ class Backend:
       interprets_kernels: kernels run in Triton's and Pallas's interpreters on the host.
       speed_guides_auto: `impl="auto"` of the fused ops may choose by measured speed (GPUs).
       collective_block: the collective kernel's default elements per tile.
+      tile_fits_data: tiles no larger than the data (the power of two above it) where the
+        data is smaller than a tile.
       workspace_bytes, fused_workspace_bytes, fused_flags: default workspace sizes per
         partition (iris_jax.workspace).
       fused_comm_programs, fused_reduce_programs, fused_poll_ns: defaults of FusedSettings.
@@ -49,6 +51,7 @@ class Backend:
     interprets_kernels: bool
     speed_guides_auto: bool
     collective_block: int
+    tile_fits_data: bool = False
     workspace_bytes: int
     fused_workspace_bytes: int
     fused_flags: int
@@ -160,6 +163,7 @@ class _SimulatorBackend(Backend):
     interprets_kernels = True
     speed_guides_auto = False  # no speed to choose by: `auto` runs the fused kernels, which then get exercised
     collective_block = SIM_BLOCK
+    tile_fits_data = True  # the interpreter computes every lane of a tile, masked or not
     workspace_bytes, fused_workspace_bytes, fused_flags = 256 << 10, 512 << 10, 1 << 12
     fused_comm_programs, fused_reduce_programs, fused_poll_ns = 1, 1, 0
 

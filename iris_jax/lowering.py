@@ -211,6 +211,8 @@ def launch(kind: int, x2d, axes, out_blocks: int, config: CollectiveConfig, *, o
     XB, m = x2d.shape
     itemsize = x2d.dtype.itemsize
     largest_block, max_programs, num_warps = launch_config(rt, config)
+    if rt.backend.tile_fits_data:
+        largest_block = min(largest_block, max(MIN_BLOCK, 1 << max(m - 1, 0).bit_length()))
     nbytes = XB * m * itemsize
 
     def tiling(buffer_bytes, slots):  # a buffer holds a slot per sender (push) or my input blocks (pull)
