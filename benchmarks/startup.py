@@ -7,7 +7,10 @@ each; without it, one process over its local devices (a world of one runs no ker
 `iris_jax.init()` (heaps allocated and zeroed, contexts), the first jitted psum (trace, lower,
 Triton compile, first run), a second call, a new length (a new specialization), and lax.psum's
 first call for comparison. Run it twice in a row to see a warm Triton cache (the second run).
-With --out, a cProfile of the first psum is written there (startup_profile.txt, the 40 most
+Compiled kernels are kept on disk between processes (iris_jax.kernel_cache): point
+IRIS_KERNEL_CACHE_DIR at an empty directory for a cold first run, set it to "" for jax-triton's
+own compile (in memory, as before). --jax-cache DIR also turns on JAX's persistent compilation
+cache there (XLA's part). With --out, a cProfile of the first psum is written there (startup_profile.txt, the 40 most
 expensive functions by cumulative time).
 """
 
@@ -45,6 +48,7 @@ def main():
     parser.add_argument("--out", default=None)
     parser.add_argument("--heap-mib", type=int, default=1024)
     parser.add_argument("--processes", type=int, default=1)
+    parser.add_argument("--jax-cache", default=None, help="directory of JAX's persistent compilation cache")
     parser.add_argument("--process-id", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -68,6 +72,10 @@ def main():
     from jax.sharding import Mesh
     from jax.sharding import PartitionSpec as P
 
+    if args.jax_cache:
+        jax.config.update("jax_compilation_cache_dir", args.jax_cache)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     if args.process_id is not None:
         os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
         timed("jax.distributed", lambda: jax.distributed.initialize(
@@ -100,6 +108,11 @@ def main():
     who = f"process {args.process_id}: " if args.process_id is not None else ""
     for name, seconds in times.items():
         print(f"{who}{name:24s} {seconds:8.3f} s", flush=True)
+    from iris_jax import kernel_cache
+
+    cache = kernel_cache.cache()
+    print(f"{who}kernel cache: " + (f"{cache.directory}: {cache.compiled} compiled, {cache.loaded} loaded"
+                                    if cache else "off (jax-triton's own compile)"), flush=True)
     if not args.process_id:
         print("torch imported from:\n" + torch_import.stack if torch_import.stack else "torch never imported", flush=True)
     if args.out and not args.process_id:

@@ -9,6 +9,8 @@ is attempted, saying what to install (`pip install "iris-jax[gpu]"`).
 jax_triton also sets TRITON_CACHE_DIR="" on import; any later ordinary Triton launch then
 fails with "Could not create or locate cache dir". We put back the previous value (or unset
 it, so Triton uses its default).
+
+Its kernel compiles then go through iris_jax.kernel_cache (kept on disk between processes).
 """
 
 import os
@@ -44,4 +46,7 @@ def import_jax_triton():
             del os.environ["TRITON_CACHE_DIR"]
     else:
         os.environ["TRITON_CACHE_DIR"] = before
+    from iris_jax import kernel_cache
+
+    kernel_cache.install()
     return jax_triton

@@ -86,7 +86,9 @@ step gpu_timeouts 200 bash -c "IRIS_GPU_SHARED_SCENARIOS=timeouts IRIS_GPU_LOG_D
   -q -rfE --tb=short -p no:cacheprovider tests/gpu/test_gpu_shared.py; rc=\$?; tar czf $OUT/timeouts_logs.tgz -C /tmp/iris_to .; \
   exit \$rc"
 # where the first iris collective of a process goes (twice: cold, then warm Triton cache)
-step startup 150 bash -c "python3 benchmarks/startup.py --processes 2 --heap-mib 384 --out $OUT && python3 benchmarks/startup.py --processes 2 --heap-mib 384"
+# (cold: a fresh kernel cache; warm: the same again; then jax-triton's own compile; then with JAX's cache)
+step startup 200 bash -c "export IRIS_KERNEL_CACHE_DIR=\$(mktemp -d); S='python3 benchmarks/startup.py --processes 2 --heap-mib 384'; \
+  \$S --out $OUT && \$S && IRIS_KERNEL_CACHE_DIR= \$S && \$S --jax-cache \$IRIS_KERNEL_CACHE_DIR/jax && \$S --jax-cache \$IRIS_KERNEL_CACHE_DIR/jax"
 # the guard's cost on one GPU without peers: guarded load / store kernels at 64 KiB, 16 MiB, 256 MiB, on / off
 step guard_rma1 200 python3 benchmarks/guard_cost.py rma1
 # how this JAX picks a Pallas GPU lowering (the Mosaic GPU case of test_gpu_pallas)

@@ -1,0 +1,105 @@
+"""iris_jax.kernel_cache: GPU kernel compiles kept on disk (compiled here for sm_90; no GPU needed)."""
+
+import os
+
+import pytest
+import triton
+import triton.language as tl
+
+from iris_jax import kernel_cache
+
+
+@triton.jit
+def _scale(x_ptr, out_ptr, n, FACTOR: tl.constexpr, BLOCK: tl.constexpr = 128, NEGATE: tl.constexpr = False):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    v = tl.load(x_ptr + offs, mask=offs < n) * FACTOR
+    if NEGATE:
+        v = -v
+    tl.store(out_ptr + offs, v, mask=offs < n)
+
+
+@triton.jit
+def _scale_other(x_ptr, out_ptr, n, FACTOR: tl.constexpr, BLOCK: tl.constexpr = 128, NEGATE: tl.constexpr = False):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) + FACTOR, mask=offs < n)
+
+
+def _compile(cache, fn=_scale, **metaparams):
+    from jax_triton import triton_lib
+
+    backend = triton_lib.get_cuda_backend(0, 90)
+    return kernel_cache.compile_kernel(
+        cache, backend, "cuda", fn, ["*fp32", "*fp32", "i32"], [(2, "i32", 1000)], num_warps=4, num_stages=3,
+        num_ctas=1, compute_capability=90, enable_fp_fusion=True, metaparams={"FACTOR": 2, "BLOCK": 128, "NEGATE": False, **metaparams},
+        dump=False)
+
+
+def test_a_second_process_loads_what_the_first_compiled(tmp_path):
+    first = kernel_cache.KernelCache(str(tmp_path))
+    compiled, attrs = _compile(first)
+    assert (first.compiled, first.loaded) == (1, 0)
+    assert ".visible .entry _scale" in compiled.ptx and "tt.func" in compiled.ttir
+    # what jax-triton's lowering reads: pointers 16-byte aligned, scalars not
+    assert attrs == {(0,): [["tt.divisibility", 16]], (1,): [["tt.divisibility", 16]], (2,): []}
+    assert _compile(first)[0] is compiled and first.compiled == 1  # memory
+    second = kernel_cache.KernelCache(str(tmp_path))  # a new process: same directory, empty memory
+    again, _ = _compile(second)
+    assert (second.compiled, second.loaded) == (0, 1)
+    assert again == compiled
+
+
+def test_every_input_of_the_ptx_is_in_the_key(tmp_path):
+    cache = kernel_cache.KernelCache(str(tmp_path))
+    base = _compile(cache)[0]
+    variants = [_compile(cache, BLOCK=256)[0], _compile(cache, NEGATE=True)[0], _compile(cache, FACTOR=3)[0],
+                _compile(cache, fn=_scale_other)[0]]
+    assert cache.compiled == 5 and len({v.ptx for v in [base, *variants]}) == 5
+    # constexprs by name (Triton's own source key joins their values without names)
+    from jax_triton import triton_lib
+
+    backend = triton_lib.get_cuda_backend(0, 90)
+    options = backend.parse_options({"num_warps": 4})
+    keys = {kernel_cache.kernel_key(_scale, {"n": "i32"}, constants, {}, options, "sm90")
+            for constants in ({"BLOCK": 1}, {"NEGATE": 1})}
+    assert len(keys) == 2
+    assert kernel_cache.kernel_key(_scale, {}, {"F": object()}, {}, options, "sm90") is None  # no stable text
+
+
+def test_an_unreadable_entry_is_compiled_again(tmp_path):
+    cache = kernel_cache.KernelCache(str(tmp_path))
+    compiled = _compile(cache)[0]
+    for root, _, files in os.walk(tmp_path):
+        for name in files:
+            if name.endswith(".json"):
+                with open(os.path.join(root, name), "w") as f:
+                    f.write("{not json")
+    fresh = kernel_cache.KernelCache(str(tmp_path))
+    assert _compile(fresh)[0] == compiled and (fresh.compiled, fresh.loaded) == (1, 0)
+    reread = kernel_cache.KernelCache(str(tmp_path))
+    assert _compile(reread)[0] == compiled and reread.loaded == 1
+
+
+def test_an_unwritable_directory_only_costs_compiles(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    cache = kernel_cache.KernelCache(str(blocker / "below"))  # a directory under a file: cannot exist
+    assert _compile(cache)[0].ptx and cache.compiled == 1
+
+
+def test_the_setting(monkeypatch, tmp_path):
+    monkeypatch.setenv("IRIS_KERNEL_CACHE_DIR", str(tmp_path))
+    assert kernel_cache.cache_dir() == str(tmp_path)
+    monkeypatch.setenv("IRIS_KERNEL_CACHE_DIR", "")
+    assert kernel_cache.cache_dir() is None
+    monkeypatch.delenv("IRIS_KERNEL_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert kernel_cache.cache_dir() == os.path.join(str(tmp_path), "iris-jax", "kernels")
+
+
+def test_installed_in_jax_triton_at_import():
+    import iris_jax  # noqa: F401
+    from jax_triton import triton_lib
+
+    if kernel_cache.cache() is None:
+        pytest.skip("IRIS_KERNEL_CACHE_DIR is empty in this environment: the cache is off")
+    assert triton_lib.get_or_create_triton_kernel.__module__ == "iris_jax.kernel_cache"
