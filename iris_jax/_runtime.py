@@ -1,6 +1,7 @@
 """The iris runtime: one symmetric heap per participating device, in every execution model.
 
-`init()` picks the model from what it finds, without the user choosing:
+`init()` picks the model from what it finds, without the user choosing (iris_jax.backends
+has one class per model, which sets up its heaps and ranks):
 
 * launched by `python -m iris_core.sim`: a simulated rank; kernels run in this process
   under Triton's interpreter, heaps in shared memory; a script that joined the ranks with
@@ -26,7 +27,6 @@ import atexit
 import contextlib
 import itertools
 import os
-import socket
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -34,46 +34,16 @@ from collections.abc import Iterator, Sequence
 import jax
 import numpy as np
 
-from iris_core.errors import CrossDomainError, IrisError, PeerTimeoutError, RankMismatchError
+from iris_core.errors import CrossDomainError, IrisError, RankMismatchError
 from iris_core.heap.allocator import format_bytes
 from iris_core.heap.context_layout import encode_context
 from iris_jax import backends
+from iris_jax.backends import RENDEZVOUS_TIMEOUT_S
 
-DEFAULT_HEAP_SIZE = int(os.environ.get("IRIS_HEAP_SIZE", 1 << 30))
-DEFAULT_SIM_HEAP_SIZE = int(os.environ.get("IRIS_HEAP_SIZE", 64 << 20))
-
-# seconds to wait for the other processes at a rendezvous (environment IRIS_RENDEZVOUS_TIMEOUT)
-RENDEZVOUS_TIMEOUT_S = float(os.environ.get("IRIS_RENDEZVOUS_TIMEOUT", 120))
 # ranks r // n form a domain (environment IRIS_DOMAIN_SIZE; unset: by process and host, see Runtime)
 DEFAULT_DOMAIN_SIZE = int(os.environ["IRIS_DOMAIN_SIZE"]) if os.environ.get("IRIS_DOMAIN_SIZE") else None
 # how GPU heaps are allocated and shared: auto | malloc | vmm | fabric (iris_core.heap.cuda; IRIS_HEAP_ALLOCATOR)
 DEFAULT_HEAP_ALLOCATOR = os.environ.get("IRIS_HEAP_ALLOCATOR") or "auto"
-
-class _DistributedStore:
-    """KeyValueStore over JAX's distributed client."""
-
-    def __init__(self, client):
-        self.client = client
-
-    def set(self, key: str, value: bytes) -> None:
-        self.client.key_value_set(key, value.hex())
-
-    def get(self, key: str, timeout_s: float) -> bytes:
-        try:
-            return bytes.fromhex(self.client.blocking_key_value_get(key, int(timeout_s * 1000)))
-        except Exception as e:  # noqa: BLE001 - JAX's runtime error type moved between versions
-            if "DEADLINE_EXCEEDED" not in str(e):
-                raise
-            raise PeerTimeoutError(  # the kind of error every KeyValueStore raises (rendezvous.py)
-                f"rendezvous key {key!r} not published within {timeout_s:g} s: a peer process did not "
-                "start, or did not get this far") from e
-
-
-def _call_table(heap):
-    """The simulator's call records, the first allocation of every heap (so at one offset everywhere)."""
-    from iris_core.sim import call_table
-
-    return call_table.CallTable(heap, heap.allocate(call_table.NBYTES, zero=True))
 
 
 class Runtime:
@@ -93,29 +63,17 @@ class Runtime:
 
     def __init__(self, heap_size: int | None = None, devices: Sequence[jax.Device] | None = None,
                  domain_size: int | None = None, heap_allocator: str | None = None):
-        from iris_core.sim.env import launched_rank
-
-        launched = launched_rank()
         self.domain_size = domain_size if domain_size is not None else DEFAULT_DOMAIN_SIZE
-        self._heap_allocator_setting = heap_allocator or DEFAULT_HEAP_ALLOCATOR
-        _check_heap_allocator(self._heap_allocator_setting)
-        self.domains: tuple[tuple[int, ...], ...] | None = None  # set by the model's init, before any heap maps
-        self.sim_world = None
-        self.call_table = None  # the simulator's check that a group's ranks make the same calls
-        self._bases_seen_by: list[list[int]] | None = None  # one process per rank: see _join_processes
-        if launched is not None:
-            self._init_launched_sim(launched, heap_size or DEFAULT_SIM_HEAP_SIZE, devices)
-        elif jax.process_count() > 1:
-            self._init_gpu_multi(heap_size or DEFAULT_HEAP_SIZE, devices)
-        else:
-            local = list(devices) if devices is not None else jax.local_devices()
-            platforms = {d.platform for d in local}
-            if len(platforms) != 1:
-                raise RankMismatchError(f"devices span several platforms {platforms}; pass devices of one kind")
-            if platforms == {"cpu"}:
-                self._init_sim_workers(heap_size or DEFAULT_SIM_HEAP_SIZE, local)
-            else:
-                self._init_gpu_single(heap_size or DEFAULT_HEAP_SIZE, local)
+        allocator = heap_allocator or DEFAULT_HEAP_ALLOCATOR
+        _check_heap_allocator(allocator)
+        self.backend = backends.select(devices)
+        started = self.backend.start(heap_size, devices, self.domain_size, allocator)
+        self.world_size, self.domains, self.heap = started.world_size, started.domains, started.heap
+        self.store, self._session = started.store, started.session
+        self.call_table = started.call_table  # the simulator's check that a group's ranks make the same calls
+        self.sim_world = started.sim_world
+        self._device_ranks = started.device_ranks
+        self._bases_seen_by = started.bases_seen_by
         self.heap_size = self.heap.heap_size
         self.heap_allocator = getattr(self.heap, "heap_allocator", None)
         from iris_jax.tracing import RuntimeTracer
@@ -123,115 +81,13 @@ class Runtime:
         self.tracing = RuntimeTracer(self)  # device event tracing (iris_jax.tracing)
         self._rank_of = {d.id: r for d, r in self._device_ranks.items()}
         if self._bases_seen_by is not None:  # every process's device, for the context tables of global meshes
-            self._rank_of = {d.id: r for r, d in enumerate(_every_device())}
+            self._rank_of = {d.id: r for r, d in enumerate(backends.every_device())}
         self._lock = threading.Lock()
         self._services: dict[str, object] = {}
         self._syncs = itertools.count(1)
         self._calls = threading.Condition()  # host-executed kernel calls in flight (the simulator)
         self._running = 0
         self.closed = False
-
-    # -- execution models --------------------------------------------------------
-    def _init_launched_sim(self, launched, heap_size, devices):
-        from iris_core.heap.rendezvous import FileStore
-        from iris_core.heap.shared_memory import SharedMemoryHeap
-
-        local = list(devices) if devices is not None else jax.local_devices()
-        if len(local) != 1:
-            raise RankMismatchError(
-                f"a launched simulated rank owns exactly one device, got {len(local)}; do not set "
-                "xla_force_host_platform_device_count under `python -m iris_core.sim`")
-        self.backend = backends.SimulatorLaunched()
-        rank, self.world_size = launched.rank, launched.world_size
-        joined = jax.process_count() > 1  # the script called jax.distributed.initialize: ranks are its processes
-        if joined:
-            rank, self.world_size = _process_rank(local[0])
-            if self.world_size != launched.world_size:
-                raise RankMismatchError(
-                    f"jax.distributed.initialize joined {self.world_size} processes, but the simulator "
-                    f"launched {launched.world_size}; call it without arguments under `python -m iris_core.sim` "
-                    "(the launcher's environment names the run)")
-        self.domains = _domains(self.world_size, self.domain_size)
-        self.heap = SharedMemoryHeap(self.world_size, heap_size, [rank], launched.session,
-                                     FileStore(launched.store_path), timeout_s=RENDEZVOUS_TIMEOUT_S)
-        self._device_ranks = {local[0]: rank}
-        self.store = FileStore(launched.store_path)
-        self._session = _next_session()
-        self.call_table = _call_table(self.heap)
-        if joined:
-            self._join_processes(rank)
-
-    def _init_sim_workers(self, heap_size, local):
-        from iris_core.sim.world import get_world
-
-        self.backend = backends.SimulatorWorkers()
-        self.world_size = len(local)
-        self.domains = _domains(self.world_size, self.domain_size)
-        self.sim_world = get_world(self.world_size)
-        self.heap = self.sim_world.create_heaps(heap_size)
-        self._device_ranks = {d: r for r, d in enumerate(local)}
-        self.store = None
-        self.call_table = _call_table(self.heap)
-
-    def _init_gpu_single(self, heap_size, local):
-        from iris_core.heap.cuda import CudaHeap
-
-        self.backend = backends.GpuSingleProcess()
-        self.world_size = len(local)
-        self.domains = _domains(self.world_size, self.domain_size)
-        self.heap = CudaHeap(len(local), heap_size, list(range(len(local))),
-                             [d.local_hardware_id for d in local], heap_allocator=self._heap_allocator_setting)
-        self._device_ranks = {d: r for r, d in enumerate(local)}
-        self.store = None
-
-    def _init_gpu_multi(self, heap_size, devices):
-        from jax._src import distributed
-
-        from iris_core.heap.cuda import CudaHeap
-
-        local = list(devices) if devices is not None else jax.local_devices()
-        if len(local) != 1:
-            raise RankMismatchError(
-                f"one process per GPU is required for multi-process runs; this process has {len(local)}")
-        rank, world_size = _process_rank(local[0])
-        client = distributed.global_state.client
-        if client is None:
-            raise IrisError("jax.process_count() > 1 but no distributed client; call jax.distributed.initialize()")
-        self.backend = backends.GpuMultiProcess()
-        self.world_size = world_size
-        self.store = _DistributedStore(client)
-        session = self._session = _next_session()
-        hosts = self._hosts(rank)
-        self.domains = _domains(world_size, self.domain_size) if self.domain_size else _domains_by_host(hosts)
-        # a heap's handles are valid in its domain only: map the peers of this rank's domain
-        domain = next(d for d in self.domains if rank in d)
-        self.heap = CudaHeap(world_size, heap_size, [rank], [local[0].local_hardware_id],
-                             store=self.store, session=session, timeout_s=RENDEZVOUS_TIMEOUT_S,
-                             reachable=domain, heap_allocator=self._heap_allocator_setting,
-                             across_hosts=len({hosts[r] for r in domain}) > 1)
-        self._device_ranks = {local[0]: rank}
-        self._join_processes(rank)
-
-    def _join_processes(self, rank: int) -> None:
-        """One process per rank (GPUs or launched simulated ranks): gathers every process's view
-        of the heap bases, once this process's heap is up.
-
-        Every process maps the heaps at its own addresses. Each rank's context must hold the
-        bases as its own process sees them, and the context table compiled into a program
-        must be the same in every process (XLA's multi-process compilation waits forever on
-        programs whose fingerprints differ), so the processes exchange their views.
-        """
-        key = f"iris/{self._session}/bases"
-        self.store.set(f"{key}/{rank}", np.asarray(self.heap.heap_bases, np.uint64).tobytes())
-        self._bases_seen_by = [
-            [int(b) for b in np.frombuffer(self.store.get(f"{key}/{r}", RENDEZVOUS_TIMEOUT_S), np.uint64)]
-            for r in range(self.world_size)]
-
-    def _hosts(self, rank: int) -> list[bytes]:
-        """One process per GPU: every rank's host name, through the key-value store."""
-        key = f"iris/{self._session}/host"
-        self.store.set(f"{key}/{rank}", socket.gethostname().encode())
-        return [self.store.get(f"{key}/{r}", RENDEZVOUS_TIMEOUT_S) for r in range(self.world_size)]
 
     # -- ranks and contexts ------------------------------------------------------
     @property
@@ -370,22 +226,10 @@ def stale_program_error(what: str) -> IrisError:
 
 
 _runtime: Runtime | None = None
-_sessions = itertools.count()
 # part of jit's cache key: programs hold their runtime's heap bases as constants, so every
 # function retraces for a new runtime instead of running against freed heaps
 _generation = jax.make_user_context(default_value=0)
 _generations = itertools.count(1)
-
-
-def _every_device() -> list[jax.Device]:
-    """Every process's devices in rank order (device id order, as JAX numbers them by process)."""
-    return sorted(jax.devices(), key=lambda d: d.id)
-
-
-def _process_rank(device: jax.Device) -> tuple[int, int]:
-    """(rank, world size) of this process's one device among every process's."""
-    everyone = _every_device()
-    return everyone.index(device), len(everyone)
 
 
 def _check_heap_allocator(name: str) -> None:
@@ -396,25 +240,6 @@ def _check_heap_allocator(name: str) -> None:
         raise ValueError(f"unknown heap allocator {name!r} (init(heap_allocator=...) or IRIS_HEAP_ALLOCATOR); "
                          f"choose one of {HEAP_ALLOCATORS}")
 
-
-def _domains_by_host(hosts: Sequence[bytes]) -> tuple[tuple[int, ...], ...]:
-    """The ranks of each host, in order of their first rank."""
-    return tuple(tuple(r for r, host in enumerate(hosts) if host == h) for h in dict.fromkeys(hosts))
-
-
-def _domains(world_size: int, domain_size: int | None) -> tuple[tuple[int, ...], ...]:
-    """Ranks r // domain_size form a domain; None: one domain of every rank."""
-    size = world_size if domain_size is None else domain_size
-    if size < 1 or world_size % size:
-        raise RankMismatchError(f"domain_size={domain_size} must be >= 1 and divide the world size "
-                                f"{world_size}; pass a divisor (or None for one domain)")
-    return tuple(tuple(range(start, start + size)) for start in range(0, world_size, size))
-
-
-def _next_session() -> str:
-    """Key prefix of one runtime in the shared key-value store: processes of one run init and
-    shut down alike, so they count the same; keys of an earlier runtime are never reused."""
-    return f"iris-jax-{next(_sessions)}"
 
 _runtime_lock = threading.Lock()
 

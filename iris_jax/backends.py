@@ -1,21 +1,28 @@
 """What differs between iris's execution models: one backend class per model (`runtime().backend`).
 
-GPU backends run kernels on the GPUs and wrap heap memory as device buffers through torch and
-DLPack; simulator backends run them under Triton's interpreter on host memory. Each family
-also carries the launch and workspace defaults that suit it. Per model, the backends differ in
-whether each process holds one rank and where a host-executed kernel runs. The call sites ask
-the backend, never the model's name (`mode`, kept for display).
+`select` picks the model from what the process finds; the backend's `start` creates the heaps
+(CUDA allocations mapped between GPUs, or host shared memory), numbers the ranks, forms the
+domains and meets the other processes. GPU backends run kernels on the GPUs and wrap heap
+memory as device buffers through torch and DLPack; simulator backends run them under Triton's
+interpreter on host memory. Each family also carries the launch, workspace and heap defaults
+that suit it. Per model, the backends differ in whether each process holds one rank and where
+a host-executed kernel runs. The call sites ask the backend, never the model's name (`mode`,
+kept for display).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
+import os
+import socket
 from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from iris_core.errors import IrisError
+from iris_core.errors import IrisError, PeerTimeoutError, RankMismatchError
 
 SIM_LAUNCHED = "sim-launched"
 SIM_WORKERS = "sim-workers"
@@ -28,6 +35,50 @@ GPU_MULTI = "gpu-multi-process"
 GPU_BLOCK, SIM_BLOCK = 8192, 1 << 16
 FALLBACK_SMS = 132  # an H200's, for devices that do not report their SM count
 SIM_SMS = 2  # what a simulated device counts as
+# seconds to wait for the other processes at a rendezvous (environment IRIS_RENDEZVOUS_TIMEOUT)
+RENDEZVOUS_TIMEOUT_S = float(os.environ.get("IRIS_RENDEZVOUS_TIMEOUT", 120))
+
+
+@dataclasses.dataclass
+class Started:
+    """What `Backend.start` set up for a runtime.
+
+    Attributes:
+      world_size: ranks in total (all processes).
+      domains: the ranks of each domain (ranks that can map each other's heaps), in order.
+      heap: the SymmetricHeap (every rank's base as mapped in this process).
+      device_ranks: this process's devices that own a heap, and their ranks, in rank order.
+      store: the key-value store of a run of one process per rank (None in one process).
+      session: this runtime's key prefix in that store.
+      call_table: the simulator's record of each group's calls (iris_core.sim.call_table).
+      sim_world: the simulator's rank workers (one process).
+      bases_seen_by: one process per rank: every rank's heap bases as each rank's process maps them.
+    """
+
+    world_size: int
+    domains: tuple[tuple[int, ...], ...]
+    heap: object
+    device_ranks: dict
+    store: object = None
+    session: str | None = None
+    call_table: object = None
+    sim_world: object = None
+    bases_seen_by: list[list[int]] | None = None
+
+
+def select(devices: Sequence[jax.Device] | None) -> Backend:
+    """The backend of this process's execution model, from what it finds (module docstring
+    of iris_jax._runtime)."""
+    from iris_core.sim.env import launched_rank
+
+    if launched_rank() is not None:
+        return SimulatorLaunched()
+    if jax.process_count() > 1:
+        return GpuMultiProcess()
+    platforms = {d.platform for d in _local(devices)}
+    if len(platforms) != 1:
+        raise RankMismatchError(f"devices span several platforms {platforms}; pass devices of one kind")
+    return SimulatorWorkers() if platforms == {"cpu"} else GpuSingleProcess()
 
 
 class Backend:
@@ -58,6 +109,13 @@ class Backend:
     fused_comm_programs: int
     fused_reduce_programs: int
     fused_poll_ns: int
+    default_heap_size: int
+
+    def start(self, heap_size: int | None, devices: Sequence[jax.Device] | None, domain_size: int | None,
+              heap_allocator: str) -> Started:
+        """Creates this process's heaps (`heap_size` bytes each; None: the default) on
+        `devices` (None: every local one), maps the peers' and meets the other processes."""
+        raise NotImplementedError
 
     def sm_count(self, devices: Sequence[jax.Device]) -> int:
         """SMs per device, for grids of co-resident programs."""
@@ -108,6 +166,7 @@ class _GpuBackend(Backend):
     collective_block = GPU_BLOCK
     workspace_bytes, fused_workspace_bytes, fused_flags = 16 << 20, 128 << 20, 1 << 16
     fused_comm_programs, fused_reduce_programs, fused_poll_ns = 8, 16, 500
+    default_heap_size = int(os.environ.get("IRIS_HEAP_SIZE", 1 << 30))
 
     def sm_count(self, devices):
         return int(getattr(devices[0], "core_count", None) or FALLBACK_SMS)
@@ -143,11 +202,44 @@ class GpuSingleProcess(_GpuBackend):
 
     mode, process_per_rank = GPU_SINGLE, False
 
+    def start(self, heap_size, devices, domain_size, heap_allocator):
+        from iris_core.heap.cuda import CudaHeap
+
+        local = _local(devices)
+        domains = _domains(len(local), domain_size)
+        heap = CudaHeap(len(local), heap_size or self.default_heap_size, list(range(len(local))),
+                        [d.local_hardware_id for d in local], heap_allocator=heap_allocator)
+        return Started(len(local), domains, heap, {d: r for r, d in enumerate(local)})
+
 
 class GpuMultiProcess(_GpuBackend):
     """One process per GPU (jax.distributed); peers' heaps mapped through CUDA IPC or VMM."""
 
     mode, process_per_rank = GPU_MULTI, True
+
+    def start(self, heap_size, devices, domain_size, heap_allocator):
+        from jax._src import distributed
+
+        from iris_core.heap.cuda import CudaHeap
+
+        local = _local(devices)
+        if len(local) != 1:
+            raise RankMismatchError(
+                f"one process per GPU is required for multi-process runs; this process has {len(local)}")
+        rank, world_size = process_rank(local[0])
+        client = distributed.global_state.client
+        if client is None:
+            raise IrisError("jax.process_count() > 1 but no distributed client; call jax.distributed.initialize()")
+        store, session = _DistributedStore(client), next_session()
+        hosts = _exchange(store, f"iris/{session}/host", rank, world_size, socket.gethostname().encode())
+        domains = _domains(world_size, domain_size) if domain_size else _domains_by_host(hosts)
+        # a heap's handles are valid in its domain only: map the peers of this rank's domain
+        domain = next(d for d in domains if rank in d)
+        heap = CudaHeap(world_size, heap_size or self.default_heap_size, [rank], [local[0].local_hardware_id],
+                        store=store, session=session, timeout_s=RENDEZVOUS_TIMEOUT_S, reachable=domain,
+                        heap_allocator=heap_allocator, across_hosts=len({hosts[r] for r in domain}) > 1)
+        return Started(world_size, domains, heap, {local[0]: rank}, store, session,
+                       bases_seen_by=_bases_seen_by(store, session, rank, world_size, heap))
 
 
 def _torch_dtype(dtype):
@@ -166,6 +258,7 @@ class _SimulatorBackend(Backend):
     tile_fits_data = True  # the interpreter computes every lane of a tile, masked or not
     workspace_bytes, fused_workspace_bytes, fused_flags = 256 << 10, 512 << 10, 1 << 12
     fused_comm_programs, fused_reduce_programs, fused_poll_ns = 1, 1, 0
+    default_heap_size = int(os.environ.get("IRIS_HEAP_SIZE", 64 << 20))
 
     def sm_count(self, devices):
         return SIM_SMS
@@ -197,6 +290,16 @@ class SimulatorWorkers(_SimulatorBackend):
 
     mode, process_per_rank = SIM_WORKERS, False
 
+    def start(self, heap_size, devices, domain_size, heap_allocator):
+        from iris_core.sim.world import get_world
+
+        local = _local(devices)
+        domains = _domains(len(local), domain_size)
+        world = get_world(len(local))
+        heap = world.create_heaps(heap_size or self.default_heap_size)
+        return Started(len(local), domains, heap, {d: r for r, d in enumerate(local)},
+                       call_table=_call_table(heap), sim_world=world)
+
     def execute(self, rt, rank, spec, row_ptr, group_ptr, operand_ptrs, outs):
         from iris_jax import cpu_lowering
 
@@ -207,6 +310,35 @@ class SimulatorLaunched(_SimulatorBackend):
     """A rank launched by `python -m iris_core.sim`: kernels run in this process, heaps in shared memory."""
 
     mode, process_per_rank = SIM_LAUNCHED, True
+
+    def start(self, heap_size, devices, domain_size, heap_allocator):
+        from iris_core.heap.rendezvous import FileStore
+        from iris_core.heap.shared_memory import SharedMemoryHeap
+        from iris_core.sim.env import launched_rank
+
+        launched = launched_rank()
+        local = _local(devices)
+        if len(local) != 1:
+            raise RankMismatchError(
+                f"a launched simulated rank owns exactly one device, got {len(local)}; do not set "
+                "xla_force_host_platform_device_count under `python -m iris_core.sim`")
+        rank, world_size = launched.rank, launched.world_size
+        joined = jax.process_count() > 1  # the script called jax.distributed.initialize: ranks are its processes
+        if joined:
+            rank, world_size = process_rank(local[0])
+            if world_size != launched.world_size:
+                raise RankMismatchError(
+                    f"jax.distributed.initialize joined {world_size} processes, but the simulator "
+                    f"launched {launched.world_size}; call it without arguments under `python -m iris_core.sim` "
+                    "(the launcher's environment names the run)")
+        domains = _domains(world_size, domain_size)
+        store = FileStore(launched.store_path)
+        heap = SharedMemoryHeap(world_size, heap_size or self.default_heap_size, [rank], launched.session, store,
+                                timeout_s=RENDEZVOUS_TIMEOUT_S)
+        session = next_session()
+        bases = _bases_seen_by(store, session, rank, world_size, heap) if joined else None
+        return Started(world_size, domains, heap, {local[0]: rank}, store, session, call_table=_call_table(heap),
+                       bases_seen_by=bases)
 
     def execute(self, rt, rank, spec, row_ptr, group_ptr, operand_ptrs, outs):
         from iris_jax import cpu_lowering
@@ -221,3 +353,88 @@ class _HostBytes:
         self.owner = owner
         self.__array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (address, False),
                                     "version": 3}
+
+
+# -- ranks, domains and rendezvous ----------------------------------------------------------
+_sessions = itertools.count()
+
+
+def next_session() -> str:
+    """Key prefix of one runtime in the shared key-value store: processes of one run init and
+    shut down alike, so they count the same; keys of an earlier runtime are never reused."""
+    return f"iris-jax-{next(_sessions)}"
+
+
+def _local(devices: Sequence[jax.Device] | None) -> list[jax.Device]:
+    return list(devices) if devices is not None else jax.local_devices()
+
+
+def every_device() -> list[jax.Device]:
+    """Every process's devices in rank order (device id order, as JAX numbers them by process)."""
+    return sorted(jax.devices(), key=lambda d: d.id)
+
+
+def process_rank(device: jax.Device) -> tuple[int, int]:
+    """(rank, world size) of this process's one device among every process's."""
+    everyone = every_device()
+    return everyone.index(device), len(everyone)
+
+
+def _domains(world_size: int, domain_size: int | None) -> tuple[tuple[int, ...], ...]:
+    """Ranks r // domain_size form a domain; None: one domain of every rank."""
+    size = world_size if domain_size is None else domain_size
+    if size < 1 or world_size % size:
+        raise RankMismatchError(f"domain_size={domain_size} must be >= 1 and divide the world size "
+                                f"{world_size}; pass a divisor (or None for one domain)")
+    return tuple(tuple(range(start, start + size)) for start in range(0, world_size, size))
+
+
+def _domains_by_host(hosts: Sequence[bytes]) -> tuple[tuple[int, ...], ...]:
+    """The ranks of each host, in order of their first rank."""
+    return tuple(tuple(r for r, host in enumerate(hosts) if host == h) for h in dict.fromkeys(hosts))
+
+
+def _call_table(heap):
+    """The simulator's call records, the first allocation of every heap (so at one offset everywhere)."""
+    from iris_core.sim import call_table
+
+    return call_table.CallTable(heap, heap.allocate(call_table.NBYTES, zero=True))
+
+
+def _exchange(store, key: str, rank: int, world_size: int, value: bytes) -> list[bytes]:
+    """Publishes this rank's `value` under `key` and returns every rank's, in rank order."""
+    store.set(f"{key}/{rank}", value)
+    return [store.get(f"{key}/{r}", RENDEZVOUS_TIMEOUT_S) for r in range(world_size)]
+
+
+def _bases_seen_by(store, session: str, rank: int, world_size: int, heap) -> list[list[int]]:
+    """One process per rank: every process's view of the heap bases, once this process's heap is up.
+
+    Every process maps the heaps at its own addresses. Each rank's context must hold the
+    bases as its own process sees them, and the context table compiled into a program
+    must be the same in every process (XLA's multi-process compilation waits forever on
+    programs whose fingerprints differ), so the processes exchange their views.
+    """
+    views = _exchange(store, f"iris/{session}/bases", rank, world_size,
+                      np.asarray(heap.heap_bases, np.uint64).tobytes())
+    return [[int(b) for b in np.frombuffer(view, np.uint64)] for view in views]
+
+
+class _DistributedStore:
+    """KeyValueStore over JAX's distributed client."""
+
+    def __init__(self, client):
+        self.client = client
+
+    def set(self, key: str, value: bytes) -> None:
+        self.client.key_value_set(key, value.hex())
+
+    def get(self, key: str, timeout_s: float) -> bytes:
+        try:
+            return bytes.fromhex(self.client.blocking_key_value_get(key, int(timeout_s * 1000)))
+        except Exception as e:  # noqa: BLE001 - JAX's runtime error type moved between versions
+            if "DEADLINE_EXCEEDED" not in str(e):
+                raise
+            raise PeerTimeoutError(  # the kind of error every KeyValueStore raises (rendezvous.py)
+                f"rendezvous key {key!r} not published within {timeout_s:g} s: a peer process did not "
+                "start, or did not get this far") from e

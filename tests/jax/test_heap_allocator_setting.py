@@ -3,7 +3,7 @@
 import pytest
 
 import iris_jax
-from iris_jax import _runtime
+from iris_jax import backends
 
 
 def test_unknown_heap_allocator_fails_before_anything_starts():
@@ -12,5 +12,5 @@ def test_unknown_heap_allocator_fails_before_anything_starts():
 
 
 def test_domains_by_host_groups_ranks_in_first_rank_order():
-    assert _runtime._domains_by_host([b"b", b"a", b"b", b"a"]) == ((0, 2), (1, 3))
-    assert _runtime._domains_by_host([b"h"] * 3) == ((0, 1, 2),)
+    assert backends._domains_by_host([b"b", b"a", b"b", b"a"]) == ((0, 2), (1, 3))
+    assert backends._domains_by_host([b"h"] * 3) == ((0, 1, 2),)
