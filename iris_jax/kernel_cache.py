@@ -17,9 +17,10 @@ the result stored under a key of everything the PTX depends on:
 
 The directory is IRIS_KERNEL_CACHE_DIR (default `$XDG_CACHE_HOME/iris-jax/kernels`, i.e.
 `~/.cache/iris-jax/kernels`); IRIS_KERNEL_CACHE_DIR="" turns this module off (jax-triton's own
-compile, in memory, as without iris). Entries are written whole (a temporary file, then a
-rename), so processes compiling the same kernel at once never see a partial one; an entry that
-cannot be read is compiled again. jaxlib still assembles the PTX (ptxas) once per process.
+compile, in memory, as without iris). An entry is one file written whole (a temporary file,
+then a rename), so processes compiling the same kernel at once never see a partial one; an
+entry that cannot be read is compiled again. Nothing is ever removed: delete the directory to
+reclaim the space. jaxlib still assembles the PTX (ptxas) once per process.
 """
 
 from __future__ import annotations
@@ -30,8 +31,9 @@ import json
 import os
 import tempfile
 import threading
+import zlib
 
-_FORMAT = 1  # bump when what an entry holds changes
+_FORMAT = 2  # bump when what an entry holds changes
 
 
 def cache_dir() -> str | None:
@@ -52,13 +54,10 @@ class Compiled:
     ptx: str
     ttir: str
 
-    def to_files(self) -> tuple[bytes, bytes, bytes]:
-        meta = json.dumps({"format": _FORMAT, "name": self.name, "shared_mem_bytes": self.shared_mem_bytes})
-        return meta.encode(), self.ptx.encode(), self.ttir.encode()
-
 
 class KernelCache:
-    """Compiled kernels by key, in memory and (where `directory` is set) on disk."""
+    """Compiled kernels by key, in memory and (where `directory` is set) on disk, one
+    zlib-compressed JSON file per kernel (PTX and TTIR compress about tenfold)."""
 
     def __init__(self, directory: str | None):
         self.directory = directory
@@ -81,39 +80,31 @@ class KernelCache:
                 self._memory[key] = found
         return found
 
-    def _paths(self, key: str) -> tuple[str, str, str]:
-        stem = os.path.join(self.directory, key[:2], key)
-        return stem + ".json", stem + ".ptx", stem + ".ttir"
+    def _path(self, key: str) -> str:
+        return os.path.join(self.directory, key[:2], key + ".json.z")
 
     def _read(self, key: str) -> Compiled | None:
         if self.directory is None:
             return None
-        meta_path, ptx_path, ttir_path = self._paths(key)
         try:
-            with open(meta_path) as f:
-                meta = json.load(f)
-            with open(ptx_path) as f:
-                ptx = f.read()
-            with open(ttir_path) as f:
-                ttir = f.read()
-        except (OSError, ValueError):
-            return None  # absent, or written by an older format: compile again
-        if meta.get("format") != _FORMAT or not ptx:
-            return None
-        return Compiled(meta["name"], int(meta["shared_mem_bytes"]), ptx, ttir)
+            with open(self._path(key), "rb") as f:
+                entry = json.loads(zlib.decompress(f.read()))
+            if entry.pop("format") != _FORMAT:
+                return None
+            return Compiled(**entry)
+        except (OSError, ValueError, TypeError, KeyError, zlib.error):
+            return None  # absent, damaged, or of another format: compile again
 
     def _write(self, key: str, compiled: Compiled) -> None:
         if self.directory is None:
             return
-        paths = self._paths(key)
+        path = self._path(key)
         try:
-            os.makedirs(os.path.dirname(paths[0]), exist_ok=True)
-            # the metadata last: an entry is only read once its metadata exists
-            for path, data in sorted(zip(paths, compiled.to_files()), key=lambda p: p[0].endswith(".json")):
-                fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
-                with os.fdopen(fd, "wb") as f:
-                    f.write(data)
-                os.replace(tmp, path)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
+            with os.fdopen(fd, "wb") as f:
+                f.write(zlib.compress(json.dumps({"format": _FORMAT, **dataclasses.asdict(compiled)}).encode()))
+            os.replace(tmp, path)  # whole or not at all, also with processes writing the same entry
         except OSError:
             pass  # a read-only or full disk costs the next process a compile, nothing else
 

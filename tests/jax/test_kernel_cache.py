@@ -70,9 +70,8 @@ def test_an_unreadable_entry_is_compiled_again(tmp_path):
     compiled = _compile(cache)[0]
     for root, _, files in os.walk(tmp_path):
         for name in files:
-            if name.endswith(".json"):
-                with open(os.path.join(root, name), "w") as f:
-                    f.write("{not json")
+            with open(os.path.join(root, name), "wb") as f:
+                f.write(b"damaged")
     fresh = kernel_cache.KernelCache(str(tmp_path))
     assert _compile(fresh)[0] == compiled and (fresh.compiled, fresh.loaded) == (1, 0)
     reread = kernel_cache.KernelCache(str(tmp_path))
