@@ -15,6 +15,7 @@ from iris_core.errors import (  # noqa: E402
     RankMismatchError,
 )
 from iris_jax import cpu_lowering as _cpu_lowering  # noqa: E402
+from iris_jax import gpu_lowering as _gpu_lowering  # noqa: E402
 from iris_jax import ops, tracing  # noqa: E402
 from iris_jax._runtime import Runtime, init, is_initialized, runtime, shutdown  # noqa: E402
 from iris_jax.arrays import (  # noqa: E402
@@ -52,6 +53,7 @@ from iris_jax.rewrite import Placement, UnsupportedCollectiveError, explain, rep
 from iris_jax.sync import barrier, check_barrier, check_heap_errors, device_barrier  # noqa: E402
 
 _cpu_lowering.register()
+_gpu_lowering.register()
 
 __all__ = [
     # runtime and heap arrays

@@ -17,7 +17,7 @@ has one class per model, which sets up its heaps and ranks):
 Domains: the ranks whose heaps can map each other (one NVLink domain). One process: all its
 devices; one process per GPU: the processes of one host; `init(domain_size=n)` (environment
 IRIS_DOMAIN_SIZE) instead makes ranks r // n a domain, in every model (the simulator's way to
-split its ranks). No kernel group spans two domains (call.group_table checks);
+split its ranks). No kernel group spans two domains (operands.group_table checks);
 collectives over axes that do are hierarchical (iris_jax.domains).
 """
 

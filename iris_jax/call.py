@@ -13,17 +13,13 @@ mesh order) becomes a constant and the row is selected in-graph. The primitive c
 effect, so a kernel whose only output is a remote write is not removed, and its outputs
 vary over the same mesh axes as that index, so `check_vma=True` programs type-check.
 
-On GPUs jax-triton compiles the kernel and builds the custom call; we then point that call
-at jaxlib's Triton FFI handler, registered as command-buffer compatible, so XLA can run iris
-kernels inside its CUDA graphs (see "launch path" below).
+Lowering: on GPUs, iris_jax.gpu_lowering (jax-triton's custom call, pointed at XLA's CUDA
+graphs); on the simulator, iris_jax.cpu_lowering. Both prepend the operands of
+iris_jax.operands (the device's context row, and its group's row for collectives).
 """
 
 from __future__ import annotations
 
-import os
-import threading
-import warnings
-import zlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -33,11 +29,9 @@ import numpy as np
 from jax import lax, tree_util
 from jax._src import core, effects
 from jax.extend.core import Primitive
-from jax.interpreters import mlir
 
 from iris_core.errors import IrisError
 from iris_jax import _runtime as runtime_lib
-from iris_jax.workspace import workspaces
 
 
 class IrisKernelEffect(effects.Effect):
@@ -172,174 +166,3 @@ def _check_symmetric(flat_args, symmetric):
             raise IndexError(f"symmetric index {i} out of range for {len(flat_args)} arguments")
         if isinstance(flat_args[i], jax.Array) and not isinstance(flat_args[i], core.Tracer):
             require_symmetric(flat_args[i], f"argument {i}")
-
-
-# -- lowering -------------------------------------------------------------------------
-def devices_of(ctx) -> list:
-    """The devices of the computation being lowered, in partition (mesh) order."""
-    from jax._src.sharding_impls import ShardingContext, SPMDAxisContext
-
-    axis_context = ctx.module_context.axis_context
-    if isinstance(axis_context, SPMDAxisContext):
-        return list(axis_context.mesh.devices.flat)
-    if isinstance(axis_context, ShardingContext):
-        assignment = axis_context.device_assignment
-        if axis_context.num_devices == 1:
-            return [assignment[0] if assignment else runtime_lib.runtime().devices[0]]
-        raise IrisError(
-            f"an iris kernel in a computation over {axis_context.num_devices} devices must run "
-            "inside jax.shard_map (each device needs its own context)")
-    raise IrisError(f"cannot place an iris kernel in axis context {type(axis_context).__name__}")
-
-
-def per_device_operand(ctx, table: np.ndarray):
-    """Lowers `table[partition_id]`: one int32 row per device of the computation.
-
-    In a fully manual shard_map the partition id is the device's linear position in the
-    mesh; a single-device computation uses the one row as a constant.
-    """
-    from jax._src.lib.mlir.dialects import hlo
-
-    if table.shape[0] == 1:
-        return mlir.ir_constant(np.ascontiguousarray(table[0]))
-    index = hlo.convert(mlir.ir.RankedTensorType.get([], mlir.ir.IntegerType.get_signless(32)),
-                        hlo.partition_id())
-    row_aval = core.ShapedArray(table.shape[1:], np.int32)
-    sub = ctx.replace(primitive=None, avals_in=[core.ShapedArray((), np.int32)], avals_out=[row_aval])
-    (row,) = mlir.lower_fun(lambda i: (jnp.asarray(table)[i],), multiple_results=True)(sub, index)
-    return row
-
-
-def context_operand(ctx):
-    """This device's context row (see per_device_operand)."""
-    return per_device_operand(ctx, runtime_lib.runtime().context_table(devices_of(ctx)))
-
-
-def group_table(ctx, group_axes: tuple[str, ...], workspace: str = "collective") -> np.ndarray:
-    """Per device: [index in its group over `group_axes`, global ranks of the group's members,
-    heap offset of the partition's `workspace` part as two int32 words (low, high)].
-
-    Raises:
-      CrossDomainError: a group spans domains (see Runtime.domains), before anything runs.
-    """
-    from jax._src.sharding_impls import SPMDAxisContext
-
-    rt = runtime_lib.runtime()
-    axis_context = ctx.module_context.axis_context
-    if not isinstance(axis_context, SPMDAxisContext):
-        raise IrisError(f"collectives over {group_axes} must run inside jax.shard_map")
-    mesh = axis_context.mesh
-    names = list(mesh.axis_names)
-    for a in group_axes:
-        if a not in names:
-            raise NameError(f"unbound axis name: {a} (mesh axes: {tuple(names)})")
-    devices = mesh.devices
-    order = [names.index(a) for a in group_axes]
-    rows = []
-    for position in np.ndindex(devices.shape):
-        members = []
-        for member in np.ndindex(*[devices.shape[i] for i in order]):
-            p = list(position)
-            for axis, coord in zip(order, member):
-                p[axis] = coord
-            members.append(rt.rank_of(devices[tuple(p)]))
-        index = int(np.ravel_multi_index([position[i] for i in order], [devices.shape[i] for i in order]))
-        rows.append([index, *members])
-    for group in {tuple(row[1:]) for row in rows}:  # heaps map only within a domain
-        rt.check_one_domain(group, f"an iris kernel over mesh axes {tuple(group_axes)}")
-    offset = workspaces(rt).offset_for((row[1:] for row in rows), workspace)
-    return np.asarray([[*row, offset & 0xFFFFFFFF, offset >> 32] for row in rows], np.int64).astype(np.int32)
-
-
-def extra_operands(ctx, group_axes, workspace="collective"):
-    """Operands prepended to the kernel's arguments: the context row, then the group row."""
-    operands = [context_operand(ctx)]
-    avals = [context_aval()]
-    if group_axes:
-        table = group_table(ctx, group_axes, workspace)
-        operands.append(per_device_operand(ctx, table))
-        avals.append(core.ShapedArray(table.shape[1:], np.int32))
-    return operands, avals
-
-
-def context_aval() -> core.ShapedArray:
-    return core.ShapedArray(runtime_lib.runtime().context(0).shape, np.int32)
-
-
-def _gpu_lowering(ctx, device_index, *args, fn, symmetric, group_axes, workspace, scalar_args,
-                  input_output_aliases, **params):
-    from jax_triton import triton_lib
-
-    del device_index, symmetric  # device_index carries the outputs' varying axes only
-    extra, extra_avals = extra_operands(ctx, group_axes, workspace)
-    shift = len(extra) - 1  # user arguments were numbered after the context only
-    kernel_ctx = ctx.replace(avals_in=[*extra_avals, *ctx.avals_in[1:]])
-    results = triton_lib.triton_kernel_call_lowering(
-        triton_lib.get_cuda_backend, kernel_ctx, *extra, *args, fn=fn,
-        scalar_args=tuple((i + shift, t, v) for i, t, v in scalar_args),
-        input_output_aliases=tuple((i + shift, o) for i, o in input_output_aliases), **params)
-    op = results[0].owner if results else None
-    if op is not None:
-        op.attributes["has_side_effect"] = mlir.ir.BoolAttr.get(True)
-        target = graph_target()
-        if target is not None:
-            _retarget(op, target)
-    return results
-
-
-# -- launch path ----------------------------------------------------------------------
-# jax-triton 0.3.1 lowers to jaxlib's legacy custom call `triton_kernel_call`. XLA launches
-# a legacy custom call from the host, outside its CUDA graphs (command buffers): a host
-# launch per call (benchmarks/latency_floor.py). jaxlib also has the same launcher as an FFI
-# handler (`triton_kernel_call_ffi`: same serialized kernel, module loaded at its initialize
-# stage, only a kernel launch at execute). We register that handler once more under our own
-# name with the command-buffer-compatible trait, and point the call at it, so XLA can
-# capture iris kernels into its CUDA graphs together with the surrounding fusions.
-GRAPH_TARGET = "iris_triton_kernel_call"
-_registration: dict = {"lock": threading.Lock()}  # "target": the outcome, once tried
-
-
-def graph_target() -> str | None:
-    """The capturable FFI target, registered with XLA on first use; None (jax-triton's own
-    call) where IRIS_TRITON_CALL=legacy, where jaxlib lacks the FFI handler, or where its
-    plugin refuses handler traits (jaxlib 0.10 says "does not support custom call traits")."""
-    mode = os.environ.get("IRIS_TRITON_CALL", "ffi")
-    if mode not in ("ffi", "legacy"):
-        raise IrisError(f"IRIS_TRITON_CALL must be 'ffi' or 'legacy', not {mode!r}")
-    if mode == "legacy":
-        return None
-    with _registration["lock"]:
-        if "target" not in _registration:
-            _registration["target"] = _register()
-    return _registration["target"]
-
-
-def _register() -> str | None:
-    from jax._src.lib import gpu_triton, xla_client
-
-    plugin = getattr(gpu_triton, "_cuda_triton", None)
-    handler = plugin.registrations().get("triton_kernel_call_ffi") if plugin else None
-    if handler is None:
-        return None
-    try:
-        jax.ffi.register_ffi_target(GRAPH_TARGET, handler, platform="CUDA",
-                                    traits=xla_client.CustomCallTargetTraits.COMMAND_BUFFER_COMPATIBLE)
-    except Exception as e:  # any refusal means: keep the legacy call
-        warnings.warn(f"iris kernels fall back to jax-triton's host-launched call (outside XLA's CUDA graphs, "
-                      f"a host launch per call): registering {GRAPH_TARGET} failed: {e}", stacklevel=2)
-        return None
-    return GRAPH_TARGET
-
-
-def _retarget(op, target: str) -> None:
-    """Turns jax-triton's legacy call (compressed kernel proto as backend_config) into a
-    typed-FFI call of `target` (the same bytes as its `opaque` attribute)."""
-    ir = mlir.ir
-    opaque = ir.StringAttr(op.attributes["backend_config"]).value_bytes
-    zlib.decompress(opaque)  # fails loudly if jax-triton ever changes what it stores there
-    op.attributes["call_target_name"] = ir.StringAttr.get(target)
-    op.attributes["api_version"] = mlir.i32_attr(4)  # API_VERSION_TYPED_FFI
-    op.attributes["backend_config"] = ir.DictAttr.get({"opaque": ir.StringAttr.get(opaque)})
-
-
-mlir.register_lowering(iris_triton_call_p, _gpu_lowering, platform="cuda")

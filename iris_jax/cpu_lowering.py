@@ -35,7 +35,8 @@ from iris_core.sim import call_table
 from iris_core.sim.interpreter import Pointer, run_kernel
 from iris_jax import _runtime as runtime_lib
 from iris_jax._ffi import register_cpu_target
-from iris_jax.call import extra_operands, iris_triton_call_p
+from iris_jax.call import iris_triton_call_p
+from iris_jax.operands import extra_operands
 from iris_jax.cpu_autotune import resolve_kernel
 
 _CALL_PARAMS = {"name", "custom_call_target_name", "num_warps", "num_stages", "num_ctas",

@@ -1,7 +1,7 @@
 """`Group`: the members of a collective call as one program sees them, and their flags.
 
 The kernel's group row is [my index, member ranks..., workspace offset low, high]
-(iris_jax.call.group_table). A program signals and waits on its own line of flags in each
+(iris_jax.operands.group_table). A program signals and waits on its own line of flags in each
 member's workspace: the flag that member i raises for program `pid` sits at line
 MAX_PROGRAMS + pid * WORLD + i (iris_core.collectives.workspace), so program k waits only
 for program k of its peers. Stamps: STEPS flag rounds per call epoch (iris_core.device.flags).

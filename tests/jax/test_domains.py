@@ -20,7 +20,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import iris_jax
-from iris_jax import CollectiveConfig, call
+from iris_jax import CollectiveConfig, operands
 from tests.jax.helpers import use_runtime
 from tests.jax.test_replace_lax import kernels, xla_collectives
 
@@ -51,7 +51,7 @@ def groups(monkeypatch):
     """Every group an iris kernel is lowered for (ranks of its members), checked to lie in one
     domain."""
     seen = []
-    real = call.group_table
+    real = operands.group_table
 
     def spy(ctx, group_axes, *rest):
         table = real(ctx, group_axes, *rest)
@@ -62,7 +62,7 @@ def groups(monkeypatch):
             seen.append(tuple(members))
         return table
 
-    monkeypatch.setattr(call, "group_table", spy)
+    monkeypatch.setattr(operands, "group_table", spy)
     return seen
 
 

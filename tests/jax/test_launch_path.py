@@ -1,4 +1,4 @@
-"""The GPU launch path of iris kernels (iris_jax.call): jax-triton's legacy custom call,
+"""The GPU launch path of iris kernels (iris_jax.gpu_lowering): jax-triton's legacy custom call,
 retargeted to jaxlib's Triton FFI handler registered as command-buffer compatible. Checked
 without a GPU: the custom call is built and rewritten in MLIR."""
 
@@ -15,7 +15,7 @@ from jax._src.lib.mlir import ir
 from jax._src.lib.mlir.dialects import func
 
 from iris_core.errors import IrisError
-from iris_jax import call
+from iris_jax import gpu_lowering
 
 
 @contextlib.contextmanager
@@ -37,8 +37,8 @@ def _legacy_call(backend_config: bytes):
 def test_retarget_makes_a_typed_ffi_call_with_the_same_kernel():
     kernel = zlib.compress(b"serialized TritonAnyKernelCall")
     with _legacy_call(kernel) as (module, op):
-        call._retarget(op.operation, call.GRAPH_TARGET)
-        assert ir.StringAttr(op.attributes["call_target_name"]).value == call.GRAPH_TARGET
+        gpu_lowering._retarget(op.operation, gpu_lowering.GRAPH_TARGET)
+        assert ir.StringAttr(op.attributes["call_target_name"]).value == gpu_lowering.GRAPH_TARGET
         assert ir.IntegerAttr(op.attributes["api_version"]).value == 4  # typed FFI
         config = ir.DictAttr(op.attributes["backend_config"])
         assert ir.StringAttr(config["opaque"]).value_bytes == kernel
@@ -49,7 +49,7 @@ def test_retarget_makes_a_typed_ffi_call_with_the_same_kernel():
 def test_retarget_refuses_what_is_not_a_compressed_kernel():
     with _legacy_call(b"not zlib") as (_, op):
         with pytest.raises(zlib.error):
-            call._retarget(op.operation, call.GRAPH_TARGET)
+            gpu_lowering._retarget(op.operation, gpu_lowering.GRAPH_TARGET)
 
 
 @pytest.fixture
@@ -58,22 +58,22 @@ def fresh_registration(monkeypatch):
     from jax._src.lib import gpu_triton
 
     registered = []
-    monkeypatch.delitem(call._registration, "target", raising=False)
+    monkeypatch.delitem(gpu_lowering._registration, "target", raising=False)
     fake = SimpleNamespace(registrations=lambda: {"triton_kernel_call_ffi": {"execute": "capsule"}})
     monkeypatch.setattr(gpu_triton, "_cuda_triton", fake, raising=False)
-    monkeypatch.setattr(call.jax.ffi, "register_ffi_target", lambda *a, **k: registered.append((a, k)))
+    monkeypatch.setattr(gpu_lowering.jax.ffi, "register_ffi_target", lambda *a, **k: registered.append((a, k)))
     yield registered
-    monkeypatch.delitem(call._registration, "target", raising=False)
+    monkeypatch.delitem(gpu_lowering._registration, "target", raising=False)
 
 
 def test_graph_target_registers_jaxlibs_handler_as_capturable_once(monkeypatch, fresh_registration):
     from jax._src.lib import xla_client
 
     monkeypatch.setenv("IRIS_TRITON_CALL", "ffi")
-    assert call.graph_target() == call.GRAPH_TARGET
-    assert call.graph_target() == call.GRAPH_TARGET
+    assert gpu_lowering.graph_target() == gpu_lowering.GRAPH_TARGET
+    assert gpu_lowering.graph_target() == gpu_lowering.GRAPH_TARGET
     ((args, kwargs),) = fresh_registration
-    assert args == (call.GRAPH_TARGET, {"execute": "capsule"})
+    assert args == (gpu_lowering.GRAPH_TARGET, {"execute": "capsule"})
     assert kwargs == {"platform": "CUDA", "traits": xla_client.CustomCallTargetTraits.COMMAND_BUFFER_COMPATIBLE}
 
 
@@ -81,10 +81,10 @@ def test_graph_target_legacy_mode_and_missing_handler(monkeypatch, fresh_registr
     from jax._src.lib import gpu_triton
 
     monkeypatch.setenv("IRIS_TRITON_CALL", "legacy")
-    assert call.graph_target() is None
+    assert gpu_lowering.graph_target() is None
     monkeypatch.setenv("IRIS_TRITON_CALL", "ffi")
     monkeypatch.setattr(gpu_triton, "_cuda_triton", SimpleNamespace(registrations=lambda: {}))
-    assert call.graph_target() is None
+    assert gpu_lowering.graph_target() is None
     assert fresh_registration == []
 
 
@@ -92,16 +92,16 @@ def test_graph_target_falls_back_when_the_plugin_refuses_traits(monkeypatch, fre
     def refuse(*args, **kwargs):
         raise RuntimeError("UNIMPLEMENTED: The plugin does not support custom call traits.")
 
-    monkeypatch.setattr(call.jax.ffi, "register_ffi_target", refuse)
+    monkeypatch.setattr(gpu_lowering.jax.ffi, "register_ffi_target", refuse)
     monkeypatch.setenv("IRIS_TRITON_CALL", "ffi")
     with pytest.warns(UserWarning, match="does not support custom call traits"):
-        assert call.graph_target() is None
+        assert gpu_lowering.graph_target() is None
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert call.graph_target() is None  # decided once: no second attempt, no second warning
+        assert gpu_lowering.graph_target() is None  # decided once: no second attempt, no second warning
 
 
 def test_bad_launch_mode_is_refused(monkeypatch):
     monkeypatch.setenv("IRIS_TRITON_CALL", "fast")
     with pytest.raises(IrisError, match="IRIS_TRITON_CALL"):
-        call.graph_target()
+        gpu_lowering.graph_target()

@@ -1,0 +1,113 @@
+"""What every iris kernel call receives before its own arguments, built at lowering time.
+
+The concrete devices are known at lowering, so per-device tables (one row per device, in
+mesh order) become constants and each device selects its row in-graph by partition id:
+
+* the context row: the device's rank and every rank's heap base, as its own process maps
+  them (Runtime.context);
+* for collectives and fused ops, the group row: the device's index in its group over the
+  collective's axes, the group's global ranks, and the heap offset of the group's workspace
+  (iris_jax.workspace; one workspace per partition of the ranks).
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+from jax._src import core
+from jax.interpreters import mlir
+
+from iris_core.errors import IrisError
+from iris_jax import _runtime as runtime_lib
+from iris_jax.workspace import workspaces
+
+
+def devices_of(ctx) -> list:
+    """The devices of the computation being lowered, in partition (mesh) order."""
+    from jax._src.sharding_impls import ShardingContext, SPMDAxisContext
+
+    axis_context = ctx.module_context.axis_context
+    if isinstance(axis_context, SPMDAxisContext):
+        return list(axis_context.mesh.devices.flat)
+    if isinstance(axis_context, ShardingContext):
+        assignment = axis_context.device_assignment
+        if axis_context.num_devices == 1:
+            return [assignment[0] if assignment else runtime_lib.runtime().devices[0]]
+        raise IrisError(
+            f"an iris kernel in a computation over {axis_context.num_devices} devices must run "
+            "inside jax.shard_map (each device needs its own context)")
+    raise IrisError(f"cannot place an iris kernel in axis context {type(axis_context).__name__}")
+
+
+def per_device_operand(ctx, table: np.ndarray):
+    """Lowers `table[partition_id]`: one int32 row per device of the computation.
+
+    In a fully manual shard_map the partition id is the device's linear position in the
+    mesh; a single-device computation uses the one row as a constant.
+    """
+    from jax._src.lib.mlir.dialects import hlo
+
+    if table.shape[0] == 1:
+        return mlir.ir_constant(np.ascontiguousarray(table[0]))
+    index = hlo.convert(mlir.ir.RankedTensorType.get([], mlir.ir.IntegerType.get_signless(32)),
+                        hlo.partition_id())
+    row_aval = core.ShapedArray(table.shape[1:], np.int32)
+    sub = ctx.replace(primitive=None, avals_in=[core.ShapedArray((), np.int32)], avals_out=[row_aval])
+    (row,) = mlir.lower_fun(lambda i: (jnp.asarray(table)[i],), multiple_results=True)(sub, index)
+    return row
+
+
+def context_operand(ctx):
+    """This device's context row (see per_device_operand)."""
+    return per_device_operand(ctx, runtime_lib.runtime().context_table(devices_of(ctx)))
+
+
+def group_table(ctx, group_axes: tuple[str, ...], workspace: str = "collective") -> np.ndarray:
+    """Per device: [index in its group over `group_axes`, global ranks of the group's members,
+    heap offset of the partition's `workspace` part as two int32 words (low, high)].
+
+    Raises:
+      CrossDomainError: a group spans domains (see Runtime.domains), before anything runs.
+    """
+    from jax._src.sharding_impls import SPMDAxisContext
+
+    rt = runtime_lib.runtime()
+    axis_context = ctx.module_context.axis_context
+    if not isinstance(axis_context, SPMDAxisContext):
+        raise IrisError(f"collectives over {group_axes} must run inside jax.shard_map")
+    mesh = axis_context.mesh
+    names = list(mesh.axis_names)
+    for a in group_axes:
+        if a not in names:
+            raise NameError(f"unbound axis name: {a} (mesh axes: {tuple(names)})")
+    devices = mesh.devices
+    order = [names.index(a) for a in group_axes]
+    rows = []
+    for position in np.ndindex(devices.shape):
+        members = []
+        for member in np.ndindex(*[devices.shape[i] for i in order]):
+            p = list(position)
+            for axis, coord in zip(order, member):
+                p[axis] = coord
+            members.append(rt.rank_of(devices[tuple(p)]))
+        index = int(np.ravel_multi_index([position[i] for i in order], [devices.shape[i] for i in order]))
+        rows.append([index, *members])
+    for group in {tuple(row[1:]) for row in rows}:  # heaps map only within a domain
+        rt.check_one_domain(group, f"an iris kernel over mesh axes {tuple(group_axes)}")
+    offset = workspaces(rt).offset_for((row[1:] for row in rows), workspace)
+    return np.asarray([[*row, offset & 0xFFFFFFFF, offset >> 32] for row in rows], np.int64).astype(np.int32)
+
+
+def extra_operands(ctx, group_axes, workspace="collective"):
+    """Operands prepended to the kernel's arguments: the context row, then the group row."""
+    operands = [context_operand(ctx)]
+    avals = [context_aval()]
+    if group_axes:
+        table = group_table(ctx, group_axes, workspace)
+        operands.append(per_device_operand(ctx, table))
+        avals.append(core.ShapedArray(table.shape[1:], np.int32))
+    return operands, avals
+
+
+def context_aval() -> core.ShapedArray:
+    return core.ShapedArray(runtime_lib.runtime().context(0).shape, np.int32)
