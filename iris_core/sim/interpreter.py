@@ -102,6 +102,9 @@ def run_kernel(kernel, grid: Sequence[int], args: Sequence, constexprs: dict | N
     _patch_interpreter(ti)
     _LAUNCH.patched = frozenset()
     patch_scope = ti._patch_lang(kernel.fn)
+    fast_scope = ti._LangPatchScope()
+    for obj, name, value in _FAST_LANGUAGE:
+        fast_scope.set_attr(obj, name, value)
     options = ti.interpreter_builder.options
     # overflow checks only matter where asserts fire (debug), as on GPUs; without them each
     # integer add of a tile costs 5 more array operations for a check that is thrown away
@@ -119,6 +122,7 @@ def run_kernel(kernel, grid: Sequence[int], args: Sequence, constexprs: dict | N
     finally:
         _LAUNCH.patched = None
         ti.interpreter_builder.options = options
+        fast_scope.restore()
         patch_scope.restore()
 
 
@@ -202,9 +206,13 @@ def _patch_interpreter(ti) -> None:
 
     import triton.language as tl
 
+    from iris_core.sim import language
+
     _LANGS.extend([tl, tl.core])
     patch_lang._iris_fixed = True
     ti._patch_lang = patch_lang
+    ti._patch_attr = language.patch_attr(ti)
+    _FAST_LANGUAGE.extend(language.launch_patches(tl.core))
     _patch_builder(ti)
 
 
@@ -218,7 +226,7 @@ def _tensor_init(core):
         self.handle = handle
         self.type = type
         self.dtype = type.scalar
-        shape = type.shape if type.is_block() else ()
+        shape = tuple(type.shape) if type.is_block() else ()  # plain ints: a language tuple hashes slowly
         if shape not in shapes:
             shapes[shape] = core.constexpr(math.prod(shape)), core.tuple([core.constexpr(s) for s in shape])
         self.numel, self.shape = shapes[shape]
@@ -332,6 +340,7 @@ class _Launch(threading.local):
 
 _LAUNCH = _Launch()
 _LANGS: list = []
+_FAST_LANGUAGE: list = []  # (object, name, value) set during a launch (iris_core.sim.language)
 _LANGS_OF: dict = {}  # function -> ids of the language modules in its globals
 _PATCHES: dict = {}  # (modules to patch, modules patched before) -> [(object, name, value set)]
 
