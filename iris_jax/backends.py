@@ -31,8 +31,8 @@ GPU_MULTI = "gpu-multi-process"
 
 # the collective kernel's elements per tile: on GPUs the best of benchmarks/tune_collectives.py;
 # the interpreter runs a tile as numpy operations, so a few large tiles cost far less than many
-# small ones (RESULTS.md, "Simulator speed")
-GPU_BLOCK, SIM_BLOCK = 8192, 1 << 16
+# small ones (RESULTS.md, "Simulator speed"): there the largest that a workspace slot holds
+GPU_BLOCK, SIM_BLOCK = 8192, 1 << 18
 FALLBACK_SMS = 132  # an H200's, for devices that do not report their SM count
 SIM_SMS = 2  # what a simulated device counts as
 # seconds to wait for the other processes at a rendezvous (environment IRIS_RENDEZVOUS_TIMEOUT)
@@ -94,6 +94,8 @@ class Backend:
         data is smaller than a tile.
       workspace_bytes, fused_workspace_bytes, fused_flags: default workspace sizes per
         partition (iris_jax.workspace).
+      large_heap_bytes, large_workspace_bytes: heaps of at least large_heap_bytes get
+        collective workspace buffers of large_workspace_bytes (None: no such heaps).
       fused_comm_programs, fused_reduce_programs, fused_poll_ns: defaults of FusedSettings.
     """
 
@@ -104,6 +106,8 @@ class Backend:
     collective_block: int
     tile_fits_data: bool = False
     workspace_bytes: int
+    large_heap_bytes: int | None = None
+    large_workspace_bytes: int | None = None
     fused_workspace_bytes: int
     fused_flags: int
     fused_comm_programs: int
@@ -257,6 +261,9 @@ class _SimulatorBackend(Backend):
     collective_block = SIM_BLOCK
     tile_fits_data = True  # the interpreter computes every lane of a tile, masked or not
     workspace_bytes, fused_workspace_bytes, fused_flags = 256 << 10, 512 << 10, 1 << 12
+    # the default 64 MiB heap affords 4 x larger buffers (a partition's workspace 3 -> 6 MiB) and
+    # so 4 x fewer chunk rounds; the tests' 16 MiB heaps keep the small ones
+    large_heap_bytes, large_workspace_bytes = 64 << 20, 1 << 20
     fused_comm_programs, fused_reduce_programs, fused_poll_ns = 1, 1, 0
     default_heap_size = int(os.environ.get("IRIS_HEAP_SIZE", 64 << 20))
 

@@ -12,11 +12,12 @@ other's calls.
 
 Size per partition: `WorkspaceLayout(world_size, data_bytes, stream_bytes).total_bytes`,
 about 4 x data_bytes + 2 x stream_bytes (2 x 2 buffers, and the streamed calls' own 2);
-data_bytes defaults to 16 MiB on GPUs and 256 KiB on the simulator (environment
-IRIS_WORKSPACE_BYTES), stream_bytes to 4 x data_bytes (IRIS_STREAM_BYTES): ~195 MiB per
-partition on GPUs. A 64 MiB streamed buffer holds one slot per sender (G - 1 of them), so
-psum, all_gather, psum_scatter and all_to_all calls of up to 64 MiB per rank stream on 2
-GPUs (21 MiB on 4). Larger arrays are processed in chunks.
+data_bytes defaults to 16 MiB on GPUs and 256 KiB on the simulator, 1 MiB there for heaps of
+64 MiB or more (environment IRIS_WORKSPACE_BYTES; the backend's defaults), stream_bytes to
+4 x data_bytes of the small default (IRIS_STREAM_BYTES): ~195 MiB per partition on GPUs. A
+64 MiB streamed buffer holds one slot per sender (G - 1 of them), so psum, all_gather,
+psum_scatter and all_to_all calls of up to 64 MiB per rank stream on 2 GPUs (21 MiB on 4).
+Larger arrays are processed in chunks.
 
 Fused part per partition: `FusedLayout(data_bytes, flag_count).total_bytes`, 2 x data_bytes
 plus epochs and flags; data_bytes defaults to 128 MiB on GPUs and 512 KiB on the simulator
@@ -38,8 +39,11 @@ class GroupWorkspaces:
 
     def __init__(self, rt):
         backend = rt.backend  # the default sizes
-        data_bytes = int(os.environ.get("IRIS_WORKSPACE_BYTES", backend.workspace_bytes))
-        stream_bytes = int(os.environ.get("IRIS_STREAM_BYTES", 4 * data_bytes))  # the streamed calls' buffers
+        data_bytes = int(os.environ.get("IRIS_WORKSPACE_BYTES") or backend.workspace_bytes)
+        stream_bytes = int(os.environ.get("IRIS_STREAM_BYTES") or 4 * data_bytes)  # the streamed calls' buffers
+        if (not os.environ.get("IRIS_WORKSPACE_BYTES") and backend.large_heap_bytes is not None
+                and rt.heap_size >= backend.large_heap_bytes):
+            data_bytes = backend.large_workspace_bytes  # the streamed buffers keep their size
         self.layout = WorkspaceLayout(rt.world_size, data_bytes, stream_bytes)
         fused_bytes = int(os.environ.get("IRIS_FUSED_WORKSPACE_BYTES", backend.fused_workspace_bytes)) // 256 * 256
         self.fused_layout = FusedLayout(fused_bytes, backend.fused_flags)
