@@ -32,3 +32,9 @@ class PeerFailedError(IrisError, RuntimeError):
 
 class SimulatedRankError(IrisError, RuntimeError):
     """A simulated rank raised; the message carries that rank's traceback."""
+
+
+class RankDivergenceWarning(UserWarning):
+    """The simulator saw the ranks of a group make a call from different lines of the program
+    (iris_core.sim.call_table): a collective that only some ranks make, or a rank-dependent
+    branch with a collective in each arm (which GPUs run correctly)."""

@@ -1,8 +1,17 @@
 """iris_jax: symmetric-heap multi-GPU programming from JAX (GPUs, or the CPU simulator)."""
 
+import os as _os
+
+import iris_core as _iris_core
+from jax._src import source_info_util as _source_info_util
+
 from iris_jax._triton_env import import_jax_triton
 
 import_jax_triton()
+# iris's frames are library code, as JAX's are: JAX's messages and locations (and the
+# simulator's call records) name the user's line instead
+for _path in (_os.path.dirname(_iris_core.__file__), _os.path.dirname(__file__)):
+    _source_info_util.register_exclusion(_path + _os.sep)
 
 from iris_core.device import Context, DeviceContext  # noqa: E402
 from iris_core.errors import (  # noqa: E402
@@ -12,6 +21,7 @@ from iris_core.errors import (  # noqa: E402
     NotOnHeapError,
     PeerFailedError,
     PeerTimeoutError,
+    RankDivergenceWarning,
     RankMismatchError,
 )
 from iris_jax import cpu_lowering as _cpu_lowering  # noqa: E402
@@ -69,5 +79,5 @@ __all__ = [
     "ops", "tracing",
     # errors
     "CrossDomainError", "HeapExhaustedError", "IrisError", "NotOnHeapError", "PeerFailedError", "PeerTimeoutError",
-    "RankMismatchError", "UnsupportedCollectiveError",
+    "RankDivergenceWarning", "RankMismatchError", "UnsupportedCollectiveError",
 ]

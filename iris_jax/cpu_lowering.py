@@ -15,20 +15,24 @@ first operand is the device's context row, which names the rank.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import ctypes
 import dataclasses
 import mmap
 import os
 import threading
 import uuid
+import warnings
 import weakref
 from dataclasses import dataclass
 
 import jax
 import numpy as np
+from jax._src import source_info_util
 from jax.interpreters import mlir
 
-from iris_core.errors import NotOnHeapError, PeerTimeoutError, RankMismatchError
+from iris_core.errors import NotOnHeapError, PeerTimeoutError, RankDivergenceWarning, RankMismatchError
 from iris_core.heap.context_layout import context_words, trace_offset
 from iris_core.heap.shared_memory import SHM_DIR
 from iris_core.sim import call_table
@@ -66,6 +70,7 @@ class KernelSpec:
     debug: bool = False  # triton_call(debug=True): device-side assertions raise
     signature: int = 0  # group kernels: what the ranks' records of a call must agree on (call_table)
     what: str = ""  # ... and how the call is named to the user
+    site: tuple = ()  # ... and where the user's program made it: its frames, innermost first ("file.py:12")
 
     @property
     def group(self) -> bool:
@@ -94,7 +99,8 @@ def _lower(ctx, operands, avals_in, *, pass_context, fn, scalar_args, out_shapes
         zeroed=tuple(zeroed), symmetric=tuple(symmetric), pass_context=pass_context,
         runtime=weakref.ref(runtime_lib.runtime()), debug=bool(params.get("debug", False)))
     if group_axes:
-        spec = dataclasses.replace(spec, group_nbytes=_nbytes(extra_avals[1]), **_signature(spec, avals_in))
+        spec = dataclasses.replace(spec, group_nbytes=_nbytes(extra_avals[1]), site=_site(ctx),
+                                   **_signature(spec, avals_in))
     # the custom call's operands are [context row, group row?, *operands, previous result?]
     offset = len(extra) - (1 if pass_context else 0)
     aliases = {i + offset: o for i, o in input_output_aliases}
@@ -119,6 +125,32 @@ def _signature(spec: KernelSpec, avals_in) -> dict:
     key = (_kernel_name(spec), stable, spec.scalars, spec.grid, spec.operand_nbytes, spec.result_nbytes,
            [str(d) for d in spec.operand_dtypes])
     return {"signature": call_table.digest(key), "what": f"iris {what} of ({shapes})"}
+
+
+_enclosing_site: contextvars.ContextVar[tuple | None] = contextvars.ContextVar("iris_call_site", default=None)
+
+
+@contextlib.contextmanager
+def calls_made_at(ctx):
+    """The kernel calls lowered inside this block were made at `ctx`'s line (a collective's
+    rule lowers its kernels through lower_fun, whose tracebacks start at the rule)."""
+    token = _enclosing_site.set(_user_frames(ctx.traceback))
+    try:
+        yield
+    finally:
+        _enclosing_site.reset(token)
+
+
+def _site(ctx) -> tuple[str, ...]:
+    """Where the user's program made this call: its frames ("file.py:12"), innermost first
+    (all of them: a helper that wraps the collective is one frame of several)."""
+    enclosing = _enclosing_site.get()
+    return enclosing if enclosing is not None else _user_frames(ctx.traceback)
+
+
+def _user_frames(traceback) -> tuple[str, ...]:
+    # iris's own frames are not the user's: iris_jax registers them with JAX as library code
+    return tuple(f"{os.path.basename(f.file_name)}:{f.start_line}" for f in source_info_util.user_frames(traceback))
 
 
 def _stable(value):
@@ -216,17 +248,23 @@ def _execute(rt, spec: KernelSpec, ins: list[int], outs: list[int]) -> None:
     if spec.group and rt.call_table is not None:
         row = np.frombuffer(ctypes.string_at(group_ptr, spec.group_nbytes), np.int32)
         members = [int(m) for m in row[1:-2]]  # row: [my index, members..., workspace offset (2 words)]
-        call = rt.call_table.begin(rank, call_table.digest(row[1:].tolist()), spec.signature, spec.what)
+        call = rt.call_table.begin(rank, call_table.digest(row[1:].tolist()), spec.signature, spec.what, spec.site)
     try:
         rt.backend.execute(rt, rank, spec, row_ptr, group_ptr, operand_ptrs, outs)  # here or in rank's worker
     except PeerTimeoutError as e:  # a mismatch can also make the kernels wait for each other
         problem = call and rt.call_table.mismatch(call, members)
         if problem:
             raise RankMismatchError(problem) from e
+        behind = call and rt.call_table.behind(call, members)
+        if behind:
+            raise PeerTimeoutError(f"{e}\n{behind}") from e
         raise
     problem = call and rt.call_table.mismatch(call, members)
     if problem:
         raise RankMismatchError(problem)
+    divergence = call and rt.call_table.divergence(call, members)
+    if divergence:
+        warnings.warn(f"rank {rank}: {divergence}", RankDivergenceWarning, stacklevel=1)
 
 
 def _kernel_name(spec) -> str:

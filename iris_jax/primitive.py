@@ -180,7 +180,7 @@ batching.fancy_primitive_batchers[iris_collective_p] = _batch
 
 # -- lowering ---------------------------------------------------------------------------
 def _lowering(ctx, *xs, collective, params, config):
-    from iris_jax import _runtime, domains, lowering
+    from iris_jax import _runtime, cpu_lowering, domains, lowering
     from iris_jax.rewrite import axes_of, lowers_on_iris
 
     kwargs = dict(params)
@@ -193,7 +193,9 @@ def _lowering(ctx, *xs, collective, params, config):
     inside, across = domains.split_axes(axis_context.mesh, axes_of(kwargs), _runtime.runtime())
     lower = partial(domains.lower_across, collective, kwargs, config, inside, across) if across else partial(
         lowering.lower, collective, kwargs, config)
-    with jax.sharding.use_abstract_mesh(manual_mesh):
+    # the kernel calls lowered here were made at the collective's line (the simulator's call
+    # records name it; lower_fun roots their own tracebacks at this rule)
+    with jax.sharding.use_abstract_mesh(manual_mesh), cpu_lowering.calls_made_at(ctx):
         return mlir.lower_fun(lower, multiple_results=True)(ctx, *xs)
 
 

@@ -26,7 +26,8 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 from jax import tree_util
-from jax._src import core
+from jax._src import core, source_info_util
+from jax._src.lib import xla_client
 
 from iris_jax.config import CollectiveConfig, default_config
 from iris_jax.primitive import freeze, iris_collective_p
@@ -211,8 +212,18 @@ def run_on_iris(fn: Callable, args: tuple, config: CollectiveConfig | None = Non
     closed = rewriter.closed(closed, Scope.current())
     if decisions is not None:
         decisions.extend(rewriter.decisions)
-    out = core.eval_jaxpr(closed.jaxpr, closed.consts, *flat)
+    out = core.eval_jaxpr(_called_from_here(closed.jaxpr), closed.consts, *flat)
     return tree_util.tree_unflatten(tree_util.tree_structure(out_shape), out)
+
+
+def _called_from_here(jaxpr: core.Jaxpr) -> core.Jaxpr:
+    """`jaxpr`'s equations with this call's frames after their own: make_jaxpr rooted their
+    tracebacks at its own entry, so the line that called iris (the user's) was not in them."""
+    caller = source_info_util.current().traceback
+    if caller is None:
+        return jaxpr
+    return jaxpr.replace(eqns=[e.replace(source_info=e.source_info.replace(
+        traceback=(e.source_info.traceback or xla_client.Traceback()) + caller)) for e in jaxpr.eqns])
 
 
 def replace_lax_collectives(f: Callable, *, config: CollectiveConfig | None = None) -> Callable:

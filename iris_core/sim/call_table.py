@@ -9,6 +9,14 @@ sizes, grid) into a table on its own heap before the kernel runs, and after the 
 compares the records of every member for that call number. Records live in shared memory, so
 the check works with every rank in one process and with a process per rank.
 
+Each record also holds the call's site: the line of the user's program that made the call.
+Calls with the same signature from different sites are what a collective that only some ranks
+call looks like (rank 1 skips the first of two psums: its second pairs with the others'
+first), but also what a rank-dependent branch with a collective in each arm looks like, which
+GPUs run correctly; so a site that differs is reported as a warning (iris_core.errors.RankDivergenceWarning),
+and when a member later times out waiting for a rank that made fewer calls, its error says how
+many that rank made and where the ranks' calls diverged.
+
 The table: BUCKETS x RING records of RECORD_BYTES on every heap; a group's records go to the
 bucket of its key, call n to slot n % RING. A record that was overwritten or belongs to another
 group is not compared (no false alarms; a bucket shared by two groups only checks less).
@@ -22,10 +30,10 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-BUCKETS = 256
+BUCKETS = 128
 RING = 8
-RECORD_BYTES = 128
-_TEXT_BYTES = RECORD_BYTES - 24  # after key, call + 1 and signature (int64 each)
+RECORD_BYTES = 256
+_TEXT_BYTES = RECORD_BYTES - 32  # after key, call + 1, signature and site (int64 each)
 NBYTES = BUCKETS * RING * RECORD_BYTES
 
 
@@ -40,6 +48,15 @@ class Call:
     key: int
     number: int
     signature: int
+    text: str  # what the call is and where it was made
+    site: int = 0  # digest of where it was made (0: unknown)
+
+
+@dataclass(frozen=True)
+class _Record:
+    number: int
+    signature: int
+    site: int
     text: str
 
 
@@ -55,33 +72,76 @@ class CallTable:
         slot = (key % BUCKETS) * RING + number % RING
         return self.heap.heap_bases[rank] + self.offset + slot * RECORD_BYTES
 
-    def begin(self, rank: int, key: int, signature: int, text: str) -> Call:
-        """Numbers rank's next call of group `key` and publishes its record."""
+    def begin(self, rank: int, key: int, signature: int, text: str, site: Sequence[str] = ()) -> Call:
+        """Numbers rank's next call of group `key` and publishes its record; `site` is where
+        the program made it, its frames innermost first ("file.py:12"; empty: unknown)."""
         with self._lock:
             number = self._counts.get((rank, key), 0)
             self._counts[rank, key] = number + 1
+        if site:
+            text = f"{text} at {' < '.join(site[:3])}{' < ...' if len(site) > 3 else ''}"
+        call = Call(rank, key, number, signature, text, digest(tuple(site)) if site else 0)
         address = self._record(rank, key, number)
         ctypes.c_int64.from_address(address + 8).value = 0  # (being rewritten)
-        ctypes.memmove(address + 24, text.encode()[:_TEXT_BYTES].ljust(_TEXT_BYTES, b"\0"), _TEXT_BYTES)
+        ctypes.memmove(address + 32, text.encode()[:_TEXT_BYTES].ljust(_TEXT_BYTES, b"\0"), _TEXT_BYTES)
         ctypes.c_int64.from_address(address + 16).value = signature
+        ctypes.c_int64.from_address(address + 24).value = call.site
         ctypes.c_int64.from_address(address).value = key
         ctypes.c_int64.from_address(address + 8).value = number + 1  # last: the record is whole
-        return Call(rank, key, number, signature, text)
+        return call
+
+    def _read(self, rank: int, key: int, number: int) -> _Record | None:
+        """Rank's record of call `number` of group `key`, if it is (still) there."""
+        address = self._record(rank, key, number)
+        if (ctypes.c_int64.from_address(address).value != key
+                or ctypes.c_int64.from_address(address + 8).value != number + 1):
+            return None  # not written yet, or overwritten
+        text = ctypes.string_at(address + 32, _TEXT_BYTES).rstrip(b"\0").decode(errors="replace")
+        return _Record(number, ctypes.c_int64.from_address(address + 16).value,
+                       ctypes.c_int64.from_address(address + 24).value, text)
 
     def mismatch(self, call: Call, members: Sequence[int]) -> str | None:
         """A message naming the first member whose record of this call differs, else None."""
         for member in members:
-            if member == call.rank:
-                continue
-            address = self._record(member, call.key, call.number)
-            if (ctypes.c_int64.from_address(address).value != call.key
-                    or ctypes.c_int64.from_address(address + 8).value != call.number + 1):
-                continue  # not written yet, or overwritten: nothing to compare
-            if ctypes.c_int64.from_address(address + 16).value != call.signature:
-                theirs = ctypes.string_at(address + 24, _TEXT_BYTES).rstrip(b"\0").decode(errors="replace")
+            theirs = self._read(member, call.key, call.number) if member != call.rank else None
+            if theirs is not None and theirs.signature != call.signature:
                 return (f"{call.text}: call {call.number} of the group of ranks {list(members)} differs between "
-                        f"ranks: rank {call.rank} ran {call.text}, rank {member} ran {theirs}. The kernels paired "
-                        "them anyway, so the results are discarded. Every rank of a group must make the same "
-                        "calls with the same shapes in the same order (as SPMD code does): check shapes that "
-                        "differ between processes and collectives under rank-dependent control flow.")
+                        f"ranks: rank {call.rank} ran {call.text}, rank {member} ran {theirs.text}. The kernels "
+                        "paired them anyway, so the results are discarded. Every rank of a group must make the "
+                        "same calls with the same shapes in the same order (as SPMD code does): check shapes "
+                        "that differ between processes and collectives under rank-dependent control flow.")
         return None
+
+    def divergence(self, call: Call, members: Sequence[int]) -> str | None:
+        """A warning's text where a member made this call, with the same signature, from
+        another site of the program; else None."""
+        for member in members:
+            theirs = self._read(member, call.key, call.number) if member != call.rank else None
+            if theirs is not None and call.site and theirs.site and theirs.site != call.site:
+                return (f"call {call.number} of the group of ranks {list(members)}: rank {call.rank} ran "
+                        f"{call.text}, rank {member} ran {theirs.text}. The kernels paired them, as GPUs do; "
+                        "if a rank skipped a collective that the others made, its results are the others' "
+                        "and a later call will time out.")
+        return None
+
+    def behind(self, call: Call, members: Sequence[int]) -> str | None:
+        """For a call that timed out: which members made fewer calls of the group, and where
+        their calls and this rank's parted; None where every member got this far."""
+        lines = []
+        for member in members:
+            if member == call.rank or self._read(member, call.key, call.number) is not None:
+                continue
+            last = next((r for n in range(call.number - 1, max(call.number - RING, -1), -1)
+                         if (r := self._read(member, call.key, n)) is not None), None)
+            if last is None:
+                continue  # no record left to tell (none made, or overwritten)
+            line = (f"rank {member} has made {last.number + 1} call(s) of this group (its last: {last.text}); "
+                    f"this rank's call {call.number} waits for its call {call.number}")
+            for n in range(max(call.number - RING + 1, 0), last.number + 1):
+                mine, theirs = self._read(call.rank, call.key, n), self._read(member, call.key, n)
+                if mine and theirs and mine.site and theirs.site and mine.site != theirs.site:
+                    line += (f"; their calls parted at call {n}: this rank ran {mine.text}, rank {member} ran "
+                             f"{theirs.text} (a collective that only some ranks make?)")
+                    break
+            lines.append(line)
+        return "\n".join(lines) or None

@@ -12,9 +12,11 @@ with -s to see them).
 Calls that differ between ranks (a shape, under rank-dependent control flow or between the
 processes of a multi-controller run) pair anyway, since the kernels count calls; the simulator's
 call records (iris_core.sim.call_table) catch the difference and every rank fails with
-RankMismatchError. One case still misbehaves and is marked so: a psum that only some ranks call
-pairs with the others' next one of the same signature (test_collective_called_by_only_some_ranks:
-the others fail, the rank that skipped returns their value).
+RankMismatchError. A psum that only some ranks call pairs with the others' next one of the same
+signature, as on GPUs; the records also hold each call's line of the program, so every rank
+warns that the calls came from different lines (RankDivergenceWarning) and the ranks that then
+time out name the rank that made fewer calls and the lines where the calls parted
+(test_collective_called_by_only_some_ranks).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import iris_jax
-from iris_core.errors import HeapExhaustedError, PeerTimeoutError
+from iris_core.errors import HeapExhaustedError, PeerTimeoutError, RankDivergenceWarning
 from iris_core.heap.rendezvous import FileStore, store_barrier
 from iris_core.heap.shared_memory import SHM_DIR
 from tests.jax import fault_kernels
@@ -251,24 +253,43 @@ def test_rank_that_never_calls_the_collective(world):
 
 def test_collective_called_by_only_some_ranks(world):
     """Case 6 (workers): rank 1 skips the first of two psums (the second sums the first's
-    result). Ranks 0 and 2 fail, naming rank 1, within the timeout.
+    result). The kernels pair calls by their count, as on GPUs, so rank 1's only psum pairs
+    with the others' first one and returns their sum; every rank warns that call 0 came from
+    different lines, and ranks 0 and 2, which then time out in their second psum, name rank 1,
+    the one call it made, and the lines where the calls parted."""
 
-    Known limitation: the ranks pair calls by their count, not by call site, so rank 1's
-    only psum pairs with the others' first one and returns their sum without an error (0 and 2
-    then time out in their second psum)."""
+    def first(v):
+        return psum(v)
+
+    def body(v):
+        return psum(10 * lax.cond(lax.axis_index("i") == 1, lambda u: u, first, v))
+
     x = inputs()
-    program = spmd(lambda v: psum(10 * lax.cond(lax.axis_index("i") == 1, lambda u: u, psum, v)))
-    program = program.lower(x).compile()
+    program = spmd(body).lower(x).compile()
     start = time.monotonic()
-    out = program(x)
-    errors = errors_by_rank(out)
+    with pytest.warns(RankDivergenceWarning) as warned:
+        out = program(x)
+        errors = errors_by_rank(out)
     elapsed = time.monotonic() - start
     expect_timeouts_naming(errors, 1, (0, 2))
+    # both calls are made by psum() of this file; the lines that call it tell them apart
+    here, helper = os.path.basename(__file__), psum.__code__.co_firstlineno + 1
+    first_at = f"at {here}:{helper} < {here}:{first.__code__.co_firstlineno + 1}"
+    second_at = f"at {here}:{helper} < {here}:{body.__code__.co_firstlineno + 1}"
+    for r in (0, 2):  # (the group's calls are numbered from the world's first test on)
+        made = re.search(r"rank 1 has made (\d+) call\(s\) of this group .*this rank's call (\d+) waits", errors[r])
+        assert made and int(made[1]) == int(made[2]), errors[r]
+        assert (f"their calls parted at call {int(made[1]) - 1}: this rank ran iris all_reduce(sum) of "
+                f"(float32[1, 64]) {first_at}") in errors[r], errors[r]
+        assert f"rank 1 ran iris all_reduce(sum) of (float32[1, 64]) {second_at}" in errors[r], errors[r]
+    texts = [str(w.message) for w in warned]
+    assert any(t.startswith("rank 1: call ") and first_at in t and second_at in t for t in texts), texts
     got = np.asarray(out.addressable_shards[1].data)[0]
     xs = np.asarray(x)
     np.testing.assert_array_equal(got, xs[0] + 10 * xs[1] + xs[2])  # the others' first psum, paired
-    record("6 collective called by only some ranks", "workers", "ranks 0, 2: PeerTimeoutError naming rank 1; "
-           "rank 1: no error, the others' first psum's value", elapsed)
+    record("6 collective called by only some ranks", "workers", "ranks 0, 2: PeerTimeoutError naming rank 1, "
+           "its one call and the lines where the calls parted; every rank: RankDivergenceWarning naming both "
+           "lines (rank 1 returns the others' first psum, as on GPUs)", elapsed)
     assert elapsed < TIMEOUT_S + SLACK_S
     expect_group_poisoned_then_restart()
 
