@@ -65,9 +65,9 @@ def launch_script(argv: list[str], world_size: int, timeout_s: float | None = No
         while any([p.poll() is None for p in procs]):  # a list: poll every rank, not up to the first running one
             failed = [(r, p.returncode) for r, p in enumerate(procs) if p.returncode not in (None, 0)]
             if failed:
-                rank, status = failed[0]
-                print(f"[iris.sim] rank {rank} exited with status {status}; stopping the others",
-                      file=sys.stderr)
+                status = failed[0][1]
+                which = "; ".join(f"rank {r} exited with status {code}" for r, code in failed)
+                print(f"[iris.sim] {which}; stopping the others", file=sys.stderr)
                 break
             if deadline is not None and time.monotonic() > deadline:
                 hung = [r for r, p in enumerate(procs) if p.poll() is None]
