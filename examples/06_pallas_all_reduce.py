@@ -4,7 +4,9 @@
 `ctx.rank`, `ctx.world_size` and remote ops on the refs of heap arrays (`symmetric=`).
 Each rank writes its vector into its slot of a heap buffer, raises a flag on every peer
 (release, system scope), waits until every peer's flag on its own heap is up (acquire),
-then reads every peer's buffer and sums. GPUs: Pallas's Triton backend; without GPUs: Pallas
+then reads every peer's buffer and sums. Called again, a rank that finished early would
+overwrite its slot while a slower peer still reads it: call again with epoch + 1 only after
+`iris_jax.device_barrier` (or alternate two buffers by epoch). GPUs: Pallas's Triton backend; without GPUs: Pallas
 interpret mode on the CPU simulator, every rank at once.
 
 Run: python examples/06_pallas_all_reduce.py
