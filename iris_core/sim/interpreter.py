@@ -14,6 +14,7 @@ import functools
 import inspect
 import math
 import os
+import sys
 import threading
 from collections.abc import Sequence
 
@@ -209,11 +210,30 @@ def _patch_interpreter(ti) -> None:
     from iris_core.sim import language
 
     _LANGS.extend([tl, tl.core])
+    _keep_freed_memory()
     patch_lang._iris_fixed = True
     ti._patch_lang = patch_lang
     ti._patch_attr = language.patch_attr(ti)
     _FAST_LANGUAGE.extend(language.launch_patches(tl.core))
     _patch_builder(ti)
+
+
+def _keep_freed_memory() -> None:
+    """Has glibc's malloc keep freed memory for reuse (once per interpreting process): every tile
+    operation makes new arrays of up to a few MiB, which by default come as fresh pages from
+    the kernel, mapped or above a trimmed heap top, and each page faults on its first write
+    (a 4 MiB psum rank spent about half its CPU time so)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None)
+        libc.mallopt(_M_MMAP_THRESHOLD, 32 << 20)  # glibc's largest: bigger arrays are still mapped
+        libc.mallopt(_M_TRIM_THRESHOLD, 1 << 30)
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h
 
 
 def _tensor_init(core):
