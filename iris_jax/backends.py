@@ -154,7 +154,7 @@ class Backend:
         raise NotImplementedError
 
     def execute(self, rt, rank: int, spec, row_ptr: int, group_ptr: int | None, operand_ptrs, outs) -> None:
-        """Runs a kernel call on the host (iris_jax.cpu_lowering)."""
+        """Runs a kernel call on the host (iris_jax.cpu_execution)."""
         raise IrisError(f"kernels of the {self.mode} model run on GPUs, not on the host (internal error)")
 
     def __repr__(self) -> str:
@@ -308,9 +308,9 @@ class SimulatorWorkers(_SimulatorBackend):
                        call_table=_call_table(heap), sim_world=world)
 
     def execute(self, rt, rank, spec, row_ptr, group_ptr, operand_ptrs, outs):
-        from iris_jax import cpu_lowering
+        from iris_jax import cpu_execution
 
-        cpu_lowering.execute_in_worker(rt, rank, spec, row_ptr, group_ptr, operand_ptrs, outs)
+        cpu_execution.execute_in_worker(rt, rank, spec, row_ptr, group_ptr, operand_ptrs, outs)
 
 
 class SimulatorLaunched(_SimulatorBackend):
@@ -348,9 +348,9 @@ class SimulatorLaunched(_SimulatorBackend):
                        bases_seen_by=bases)
 
     def execute(self, rt, rank, spec, row_ptr, group_ptr, operand_ptrs, outs):
-        from iris_jax import cpu_lowering
+        from iris_jax import cpu_execution
 
-        cpu_lowering.execute_here(spec, row_ptr, group_ptr, operand_ptrs, outs)
+        cpu_execution.execute_here(spec, row_ptr, group_ptr, operand_ptrs, outs)
 
 
 class _HostBytes:

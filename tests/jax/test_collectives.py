@@ -82,7 +82,7 @@ def poison():
     data buffers (streamed ones too) of every collective workspace with POISON_BYTE; flags and epochs are left
     alone. A kernel must neither leave an output element unwritten nor rely on a zeroed
     workspace (accumulators and locks are its own to reset)."""
-    from iris_jax.cpu_lowering import StagingAreas
+    from iris_jax.cpu_execution import StagingAreas
 
     rt = iris_jax.runtime()
     pool = workspaces(rt)
