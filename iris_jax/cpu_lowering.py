@@ -117,25 +117,25 @@ def _signature(spec: KernelSpec, avals_in) -> dict:
     return {"signature": call_table.digest(key), "what": f"iris {what} of ({shapes})"}
 
 
-_enclosing_site: contextvars.ContextVar[tuple | None] = contextvars.ContextVar("iris_call_site", default=None)
+_enclosing_traceback = contextvars.ContextVar("iris_call_traceback", default=None)
 
 
 @contextlib.contextmanager
 def calls_made_at(ctx):
     """The kernel calls lowered inside this block were made at `ctx`'s line (a collective's
     rule lowers its kernels through lower_fun, whose tracebacks start at the rule)."""
-    token = _enclosing_site.set(_user_frames(ctx.traceback))
+    token = _enclosing_traceback.set(ctx.traceback)
     try:
         yield
     finally:
-        _enclosing_site.reset(token)
+        _enclosing_traceback.reset(token)
 
 
 def _site(ctx) -> tuple[str, ...]:
     """Where the user's program made this call: its frames ("file.py:12"), innermost first
     (all of them: a helper that wraps the collective is one frame of several)."""
-    enclosing = _enclosing_site.get()
-    return enclosing if enclosing is not None else _user_frames(ctx.traceback)
+    enclosing = _enclosing_traceback.get()
+    return _user_frames(enclosing if enclosing is not None else ctx.traceback)
 
 
 def _user_frames(traceback) -> tuple[str, ...]:
