@@ -9,7 +9,8 @@ sizes, grid) into a table on its own heap before the kernel runs, and after the 
 compares the records of every member for that call number. Records live in shared memory, so
 the check works with every rank in one process and with a process per rank.
 
-Each record also holds the call's site: the line of the user's program that made the call.
+Each record also holds the call's site: where the user's program made the call (its frames
+outside iris and JAX, innermost first).
 Calls with the same signature from different sites are what a collective that only some ranks
 call looks like (rank 1 skips the first of two psums: its second pairs with the others'
 first), but also what a rank-dependent branch with a collective in each arm looks like, which
@@ -100,11 +101,17 @@ class CallTable:
         return _Record(number, ctypes.c_int64.from_address(address + 16).value,
                        ctypes.c_int64.from_address(address + 24).value, text)
 
-    def mismatch(self, call: Call, members: Sequence[int]) -> str | None:
-        """A message naming the first member whose record of this call differs, else None."""
+    def _peer_records(self, call: Call, members: Sequence[int]):
+        """(member, record of this call) for every other member whose record is there."""
         for member in members:
             theirs = self._read(member, call.key, call.number) if member != call.rank else None
-            if theirs is not None and theirs.signature != call.signature:
+            if theirs is not None:
+                yield member, theirs
+
+    def mismatch(self, call: Call, members: Sequence[int]) -> str | None:
+        """A message naming the first member whose record of this call differs, else None."""
+        for member, theirs in self._peer_records(call, members):
+            if theirs.signature != call.signature:
                 return (f"{call.text}: call {call.number} of the group of ranks {list(members)} differs between "
                         f"ranks: rank {call.rank} ran {call.text}, rank {member} ran {theirs.text}. The kernels "
                         "paired them anyway, so the results are discarded. Every rank of a group must make the "
@@ -115,9 +122,8 @@ class CallTable:
     def divergence(self, call: Call, members: Sequence[int]) -> str | None:
         """A warning's text where a member made this call, with the same signature, from
         another site of the program; else None."""
-        for member in members:
-            theirs = self._read(member, call.key, call.number) if member != call.rank else None
-            if theirs is not None and call.site and theirs.site and theirs.site != call.site:
+        for member, theirs in self._peer_records(call, members):
+            if _sites_differ(call.site, theirs.site):
                 return (f"call {call.number} of the group of ranks {list(members)}: rank {call.rank} ran "
                         f"{call.text}, rank {member} ran {theirs.text}. The kernels paired them, as GPUs do; "
                         "if a rank skipped a collective that the others made, its results are the others' "
@@ -139,9 +145,13 @@ class CallTable:
                     f"this rank's call {call.number} waits for its call {call.number}")
             for n in range(max(call.number - RING + 1, 0), last.number + 1):
                 mine, theirs = self._read(call.rank, call.key, n), self._read(member, call.key, n)
-                if mine and theirs and mine.site and theirs.site and mine.site != theirs.site:
+                if mine and theirs and _sites_differ(mine.site, theirs.site):
                     line += (f"; their calls parted at call {n}: this rank ran {mine.text}, rank {member} ran "
                              f"{theirs.text} (a collective that only some ranks make?)")
                     break
             lines.append(line)
         return "\n".join(lines) or None
+
+
+def _sites_differ(a: int, b: int) -> bool:
+    return bool(a and b and a != b)  # 0: not known
