@@ -2,12 +2,12 @@
 
 import os as _os
 
-import iris_core as _iris_core
 from jax._src import source_info_util as _source_info_util
 
-from iris_jax._triton_env import import_jax_triton
+import iris_core as _iris_core
+from iris_jax import compat as _compat
 
-import_jax_triton()
+_compat.jax_triton()  # imported here so that it works on any machine (see iris_jax.compat)
 # iris's frames are library code, as JAX's are: JAX's messages and locations (and the
 # simulator's call records) name the user's line instead
 for _path in (_os.path.dirname(_iris_core.__file__), _os.path.dirname(__file__)):

@@ -32,6 +32,7 @@ from jax.extend.core import Primitive
 
 from iris_core.errors import IrisError
 from iris_jax import _runtime as runtime_lib
+from iris_jax.compat import triton_type
 
 
 class IrisKernelEffect(effects.Effect):
@@ -118,9 +119,7 @@ def triton_call(*args: Any, kernel, out_shape, grid, name: str = "",
     array_args, scalar_args = [], []
     for i, arg in enumerate(flat_args):
         if isinstance(arg, (bool, int, float, np.float32)):
-            from jax_triton.triton_lib import get_triton_type
-
-            scalar_args.append((i + 1, get_triton_type(arg), float(arg) if isinstance(arg, np.float32) else arg))
+            scalar_args.append((i + 1, triton_type(arg), float(arg) if isinstance(arg, np.float32) else arg))
         else:
             array_args.append(arg)
 
@@ -141,6 +140,24 @@ def triton_call(*args: Any, kernel, out_shape, grid, name: str = "",
         symmetric=symmetric_operands, group_axes=tuple(group_axes) if group_axes else None, workspace=workspace,
         **metaparams)
     return tree_util.tree_unflatten(out_tree, out_flat)
+
+
+def kernel_arguments(operands: Sequence, scalars: Sequence[tuple], outputs: Sequence) -> list:
+    """A kernel's arguments in launch order: the operands with each scalar (position, type,
+    value) inserted at its position, then the outputs (jax-triton's order)."""
+    args = list(operands)
+    for position, _, value in sorted(scalars, key=lambda s: s[0]):
+        args.insert(position, value)
+    return args + list(outputs)
+
+
+def normalize_grid(grid, constexprs) -> tuple[int, int, int]:
+    """A launch grid (an int, a tuple of up to 3, or a function of the constexprs) as 3 ints."""
+    grid = grid(constexprs) if callable(grid) else grid
+    grid = (grid,) if isinstance(grid, int) else tuple(grid)
+    if len(grid) > 3:
+        raise ValueError(f"a kernel's grid has at most three dimensions, not {len(grid)}: {grid}")
+    return tuple(int(g) for g in grid) + (1,) * (3 - len(grid))
 
 
 def varying_axes(x) -> frozenset:

@@ -85,7 +85,7 @@ def _kernel_args(spec: KernelSpec, context, group, operands: list, results: list
     args = ([context] if spec.pass_context else []) + ([group] if spec.group else []) + operands
     for position, value in spec.scalars:
         args.insert(position, value)
-    return args + results
+    return args + [results[o] for o in spec.result_params]
 
 
 def execute_here(spec, row_ptr, group_ptr, operand_ptrs, outs):

@@ -25,14 +25,14 @@ from jax.interpreters import mlir
 
 from iris_core.sim import call_table
 from iris_jax import _runtime as runtime_lib
-from iris_jax import cpu_execution
+from iris_jax import compat, cpu_execution
 from iris_jax._ffi import register_cpu_target
-from iris_jax.call import iris_triton_call_p
-from iris_jax.cpu_autotune import resolve_kernel
+from iris_jax.autotune import resolve_kernel
+from iris_jax.call import iris_triton_call_p, normalize_grid
 from iris_jax.operands import extra_operands
 
 _CALL_PARAMS = {"name", "custom_call_target_name", "num_warps", "num_stages", "num_ctas",
-                "compute_capability", "enable_fp_fusion", "debug", "serialized_metadata"}
+                "compute_capability", "enable_fp_fusion", "debug", "serialized_metadata", "out_shapes"}
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,7 @@ class KernelSpec:
     result_dtypes: tuple
     result_nbytes: tuple
     zeroed: tuple  # result indices to zero before the launch
+    result_params: tuple  # the results passed to the kernel, in order (jax-triton 0.4 passes no aliased one)
     symmetric: tuple  # operand indices that must lie on this rank's heap
     pass_context: bool  # the kernel's first argument is the context
     runtime: weakref.ref  # the runtime whose heaps the lowering saw (its context rows are constants)
@@ -67,16 +68,16 @@ class KernelSpec:
         return getattr(getattr(self.kernel, "fn", None), "__name__", str(self.kernel))
 
 
-def _lower(ctx, operands, avals_in, *, pass_context, fn, scalar_args, out_shapes, grid,
-           input_output_aliases, zeroed_outputs, symmetric=(), group_axes=None, workspace="collective", **params):
-    from jax_triton.triton_lib import normalize_grid
-
+def _lower(ctx, operands, avals_in, *, pass_context, fn, scalar_args, out_shapes, grid, input_output_aliases,
+           zeroed_outputs, symmetric=(), group_axes=None, workspace="collective", result_params=None, debug=False,
+           **params):
     metaparams = {k: v for k, v in params.items() if k not in _CALL_PARAMS}
+    result_params = tuple(range(len(out_shapes))) if result_params is None else tuple(result_params)
     group = 1 if group_axes else 0
     scalars = tuple(sorted((i + group, v) for i, _, v in scalar_args))
     extra, extra_avals = extra_operands(ctx, group_axes, workspace)
-    launch = _resolve(fn, extra_avals if pass_context else [], avals_in, scalars, ctx.avals_out, metaparams,
-                      input_output_aliases, pass_context)
+    launch = _resolve(fn, extra_avals if pass_context else [], avals_in, scalars,
+                      [ctx.avals_out[o] for o in result_params], metaparams, input_output_aliases, pass_context)
     zeroed = zeroed_outputs(launch.constexprs) if callable(zeroed_outputs) else zeroed_outputs
     zeroed = sorted({*zeroed, *launch.reset_outputs})
     spec = KernelSpec(
@@ -86,8 +87,8 @@ def _lower(ctx, operands, avals_in, *, pass_context, fn, scalar_args, out_shapes
         operand_nbytes=tuple(_nbytes(a) for a in avals_in),
         result_dtypes=tuple(np.dtype(s.dtype) for s in out_shapes),
         result_nbytes=tuple(_nbytes(s) for s in out_shapes),
-        zeroed=tuple(zeroed), symmetric=tuple(symmetric), pass_context=pass_context,
-        runtime=weakref.ref(runtime_lib.runtime()), debug=bool(params.get("debug", False)))
+        zeroed=tuple(zeroed), result_params=result_params, symmetric=tuple(symmetric), pass_context=pass_context,
+        runtime=weakref.ref(runtime_lib.runtime()), debug=bool(debug))
     if group_axes:
         spec = dataclasses.replace(spec, group_nbytes=_nbytes(extra_avals[1]), site=_site(ctx),
                                    **_signature(spec, avals_in))
@@ -200,14 +201,16 @@ def _iris_lowering(ctx, device_index, *args, fn, **params):
     return _lower(ctx, args, ctx.avals_in[1:], pass_context=True, fn=fn, **params)
 
 
-def _jax_triton_lowering(ctx, *args, fn, **params):
-    return _lower(ctx, args, ctx.avals_in, pass_context=False, fn=fn, **params)
+def _jax_triton_lowering(ctx, *args, **params):
+    call = compat.jax_triton_call(params, len(ctx.avals_out))
+    return _lower(ctx, args, ctx.avals_in, pass_context=False, fn=call.fn, scalar_args=call.scalars,
+                  out_shapes=params["out_shapes"], grid=call.grid, input_output_aliases=call.input_output_aliases,
+                  zeroed_outputs=call.zeroed_outputs, result_params=call.result_params,
+                  debug=bool(call.options.get("debug")), **call.metaparams)
 
 
 def register() -> None:
     """Registers the CPU lowerings (idempotent; done on import of iris_jax)."""
-    from jax_triton.triton_lib import triton_kernel_call_p
-
     # not cacheable: every call site is lowered on its own, so it can be chained to the previous one
     mlir.register_lowering(iris_triton_call_p, _iris_lowering, platform="cpu", cacheable=False)
-    mlir.register_lowering(triton_kernel_call_p, _jax_triton_lowering, platform="cpu", cacheable=False)
+    mlir.register_lowering(compat.triton_kernel_call_p(), _jax_triton_lowering, platform="cpu", cacheable=False)

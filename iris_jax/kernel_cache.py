@@ -1,39 +1,39 @@
 """Triton kernels compiled for GPUs, kept on disk between processes.
 
-jax-triton compiles each kernel again in every new process (its cache lives in memory), and
-its first compile imports torch: Triton's argument specializer imports it to recognize torch
-tensors. Together that is most of a process's first iris collective (RESULTS.md, "Startup").
-We take over jax-triton's `get_or_create_triton_kernel` (the step its lowering calls for a
-kernel's PTX): the same compiler stages, the specialization computed directly (jax-triton
-passes only 16-byte-aligned pointers and unaligned scalars, so no specializer is needed), and
-the result stored under a key of everything the PTX depends on:
+iris_jax.gpu_lowering compiles every kernel it lowers (iris_core.compat.compile_ptx), and a new
+process would compile each one again: most of a process's first iris collective. Compiles are
+stored under a key of everything the PTX depends on:
 
 * the kernel: Triton's cache key of its source and every @triton.jit function and constexpr
   global it reaches (what Triton's own disk cache uses), its name;
 * the call: the argument types, the constexprs by name and value, the options (warps, stages,
-  CTAs, fp fusion, debug), the target (compute capability, ptxas version);
-* the tools: the versions of Triton and jax-triton, the environment variables Triton names
-  as changing its output.
+  CTAs, fp fusion, debug), the target (compute capability, the backend's hash: ptxas version);
+* the tools: Triton's version, the environment variables Triton names as changing its output.
 
 The directory is IRIS_KERNEL_CACHE_DIR (default `$XDG_CACHE_HOME/iris-jax/kernels`, i.e.
-`~/.cache/iris-jax/kernels`); IRIS_KERNEL_CACHE_DIR="" turns this module off (jax-triton's own
-compile, in memory, as without iris). An entry is one file written whole (a temporary file,
-then a rename), so processes compiling the same kernel at once never see a partial one; an
-entry that cannot be read is compiled again. Nothing is ever removed: delete the directory to
-reclaim the space. jaxlib still assembles the PTX (ptxas) once per process.
+`~/.cache/iris-jax/kernels`); IRIS_KERNEL_CACHE_DIR="" keeps compiles in memory only. An entry is
+one file written whole (a temporary file, then a rename), so processes compiling the same kernel
+at once never see a partial one; an entry that cannot be read is compiled again. Nothing is ever
+removed: delete the directory to reclaim the space. jaxlib still assembles the PTX (ptxas) once
+per process.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import inspect
 import json
 import os
 import tempfile
 import threading
 import zlib
 
-_FORMAT = 2  # bump when what an entry holds changes
+import numpy as np
+
+from iris_core.compat import CompiledPtx, compile_ptx, cuda_backend
+
+_FORMAT = 3  # bump when what an entry holds changes
 
 
 def cache_dir() -> str | None:
@@ -45,27 +45,17 @@ def cache_dir() -> str | None:
     return os.path.join(base, "iris-jax", "kernels")
 
 
-@dataclasses.dataclass(frozen=True)
-class Compiled:
-    """What jaxlib's TritonKernel is built from."""
-
-    name: str
-    shared_mem_bytes: int
-    ptx: str
-    ttir: str
-
-
 class KernelCache:
     """Compiled kernels by key, in memory and (where `directory` is set) on disk, one
     zlib-compressed JSON file per kernel (PTX and TTIR compress about tenfold)."""
 
     def __init__(self, directory: str | None):
         self.directory = directory
-        self._memory: dict[str, Compiled] = {}
+        self._memory: dict[str, CompiledPtx] = {}
         self._lock = threading.Lock()
         self.compiled = self.loaded = 0  # counts, for tests and benchmarks/startup.py
 
-    def get(self, key: str, compile_fn) -> Compiled:
+    def get(self, key: str, compile_fn) -> CompiledPtx:
         with self._lock:
             found = self._memory.get(key)
         if found is None:
@@ -83,7 +73,7 @@ class KernelCache:
     def _path(self, key: str) -> str:
         return os.path.join(self.directory, key[:2], key + ".json.z")
 
-    def _read(self, key: str) -> Compiled | None:
+    def _read(self, key: str) -> CompiledPtx | None:
         if self.directory is None:
             return None
         try:
@@ -91,11 +81,12 @@ class KernelCache:
                 entry = json.loads(zlib.decompress(f.read()))
             if entry.pop("format") != _FORMAT:
                 return None
-            return Compiled(**entry)
+            scratch = entry.pop("global_scratch")
+            return CompiledPtx(**entry, global_scratch=tuple(scratch) if scratch else None)
         except (OSError, ValueError, TypeError, KeyError, zlib.error):
             return None  # absent, damaged, or of another format: compile again
 
-    def _write(self, key: str, compiled: Compiled) -> None:
+    def _write(self, key: str, compiled: CompiledPtx) -> None:
         if self.directory is None:
             return
         path = self._path(key)
@@ -109,100 +100,63 @@ class KernelCache:
             pass  # a read-only or full disk costs the next process a compile, nothing else
 
 
-def kernel_key(fn, signature: dict, constants: dict, attrs: dict, options, target) -> str | None:
+def kernel_key(fn, signature: dict, constants: dict, attrs: dict, options: dict, compute_capability: int) -> str | None:
     """The cache key of one compile, or None where a constexpr value has no stable text
     (an object printed with its address: such kernels are compiled in every process)."""
-    import jax_triton
     import triton
     from triton._C.libtriton import get_cache_invalidating_env_vars
 
     constants_text = repr(sorted((k, getattr(v, "cache_key", v)) for k, v in constants.items()))
     if " at 0x" in constants_text:
         return None
-    parts = [_FORMAT, triton.__version__, jax_triton.__version__, fn.cache_key, fn.__name__,
-             sorted(signature.items()), constants_text, sorted(attrs.items()), options.hash(),
-             target, sorted(get_cache_invalidating_env_vars().items())]
+    parts = [_FORMAT, triton.__version__, fn.cache_key, fn.__name__, sorted(signature.items()), constants_text,
+             sorted(attrs.items()), sorted(options.items()), compute_capability,
+             cuda_backend(compute_capability).hash(), sorted(get_cache_invalidating_env_vars().items())]
     return hashlib.sha256(repr(parts).encode()).hexdigest()
 
 
-def compile_kernel(cache: KernelCache, backend, platform: str, fn, arg_dtypes, scalar_args, *, num_warps,
-                   num_stages, num_ctas, compute_capability, enable_fp_fusion, metaparams, dump) -> tuple:
-    """jax-triton's kernel step (same arguments and stages), through `cache`. Returns the
-    Compiled kernel and the specialization attributes jax-triton's lowering reads."""
-    from jax_triton import triton_lib
-    from triton._C import libtriton
-    from triton.compiler import code_generator, compiler
+def compile_kernel(cache: KernelCache, fn, arg_types: list[str], scalar_args, *, options: dict,
+                   compute_capability: int, metaparams: dict) -> tuple[CompiledPtx, dict]:
+    """Compiles `fn` for `compute_capability` through `cache`.
 
+    Args:
+      arg_types: Triton's type of each non-constexpr argument ("*fp32", "i32", ...).
+      scalar_args: (position, type, value) of the scalar arguments; an int equal to 1 becomes a
+        constexpr (`is_one`), as Triton's own launcher specializes it.
+      options: backend options: num_warps, num_stages, num_ctas, debug, enable_fp_fusion.
+    Returns:
+      The compiled kernel and each argument's specialization attributes (array pointers are
+      16-byte aligned: iris and jax-triton keep every array so; scalars carry none).
+    """
     scalar_at = {i for i, _, _ in scalar_args}
-    attrs = {(i,): backend.parse_attr("" if i in scalar_at else "D") for i in range(len(arg_dtypes))}
-    signature = {fn.arg_names[i]: t for i, t in enumerate(arg_dtypes)}
-    constants = dict(metaparams)
-    constants.update({k: None for _, k, v in scalar_args if v is None})
-    constants.update({fn.arg_names[i]: 1 for i, _, v in scalar_args if v == 1})
+    backend = cuda_backend(compute_capability)
+    attrs = {(i,): backend.parse_attr("" if i in scalar_at else "D") for i in range(len(arg_types))}
+    signature = {fn.arg_names[i]: "i1" if t == "B" else t for i, t in enumerate(arg_types)}
+    constants = {p.name: p.default for p in fn.params if p.is_constexpr and p.default is not inspect.Parameter.empty}
+    constants.update(metaparams)
+    constants.update({fn.arg_names[i]: 1 for i, _, v in scalar_args if is_one(v)})
     signature.update({name: "constexpr" for name in constants})
-    options = backend.parse_options({"num_warps": num_warps, "num_stages": num_stages, "num_ctas": num_ctas,
-                                     "debug": dump, "enable_fp_fusion": enable_fp_fusion})
 
-    def compile_now() -> Compiled:
-        context = libtriton.ir.context()
-        libtriton.ir.load_dialects(context)
-        backend.load_dialects(context)
-        module = code_generator.ast_to_ttir(
-            fn, compiler.ASTSource(fn, constexprs=constants, signature=signature, attrs=attrs), options=options,
-            codegen_fns=backend.get_codegen_implementation(options), context=context,
-            module_map=backend.get_module_map())
-        ttir = str(module)
-        result = triton_lib.compile_ttir_inplace(module, backend, options, compute_capability, platform)
-        return Compiled(result.name, result.shared_mem_bytes, result.binary, ttir)
+    def compile_now() -> CompiledPtx:
+        return compile_ptx(fn, signature, constants, attrs, compute_capability, options)
 
-    key = kernel_key(fn, signature, constants, attrs, options, (platform, compute_capability, backend.hash()))
-    compiled = cache.get(key, compile_now) if key is not None else compile_now()
-    return compiled, attrs
+    key = kernel_key(fn, signature, constants, attrs, options, compute_capability)
+    if key is None:
+        return compile_now(), attrs
+    return cache.get(key, compile_now), attrs
+
+
+def is_one(value) -> bool:
+    """A scalar argument compiled in as the constant 1 (and passed to no launch)."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)) and value == 1
 
 
 _state: dict = {}
 
 
-def install() -> None:
-    """Routes jax-triton's kernel compiles through the disk cache (once; a no-op where
-    IRIS_KERNEL_CACHE_DIR="" or where jax-triton's compile step is not where we expect it)."""
-    from jax_triton import triton_lib
-
-    directory = cache_dir()
-    original = getattr(triton_lib, "get_or_create_triton_kernel", None)
-    if directory is None or original is None or "cache" in _state:
-        return
-    cache = _state["cache"] = KernelCache(directory)
-    kernels: dict[tuple, object] = {}  # TritonKernel objects by compile, as jax-triton keeps them
-
-    def get_or_create_triton_kernel(backend_init_func, platform, fn, arg_dtypes, scalar_args, *, num_warps,
-                                    num_stages, num_ctas, compute_capability, enable_fp_fusion, metaparams,
-                                    dump):
-        if platform != "cuda" or triton_lib._JAX_TRITON_DUMP_DIR:  # ROCm passes a file path as "ptx"
-            return original(backend_init_func, platform, fn, arg_dtypes, scalar_args, num_warps=num_warps,
-                            num_stages=num_stages, num_ctas=num_ctas, compute_capability=compute_capability,
-                            enable_fp_fusion=enable_fp_fusion, metaparams=metaparams, dump=dump)
-        num_warps = 4 if num_warps is None else num_warps
-        num_stages = 3 if num_stages is None else num_stages
-        if compute_capability is None:
-            compute_capability = triton_lib.triton_kernel_call_lib.get_compute_capability(0)
-        if num_ctas > 1 and compute_capability < 90:
-            raise ValueError("num_ctas > 1 unsupported before Hopper.")
-        backend = backend_init_func(0, compute_capability)
-        compiled, attrs = compile_kernel(
-            cache, backend, platform, fn, arg_dtypes, scalar_args, num_warps=num_warps, num_stages=num_stages,
-            num_ctas=num_ctas, compute_capability=compute_capability, enable_fp_fusion=enable_fp_fusion,
-            metaparams=metaparams, dump=dump)
-        made = (compiled, num_warps, num_ctas, compute_capability)
-        if made not in kernels:
-            kernels[made] = triton_lib.triton_kernel_call_lib.TritonKernel(
-                compiled.name, num_warps, num_ctas, compiled.shared_mem_bytes, compiled.ptx, compiled.ttir,
-                compute_capability)
-        return kernels[made], attrs
-
-    triton_lib.get_or_create_triton_kernel = get_or_create_triton_kernel
-
-
-def cache() -> KernelCache | None:
-    """The installed cache (None before install(), or where it is off)."""
-    return _state.get("cache")
+def cache() -> KernelCache:
+    """This process's cache (in memory only where IRIS_KERNEL_CACHE_DIR="")."""
+    if "cache" not in _state:
+        directory = cache_dir()
+        _state["cache"] = KernelCache(directory)
+    return _state["cache"]

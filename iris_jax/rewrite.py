@@ -29,6 +29,7 @@ from jax import tree_util
 from jax._src import core, source_info_util
 from jax._src.lib import xla_client
 
+from iris_jax.compat import ClosedJaxpr, closed_jaxpr, is_jaxpr
 from iris_jax.config import CollectiveConfig, default_config
 from iris_jax.primitive import freeze, iris_collective_p
 
@@ -120,8 +121,8 @@ class _Rewriter:
     decisions: list = dataclasses.field(default_factory=list)  # (name, params, aval, reason or None, scope, config)
     memo: dict = dataclasses.field(default_factory=dict)
 
-    def closed(self, closed: core.ClosedJaxpr, scope: Scope) -> core.ClosedJaxpr:
-        return core.ClosedJaxpr(self.jaxpr(closed.jaxpr, scope), closed.consts)
+    def closed(self, closed: ClosedJaxpr, scope: Scope) -> ClosedJaxpr:
+        return closed_jaxpr(self.jaxpr(closed.jaxpr, scope), closed.consts)
 
     def jaxpr(self, jaxpr: core.Jaxpr, scope: Scope) -> core.Jaxpr:
         key = (id(jaxpr), scope)
@@ -155,11 +156,11 @@ class _Rewriter:
         return eqn.replace(params=params) if any(params[k] is not v for k, v in eqn.params.items()) else eqn
 
     def param(self, value, scope: Scope):
-        if isinstance(value, core.ClosedJaxpr):
+        if isinstance(value, ClosedJaxpr):  # on jax 0.12 every Jaxpr (it carries its consts)
             return self.closed(value, scope)
         if isinstance(value, core.Jaxpr):
             return self.jaxpr(value, scope)
-        if isinstance(value, tuple) and any(isinstance(v, (core.Jaxpr, core.ClosedJaxpr)) for v in value):
+        if isinstance(value, tuple) and any(is_jaxpr(v) for v in value):
             return tuple(self.param(v, scope) for v in value)
         return value
 

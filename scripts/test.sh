@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Runs the test suite (CPU simulator unless -m gpu is given) from ./.venv.
+# Runs the test suite (CPU simulator unless -m gpu is given) from ./.venv (or $IRIS_VENV).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-. .venv/bin/activate
+. "${IRIS_VENV:-.venv}/bin/activate"
 export JAX_PLATFORMS=${JAX_PLATFORMS:-cpu}
 exec python -m pytest -q "$@"

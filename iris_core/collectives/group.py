@@ -10,8 +10,8 @@ for program k of its peers. Stamps: STEPS flag rounds per call epoch (iris_core.
 import triton
 import triton.language as tl
 
+from iris_core.compat import aggregate
 from iris_core.device import Context, flags, global_timer
-from iris_core.device.compat import aggregate
 from iris_core.device.flags import LINE
 from iris_core.device.nvidia import peer_failed, peer_timeout
 from iris_core.device.tracing import EVENT_WAIT

@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from iris_core.collectives import kinds
-from iris_core.device.compat import aggregate
+from iris_core.compat import aggregate
 
 
 @aggregate

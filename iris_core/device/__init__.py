@@ -1,7 +1,7 @@
 """Triton device API: the `Context`, free RMA functions, tile views, hardware registers."""
 
+from iris_core.compat import aggregate, interpreting
 from iris_core.device import rma
-from iris_core.device.compat import aggregate, interpreting
 from iris_core.device.context import Context, DeviceContext
 from iris_core.device.nvidia import global_timer, load_acquire, nanosleep, sm_id
 from iris_core.device.rma import (

@@ -17,11 +17,10 @@ built without, it compiles to exactly the free function.
 import triton
 import triton.language as tl
 
+from iris_core.compat import aggregate
 from iris_core.device import rma
 from iris_core.device import tile_collectives as tiles
-from iris_core.device.compat import aggregate
 from iris_core.device.rma import ACQ_REL, NO_MODIFIER, SYSTEM
-from iris_core.heap import context_layout
 from iris_core.device.tracing import (
     EVENT_ATOMIC_ADD,
     EVENT_ATOMIC_AND,
@@ -39,6 +38,7 @@ from iris_core.device.tracing import (
     EVENT_STORE,
     DeviceTracing,
 )
+from iris_core.heap import context_layout
 
 HEADER_WORDS = tl.constexpr(context_layout.HEADER_WORDS)  # [rank, world_size, heap_size] before the bases
 

@@ -9,7 +9,7 @@ import time
 import triton
 import triton.language as tl
 
-from iris_core.device.compat import interpreting
+from iris_core.compat import interpreting
 
 # the simulator: how long a flag read first yields the core, doubling up to _MAX_POLL_S
 # while the same flag keeps its value (ranks outnumber cores in tests, and a rank spinning

@@ -24,7 +24,7 @@ import os
 import triton
 import triton.language as tl
 
-from iris_core.device.compat import interpreting
+from iris_core.compat import interpreting
 from iris_core.heap import status
 
 # Defaults are constexpr objects: a jit-to-jit call passes a plain-string default as a value.

@@ -7,7 +7,7 @@ tile position in it; `Tile` a TileView plus the tile's data.
 import triton
 import triton.language as tl
 
-from iris_core.device.compat import aggregate
+from iris_core.compat import aggregate
 
 
 @aggregate

@@ -47,7 +47,7 @@ _OPEN: weakref.WeakSet = weakref.WeakSet()  # the heaps mapped in this process
 _GENERATIONS: dict[tuple, itertools.count] = {}
 
 
-def heap_at(address: int) -> "SharedMemoryHeap | None":
+def heap_at(address: int) -> SharedMemoryHeap | None:
     """The open heap of this process that has a rank's heap base at `address`."""
     for heap in list(_OPEN):
         if not heap.closed and address in heap.heap_bases:

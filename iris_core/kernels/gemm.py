@@ -9,7 +9,7 @@ edges by masking the loads unless EVEN_K). `tile_coords` is the usual grouped or
 import triton
 import triton.language as tl
 
-from iris_core.device.compat import interpreting
+from iris_core.compat import interpreting
 
 # Triton's interpreter computes tl.dot on bfloat16 blocks wrongly (Triton 3.6): under it the
 # operands are widened to float32 first (exact: the products are accumulated in float32 anyway)

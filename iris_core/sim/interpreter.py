@@ -263,6 +263,7 @@ def _patch_builder(ti) -> None:
     with a scalar wherever one meets a tile."""
     builder = ti.InterpreterBuilder
     masked_load, masked_store = builder.create_masked_load, builder.create_masked_store
+    rmw = builder.create_atomic_rmw
     np_dtype = ti._get_np_dtype
     np_dtypes: dict = {}
 
@@ -272,12 +273,14 @@ def _patch_builder(ti) -> None:
             found = np_dtypes[tt_dtype.name] = np_dtype(tt_dtype)
         return found
 
-    def load(self, ptrs, mask, other, cache_modifier, eviction_policy, is_volatile):
+    # `*policy`: the cache arguments as this Triton passes them (3.6: cache_modifier, eviction_policy;
+    # 3.9: cache_policy), handed on untouched
+    def load(self, ptrs, mask, other, *policy):
         dtype_tt = ptrs.get_element_ty()
         dtype_np = cached_np_dtype(dtype_tt)
         run = _dense_run(ptrs.data, mask.data, dtype_np.itemsize)
         if run is None or (other is not None and other.data.dtype != dtype_np):
-            return masked_load(self, ptrs, mask, other, cache_modifier, eviction_policy, is_volatile)
+            return masked_load(self, ptrs, _bool_mask(ti, mask), other, *policy)
         address, lo, hi = run
         if other is None:
             out = np.zeros(ptrs.data.size, dtype_np)
@@ -286,13 +289,16 @@ def _patch_builder(ti) -> None:
         out[lo:hi] = _host_array(address, hi - lo, dtype_np)
         return ti.TensorHandle(out.reshape(ptrs.data.shape), dtype_tt)
 
-    def store(self, ptrs, value, mask, cache_modifier, eviction_policy):
+    def store(self, ptrs, value, mask, *policy):
         run = _dense_run(ptrs.data, mask.data, value.data.itemsize)
         if run is None or value.data.itemsize != max(1, ptrs.get_element_ty().primitive_bitwidth // 8):
-            return masked_store(self, ptrs, value, mask, cache_modifier, eviction_policy)
+            return masked_store(self, ptrs, value, _bool_mask(ti, mask), *policy)
         address, lo, hi = run
         values = np.broadcast_to(value.data, ptrs.data.shape).reshape(-1)
         _host_array(address, hi - lo, values.dtype)[:] = values[lo:hi]
+
+    def atomic_rmw(self, op, ptr, value, mask, *order):
+        return rmw(self, op, ptr, value, _bool_mask(ti, mask), *order)
 
     def addptr(self, ptr, offset):
         # as Triton's (offsets wrap to uint64, times the element size), in one or two array passes, not four
@@ -315,7 +321,16 @@ def _patch_builder(ti) -> None:
 
     ti._get_np_dtype = cached_np_dtype
     builder.create_masked_load, builder.create_masked_store = load, store
+    builder.create_atomic_rmw = atomic_rmw
     builder.create_addptr, builder.create_splat = addptr, broadcast
+
+
+def _bool_mask(ti, mask):
+    """`mask` with bool data: Triton 3.9's C++ loads, stores and atomics refuse any other, and a
+    scalar comparison broadcast and combined with a tile can carry integer 0/1 data."""
+    if mask.data.dtype == np.bool_:
+        return mask
+    return ti.TensorHandle(mask.data != 0, mask.dtype)
 
 
 _DENSE_MIN = 256  # elements: smaller tiles (flags, scalars) keep Triton's own loop

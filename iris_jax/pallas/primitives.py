@@ -28,9 +28,9 @@ import functools
 from typing import Any
 
 import numpy as np
+from jax import tree_util
 from jax._src import core as jax_core
 from jax._src import state
-from jax import tree_util
 from jax._src.state import discharge as state_discharge
 from jax.interpreters import mlir
 

@@ -15,7 +15,7 @@ sys.modules["jax_cuda13_plugin"] = None  # as if JAX's CUDA plugin were not inst
 sys.modules["jax_plugins.xla_cuda13"] = None
 import jax.numpy as jnp
 import iris_jax
-from iris_jax._triton_env import gpu_plugin_present
+from iris_jax.compat import gpu_plugin_present
 assert not gpu_plugin_present()
 print("imported")
 """

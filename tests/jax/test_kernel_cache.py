@@ -2,7 +2,6 @@
 
 import os
 
-import pytest
 import triton
 import triton.language as tl
 
@@ -24,14 +23,13 @@ def _scale_other(x_ptr, out_ptr, n, FACTOR: tl.constexpr, BLOCK: tl.constexpr = 
     tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) + FACTOR, mask=offs < n)
 
 
-def _compile(cache, fn=_scale, **metaparams):
-    from jax_triton import triton_lib
+_OPTIONS = {"num_warps": 4, "num_stages": 3, "num_ctas": 1, "enable_fp_fusion": True, "debug": False}
 
-    backend = triton_lib.get_cuda_backend(0, 90)
+
+def _compile(cache, fn=_scale, **metaparams):
     return kernel_cache.compile_kernel(
-        cache, backend, "cuda", fn, ["*fp32", "*fp32", "i32"], [(2, "i32", 1000)], num_warps=4, num_stages=3,
-        num_ctas=1, compute_capability=90, enable_fp_fusion=True, metaparams={"FACTOR": 2, "BLOCK": 128, "NEGATE": False, **metaparams},
-        dump=False)
+        cache, fn, ["*fp32", "*fp32", "i32"], [(2, "i32", 1000)], options=_OPTIONS, compute_capability=90,
+        metaparams={"FACTOR": 2, "BLOCK": 128, "NEGATE": False, **metaparams})
 
 
 def test_a_second_process_loads_what_the_first_compiled(tmp_path):
@@ -39,7 +37,7 @@ def test_a_second_process_loads_what_the_first_compiled(tmp_path):
     compiled, attrs = _compile(first)
     assert (first.compiled, first.loaded) == (1, 0)
     assert ".visible .entry _scale" in compiled.ptx and "tt.func" in compiled.ttir
-    # what jax-triton's lowering reads: pointers 16-byte aligned, scalars not
+    # what iris's GPU lowering reads: pointers 16-byte aligned, scalars not
     assert attrs == {(0,): [["tt.divisibility", 16]], (1,): [["tt.divisibility", 16]], (2,): []}
     assert _compile(first)[0] is compiled and first.compiled == 1  # memory
     second = kernel_cache.KernelCache(str(tmp_path))  # a new process: same directory, empty memory
@@ -55,14 +53,24 @@ def test_every_input_of_the_ptx_is_in_the_key(tmp_path):
                 _compile(cache, fn=_scale_other)[0]]
     assert cache.compiled == 5 and len({v.ptx for v in [base, *variants]}) == 5
     # constexprs by name (Triton's own source key joins their values without names)
-    from jax_triton import triton_lib
-
-    backend = triton_lib.get_cuda_backend(0, 90)
-    options = backend.parse_options({"num_warps": 4})
-    keys = {kernel_cache.kernel_key(_scale, {"n": "i32"}, constants, {}, options, "sm90")
+    keys = {kernel_cache.kernel_key(_scale, {"n": "i32"}, constants, {}, _OPTIONS, 90)
             for constants in ({"BLOCK": 1}, {"NEGATE": 1})}
     assert len(keys) == 2
-    assert kernel_cache.kernel_key(_scale, {}, {"F": object()}, {}, options, "sm90") is None  # no stable text
+    assert kernel_cache.kernel_key(_scale, {}, {"F": object()}, {}, _OPTIONS, 90) is None  # no stable text
+    # every option and the target are in the key
+    assert kernel_cache.kernel_key(_scale, {}, {}, {}, {**_OPTIONS, "num_warps": 8}, 90) != \
+        kernel_cache.kernel_key(_scale, {}, {}, {}, _OPTIONS, 90) != kernel_cache.kernel_key(_scale, {}, {}, {}, _OPTIONS, 80)
+
+
+def test_a_scalar_equal_to_one_is_compiled_in(tmp_path):
+    cache = kernel_cache.KernelCache(str(tmp_path))
+    one, attrs = kernel_cache.compile_kernel(
+        cache, _scale, ["*fp32", "*fp32", "i32"], [(2, "i32", 1)], options=_OPTIONS, compute_capability=90,
+        metaparams={"FACTOR": 2})
+    other = _compile(cache)[0]
+    assert ".param .u32 _scale_param_2" in other.ptx
+    assert ".param .u32" not in one.ptx  # n is the constant 1: no parameter
+    assert kernel_cache.is_one(1) and not kernel_cache.is_one(True) and not kernel_cache.is_one(1.0)
 
 
 def test_an_unreadable_entry_is_compiled_again(tmp_path):
@@ -95,10 +103,10 @@ def test_the_setting(monkeypatch, tmp_path):
     assert kernel_cache.cache_dir() == os.path.join(str(tmp_path), "iris-jax", "kernels")
 
 
-def test_installed_in_jax_triton_at_import():
-    import iris_jax  # noqa: F401
-    from jax_triton import triton_lib
-
-    if kernel_cache.cache() is None:
-        pytest.skip("IRIS_KERNEL_CACHE_DIR is empty in this environment: the cache is off")
-    assert triton_lib.get_or_create_triton_kernel.__module__ == "iris_jax.kernel_cache"
+def test_the_process_cache_follows_the_setting(monkeypatch, tmp_path):
+    monkeypatch.setattr(kernel_cache, "_state", {})
+    monkeypatch.setenv("IRIS_KERNEL_CACHE_DIR", str(tmp_path))
+    assert kernel_cache.cache().directory == str(tmp_path) and kernel_cache.cache() is kernel_cache.cache()
+    monkeypatch.setattr(kernel_cache, "_state", {})
+    monkeypatch.setenv("IRIS_KERNEL_CACHE_DIR", "")
+    assert kernel_cache.cache().directory is None  # in memory only

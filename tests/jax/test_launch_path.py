@@ -1,55 +1,16 @@
-"""The GPU launch path of iris kernels (iris_jax.gpu_lowering): jax-triton's legacy custom call,
-retargeted to jaxlib's Triton FFI handler registered as command-buffer compatible. Checked
-without a GPU: the custom call is built and rewritten in MLIR."""
+"""The GPU launch target of iris kernels (iris_jax.gpu_lowering): jaxlib's Triton FFI handler,
+registered once more as command-buffer compatible, or jaxlib's own where that is refused.
+Checked without a GPU (the lowering itself: test_gpu_lowering.py)."""
 
 from __future__ import annotations
 
-import contextlib
 import warnings
-import zlib
 from types import SimpleNamespace
 
 import pytest
-from jax._src.interpreters import mlir  # custom_call: the builder jax-triton lowers through
-from jax._src.lib.mlir import ir
-from jax._src.lib.mlir.dialects import func
 
 from iris_core.errors import IrisError
 from iris_jax import gpu_lowering
-
-
-@contextlib.contextmanager
-def _legacy_call(backend_config: bytes):
-    """(module, op): a custom call as jax-triton emits it (api_version 2, the kernel's bytes
-    as backend_config, side effect set as iris's lowering sets it) in a fresh MLIR module."""
-    with mlir.make_ir_context(), ir.Location.unknown():
-        module = ir.Module.create()
-        tensor = ir.RankedTensorType.get([7], ir.F32Type.get())
-        with ir.InsertionPoint(module.body):
-            fn = func.FuncOp("main", ir.FunctionType.get([tensor], [tensor]))
-            with ir.InsertionPoint(fn.add_entry_block()):
-                op = mlir.custom_call("triton_kernel_call", result_types=[tensor], operands=list(fn.arguments),
-                                      backend_config=backend_config, api_version=2, has_side_effect=True)
-                func.ReturnOp(op.results)
-        yield module, op
-
-
-def test_retarget_makes_a_typed_ffi_call_with_the_same_kernel():
-    kernel = zlib.compress(b"serialized TritonAnyKernelCall")
-    with _legacy_call(kernel) as (module, op):
-        gpu_lowering._retarget(op.operation, gpu_lowering.GRAPH_TARGET)
-        assert ir.StringAttr(op.attributes["call_target_name"]).value == gpu_lowering.GRAPH_TARGET
-        assert ir.IntegerAttr(op.attributes["api_version"]).value == 4  # typed FFI
-        config = ir.DictAttr(op.attributes["backend_config"])
-        assert ir.StringAttr(config["opaque"]).value_bytes == kernel
-        assert ir.BoolAttr(op.attributes["has_side_effect"]).value
-        assert module.operation.verify()
-
-
-def test_retarget_refuses_what_is_not_a_compressed_kernel():
-    with _legacy_call(b"not zlib") as (_, op):
-        with pytest.raises(zlib.error):
-            gpu_lowering._retarget(op.operation, gpu_lowering.GRAPH_TARGET)
 
 
 @pytest.fixture

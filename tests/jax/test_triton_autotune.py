@@ -1,6 +1,6 @@
 """@triton.autotune / @triton.heuristics kernels through jax_triton.triton_call on the CPU simulator.
 
-The CPU path takes the first config that survives pruning (iris_jax.cpu_autotune); each kernel
+The CPU path takes the first config that survives pruning (iris_jax.autotune); each kernel
 reports the BLOCK_SIZE it ran with, so the tests check the choice as well as the values.
 """
 
@@ -15,7 +15,7 @@ from jax.sharding import PartitionSpec as P
 from triton.runtime.errors import AutotunerError
 
 import iris_jax
-from iris_jax._triton_env import import_jax_triton
+from iris_jax.compat import jax_triton as import_jax_triton
 from tests.jax import autotune_kernels as kernels
 from tests.jax.helpers import smap, use_runtime
 

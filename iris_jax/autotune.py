@@ -1,30 +1,31 @@
-"""`@triton.autotune` and `@triton.heuristics` on the CPU path: one config, chosen without timing.
+"""`@triton.autotune` and `@triton.heuristics`: one config, chosen without timing, on every platform.
 
-jax-triton's GPU lowering (triton_lib.triton_kernel_call_lowering) compiles every config that
-survives pruning and lets XLA time them on the first run. Under Triton's interpreter timings mean
-nothing, and every simulated rank must run the same kernel (a collective whose ranks tile
-differently pairs up wrongly), so here the first config that survives pruning is taken: the
-choice depends only on shapes, scalars and metaparameters, and is made once per call site while
-lowering, for every rank at once. Otherwise the semantics are jax-triton's:
+jax-triton's GPU lowering compiles every config that survives pruning and has XLA time them on
+the first run, on one device in isolation: ranks of a collective could pick different configs
+(and pair up wrongly), and a kernel that waits on its peers cannot be timed alone. Under Triton's
+interpreter timings mean nothing at all. So iris takes the first config that survives pruning:
+the choice depends only on shapes, scalars and metaparameters, is made once per call site while
+lowering, and is the same on every rank, on GPUs and on the simulator. Otherwise the semantics
+are jax-triton's:
 
 * a config that sets a metaparameter the caller passed with another value is dropped; then
   `prune_configs_by`'s early_config_prune(configs, named_args) and perf_model/top_k as Triton;
 * a config adds its `kwargs` as constexprs; its num_warps / num_stages / num_ctas are compile
-  options (the interpreter has no warps) and are not passed to the kernel;
+  options on GPUs (`ResolvedKernel.options`; the interpreter has no warps);
 * heuristics see {**named_args, **metaparameters so far} and add their value; named_args maps
   each kernel parameter to its ShapedArray (arrays, outputs) or its value (scalars);
 * a Config's pre_hook raises NotImplementedError, as on GPU. The autotuner's own pre_hook,
   post_hook and restore_value wrap Triton's benchmark runs: nothing is benchmarked here (jax-triton
   benchmarks without them), so they are not called.
 
-Two things go beyond jax-triton 0.3.1's GPU lowering: `reset_to_zero` zeroes the named outputs
-(or inputs aliased to outputs) before the launch, where the GPU ignores it (pass zeroed_outputs
-too); heuristics over an autotuner resolve in Triton's order (their values are then metaparameters
-of the autotuner), where the GPU accepts only autotune over heuristics.
+Two things go beyond jax-triton 0.3.1's lowering: `reset_to_zero` zeroes the named outputs (or
+inputs aliased to outputs) before the launch; heuristics over an autotuner resolve in Triton's
+order (their values are then metaparameters of the autotuner).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -39,6 +40,7 @@ class ResolvedKernel:
     kernel: object  # the @triton.jit function at the bottom of the chain
     constexprs: dict  # the caller's metaparameters, the chosen configs' kwargs, the heuristics' values
     reset_outputs: tuple[int, ...]  # outputs the autotuners' reset_to_zero asks to zero
+    options: dict = dataclasses.field(default_factory=dict)  # the chosen configs' num_warps/stages/ctas
 
 
 def resolve_kernel(
@@ -56,16 +58,20 @@ def resolve_kernel(
     named_args = dict(zip(kernel.arg_names, [*args, *outputs]))
     constexprs = dict(metaparams)
     reset_names: list[str] = []
+    options: dict = {}
     while isinstance(kernel, (Autotuner, Heuristics)):
         if isinstance(kernel, Autotuner):
-            constexprs.update(choose_config(kernel, named_args, constexprs).kwargs)
+            config = choose_config(kernel, named_args, constexprs)
+            constexprs.update(config.kwargs)
+            options = {k: getattr(config, k) for k in ("num_warps", "num_stages", "num_ctas")
+                       if getattr(config, k, None) is not None}
             reset_names += kernel.reset_to_zero
         else:
             for name, heuristic in kernel.values.items():
                 constexprs[name] = heuristic({**named_args, **constexprs})
         kernel = kernel.fn
     reset = tuple(sorted({_output_named(kernel, name, len(args), aliases) for name in reset_names}))
-    return ResolvedKernel(kernel, constexprs, reset)
+    return ResolvedKernel(kernel, constexprs, reset, options)
 
 
 def choose_config(autotuner: Autotuner, named_args: Mapping, metaparams: Mapping) -> Config:

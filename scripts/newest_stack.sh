@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Runs the test suite on the newest end of the supported ranges (scripts/stacks/newest.txt:
+# Python 3.13, jax 0.12, jax-triton 0.4, triton 3.9) inside a Debian 13 chroot, since the CPU
+# machines and CI have only Python 3.11. Needs root (debootstrap, chroot, mounts).
+#   bash scripts/newest_stack.sh [pytest args...]     (default: the whole CPU suite)
+# The chroot is built once into $IRIS_CHROOT (default /var/tmp/iris-trixie, about 5 minutes);
+# the repository is bind-mounted at /iris and its venv lives in the chroot (/opt/iris-venv).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+DIR=${IRIS_CHROOT:-/var/tmp/iris-trixie}
+mirror() {  # the Debian mirror this machine's apt uses
+    sed -n 's/^URIs: *//p' /etc/apt/sources.list.d/debian.sources 2>/dev/null | head -1
+}
+if [ ! -x "$DIR/usr/bin/python3.13" ]; then
+    command -v debootstrap >/dev/null || { apt-get update -qq && apt-get install -y -qq debootstrap >/dev/null; }
+    debootstrap --variant=minbase --include=python3,python3-venv,python3-pip,ca-certificates \
+        trixie "$DIR" "$(mirror || true)" >/dev/null
+fi
+# pip inside trusts the host's CA bundle (the chroot's own was refused here)
+cp /etc/ssl/certs/ca-certificates.crt "$DIR/etc/host-ca.crt"
+mkdir -p "$DIR/iris"
+cleanup() {
+    for m in "$DIR/iris" "$DIR/dev/shm" "$DIR/proc"; do
+        mountpoint -q "$m" && umount -l "$m"
+    done
+}
+trap cleanup EXIT
+mountpoint -q "$DIR/proc" || mount -t proc proc "$DIR/proc"
+mountpoint -q "$DIR/dev/shm" || mount --bind /dev/shm "$DIR/dev/shm"  # the simulator's shared memory
+mountpoint -q "$DIR/iris" || mount --bind "$ROOT" "$DIR/iris"
+in_chroot() {
+    chroot "$DIR" env -i HOME=/root PATH=/usr/local/bin:/usr/bin:/bin LANG=C.UTF-8 \
+        PIP_CERT=/etc/host-ca.crt SSL_CERT_FILE=/etc/host-ca.crt PIP_DISABLE_PIP_VERSION_CHECK=1 \
+        IRIS_VENV=/opt/iris-venv IRIS_STACK=newest PYTHON=python3.13 "$@"
+}
+start=$(date +%s)
+in_chroot bash -c 'cd /iris && bash scripts/setup.sh && . /opt/iris-venv/bin/activate &&
+    python -c "import sys, jax, jaxlib, jax_triton, triton; print(\"newest stack: Python\", sys.version.split()[0],
+    \"jax\", jax.__version__, \"jaxlib\", jaxlib.__version__, \"jax-triton\", jax_triton.__version__,
+    \"triton\", triton.__version__)"'
+echo "newest stack: installed in $(( $(date +%s) - start )) s"
+status=0
+in_chroot bash -c 'cd /iris && bash scripts/test.sh "$@"' -- "$@" || status=$?
+exit "$status"

@@ -1,0 +1,115 @@
+"""iris's GPU lowering (iris_jax.gpu_lowering) checked without a GPU: programs lowered for "cuda"
+here, every kernel compiled for sm_90 by Triton, jaxlib's kernel-call objects recorded by a
+stand-in (jaxlib's Triton launcher comes with JAX's CUDA plugin, which CPU machines lack)."""
+
+from __future__ import annotations
+
+import zlib
+from types import SimpleNamespace
+
+import jax
+import jax.numpy as jnp
+import pytest
+import triton
+import triton.language as tl
+from jax.sharding import PartitionSpec as P
+
+import iris_jax
+from iris_jax import compat, gpu_lowering, kernel_cache
+from tests.jax.helpers import use_runtime
+
+
+class _Jaxlib:
+    """Records what the lowering builds with jaxlib's Triton bindings."""
+
+    def __init__(self):
+        self.kernels, self.calls = [], []
+
+    def TritonKernel(self, *args):  # noqa: N802 (jaxlib's name)
+        self.kernels.append(args)
+        return SimpleNamespace(args=args)
+
+    def TritonKernelCall(self, kernel, gx, gy, gz, params):  # noqa: N802
+        call = SimpleNamespace(kernel=kernel, grid=(gx, gy, gz), params=params)
+        self.calls.append(call)
+        call.to_proto = lambda name, metadata: repr((len(self.calls) - 1, name, metadata)).encode()
+        return call
+
+    @staticmethod
+    def create_array_parameter(zeroed_bytes, alignment):
+        return ("array", zeroed_bytes, alignment)
+
+    @staticmethod
+    def create_scalar_parameter(value, dtype):
+        return ("scalar", value, dtype)
+
+    @staticmethod
+    def get_compute_capability(device):
+        return 90
+
+
+@pytest.fixture
+def jaxlib(monkeypatch, tmp_path):
+    fake = _Jaxlib()
+    monkeypatch.setattr(compat, "gpu_triton", lambda: fake)
+    monkeypatch.setattr(gpu_lowering, "_kernels", {})
+    monkeypatch.setattr(kernel_cache, "_state", {"cache": kernel_cache.KernelCache(str(tmp_path))})
+    return fake
+
+
+@triton.jit
+def _scale_into(context_ptr, x_ptr, n, one, factor, out_ptr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    mask = offs < n * one
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) * factor, mask=mask)
+
+
+def _hlo_calls(text: str) -> list[str]:
+    return [line for line in text.splitlines() if "stablehlo.custom_call" in line]
+
+
+def test_a_kernel_call_lowers_to_jaxlibs_launcher(jaxlib):
+    use_runtime(1)
+    step = lambda x: iris_jax.triton_call(x, 37, 1, 2.5, kernel=_scale_into, grid=(1,), BLOCK=64,
+                                          out_shape=jax.ShapeDtypeStruct((37,), jnp.float32), zeroed_outputs=(0,))
+    text = jax.jit(step).trace(jnp.zeros(37, jnp.float32)).lower(lowering_platforms=("cuda",)).as_text()
+    (call_line,) = _hlo_calls(text)
+    assert ("@triton_kernel_call_ffi" in call_line or f"@{gpu_lowering.GRAPH_TARGET}" in call_line)
+    assert "has_side_effect = true" in call_line and "mhlo.backend_config = {opaque" in call_line  # typed FFI
+    (call,) = jaxlib.calls
+    # context row, x, n (i32), the constant 1 compiled in (no parameter), factor (fp64), out zeroed
+    assert call.params == [("array", 0, 16), ("array", 0, 16), ("scalar", 37, "i32"), ("scalar", 2.5, "fp64"),
+                           ("array", 37 * 4, 16)]
+    assert call.grid == (1, 1, 1)
+    ((name, warps, ctas, shared, ptx, ttir, cc),) = jaxlib.kernels
+    assert (name, warps, ctas, cc) == ("_scale_into", 4, 1, 90)
+    assert ".visible .entry _scale_into" in ptx and ".target sm_90" in ptx and "tt.func" in ttir
+
+
+def test_a_collective_lowers_with_its_group_row_and_compiles_for_sm90(jaxlib):
+    use_runtime(2)
+    mesh = jax.sharding.Mesh(jax.devices()[:2], ("x",))
+    f = jax.jit(jax.shard_map(lambda v: iris_jax.psum(v, "x"), mesh=mesh, in_specs=P("x"), out_specs=P()))
+    text = f.trace(jax.ShapeDtypeStruct((2 * 4099,), jnp.float32)).lower(lowering_platforms=("cuda",)).as_text()
+    assert len(_hlo_calls(text)) == len(jaxlib.calls) >= 1
+    for call in jaxlib.calls:
+        kinds = [p[0] for p in call.params]
+        assert kinds[:2] == ["array", "array"]  # the context row, the group row
+        assert all(p[2] == 16 for p in call.params if p[0] == "array")
+    for name, _, _, _, ptx, _, cc in jaxlib.kernels:
+        assert cc == 90 and ".target sm_90" in ptx and "collective_kernel" in name
+
+
+def test_the_launch_target_and_its_opaque_kernel(jaxlib):
+    use_runtime(1)
+    step = lambda x: iris_jax.triton_call(x, 5, 1, 1.0, kernel=_scale_into, grid=(1,), BLOCK=8,
+                                          out_shape=jax.ShapeDtypeStruct((5,), jnp.float32))
+    lowered = jax.jit(step).trace(jnp.zeros(5, jnp.float32)).lower(lowering_platforms=("cuda",))
+    module = lowered.compiler_ir("stablehlo")
+    ops = [op for op in module.body.operations[0].regions[0].blocks[0].operations
+           if op.operation.name == "stablehlo.custom_call"]
+    (op,) = ops
+    from jax._src.lib.mlir import ir
+
+    opaque = ir.StringAttr(ir.DictAttr(op.attributes["mhlo.backend_config"])["opaque"]).value_bytes
+    assert zlib.decompress(opaque) == repr((0, "", b"")).encode()  # jaxlib's proto of the one call, compressed
