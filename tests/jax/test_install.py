@@ -37,3 +37,28 @@ def test_dependencies_need_no_gpu_and_name_no_index():
         text = (ROOT / path).read_text()
         assert "--index-url" not in text and "--extra-index-url" not in text, path
     assert ".venv" in (ROOT / ".gitignore").read_text()
+
+
+def _requirements(lines) -> dict:
+    from packaging.requirements import Requirement
+
+    return {Requirement(line).name: Requirement(line).specifier for line in lines}
+
+
+def _pins(stack: str) -> dict:
+    lines = (ROOT / "scripts" / "stacks" / f"{stack}.txt").read_text().splitlines()
+    return dict(line.split("==") for line in lines if line and not line.startswith("#"))
+
+
+def test_every_range_is_bounded_and_ci_tests_both_of_its_ends():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    ranges = _requirements(project["dependencies"])
+    assert "torch" not in ranges  # CPU users get no torch (and so no CUDA wheel and no triton pin from it)
+    oldest, newest = _pins("oldest"), _pins("newest")
+    for name in ("jax", "jaxlib", "jax-triton", "triton"):
+        spec = ranges[name]
+        lower = [s.version for s in spec if s.operator == ">="]
+        assert lower and any(s.operator == "<" for s in spec), f"{name}: {spec} needs both bounds"
+        assert oldest[name] == lower[0] or oldest[name] == lower[0] + ".0", (name, oldest[name], spec)
+        assert newest[name] in spec and oldest[name] in spec, (name, newest[name], spec)
+    assert project["requires-python"] == ">=3.11,<3.14"
