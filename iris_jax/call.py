@@ -151,6 +151,11 @@ def kernel_arguments(operands: Sequence, scalars: Sequence[tuple], outputs: Sequ
     return args + list(outputs)
 
 
+def aval_nbytes(aval) -> int:
+    """The bytes of an array of `aval`'s shape and dtype."""
+    return int(np.dtype(aval.dtype).itemsize * np.prod(aval.shape, dtype=np.int64))
+
+
 def normalize_grid(grid, constexprs) -> tuple[int, int, int]:
     """A launch grid (an int, a tuple of up to 3, or a function of the constexprs) as 3 ints."""
     grid = grid(constexprs) if callable(grid) else grid

@@ -14,6 +14,9 @@ What moved:
   register a rule of the right arity (`fix_jax_triton`).
 * jax-triton 0.4 bound its primitive with other parameters (`in_tree` of the kernel's arguments,
   `metaparams`, `backend_options`; no `scalar_args`): `jax_triton_call` reads either form.
+* lax.ppermute over a tuple of axes numbered the members in the mesh's axis order up to jax
+  0.11; jax 0.12 numbers them in the tuple's order (as lax.axis_index does) and by default
+  refuses a tuple out of the mesh's order (`raise_on_ppermute_sort_diff`); iris's follows.
 * jaxlib's `TritonKernel` takes the kernel's global scratch size and alignment after 0.11.0.
 * jax-triton 0.3.1 refuses to import unless JAX's CUDA plugin is installed ("jax-triton requires
   JAX to be installed with GPU support"), although iris needs it on CPU-only machines only for
@@ -30,6 +33,7 @@ and builds jaxlib's kernel call itself), so its removed helpers (`get_cuda_backe
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import os
@@ -54,6 +58,18 @@ JAX_VERSION = _version(jax.__version__)
 JAXLIB_VERSION = tuple(jax_lib.version)
 
 
+def _distribution_version(name: str) -> tuple[int, ...]:
+    from importlib import metadata
+
+    try:
+        return _version(metadata.version(name))
+    except metadata.PackageNotFoundError:
+        return ()
+
+
+JAX_TRITON_VERSION = _distribution_version("jax-triton")
+
+
 # -- jaxprs -------------------------------------------------------------------------------
 def closed_jaxpr(jaxpr, consts) -> ClosedJaxpr:
     """`jaxpr` with `consts` as its constants (jax 0.12: the same Jaxpr with consts attached)."""
@@ -63,6 +79,39 @@ def closed_jaxpr(jaxpr, consts) -> ClosedJaxpr:
 def is_jaxpr(value) -> bool:
     """A jaxpr, open or closed (a parameter of a higher-order primitive that holds one)."""
     return isinstance(value, (core.Jaxpr, ClosedJaxpr))
+
+
+# -- lax's own checks -------------------------------------------------------------------------
+PPERMUTE_ORDER_MESSAGE = (
+    "Make sure that the axis_name passed to jax.lax.ppermute is in the same order as the axis_names declared on "
+    "the mesh. If you want to allow different order, you can disable the check via `with "
+    "jax.raise_on_ppermute_sort_diff(False):` context manager.")
+
+
+def ppermute_numbers_in_tuple_order() -> bool:
+    """Whether lax.ppermute numbers a tuple of axes' members in the tuple's order (jax 0.12,
+    which added the check below together with that change) rather than the mesh's."""
+    from jax._src import config
+
+    return hasattr(config, "raise_on_ppermute_sort_diff")
+
+
+def ppermute_axis_order_checked() -> bool:
+    """Whether lax.ppermute refuses axes out of the mesh's order here (jax 0.12, by default)."""
+    from jax._src import config
+
+    flag = getattr(config, "raise_on_ppermute_sort_diff", None)
+    return bool(flag.value) if flag is not None else False
+
+
+def ppermute_in_any_axis_order():
+    """A context in which lax.ppermute takes axes in any order (a no-op where it always does).
+    jax 0.12's message names `jax.raise_on_ppermute_sort_diff`, which that release does not
+    export: the switch is its config state."""
+    from jax._src import config
+
+    switch = getattr(config, "raise_on_ppermute_sort_diff", None)
+    return switch(False) if switch is not None else contextlib.nullcontext()
 
 
 # -- jaxlib's Triton launcher -----------------------------------------------------------------
@@ -218,13 +267,16 @@ def _jax_triton_04_call(params: dict) -> KernelCall:
     if outputs_at != list(range(len(leaves) - len(outputs_at), len(leaves))):
         raise NotImplementedError("iris's lowering of jax_triton.triton_call needs the kernel's outputs after its "
                                   "inputs (as jax-triton 0.3 requires)")
+    # its aliases count the inputs, scalars included (0.3.1 counts the arrays only)
+    inputs = [leaf is marker for leaf in leaves if not isinstance(leaf, triton_lib._OutputPlaceholder)]
+    aliases = tuple((sum(inputs[:i]), o) for i, o in dict(params["input_output_aliases"]).items())
     backend = dict(params.get("backend_options") or {})
     return KernelCall(
         fn=params["fn"], scalars=tuple(scalars), result_params=tuple(result_params),
         metaparams=dict(params["metaparams"]),
         options={k: backend.get(k) for k in ("num_warps", "num_stages", "num_ctas", "enable_fp_fusion", "debug")},
-        grid=params["grid"], input_output_aliases=tuple(dict(params["input_output_aliases"]).items()),
-        zeroed_outputs=params["zeroed_outputs"], name=params.get("name", ""))
+        grid=params["grid"], input_output_aliases=aliases, zeroed_outputs=params["zeroed_outputs"],
+        name=params.get("name", ""))
 
 
 def fix_jax_triton(primitive) -> None:

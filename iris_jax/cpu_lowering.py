@@ -28,7 +28,7 @@ from iris_jax import _runtime as runtime_lib
 from iris_jax import compat, cpu_execution
 from iris_jax._ffi import register_cpu_target
 from iris_jax.autotune import resolve_kernel
-from iris_jax.call import iris_triton_call_p, normalize_grid
+from iris_jax.call import aval_nbytes, iris_triton_call_p, normalize_grid
 from iris_jax.operands import extra_operands
 
 _CALL_PARAMS = {"name", "custom_call_target_name", "num_warps", "num_stages", "num_ctas",
@@ -84,13 +84,13 @@ def _lower(ctx, operands, avals_in, *, pass_context, fn, scalar_args, out_shapes
         kernel=launch.kernel, grid=tuple(normalize_grid(grid, launch.constexprs)),
         scalars=scalars, constexprs=launch.constexprs,
         operand_dtypes=tuple(np.dtype(a.dtype) for a in avals_in),
-        operand_nbytes=tuple(_nbytes(a) for a in avals_in),
+        operand_nbytes=tuple(aval_nbytes(a) for a in avals_in),
         result_dtypes=tuple(np.dtype(s.dtype) for s in out_shapes),
-        result_nbytes=tuple(_nbytes(s) for s in out_shapes),
+        result_nbytes=tuple(aval_nbytes(s) for s in out_shapes),
         zeroed=tuple(zeroed), result_params=result_params, symmetric=tuple(symmetric), pass_context=pass_context,
         runtime=weakref.ref(runtime_lib.runtime()), debug=bool(debug))
     if group_axes:
-        spec = dataclasses.replace(spec, group_nbytes=_nbytes(extra_avals[1]), site=_site(ctx),
+        spec = dataclasses.replace(spec, group_nbytes=aval_nbytes(extra_avals[1]), site=_site(ctx),
                                    **_signature(spec, avals_in))
     # the custom call's operands are [context row, group row?, *operands, previous result?]
     offset = len(extra) - (1 if pass_context else 0)
@@ -176,24 +176,19 @@ _last_call: dict = {}
 
 def _previous_call(ctx):
     block = mlir.ir.InsertionPoint.current.block
-    entry = _last_call.get(_module_key(ctx))
-    if entry is None or entry[0] != block:
+    entry = _last_call.get(id(ctx.module_context.module))
+    if entry is None or entry[0] is not ctx.module_context.module or entry[1] != block:
         return None
-    return entry[1], entry[2]
+    return entry[2], entry[3]
 
 
 def _remember_call(ctx, value, aval) -> None:
     if len(_last_call) > 64:  # modules lowered long ago: their values are dead
         _last_call.clear()
-    _last_call[_module_key(ctx)] = (mlir.ir.InsertionPoint.current.block, value, aval)
-
-
-def _module_key(ctx):
-    return id(ctx.module_context.module)
-
-
-def _nbytes(aval) -> int:
-    return int(np.dtype(aval.dtype).itemsize * np.prod(aval.shape, dtype=np.int64))
+    # the entry holds its module: a module freed while its values were kept (and its id reused by
+    # a new one) would hand a dead block to the comparison above
+    module = ctx.module_context.module
+    _last_call[id(module)] = (module, mlir.ir.InsertionPoint.current.block, value, aval)
 
 
 def _iris_lowering(ctx, device_index, *args, fn, **params):

@@ -26,7 +26,7 @@ from jax.interpreters import mlir
 from iris_core.errors import IrisError
 from iris_jax import compat, kernel_cache
 from iris_jax.autotune import resolve_kernel
-from iris_jax.call import iris_triton_call_p, kernel_arguments, normalize_grid
+from iris_jax.call import aval_nbytes, iris_triton_call_p, kernel_arguments, normalize_grid
 from iris_jax.operands import extra_operands
 
 _DEFAULTS = {"num_warps": 4, "num_stages": 3, "num_ctas": 1, "enable_fp_fusion": True, "debug": False}
@@ -64,11 +64,11 @@ def launch(ctx, operand_avals, *, fn, scalars, aliases, metaparams, options, gri
     if options["num_ctas"] > 1 and cc < 90:
         raise IrisError(f"num_ctas={options['num_ctas']} needs compute capability 9.0 or later (this GPU: {cc})")
     arg_types = [compat.triton_type(a) for a in args]
-    compiled, attrs = kernel_cache.compile_kernel(
+    compiled, _ = kernel_cache.compile_kernel(
         kernel_cache.cache(), resolved.kernel, arg_types, [(i, arg_types[i], v) for i, _, v in scalars],
         options=options, compute_capability=cc, metaparams=resolved.constexprs)
     zeroed = zeroed_outputs(resolved.constexprs) if callable(zeroed_outputs) else zeroed_outputs
-    zeroed_bytes = {len(args) - len(ctx.avals_out) + o: _nbytes(ctx.avals_out[o])
+    zeroed_bytes = {len(args) - len(ctx.avals_out) + o: aval_nbytes(ctx.avals_out[o])
                     for o in {*zeroed, *resolved.reset_outputs}}
     lib = compat.gpu_triton()
     params = []
@@ -101,10 +101,6 @@ def _python(value):
     if isinstance(value, (int, np.integer)):
         return int(value)
     return float(value)
-
-
-def _nbytes(aval) -> int:
-    return int(np.dtype(aval.dtype).itemsize * np.prod(aval.shape, dtype=np.int64))
 
 
 _kernels: dict = {}  # jaxlib TritonKernel objects by compile (each loads its module once)

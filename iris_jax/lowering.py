@@ -27,6 +27,7 @@ import numpy as np
 from iris_core.collectives import kernels as K
 from iris_core.collectives import kinds
 from iris_core.collectives.workspace import MAX_PROGRAMS
+from iris_jax import compat
 from iris_jax import _runtime as runtime_lib
 from iris_jax.call import triton_call
 from iris_jax.call import varying_axes as _vma
@@ -50,17 +51,27 @@ def group_size(axes) -> int:
 
 
 def group_positions(axes) -> list[int]:
-    """lax.ppermute numbers the members of a tuple of axes in the mesh's axis order, whatever
-    the tuple's order; the kernel's group (like lax.axis_index) in the tuple's order. Entry i:
+    """The kernel's group numbers the members of a tuple of axes in the tuple's order (like
+    lax.axis_index); lax.ppermute did so in the mesh's axis order before jax 0.12. Entry i:
     the kernel's position of lax.ppermute's member i."""
     mesh = jax.sharding.get_abstract_mesh()
     sizes = [mesh.shape[a] for a in axes]
+    if compat.ppermute_numbers_in_tuple_order():
+        return list(range(math.prod(sizes)))
     in_mesh_order = sorted(range(len(axes)), key=lambda k: list(mesh.axis_names).index(axes[k]))
     positions = [0] * math.prod(sizes)
     for position, coords in enumerate(np.ndindex(*sizes)):  # coords along axes, tuple order
         positions[int(np.ravel_multi_index([coords[k] for k in in_mesh_order],
                                            [sizes[k] for k in in_mesh_order]))] = position
     return positions
+
+
+def _out_of_mesh_order(axes) -> bool:
+    """Whether a tuple of axes numbers its members otherwise than the mesh's order would (axes
+    of size 1 reorder nothing)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    sized = [a for a in axes if mesh.shape[a] > 1]
+    return sized != sorted(sized, key=list(mesh.axis_names).index)
 
 
 # -- from lax's parameters to kernel launches ---------------------------------------------
@@ -106,6 +117,8 @@ def lower(collective, params: dict, config: CollectiveConfig, *xs) -> list:
         if bad:  # lax then indexes its group with them (IndexError), negative ones from the end
             raise ValueError(f"ppermute indices must lie in [-{G}, {G}) for a group of {G} members, got {bad[0]} "
                              f"in {params['perm']}.")
+        if compat.ppermute_axis_order_checked() and _out_of_mesh_order(axes):
+            raise RuntimeError(compat.PPERMUTE_ORDER_MESSAGE)  # lax's, where this JAX checks it
         member = group_positions(axes)
         sources = [-1] * G
         for src, dst in perm:

@@ -17,8 +17,10 @@ if [ ! -x "$DIR/usr/bin/python3.13" ]; then
     debootstrap --variant=minbase --include=python3,python3-venv,python3-pip,ca-certificates \
         trixie "$DIR" "$(mirror || true)" >/dev/null
 fi
-# pip inside trusts the host's CA bundle (the chroot's own was refused here)
+# pip inside trusts the host's CA bundle (the chroot's own was refused here); the host's names
+# resolve inside (jax.distributed's gloo transport looks up this machine's hostname)
 cp /etc/ssl/certs/ca-certificates.crt "$DIR/etc/host-ca.crt"
+cp /etc/hosts /etc/resolv.conf "$DIR/etc/"
 mkdir -p "$DIR/iris"
 cleanup() {
     for m in "$DIR/iris" "$DIR/dev/shm" "$DIR/proc"; do

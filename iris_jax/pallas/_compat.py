@@ -1,8 +1,9 @@
 """Which JAX versions iris_jax.pallas supports, and a clear error elsewhere.
 
 It builds on private parts of JAX's Pallas (the Triton backend's lowering-rule table and
-helpers, the state-discharge rule registry), read from jax 0.10.2 and 0.11.2, and
-tested with jax 0.10.2 (simulator) and 0.11.2 (GPUs, Triton backend).
+helpers, the state-discharge rule registry), read from jax 0.10.2, 0.11.2 and 0.12.0.1, and
+tested with jax 0.10.2 and 0.12.0.1 (simulator; 0.12 also lowered for GPUs on the CPU) and 0.11.2
+(GPUs, Triton backend).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import jax
 
 from iris_core.errors import IrisError
 
-TESTED = {"simulator": "0.10.2", "GPUs": "0.11.2"}
+TESTED = {"simulator": "0.10.2 and 0.12.0.1", "GPUs": "0.11.2"}
 
 _NEEDED = {
     "jax._src.pallas.triton.lowering": (
@@ -58,3 +59,12 @@ def require() -> None:
             f"iris_jax.pallas (experimental) cannot work with jax {jax.__version__}: it lacks "
             f"{', '.join(absent)}. Tested: jax {TESTED['simulator']} (simulator) and {TESTED['GPUs']} "
             "(GPUs, Pallas's Triton backend).")
+
+
+def pointers_from_indices(ref_ptr, block_info, indexer):
+    """(the ref's pointers at `indexer`, the mask of its in-bounds lanes or None): jax 0.12's
+    helper returns both; before, only the pointers (every lane in bounds)."""
+    from jax._src.pallas.triton import lowering
+
+    pointers = lowering._compute_pointers_from_indices(ref_ptr, block_info, indexer)
+    return pointers if isinstance(pointers, tuple) else (pointers, None)

@@ -4,7 +4,8 @@ The symmetric ref arrives as its root `!tt.ptr` plus block info; Pallas's own he
 turn the indexers into a tensor of pointers. We then translate them to the peer's heap
 (`bases[rank] + (ptr - bases[me])`, one translation for every op; bases from the
 context words, each an int64) and emit an ordinary Triton load, store or atomic.
-The helpers used here have the same signatures in jax 0.10.2 and 0.11.2.
+The helpers used here have the same signatures in jax 0.10.2, 0.11.2 and 0.12, but for the
+pointer helper (iris_jax.pallas._compat.pointers_from_indices).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from jax._src.pallas.triton import lowering as pl_triton
 from jax._src.state import indexing
 
 from iris_core.heap.context_layout import HEADER_WORDS
+from iris_jax.pallas import _compat
 from iris_jax.pallas.primitives import iris_rma_p, iris_sync_threads_p
 
 _SEM = {"relaxed": "RELAXED", "acquire": "ACQUIRE", "release": "RELEASE", "acq_rel": "ACQUIRE_RELEASE"}
@@ -59,7 +61,8 @@ def _pointers(ctx, ref_ptr, transforms, ref_aval):
         raise NotImplementedError("iris ops on a Pallas ref take at most one indexer (ref.at[...] once)")
     indexer = transforms[0] if transforms else indexing.NDIndexer.make_trivial_indexer(ref_aval.shape)
     shape = tuple(indexer.get_indexer_shape_static())
-    return pl_triton._compute_pointers_from_indices(ref_ptr, block_info, indexer), shape
+    pointers, in_bounds = _compat.pointers_from_indices(ref_ptr, block_info, indexer)
+    return pointers, in_bounds, shape
 
 
 def _operand(value, aval, shape, dtype=None):
@@ -74,10 +77,12 @@ def _lowering(ctx, *args_flat, args_tree, op, slot, sem, scope, volatile, cache_
     a = tree_util.tree_unflatten(args_tree, args_flat)
     avals = tree_util.tree_unflatten(args_tree, ctx.avals_in)
     dtype = np.dtype(avals.ref.dtype)
-    pointers, shape = _pointers(ctx, a.ref, a.transforms, avals.ref)
+    pointers, in_bounds, shape = _pointers(ctx, a.ref, a.transforms, avals.ref)
     rank = _operand(a.rank, avals.rank, ())
     pointers = translate(a.ctx, pointers, rank)
     mask = None if a.mask is None else _operand(a.mask, avals.mask, shape)
+    if in_bounds is not None:
+        mask = in_bounds if mask is None else arith.andi(mask, in_bounds)
     if op == "load":
         other = None if a.other is None else _operand(a.other, avals.other, shape, dtype)
         return [pl_triton._load(pointers, mask=mask, other=other, cache_modifier=cache_modifier,

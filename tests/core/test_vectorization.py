@@ -36,8 +36,9 @@ def _accesses(ptx: str) -> set:
 
 
 def _atomics(ptx: str) -> set:
-    """The kinds of atomics in `ptx`, with their semantics and scope."""
-    return set(re.findall(r"\b(?:atom|red)\.[a-z0-9._]+", ptx))
+    """The kinds of atomics in `ptx`, with their semantics and scope; a `red` (the form without a
+    result, which Triton 3.9 emits where the old value is unused) counts as the `atom` it replaces."""
+    return {"atom." + op for op in re.findall(r"\b(?:atom|red)\.([a-z0-9._]+)", ptx)}
 
 
 def _fences(ptx: str) -> set:

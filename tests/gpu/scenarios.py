@@ -397,7 +397,7 @@ def kernels(world: World) -> None:
         world.expect("fori_loop with check_vma", world.shard(out, me), np.full(n, 1 + 10 * me / 2))
     iris_jax.barrier()
 
-    for mode, target in (("ffi", "iris_triton_kernel_call"), ("legacy", "triton_kernel_call")):
+    for mode, target in (("ffi", "iris_triton_kernel_call"), ("legacy", "triton_kernel_call_ffi")):
         with _settings({"IRIS_TRITON_CALL": mode}):
             xs = np.arange(W * 301, dtype=np.float32).reshape(W, 301)
             x = world.put(xs)

@@ -183,10 +183,10 @@ def test_device_barrier(setup):
     np.testing.assert_array_equal(np.asarray(y), np.arange(W * 3.0) * 2)
 
 
-@pytest.mark.parametrize("mode,target", [("ffi", "iris_triton_kernel_call"), ("legacy", "triton_kernel_call")])
+@pytest.mark.parametrize("mode,target", [("ffi", "iris_triton_kernel_call"), ("legacy", "triton_kernel_call_ffi")])
 def test_launch_path_in_the_compiled_program(setup, monkeypatch, mode, target):
     """iris kernels reach XLA as the command-buffer-compatible FFI call (default) or, with
-    IRIS_TRITON_CALL=legacy, as jax-triton's own call; both compute the same thing."""
+    IRIS_TRITON_CALL=legacy, as jaxlib's own host-launched one; both compute the same thing."""
     import jax
     import jax.numpy as jnp
     from jax.sharding import NamedSharding

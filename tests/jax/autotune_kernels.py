@@ -33,6 +33,13 @@ def sum_into(x_ptr, n, acc_ptr, out_ptr, BLOCK_SIZE: tl.constexpr):
 
 
 @triton.jit
+def sum_into_aliased(x_ptr, n, acc_ptr, BLOCK_SIZE: tl.constexpr):
+    """sum_into in jax-triton 0.4's convention: an output aliased to an input has no parameter of
+    its own (acc_ptr is the output)."""
+    sum_into(x_ptr, n, acc_ptr, acc_ptr, BLOCK_SIZE)
+
+
+@triton.jit
 def sum_into_with_context(context_ptr, x_ptr, n, acc_ptr, out_ptr, BLOCK_SIZE: tl.constexpr):
     """sum_into as an iris kernel (the context comes first; unused)."""
     sum_into(x_ptr, n, acc_ptr, out_ptr, BLOCK_SIZE)

@@ -15,6 +15,7 @@ from jax.sharding import PartitionSpec as P
 from triton.runtime.errors import AutotunerError
 
 import iris_jax
+from iris_jax import compat
 from iris_jax.compat import jax_triton as import_jax_triton
 from tests.jax import autotune_kernels as kernels
 from tests.jax.helpers import smap, use_runtime
@@ -134,6 +135,14 @@ def test_autotune_over_heuristics_matmul():
 
 
 def test_heuristics_over_autotune_over_heuristics_matmul():
+    if compat.JAX_TRITON_VERSION >= (0, 4):
+        # jax-triton 0.4's own triton_call reads the kernel's parameters off the outermost wrapper,
+        # which an autotuner under heuristics lacks: it refuses the kernel before any lowering
+        kernel = triton.heuristics({"BLOCK_SIZE_M": lambda a: 16})(triton.autotune(
+            [triton.Config({"BLOCK_SIZE_K": 8})], key=["K"])(kernels.matmul))
+        with pytest.raises(AttributeError, match="params"):
+            check_matmul(kernel, 12, 20, 24, BLOCK_SIZE_N=16)
+        return
     inner, returned = divisible_recorder()
     configs = [triton.Config({"BLOCK_SIZE_K": 8}), triton.Config({"BLOCK_SIZE_K": 16})]
     tile = lambda dim: lambda args: min(16, triton.next_power_of_2(args[dim]))
@@ -153,22 +162,27 @@ def test_reset_to_zero_zeroes_the_atomic_output(call, reset):
         "jax_triton": (kernels.sum_into, jax_triton.triton_call),
         "iris_jax": (kernels.sum_into_with_context, iris_jax.triton_call),
     }[call]
+    aliases = {1: 0}
+    if call == "jax_triton" and compat.JAX_TRITON_VERSION >= (0, 4):
+        # no parameter for the aliased output, and aliases count the scalars among the inputs
+        plain, reset, aliases = kernels.sum_into_aliased, "acc_ptr" if reset else None, {2: 0}
     kernel = triton.autotune(CONFIGS[:2], key=["n"], reset_to_zero=[reset] if reset else None)(plain)
     grid = lambda meta: (triton.cdiv(N, meta["BLOCK_SIZE"]),)
     f = jax.jit(
-        lambda x, acc: triton_call(x, N, acc, kernel=kernel, out_shape=acc, input_output_aliases={1: 0}, grid=grid)
+        lambda x, acc: triton_call(x, N, acc, kernel=kernel, out_shape=acc, input_output_aliases=aliases, grid=grid)
     )
     x, _ = inputs()
     out = np.asarray(f(x, jnp.full((1,), 100.0, jnp.float32)))
     np.testing.assert_allclose(out[0], x.sum() + (0.0 if reset else 100.0), rtol=1e-5)
 
 
-@pytest.mark.parametrize("reset,match", [("acc_ptr", "read-only"), ("total", "not a parameter")])
+# (triton 3.9 refuses a name that is not a parameter itself, in its words)
+@pytest.mark.parametrize("reset,match", [("acc_ptr", "read-only"), ("total", "not a parameter|not kernel arguments")])
 def test_reset_to_zero_of_something_else_says_what_to_pass(reset, match):
-    kernel = triton.autotune(CONFIGS[:1], key=["n"], reset_to_zero=[reset])(kernels.sum_into)
     x, _ = inputs()
     acc = jnp.zeros((1,), jnp.float32)
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(ValueError, match=match):  # (triton 3.9 checks the names when the autotuner is made)
+        kernel = triton.autotune(CONFIGS[:1], key=["n"], reset_to_zero=[reset])(kernels.sum_into)
         jax_triton.triton_call(x, N, acc, kernel=kernel, out_shape=acc, grid=(3,))
 
 
