@@ -25,8 +25,9 @@ stays in the domain). An iris collective equation then runs as:
 
 One mesh axis over two domains (a "gpu" axis of 8 over two hosts of 4) is across: lay the
 mesh out with one axis per level, e.g. ("node", "gpu"), so that iris runs within the node.
-The decision is made where the devices are known, at lowering (`lower_across`); `plan`
-states the same parts for `iris_jax.explain`.
+The decision is made where the devices are known, at lowering (iris_jax.rules.lower_across);
+iris_jax.rules.plan states the same parts for `iris_jax.explain`. Each collective's rule
+(iris_jax.rules) names its composition; the compositions are here.
 """
 
 from __future__ import annotations
@@ -36,13 +37,9 @@ import math
 
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 from jax._src.lax import parallel as lax_parallel
 
 from iris_jax import lowering
-
-_REDUCTIONS = ("psum", "psum_invariant", "pmax", "pmin")
-_GATHERS = ("all_gather", "all_gather_invariant")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,98 +79,100 @@ def scatters_hierarchically(nbytes: int, config) -> bool:
     return nbytes >= config.scatter_hierarchy_from
 
 
-# -- what runs where (explain) ---------------------------------------------------------------
-def plan(name: str, params: dict, nbytes: int, sizes: dict, inside: tuple, across: tuple, config) -> list[Part]:
-    """The steps of collective `name` (a lax primitive name) whose axes split into `inside`
-    and `across` (`sizes`: the mesh's axis sizes; `nbytes`: per rank)."""
-    from iris_jax.rewrite import COLLECTIVES, axes_of
-
-    op, axes = COLLECTIVES[name], axes_of(params)
-    if not across:
-        return [Part(op, axes, True, "", nbytes)]
-    if name == "pbroadcast":
-        return [dataclasses.replace(p, why=f"pbroadcast over {axes} as a one-hot psum: {p.why}")
-                for p in plan("psum_invariant", {"axes": axes}, nbytes, sizes, inside, across, config)]
+# -- the compositions: each collective's rule (iris_jax.rules) picks one ------------------------
+# plan_*: the steps for `explain`; lower_*: the program, at lowering, inside the manual mesh.
+def plan_on_xla(name: str, axes: tuple, nbytes: int, inside: tuple) -> list[Part]:
+    """No composition: XLA runs the whole call."""
     if not inside:
-        return [Part(op, axes, False, f"every axis of {axes} crosses domains", nbytes)]
-    whole = f"{op} over {axes}"
-    if name in _REDUCTIONS:
-        if name in ("psum", "psum_invariant") and scatters_hierarchically(nbytes, config):
-            share = math.ceil(nbytes / math.prod(sizes[a] for a in inside))
-            return [Part("psum_scatter", inside, True, f"{whole} 1/3: inside domains", nbytes),
-                    Part(op, across, False, f"{whole} 2/3: across domains, 1/{nbytes // share} of the data", share),
-                    Part("all_gather", inside, True, f"{whole} 3/3: inside domains", share)]
-        return [Part(op, inside, True, f"{whole} 1/2: inside domains", nbytes),
-                Part(op, across, False, f"{whole} 2/2: across domains", nbytes)]
-    if name in _GATHERS or name in ("reduce_scatter", "all_to_all"):
-        steps = runs(axes, inside)
-        if name in _GATHERS:
-            steps = steps[::-1]
-        parts, size = [], nbytes
-        for k, (run, on_iris) in enumerate(steps, 1):
-            where = "inside domains" if on_iris else "across domains"
-            parts.append(Part(op, run, on_iris, f"{whole} {k}/{len(steps)}: {where}", size))
-            g = math.prod(sizes[a] for a in run)
-            size = size * g if name in _GATHERS else size // g if name == "reduce_scatter" else size
-        return parts
-    return [Part(op, axes, False, f"{whole} spans domains and has no hierarchical composition here", nbytes)]
+        return [Part(name, axes, False, f"every axis of {axes} crosses domains", nbytes)]
+    return [Part(name, axes, False, f"{name} over {axes} spans domains and has no hierarchical composition here",
+                 nbytes)]
 
 
-# -- the composition (lowering) ------------------------------------------------------------
-def lower_across(collective, params: dict, config, inside: tuple, across: tuple, *xs) -> list:
-    """The outputs of the lax `collective` over operands `xs` whose axes span domains (see
-    the module docstring); runs at lowering, inside the manual mesh, like lowering.lower."""
-    name = collective.name
-    if name == "pvary":
-        return list(xs)
-    if name == "pbroadcast":
-        axes = tuple(params["axis_name"])
-        source = lax.axis_index(axes) == params["source"]
-        masked = [jnp.where(source, x, jnp.zeros_like(x)) for x in xs]
-        return lower_across(lax_parallel.psum_invariant_p, {"axes": axes}, config, inside, across, *masked)
-    if not inside or name not in (*_REDUCTIONS, *_GATHERS, "reduce_scatter", "all_to_all"):
-        return [_xla(collective, x, params) for x in xs]
-    if name in _REDUCTIONS:
-        nbytes = sum(x.size for x in xs) * xs[0].dtype.itemsize
-        if name in ("psum", "psum_invariant") and scatters_hierarchically(nbytes, config):
-            return _psum_scattered(collective, params, config, inside, across, xs)
-        partial = lowering.lower(collective, {**params, "axes": inside}, config, *xs)
-        return [_xla(collective, y, {**params, "axes": across}) for y in partial]
+def lower_on_xla(collective, params, xs) -> list:
+    return [_xla(collective, x, params) for x in xs]
+
+
+def plan_reduction(name: str, axes: tuple, nbytes: int, sizes: dict, inside: tuple, across: tuple, config,
+                   hierarchical: bool) -> list[Part]:
+    """iris inside then XLA across; a sum from `config.scatter_hierarchy_from` bytes per rank
+    (`hierarchical`) as iris psum_scatter inside, XLA psum across on the share, iris all_gather."""
+    if not inside:
+        return plan_on_xla(name, axes, nbytes, inside)
+    whole = f"{name} over {axes}"
+    if hierarchical and scatters_hierarchically(nbytes, config):
+        share = math.ceil(nbytes / math.prod(sizes[a] for a in inside))
+        return [Part("psum_scatter", inside, True, f"{whole} 1/3: inside domains", nbytes),
+                Part(name, across, False, f"{whole} 2/3: across domains, 1/{nbytes // share} of the data", share),
+                Part("all_gather", inside, True, f"{whole} 3/3: inside domains", share)]
+    return [Part(name, inside, True, f"{whole} 1/2: inside domains", nbytes),
+            Part(name, across, False, f"{whole} 2/2: across domains", nbytes)]
+
+
+def lower_reduction(collective, params, config, inside, across, xs, hierarchical: bool) -> list:
+    from iris_jax import rules
+
+    if not inside:
+        return lower_on_xla(collective, params, xs)
+    nbytes = sum(x.size for x in xs) * xs[0].dtype.itemsize
+    if hierarchical and scatters_hierarchically(nbytes, config):
+        return _psum_scattered(collective, params, config, inside, across, xs)
+    partial = rules.lower(collective, {**params, "axes": inside}, config, *xs)
+    return [_xla(collective, y, {**params, "axes": across}) for y in partial]
+
+
+def plan_by_runs(name: str, axes: tuple, nbytes: int, sizes: dict, inside: tuple, *, last_run_first: bool,
+                 bytes_after) -> list[Part]:
+    """One step per run of consecutive axes of one kind; `bytes_after(nbytes, g)`: a step's
+    bytes per rank out of its input's, over a run of g members."""
+    if not inside:
+        return plan_on_xla(name, axes, nbytes, inside)
+    steps = runs(axes, inside)
+    if last_run_first:
+        steps = steps[::-1]
+    parts, size, whole = [], nbytes, f"{name} over {axes}"
+    for k, (run, on_iris) in enumerate(steps, 1):
+        where = "inside domains" if on_iris else "across domains"
+        parts.append(Part(name, run, on_iris, f"{whole} {k}/{len(steps)}: {where}", size))
+        size = bytes_after(size, math.prod(sizes[a] for a in run))
+    return parts
+
+
+def lower_gather_by_runs(collective, params, config, inside, xs) -> list:
+    """One untiled gather per run, last run first, so that members come out in the tuple's order."""
+    if not inside:
+        return lower_on_xla(collective, params, xs)
     axes = tuple(params["axis_name"])
-    if name == "all_to_all":
-        return _all_to_all(collective, params, config, inside, axes, xs)
-    if name in _GATHERS:
-        d, tiled, G = params["all_gather_dimension"], params["tiled"], math.prod(_sizes(axes))
-        ys = list(xs)
-        for run, on_iris in runs(axes, inside)[::-1]:  # the last axis varies fastest in the result
-            step = {**params, "axis_name": run, "all_gather_dimension": 0, "axis_size": math.prod(_sizes(run)),
-                    "tiled": False}
-            ys = _run(collective, step, config, on_iris, ys)
-        outs = [jnp.moveaxis(y.reshape(G, *x.shape), 0, d) for y, x in zip(ys, xs)]
-        return [o.reshape(*x.shape[:d], G * x.shape[d], *x.shape[d + 1:]) if tiled else o for o, x in zip(outs, xs)]
+    d, tiled, G = params["all_gather_dimension"], params["tiled"], math.prod(_sizes(axes))
+    ys = list(xs)
+    for run, on_iris in runs(axes, inside)[::-1]:  # the last axis varies fastest in the result
+        step = {**params, "axis_name": run, "all_gather_dimension": 0, "axis_size": math.prod(_sizes(run)),
+                "tiled": False}
+        ys = _run(collective, step, config, on_iris, ys)
+    outs = [jnp.moveaxis(y.reshape(G, *x.shape), 0, d) for y, x in zip(ys, xs)]
+    return [o.reshape(*x.shape[:d], G * x.shape[d], *x.shape[d + 1:]) if tiled else o for o, x in zip(outs, xs)]
+
+
+def lower_scatter_by_runs(collective, params, config, inside, xs) -> list:
+    """One tiled scatter per run, first run first (the first axis picks the largest block)."""
+    if not inside:
+        return lower_on_xla(collective, params, xs)
+    axes = tuple(params["axis_name"])
     d, tiled = params["scatter_dimension"], params["tiled"]
     ys = [jnp.moveaxis(x, d, 0) for x in xs]
-    for run, on_iris in runs(axes, inside):  # the first axis picks the largest block
+    for run, on_iris in runs(axes, inside):
         step = {**params, "axis_name": run, "scatter_dimension": 0, "axis_size": math.prod(_sizes(run)),
                 "tiled": True}
         ys = _run(collective, step, config, on_iris, ys)
     return [jnp.moveaxis(y, 0, d) if tiled else y.reshape(y.shape[1:]) for y in ys]
 
 
-def _psum_scattered(collective, params, config, inside, across, xs) -> list:
-    """iris psum_scatter inside, XLA psum across on each rank's share, iris all_gather inside."""
-    G = math.prod(_sizes(inside))
-    rows = [jnp.pad(x.reshape(-1), (0, -x.size % G)).reshape(G, -1) for x in xs]
-    scatter = dict(axis_name=inside, scatter_dimension=0, axis_index_groups=None, axis_size=G, tiled=False)
-    shares = lowering.lower(lax_parallel.reduce_scatter_p, scatter, config, *rows)
-    summed = [_xla(collective, s, {**params, "axes": across}) for s in shares]
-    gather = dict(axis_name=inside, all_gather_dimension=0, axis_index_groups=None, axis_size=G, tiled=False)
-    gathered = lowering.lower(lax_parallel.all_gather_invariant_p, gather, config, *summed)
-    return [g.reshape(-1)[:x.size].reshape(x.shape) for g, x in zip(gathered, xs)]
-
-
-def _all_to_all(collective, params, config, inside, axes, xs) -> list:
-    """One all_to_all per run of axes, each over its own dimension of the chunk index."""
+def lower_all_to_all_by_runs(collective, params, config, inside, xs) -> list:
+    """The split dimension's chunk index as one dimension per run, then one all_to_all per run
+    along its own dimension (split and concat on it)."""
+    if not inside:
+        return lower_on_xla(collective, params, xs)
+    axes = tuple(params["axis_name"])
     s, c, G = params["split_axis"], params["concat_axis"], math.prod(_sizes(axes))
     steps = runs(axes, inside)
     counts = [math.prod(_sizes(run)) for run, _ in steps]
@@ -184,10 +183,26 @@ def _all_to_all(collective, params, config, inside, axes, xs) -> list:
     return [lowering.concatenated(y.reshape(G, *y.shape[len(counts):]), x, s, c, G) for y, x in zip(ys, xs)]
 
 
+def _psum_scattered(collective, params, config, inside, across, xs) -> list:
+    """iris psum_scatter inside, XLA psum across on each rank's share, iris all_gather inside."""
+    from iris_jax import rules
+
+    G = math.prod(_sizes(inside))
+    rows = [jnp.pad(x.reshape(-1), (0, -x.size % G)).reshape(G, -1) for x in xs]
+    scatter = dict(axis_name=inside, scatter_dimension=0, axis_index_groups=None, axis_size=G, tiled=False)
+    shares = rules.lower(lax_parallel.reduce_scatter_p, scatter, config, *rows)
+    summed = [_xla(collective, s, {**params, "axes": across}) for s in shares]
+    gather = dict(axis_name=inside, all_gather_dimension=0, axis_index_groups=None, axis_size=G, tiled=False)
+    gathered = rules.lower(lax_parallel.all_gather_invariant_p, gather, config, *summed)
+    return [g.reshape(-1)[:x.size].reshape(x.shape) for g, x in zip(gathered, xs)]
+
+
 def _run(collective, params, config, on_iris, xs) -> list:
+    from iris_jax import rules
+
     if on_iris:
-        return lowering.lower(collective, params, config, *xs)
-    return [_xla(collective, x, params) for x in xs]
+        return rules.lower(collective, params, config, *xs)
+    return lower_on_xla(collective, params, xs)
 
 
 def _xla(collective, x, params):

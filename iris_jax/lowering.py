@@ -1,9 +1,9 @@
 """How an iris collective becomes one launch of the collective kernel.
 
-`lower(collective, params, config, *xs)` runs at lowering time (inside the manual mesh of the
-shard_map) for an `iris_collective` equation: it views each operand as a [blocks, m] matrix
-(the layout iris_core.collectives.kernels works on), puts the operands of one equation side
-by side, launches the kernel once, and reshapes its output to what lax returns.
+At lowering time (inside the manual mesh of the shard_map), each collective's rule
+(iris_jax.rules) views the operands of an `iris_collective` equation as [blocks, m] matrices
+(the layout iris_core.collectives.kernels works on); `launch_many` puts them side by side and
+launches the kernel once, and the rule reshapes its output to what lax returns.
 
 Algorithm choice, per call (thresholds are bytes per rank, from the CollectiveConfig):
 below `push_from` the input is staged into the group's heap workspace (or, from
@@ -27,14 +27,13 @@ import numpy as np
 from iris_core.collectives import kernels as K
 from iris_core.collectives import kinds
 from iris_core.collectives.workspace import MAX_PROGRAMS
-from iris_jax import compat
 from iris_jax import _runtime as runtime_lib
+from iris_jax import compat
 from iris_jax.call import triton_call
 from iris_jax.call import varying_axes as _vma
 from iris_jax.config import CollectiveConfig
 from iris_jax.workspace import workspaces
 
-_OPS = {"sum": K.SUM, "max": K.MAX, "min": K.MIN}
 _VARIANTS = {"one_shot": K.ONE_SHOT, "two_shot": K.TWO_SHOT, "ring": K.RING, "atomic": K.ATOMIC,
              "spinlock": K.SPINLOCK}
 # launch defaults: the configuration benchmarks/tune_collectives.py found best over its sizes
@@ -66,7 +65,7 @@ def group_positions(axes) -> list[int]:
     return positions
 
 
-def _out_of_mesh_order(axes) -> bool:
+def out_of_mesh_order(axes) -> bool:
     """Whether a tuple of axes numbers its members otherwise than the mesh's order would (axes
     of size 1 reorder nothing)."""
     mesh = jax.sharding.get_abstract_mesh()
@@ -74,67 +73,7 @@ def _out_of_mesh_order(axes) -> bool:
     return sized != sorted(sized, key=list(mesh.axis_names).index)
 
 
-# -- from lax's parameters to kernel launches ---------------------------------------------
-def lower(collective, params: dict, config: CollectiveConfig, *xs) -> list:
-    """The outputs of the lax `collective` with `params` over the operands `xs` (one launch)."""
-    from iris_jax.rewrite import axes_of
-
-    name = collective.name
-    if name == "pvary":
-        return list(xs)
-    axes = axes_of(params)
-    G = group_size(axes)
-    if name in ("psum", "psum_invariant", "pmax", "pmin"):
-        op = {"pmax": "max", "pmin": "min"}.get(name, "sum")
-        variant = effective_variant(config.variant, op, xs[0].dtype, sum(x.size for x in xs) * xs[0].dtype.itemsize,
-                                    G, config)
-        rows = _launch_many(K.ALL_REDUCE, [x.reshape(1, -1) for x in xs], axes, 1, config, op=_OPS[op],
-                            variant=variant, out_invariant=True, what=f"all_reduce({op})")
-        return [r.reshape(x.shape) for r, x in zip(rows, xs)]
-    if name in ("all_gather", "all_gather_invariant"):
-        rows = _launch_many(K.ALL_GATHER, [x.reshape(1, -1) for x in xs], axes, G, config, what="all_gather",
-                            out_invariant=name == "all_gather_invariant")
-        return [_gathered(r, x, G, params["all_gather_dimension"], params["tiled"]) for r, x in zip(rows, xs)]
-    if name == "reduce_scatter":
-        d, tiled = params["scatter_dimension"], params["tiled"]
-        moved = [jnp.moveaxis(x, d, 0) for x in xs]
-        rows = _launch_many(K.REDUCE_SCATTER, [m.reshape(G, -1) for m in moved], axes, 1, config, what="psum_scatter")
-        outs = []
-        for r, m in zip(rows, moved):
-            block = r.reshape((m.shape[0] // G, *m.shape[1:]) if tiled else m.shape[1:])
-            outs.append(jnp.moveaxis(block, 0, d) if tiled else block)
-        return outs
-    if name == "all_to_all":
-        s, c = params["split_axis"], params["concat_axis"]
-        chunks = [split_chunks(x, s, G) for x in xs]
-        rows = _launch_many(K.ALL_TO_ALL, [ch.reshape(G, -1) for ch in chunks], axes, G, config, what="all_to_all")
-        return [concatenated(r.reshape(ch.shape), x, s, c, G) for r, ch, x in zip(rows, chunks, xs)]
-    if name == "ppermute":
-        perm = [(src % G, dst % G) for src, dst in params["perm"]]
-        if len({s for s, _ in perm}) != len(perm) or len({d for _, d in perm}) != len(perm):
-            raise ValueError(f"ppermute sources and destinations must be unique, got {params['perm']}.")  # lax's
-        bad = [i for pair in params["perm"] for i in pair if not -G <= i < G]
-        if bad:  # lax then indexes its group with them (IndexError), negative ones from the end
-            raise ValueError(f"ppermute indices must lie in [-{G}, {G}) for a group of {G} members, got {bad[0]} "
-                             f"in {params['perm']}.")
-        if compat.ppermute_axis_order_checked() and _out_of_mesh_order(axes):
-            raise RuntimeError(compat.PPERMUTE_ORDER_MESSAGE)  # lax's, where this JAX checks it
-        member = group_positions(axes)
-        sources = [-1] * G
-        for src, dst in perm:
-            sources[member[dst]] = member[src]
-        rows = _launch_many(K.PPERMUTE, [x.reshape(1, -1) for x in xs], axes, 1, config, sources=sources,
-                            what="ppermute")
-        return [r.reshape(x.shape) for r, x in zip(rows, xs)]
-    if name == "pbroadcast":
-        if G == 1 or not any(x.size for x in xs):  # nothing to send (see rewrite.placement)
-            return list(xs)
-        rows = _launch_many(K.BROADCAST, [x.reshape(1, -1) for x in xs], axes, 1, config,
-                            sources=[params["source"]] * G, what="pbroadcast")
-        return [r.reshape(x.shape) for r, x in zip(rows, xs)]
-    raise NotImplementedError(f"iris has no kernel for {name}")
-
-
+# -- from lax's parameters to kernel launches (each collective's own step: iris_jax.rules) ---------
 def effective_variant(variant: str, op: str, dtype, nbytes: int, G: int, config: CollectiveConfig) -> int:
     """The all-reduce algorithm that runs: `variant`, or one-shot where it cannot run this call
     (atomic and spinlock only sum, atomic only float32/int32, ring up to 32 ranks);
@@ -148,13 +87,6 @@ def effective_variant(variant: str, op: str, dtype, nbytes: int, G: int, config:
     if variant == "ring" and not 1 < G <= 32:
         return K.ONE_SHOT
     return _VARIANTS[variant]
-
-
-def _gathered(rows, x, G, axis, tiled):
-    out = jnp.moveaxis(rows.reshape(G, *x.shape), 0, axis)
-    if tiled:
-        return out.reshape(*x.shape[:axis], G * x.shape[axis], *x.shape[axis + 1:])
-    return out
 
 
 def split_chunks(x, s, G):
@@ -173,7 +105,7 @@ def concatenated(received, x, s, c, G):
     return jnp.moveaxis(pieces, 0, c).reshape(shape)
 
 
-def _launch_many(kind: int, rows: list, axes, out_blocks: int, config, **kwargs) -> list:
+def launch_many(kind: int, rows: list, axes, out_blocks: int, config, **kwargs) -> list:
     """Operands side by side ([XB, m1 + m2 + ...]), one launch, the output split back."""
     if len(rows) == 1:
         return [launch(kind, rows[0], axes, out_blocks, config, **kwargs)]

@@ -10,7 +10,7 @@ but the lowering is lax's own, applied through iris:
 * transpose and batching: lax's rule, run by `iris_jax.rewrite.run_on_iris`, so the
   collectives that lax's rule emits (psum_scatter for all_gather, psum for pvary, ...) are
   iris collectives too;
-* lowering: iris kernels (iris_jax.lowering.lower) on GPUs and on the simulator; XLA's own
+* lowering: iris kernels (each collective's rule, iris_jax.rules) on GPUs and on the simulator; XLA's own
   lowering where iris has nothing to do (see iris_jax.rewrite.placement); over axes that
   span domains, iris inside them and XLA across (iris_jax.domains).
 
@@ -27,6 +27,8 @@ from jax._src import core
 from jax._src.interpreters import ad, batching
 from jax.extend.core import Primitive
 from jax.interpreters import mlir
+
+from iris_jax import rules
 
 iris_collective_p = Primitive("iris_collective")
 iris_collective_p.multiple_results = True
@@ -93,60 +95,30 @@ def _jvp(primals, tangents, *, collective, params, config):
         for i, t in zip(live, live_outs):
             tangents_out[i] = t
         return outs, tangents_out
-    if collective.name in ("pmax", "pmin"):
-        return outs, [_extremum_tangent(x, y, t, dict(params), config) if type(t) is not ad.Zero else _zero_like(y)
-                      for x, y, t in zip(primals, outs, tangents)]
-    raise NotImplementedError(f"Differentiation rule for '{collective.name}' not implemented")
-
-
-def _extremum_tangent(x, y, t, params, config):
-    """d pmax: the tangent of the members whose x equals the result, averaged over them
-    (as jnp.max shares the derivative among ties)."""
-    from jax import lax
-
-    from iris_jax.rewrite import run_on_iris
-
-    axes = params["axes"]
-
-    def tangent(x, y, t):
-        holds = (x == y).astype(t.dtype)
-        return lax.psum(t * holds, axes) / lax.psum(holds, axes)
-
-    return run_on_iris(tangent, (x, y, t), config, merge=False)
+    jvp = rules.rule_of(collective.name).jvp
+    if jvp is None:
+        raise NotImplementedError(f"Differentiation rule for '{collective.name}' not implemented")
+    found = jvp(primals, outs, tangents, dict(params), config)  # None where the tangent is zero
+    return outs, [t if t is not None else _zero_like(y) for t, y in zip(found, outs)]
 
 
 def _transpose(cts, *args, collective, params, config):
     from iris_jax.rewrite import run_on_iris
 
-    rule = ad.primitive_transposes[collective]
+    override = rules.rule_of(collective.name).transpose
+    rule = ad.primitive_transposes.get(collective)
     kwargs = dict(params)
 
     def one(ct, arg):
         if type(ct) is ad.Zero:
             return ad.Zero(arg.aval.to_ct_aval()) if hasattr(arg.aval, "to_ct_aval") else ad.Zero(arg.aval)
-        if collective.name == "pbroadcast":  # lax's rule fills with an array (fails for non-scalars)
-            return run_on_iris(partial(_pbroadcast_transpose, **kwargs), (ct,), config, merge=False)
-        if collective.name == "all_to_all":  # lax's rule goes through lax.all_to_all, which reshapes the
-            # cotangent of an untiled call once more (a wrong shape where split and concat axes differ)
-            return run_on_iris(partial(_all_to_all_transpose, collective, **kwargs), (ct,), config, merge=False)
+        if override is not None:  # where lax's rule does not serve (iris_jax.rules)
+            return override(collective, ct, kwargs, config)
         if collective.multiple_results:
             return run_on_iris(lambda c: rule([c], arg, **kwargs)[0], (ct,), config, merge=False)
         return run_on_iris(lambda c: rule(c, arg, **kwargs)[0], (ct,), config, merge=False)
 
     return [one(ct, arg) for ct, arg in zip(cts, args)]
-
-
-def _all_to_all_transpose(all_to_all_p, ct, *, split_axis, concat_axis, **params):
-    """The primitive with its axes swapped (in its own, already reshaped, layout)."""
-    return all_to_all_p.bind(ct, split_axis=concat_axis, concat_axis=split_axis, **params)
-
-
-def _pbroadcast_transpose(ct, *, axis_name, source):
-    """The source gets the sum of the cotangents, every other member zero."""
-    from jax import lax
-
-    total = lax.psum(ct, axis_name)
-    return jax.numpy.where(lax.axis_index(axis_name) == source, total, jax.numpy.zeros_like(total))
 
 
 ad.primitive_jvps[iris_collective_p] = _jvp
@@ -180,7 +152,7 @@ batching.fancy_primitive_batchers[iris_collective_p] = _batch
 
 # -- lowering ---------------------------------------------------------------------------
 def _lowering(ctx, *xs, collective, params, config):
-    from iris_jax import _runtime, cpu_lowering, domains, lowering
+    from iris_jax import _runtime, cpu_lowering, domains
     from iris_jax.rewrite import axes_of, lowers_on_iris
 
     kwargs = dict(params)
@@ -191,8 +163,8 @@ def _lowering(ctx, *xs, collective, params, config):
     manual_mesh = axis_context.mesh.abstract_mesh.update_axis_types(
         {a: jax.sharding.AxisType.Manual for a in axis_context.manual_axes})
     inside, across = domains.split_axes(axis_context.mesh, axes_of(kwargs), _runtime.runtime())
-    lower = partial(domains.lower_across, collective, kwargs, config, inside, across) if across else partial(
-        lowering.lower, collective, kwargs, config)
+    lower = partial(rules.lower_across, collective, kwargs, config, inside, across) if across else partial(
+        rules.lower, collective, kwargs, config)
     # the kernel calls lowered here were made at the collective's line (the simulator's call
     # records name it; lower_fun roots their own tracebacks at this rule)
     with jax.sharding.use_abstract_mesh(manual_mesh), cpu_lowering.calls_made_at(ctx):

@@ -29,18 +29,12 @@ from jax import tree_util
 from jax._src import core, source_info_util
 from jax._src.lib import xla_client
 
+from iris_jax import rules
 from iris_jax.compat import ClosedJaxpr, closed_jaxpr, is_jaxpr
 from iris_jax.config import CollectiveConfig, default_config
 from iris_jax.primitive import freeze, iris_collective_p
 
 SUPPORTED_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16, jnp.int32)
-# lax primitive name -> the name users know it by (errors and explain)
-COLLECTIVES = {
-    "psum": "psum", "psum_invariant": "psum", "pmax": "pmax", "pmin": "pmin",
-    "all_gather": "all_gather", "all_gather_invariant": "all_gather", "reduce_scatter": "psum_scatter",
-    "all_to_all": "all_to_all", "ppermute": "ppermute", "pbroadcast": "pbroadcast", "pvary": "pvary",
-}
-_NO_KERNEL = ("pvary",)  # a type cast: runs on iris so that its transpose (a psum) does too
 
 
 class UnsupportedCollectiveError(TypeError):
@@ -80,7 +74,8 @@ def axes_of(params: dict) -> tuple:
 def placement(name: str, params: dict, aval, scope: Scope) -> tuple[str | None, bool]:
     """(why XLA runs this collective or None for iris, whether that is the caller's choice
     to fix: True for what the explicit API refuses)."""
-    if name in _NO_KERNEL:
+    rule = rules.rule_of(name)
+    if not rule.has_kernel:  # a type cast: runs on iris so that its transpose does too
         return None, False
     axes = axes_of(params)
     if any(isinstance(a, int) for a in axes):
@@ -95,9 +90,9 @@ def placement(name: str, params: dict, aval, scope: Scope) -> tuple[str | None, 
         return f"axes {axes} are not all manual shard_map axes here", False
     if set(scope.manual) != set(sizes):
         return f"partially manual shard_map (manual {tuple(sorted(scope.manual))} of {tuple(sizes)})", False
-    if name != "pbroadcast" and math.prod(sizes[a] for a in axes) == 1:
+    if not rule.sends_when_trivial and math.prod(sizes[a] for a in axes) == 1:
         return "a group of one member: nothing to send (XLA removes it)", False
-    if name != "pbroadcast" and aval.size == 0:  # XLA lowers pbroadcast on GPUs only: iris returns it
+    if not rule.sends_when_trivial and aval.size == 0:
         return "zero-size: nothing to send (XLA removes it)", False
     return None, False
 
@@ -133,7 +128,8 @@ class _Rewriter:
 
     def eqn(self, eqn, scope: Scope):
         name = eqn.primitive.name
-        if name in COLLECTIVES:
+        rule = rules.rule_of(name)
+        if rule is not None:
             aval = eqn.invars[0].aval
             reason, callers_fix = placement(name, eqn.params, aval, scope)
             self.decisions.append((name, eqn.params, aval, reason, scope, self.config))
@@ -142,10 +138,10 @@ class _Rewriter:
                 return eqn.replace(primitive=iris_collective_p, params=params)
             if self.strict and callers_fix:
                 raise UnsupportedCollectiveError(
-                    f"iris_jax.{COLLECTIVES[name]}: unsupported {reason}; use jax.lax.{COLLECTIVES[name]} "
+                    f"iris_jax.{rule.name}: unsupported {reason}; use jax.lax.{rule.name} "
                     "(or iris_jax.replace_lax_collectives, which leaves such calls to XLA)")
             if self.strict and reason.startswith("partially manual"):
-                warnings.warn(f"iris_jax.{COLLECTIVES[name]} runs on XLA here: {reason}", stacklevel=4)
+                warnings.warn(f"iris_jax.{rule.name} runs on XLA here: {reason}", stacklevel=4)
             return eqn
         if eqn.primitive is iris_collective_p:
             self.decisions.append((eqn.params["collective"].name, dict(eqn.params["params"]), eqn.invars[0].aval, None,
@@ -186,7 +182,7 @@ def merge_launches(eqns: list) -> list:
     for eqn in eqns:
         for key in {owner[v] for v in eqn.invars if isinstance(v, core.Var) and v in owner}:
             flush(key)
-        if eqn.primitive is iris_collective_p and eqn.params["collective"].name not in _NO_KERNEL:
+        if eqn.primitive is iris_collective_p and rules.rule_of(eqn.params["collective"].name).has_kernel:
             p = eqn.params
             key = (p["collective"], p["params"], p["config"], tuple(v.aval.dtype for v in eqn.invars))
             open_groups.setdefault(key, []).append(eqn)
@@ -271,28 +267,20 @@ def explain(f: Callable, *args, config: CollectiveConfig | None = None, **kwargs
                                                 decisions=decisions))(*args, **kwargs)
     rows = []
     for name, params, aval, reason, scope, used in decisions:  # used: the config the collective runs with
-        if name in _NO_KERNEL:
+        rule = rules.rule_of(name)
+        if not rule.has_kernel:
             continue
         nbytes = int(aval.size) * aval.dtype.itemsize
         if reason is None and scope.mesh is not None:  # where the axes span domains: a row per step
             from iris_jax import _runtime, domains
 
             inside, across = domains.split_axes(scope.mesh, axes_of(params), _runtime.runtime())
-            for part in domains.plan(name, params, nbytes, dict(scope.sizes), inside, across, used):
-                why = part.why or _iris_detail(name, params, aval, used)
+            for part in rules.plan(name, params, nbytes, dict(scope.sizes), inside, across, used):
+                why = part.why or rule.detail(params, used)
                 rows.append(Placement(part.op, part.axes, tuple(aval.shape), aval.dtype.name, part.nbytes,
                                       "iris" if part.on_iris else "XLA", why))
             continue
-        why = reason or _iris_detail(name, params, aval, used)
-        rows.append(Placement(COLLECTIVES[name], axes_of(params), tuple(aval.shape), aval.dtype.name,
+        why = reason or rule.detail(params, used)
+        rows.append(Placement(rule.name, axes_of(params), tuple(aval.shape), aval.dtype.name,
                               nbytes, "XLA" if reason else "iris", why))
     return rows
-
-
-def _iris_detail(name: str, params: dict, aval, config: CollectiveConfig) -> str:
-    if name in ("psum", "psum_invariant"):
-        return f"all_reduce variant {config.variant}"
-    if name in ("pmax", "pmin"):
-        return "all_reduce one_shot"
-    return "collective kernel"
-

@@ -1,0 +1,115 @@
+"""One rule per lax collective that iris runs: what iris knows about it, in one place.
+
+As JAX's own `jax/_src/lax/parallel.py` keeps each collective's rules side by side, each module
+here describes one collective (or a family sharing a kernel kind): the lax primitives it covers,
+the name users know it by, how its operands become the collective kernel's [blocks, m] rows and
+back (`lower`), its autodiff where lax's own rule does not serve (`jvp`, `transpose`), its steps
+where its axes span domains (`plan` for `explain`, `lower_across` for the program), and what
+`explain` says when it runs on iris. The rewrite (iris_jax.rewrite), the primitive's rules
+(iris_jax.primitive) and the compositions across domains (iris_jax.domains) read these rules
+and hold no branch on a collective's name; the kernel launch itself is iris_jax.lowering's.
+
+A new collective is a module here and its `register(...)` line below.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from iris_jax.config import CollectiveConfig
+
+
+def _no_detail(params: dict, config: CollectiveConfig) -> str:
+    return "collective kernel"
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """Everything iris knows about one lax collective (see the module docstring).
+
+    `lower(collective, params, config, axes, G, xs)` returns the outputs for the operands `xs`
+    of one equation (None: a type cast without a kernel, outputs = inputs);
+    `plan(params, nbytes, sizes, inside, across, config)` the steps of a call whose axes span
+    domains (iris_jax.domains.Part), `lower_across(collective, params, config, inside, across, xs)`
+    their outputs; `jvp(primals, outs, tangents, params, config)` the tangents where the
+    collective is not linear; `transpose(collective, ct, params, config)` a cotangent where lax's
+    rule does not serve; `detail(params, config)` what `explain` says of a call on iris.
+    """
+
+    name: str
+    primitives: tuple[str, ...]
+    lower: Callable | None
+    plan: Callable
+    lower_across: Callable
+    sends_when_trivial: bool = False  # iris runs even a group of one or a zero-size call (it returns x)
+    jvp: Callable | None = None
+    transpose: Callable | None = None
+    detail: Callable = _no_detail
+
+    @property
+    def has_kernel(self) -> bool:
+        return self.lower is not None
+
+
+RULES: dict[str, Rule] = {}
+
+
+def register(rule: Rule) -> Rule:
+    for primitive in rule.primitives:
+        RULES[primitive] = rule
+    return rule
+
+
+def rule_of(primitive_name: str) -> Rule | None:
+    """The rule of the lax primitive named so (None: iris does not run it)."""
+    return RULES.get(primitive_name)
+
+
+def lower(collective, params: dict, config: CollectiveConfig, *xs) -> list:
+    """The outputs of the lax `collective` with `params` over the operands `xs` (one launch),
+    at lowering time, inside the manual mesh of the shard_map."""
+    from iris_jax.lowering import group_size
+    from iris_jax.rewrite import axes_of
+
+    rule = RULES[collective.name]
+    if not rule.has_kernel:
+        return list(xs)
+    axes = axes_of(params)
+    return rule.lower(collective, params, config, axes, group_size(axes), list(xs))
+
+
+def lower_across(collective, params: dict, config: CollectiveConfig, inside: tuple, across: tuple, *xs) -> list:
+    """The outputs of `collective` over operands whose axes span domains (iris_jax.domains)."""
+    rule = RULES[collective.name]
+    if not rule.has_kernel:
+        return list(xs)
+    return rule.lower_across(collective, params, config, inside, across, list(xs))
+
+
+def plan(primitive_name: str, params: dict, nbytes: int, sizes: dict, inside: tuple, across: tuple,
+         config: CollectiveConfig) -> list:
+    """The steps of a call of `primitive_name` over axes split into `inside` and `across`
+    (`sizes`: the mesh's axis sizes; `nbytes`: per rank), for `explain`."""
+    from iris_jax.domains import Part
+    from iris_jax.rewrite import axes_of
+
+    rule = RULES[primitive_name]
+    if not across:
+        return [Part(rule.name, axes_of(params), True, "", nbytes)]
+    return rule.plan(params, nbytes, sizes, inside, across, config)
+
+
+# every collective iris runs, in the order of lax's documentation
+from iris_jax.rules import (  # noqa: E402  (each module registers its rule)
+    all_gather,
+    all_reduce,
+    all_to_all,
+    pbroadcast,
+    ppermute,
+    psum_scatter,
+    pvary,
+)
+
+__all__ = ["RULES", "Rule", "all_gather", "all_reduce", "all_to_all", "lower", "lower_across", "pbroadcast", "plan",
+           "ppermute", "psum_scatter", "pvary", "register", "rule_of"]

@@ -1,0 +1,68 @@
+"""psum (pmean is a psum and a division), pmax, pmin: the all-reduce kernel kind.
+
+One row per operand ([1, m]); the algorithm is the config's variant where it can run the call
+(lowering.effective_variant). psum is linear (lax's transpose); pmax / pmin are differentiable
+here (lax's are not): the tangent of the members holding the extremum, averaged over ties.
+Across domains: iris inside then XLA across; a psum from `scatter_hierarchy_from` bytes per rank
+as psum_scatter inside, psum across on the share, all_gather inside.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+from iris_core.collectives import kernels as K
+from iris_jax import domains, lowering
+from iris_jax.rules import Rule, register
+
+_OPS = {"sum": K.SUM, "max": K.MAX, "min": K.MIN}
+
+
+def _lower(op: str, collective, params, config, axes, G, xs):
+    nbytes = sum(x.size for x in xs) * xs[0].dtype.itemsize
+    variant = lowering.effective_variant(config.variant, op, xs[0].dtype, nbytes, G, config)
+    rows = lowering.launch_many(K.ALL_REDUCE, [x.reshape(1, -1) for x in xs], axes, 1, config, op=_OPS[op],
+                                variant=variant, out_invariant=True, what=f"all_reduce({op})")
+    return [r.reshape(x.shape) for r, x in zip(rows, xs)]
+
+
+def _plan(name: str, hierarchical: bool, params, nbytes, sizes, inside, across, config):
+    return domains.plan_reduction(name, tuple(params["axes"]), nbytes, sizes, inside, across, config, hierarchical)
+
+
+def _lower_across(hierarchical: bool, collective, params, config, inside, across, xs):
+    return domains.lower_reduction(collective, params, config, inside, across, xs, hierarchical)
+
+
+def _extremum_jvp(primals, outs, tangents, params, config):
+    """d pmax: the tangent of the members whose x equals the result, averaged over them
+    (as jnp.max shares the derivative among ties)."""
+    from jax import lax
+    from jax._src.interpreters import ad
+
+    from iris_jax.rewrite import run_on_iris
+
+    axes = params["axes"]
+
+    def tangent(x, y, t):
+        holds = (x == y).astype(t.dtype)
+        return lax.psum(t * holds, axes) / lax.psum(holds, axes)
+
+    return [run_on_iris(tangent, (x, y, t), config, merge=False) if type(t) is not ad.Zero else None
+            for x, y, t in zip(primals, outs, tangents)]
+
+
+def _variant_detail(params, config) -> str:
+    return f"all_reduce variant {config.variant}"
+
+
+def _one_shot_detail(params, config) -> str:
+    return "all_reduce one_shot"
+
+
+register(Rule("psum", ("psum", "psum_invariant"), partial(_lower, "sum"), partial(_plan, "psum", True),
+              partial(_lower_across, True), detail=_variant_detail))
+register(Rule("pmax", ("pmax",), partial(_lower, "max"), partial(_plan, "pmax", False), partial(_lower_across, False),
+              jvp=_extremum_jvp, detail=_one_shot_detail))
+register(Rule("pmin", ("pmin",), partial(_lower, "min"), partial(_plan, "pmin", False), partial(_lower_across, False),
+              jvp=_extremum_jvp, detail=_one_shot_detail))

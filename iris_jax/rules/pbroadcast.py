@@ -1,0 +1,54 @@
+"""pbroadcast: every member gets member `source`'s operand (one row per operand). iris runs it
+even where there is nothing to send (a group of one, zero-size), returning the operand: XLA
+lowers pbroadcast on GPUs only. Its transpose: the source gets the sum of the cotangents, every
+other member zero (lax's rule fills with an array, which fails for non-scalars). Across domains:
+a one-hot psum (the source's value, zeros elsewhere), composed as psum is."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+from jax import lax
+from jax._src.lax import parallel as lax_parallel
+
+from iris_core.collectives import kernels as K
+from iris_jax import lowering
+from iris_jax.rules import Rule, register, rule_of
+
+
+def _lower(collective, params, config, axes, G, xs):
+    if G == 1 or not any(x.size for x in xs):  # nothing to send (see rewrite.placement)
+        return list(xs)
+    rows = lowering.launch_many(K.BROADCAST, [x.reshape(1, -1) for x in xs], axes, 1, config,
+                                sources=[params["source"]] * G, what="pbroadcast")
+    return [r.reshape(x.shape) for r, x in zip(rows, xs)]
+
+
+def _transpose(collective, ct, params, config):
+    from iris_jax.rewrite import run_on_iris
+
+    def transposed(ct):
+        total = lax.psum(ct, params["axis_name"])
+        return jnp.where(lax.axis_index(params["axis_name"]) == params["source"], total, jnp.zeros_like(total))
+
+    return run_on_iris(transposed, (ct,), config, merge=False)
+
+
+def _plan(params, nbytes, sizes, inside, across, config):
+    axes = tuple(params["axis_name"])
+    return [dataclasses.replace(p, why=f"pbroadcast over {axes} as a one-hot psum: {p.why}")
+            for p in rule_of("psum_invariant").plan({"axes": axes}, nbytes, sizes, inside, across, config)]
+
+
+def _lower_across(collective, params, config, inside, across, xs):
+    from iris_jax import rules
+
+    axes = tuple(params["axis_name"])
+    source = lax.axis_index(axes) == params["source"]
+    masked = [jnp.where(source, x, jnp.zeros_like(x)) for x in xs]
+    return rules.lower_across(lax_parallel.psum_invariant_p, {"axes": axes}, config, inside, across, *masked)
+
+
+register(Rule("pbroadcast", ("pbroadcast",), _lower, _plan, _lower_across, sends_when_trivial=True,
+              transpose=_transpose))
