@@ -22,6 +22,7 @@ from collections.abc import Sequence
 import jax.numpy as jnp
 from jax import lax, tree_util
 
+from iris_core.collectives.group import RING_MAX_MEMBERS
 from iris_jax.config import VARIANTS, CollectiveConfig, default_config
 from iris_jax.lowering import group_size
 from iris_jax.rewrite import SUPPORTED_DTYPES, UnsupportedCollectiveError, run_on_iris
@@ -85,8 +86,9 @@ def all_reduce(x, axis_name, op: str = "sum", variant: str = "auto", *, timeout_
         if variant == "atomic" and leaf.dtype not in (jnp.float32, jnp.int32):
             raise TypeError(f"all_reduce variant 'atomic' needs float32 or int32 (got {leaf.dtype}); use "
                             "'spinlock' or another variant")
-    if variant == "ring" and _axes_size(axis_name) > 32:
-        raise ValueError(f"all_reduce variant 'ring' supports groups of up to 32 ranks (got {_axes_size(axis_name)})")
+    if variant == "ring" and _axes_size(axis_name) > RING_MAX_MEMBERS:
+        raise ValueError(f"all_reduce variant 'ring' supports groups of up to {RING_MAX_MEMBERS} ranks "
+                         f"(got {_axes_size(axis_name)})")
     reduce = {"sum": lax.psum, "max": lax.pmax, "min": lax.pmin}[op]
     return run_on_iris(lambda v: reduce(v, axis_name), (x,), _config(config, variant=variant, timeout_s=timeout_s))
 

@@ -26,6 +26,7 @@ import numpy as np
 
 from iris_core.collectives import kernels as K
 from iris_core.collectives import kinds
+from iris_core.collectives.group import RING_MAX_MEMBERS
 from iris_core.collectives.workspace import MAX_PROGRAMS
 from iris_jax import _runtime as runtime_lib
 from iris_jax import compat
@@ -76,7 +77,7 @@ def out_of_mesh_order(axes) -> bool:
 # -- from lax's parameters to kernel launches (each collective's own step: iris_jax.rules) ---------
 def effective_variant(variant: str, op: str, dtype, nbytes: int, G: int, config: CollectiveConfig) -> int:
     """The all-reduce algorithm that runs: `variant`, or one-shot where it cannot run this call
-    (atomic and spinlock only sum, atomic only float32/int32, ring up to 32 ranks);
+    (atomic and spinlock only sum, atomic only float32/int32, ring up to RING_MAX_MEMBERS ranks);
     `auto` chooses two-shot from `config.two_shot_from` bytes per rank."""
     if variant == "auto":
         return K.TWO_SHOT if nbytes >= config.two_shot_from and G > 1 else K.ONE_SHOT
@@ -84,7 +85,7 @@ def effective_variant(variant: str, op: str, dtype, nbytes: int, G: int, config:
         return K.ONE_SHOT
     if variant == "atomic" and jnp.dtype(dtype) not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.int32)):
         return K.ONE_SHOT
-    if variant == "ring" and not 1 < G <= 32:
+    if variant == "ring" and not 1 < G <= RING_MAX_MEMBERS:
         return K.ONE_SHOT
     return _VARIANTS[variant]
 

@@ -169,10 +169,6 @@ def _empty(shape, dtype, varying):
     return vary(jnp.zeros(shape, dtype), tuple(sorted(varying)))
 
 
-def _strides(x):
-    return x.shape[1], 1  # row-major 2-D
-
-
 def _set_vma(x, target):
     """`x` with exactly the varying axes `target` (psum over extra ones, pvary missing ones)."""
     if not _check_vma():

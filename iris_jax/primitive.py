@@ -34,11 +34,6 @@ iris_collective_p = Primitive("iris_collective")
 iris_collective_p.multiple_results = True
 
 
-def bind(xs, collective, params: dict, config):
-    """The iris equation for `collective` over the operands `xs` (returns a list)."""
-    return iris_collective_p.bind(*xs, collective=collective, params=freeze(params), config=config)
-
-
 def freeze(params: dict) -> tuple:
     """lax parameters as a hashable, ordered tuple of (name, value)."""
     return tuple(sorted(params.items()))
@@ -156,7 +151,7 @@ def _lowering(ctx, *xs, collective, params, config):
     from iris_jax.rewrite import axes_of, lowers_on_iris
 
     kwargs = dict(params)
-    if not lowers_on_iris(ctx, collective, kwargs):
+    if not lowers_on_iris(ctx):
         return mlir.lower_fun(lambda *a: [_lax_bind(collective, x, kwargs) for x in a],
                               multiple_results=True)(ctx, *xs)
     axis_context = ctx.module_context.axis_context

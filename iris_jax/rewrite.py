@@ -97,7 +97,7 @@ def placement(name: str, params: dict, aval, scope: Scope) -> tuple[str | None, 
     return None, False
 
 
-def lowers_on_iris(ctx, collective, params) -> bool:
+def lowers_on_iris(ctx) -> bool:
     """At lowering: GPUs or the simulator, inside a fully manual shard_map."""
     from jax._src.sharding_impls import SPMDAxisContext
 

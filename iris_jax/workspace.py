@@ -69,11 +69,6 @@ class GroupWorkspaces:
         with self._lock:
             return list(self._offsets[part].values())
 
-    @property
-    def partitions(self) -> int:
-        """Partitions with a collective workspace."""
-        return len(self._offsets["collective"])
-
 
 def workspaces(rt=None) -> GroupWorkspaces:
     from iris_jax import _runtime as runtime_lib

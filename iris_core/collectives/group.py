@@ -16,7 +16,8 @@ from iris_core.device.flags import LINE
 from iris_core.device.nvidia import peer_failed, peer_timeout
 from iris_core.device.tracing import EVENT_WAIT
 
-STEPS: tl.constexpr = tl.constexpr(64)  # flag rounds per chunk (ring: 2G - 1, so G <= 32)
+STEPS: tl.constexpr = tl.constexpr(64)  # flag rounds per chunk
+RING_MAX_MEMBERS = STEPS.value // 2  # a ring takes 2G - 1 rounds per chunk
 DONE: tl.constexpr = tl.constexpr(63)  # the last round of the last chunk: zero-copy readers are done
 
 
