@@ -20,9 +20,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import jax.numpy as jnp
-from jax import lax, tree_util
+from jax import tree_util
 
 from iris_core.collectives.group import RING_MAX_MEMBERS
+from iris_jax.compat import lax_parallel
 from iris_jax.config import VARIANTS, CollectiveConfig, default_config
 from iris_jax.lowering import group_size
 from iris_jax.rewrite import SUPPORTED_DTYPES, UnsupportedCollectiveError, run_on_iris
@@ -38,26 +39,26 @@ def _config(config: CollectiveConfig | None, **changes) -> CollectiveConfig:
 
 def psum(x, axis_name, *, axis_index_groups=None, variant: str | None = None, config: CollectiveConfig | None = None):
     """Like `lax.psum`: the sum of `x` (a pytree) over `axis_name` (`variant`: see all_reduce)."""
-    return run_on_iris(lambda v: lax.psum(v, axis_name, axis_index_groups=axis_index_groups), (x,),
+    return run_on_iris(lambda v: lax_parallel.psum(v, axis_name, axis_index_groups=axis_index_groups), (x,),
                        _config(config, variant=variant))
 
 
 def pmean(x, axis_name, *, axis_index_groups=None, variant: str | None = None,
           config: CollectiveConfig | None = None):
     """Like `lax.pmean`."""
-    return run_on_iris(lambda v: lax.pmean(v, axis_name, axis_index_groups=axis_index_groups), (x,),
+    return run_on_iris(lambda v: lax_parallel.pmean(v, axis_name, axis_index_groups=axis_index_groups), (x,),
                        _config(config, variant=variant))
 
 
 def pmax(x, axis_name, *, axis_index_groups=None, config: CollectiveConfig | None = None):
     """Like `lax.pmax` (and differentiable: the tangent of the members holding the max)."""
-    return run_on_iris(lambda v: lax.pmax(v, axis_name, axis_index_groups=axis_index_groups), (x,),
+    return run_on_iris(lambda v: lax_parallel.pmax(v, axis_name, axis_index_groups=axis_index_groups), (x,),
                        _config(config))
 
 
 def pmin(x, axis_name, *, axis_index_groups=None, config: CollectiveConfig | None = None):
     """Like `lax.pmin`."""
-    return run_on_iris(lambda v: lax.pmin(v, axis_name, axis_index_groups=axis_index_groups), (x,),
+    return run_on_iris(lambda v: lax_parallel.pmin(v, axis_name, axis_index_groups=axis_index_groups), (x,),
                        _config(config))
 
 
@@ -89,21 +90,21 @@ def all_reduce(x, axis_name, op: str = "sum", variant: str = "auto", *, timeout_
     if variant == "ring" and _axes_size(axis_name) > RING_MAX_MEMBERS:
         raise ValueError(f"all_reduce variant 'ring' supports groups of up to {RING_MAX_MEMBERS} ranks "
                          f"(got {_axes_size(axis_name)})")
-    reduce = {"sum": lax.psum, "max": lax.pmax, "min": lax.pmin}[op]
+    reduce = {"sum": lax_parallel.psum, "max": lax_parallel.pmax, "min": lax_parallel.pmin}[op]
     return run_on_iris(lambda v: reduce(v, axis_name), (x,), _config(config, variant=variant, timeout_s=timeout_s))
 
 
 def all_gather(x, axis_name, *, axis_index_groups=None, axis: int = 0, tiled: bool = False,
                config: CollectiveConfig | None = None):
     """Like `lax.all_gather`."""
-    return run_on_iris(lambda v: lax.all_gather(v, axis_name, axis_index_groups=axis_index_groups, axis=axis,
+    return run_on_iris(lambda v: lax_parallel.all_gather(v, axis_name, axis_index_groups=axis_index_groups, axis=axis,
                                                 tiled=tiled), (x,), _config(config))
 
 
 def psum_scatter(x, axis_name, *, scatter_dimension: int = 0, axis_index_groups=None, tiled: bool = False,
                  config: CollectiveConfig | None = None):
     """Like `lax.psum_scatter`."""
-    return run_on_iris(lambda v: lax.psum_scatter(v, axis_name, scatter_dimension=scatter_dimension,
+    return run_on_iris(lambda v: lax_parallel.psum_scatter(v, axis_name, scatter_dimension=scatter_dimension,
                                                   axis_index_groups=axis_index_groups, tiled=tiled), (x,),
                        _config(config))
 
@@ -111,21 +112,21 @@ def psum_scatter(x, axis_name, *, scatter_dimension: int = 0, axis_index_groups=
 def all_to_all(x, axis_name, split_axis: int, concat_axis: int, *, axis_index_groups=None, tiled: bool = False,
                config: CollectiveConfig | None = None):
     """Like `lax.all_to_all`."""
-    return run_on_iris(lambda v: lax.all_to_all(v, axis_name, split_axis, concat_axis,
+    return run_on_iris(lambda v: lax_parallel.all_to_all(v, axis_name, split_axis, concat_axis,
                                                 axis_index_groups=axis_index_groups, tiled=tiled), (x,),
                        _config(config))
 
 
 def ppermute(x, axis_name, perm: Sequence[tuple[int, int]], *, config: CollectiveConfig | None = None):
     """Like `lax.ppermute`: member `dst` receives `src`'s value for each (src, dst); others get zeros."""
-    return run_on_iris(lambda v: lax.ppermute(v, axis_name, perm), (x,), _config(config))
+    return run_on_iris(lambda v: lax_parallel.ppermute(v, axis_name, perm), (x,), _config(config))
 
 
 def pbroadcast(x, axis_name, source: int, *, config: CollectiveConfig | None = None):
     """Like `lax.pbroadcast`: every member gets member `source`'s `x`."""
     if not 0 <= source < _axes_size(axis_name):
         raise ValueError(f"pbroadcast: source {source} out of range for axis size {_axes_size(axis_name)}")
-    return run_on_iris(lambda v: lax.pbroadcast(v, axis_name, source), (x,), _config(config))
+    return run_on_iris(lambda v: lax_parallel.pbroadcast(v, axis_name, source), (x,), _config(config))
 
 
 def broadcast(x, axis_name, root: int = 0, *, config: CollectiveConfig | None = None):

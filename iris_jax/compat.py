@@ -17,6 +17,9 @@ What moved:
 * lax.ppermute over a tuple of axes numbered the members in the mesh's axis order up to jax
   0.11; jax 0.12 numbers them in the tuple's order (as lax.axis_index does) and by default
   refuses a tuple out of the mesh's order (`raise_on_ppermute_sort_diff`); iris's follows.
+* iris calls lax's collective functions in `jax._src.lax.parallel` (`lax_parallel`), where they
+  are defined, not through `jax.lax`: a program that swaps by assignment (`jax.lax.psum =
+  iris_jax.psum`) would otherwise send iris's psum back into itself.
 * jaxlib's `TritonKernel` takes the kernel's global scratch size and alignment after 0.11.0.
 * jax-triton 0.3.1 refuses to import unless JAX's CUDA plugin is installed ("jax-triton requires
   JAX to be installed with GPU support"), although iris needs it on CPU-only machines only for
@@ -44,10 +47,12 @@ import numpy as np
 from jax._src import core
 from jax._src import lib as jax_lib
 from jax._src.interpreters import partial_eval as pe
+from jax._src.lax import parallel as lax_parallel  # lax's collectives, where they are defined
 from jax.extend.core import ClosedJaxpr
 
-__all__ = ["ClosedJaxpr", "JAX_VERSION", "JAXLIB_VERSION", "closed_jaxpr", "is_jaxpr", "jax_triton_call",
-           "triton_type", "gpu_triton", "gpu_plugin_present", "triton_kernel", "jax_triton", "triton_kernel_call_p"]
+__all__ = ["ClosedJaxpr", "JAX_TRITON_VERSION", "JAX_VERSION", "JAXLIB_VERSION", "closed_jaxpr", "gpu_plugin_present",
+           "gpu_triton", "is_jaxpr", "jax_triton", "jax_triton_call", "lax_parallel", "triton_kernel",
+           "triton_kernel_call_p", "triton_type"]
 
 
 def _version(text: str) -> tuple[int, ...]:

@@ -46,7 +46,6 @@ import os
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 
 from iris_core.errors import IrisError
 from iris_core.kernels import fused as F
@@ -54,6 +53,7 @@ from iris_core.kernels import gemm as Gm
 from iris_jax import _runtime as runtime_lib
 from iris_jax import collectives as C
 from iris_jax.call import triton_call, vary, varying_axes
+from iris_jax.compat import lax_parallel
 from iris_jax.config import default_timeout_s
 from iris_jax.lowering import group_size
 from iris_jax.workspace import workspaces
@@ -256,7 +256,7 @@ def _launch_reduce(a, b, axes, scatter: bool, what, timeout_s):
 
 def _mar_fwd_impl(a, b, axes, impl, timeout_s):
     if impl == "xla":
-        return lax.psum(_dot(a, b), axes)
+        return lax_parallel.psum(_dot(a, b), axes)
     M, K = a.shape
     N = b.shape[1]
     if M == 0 or N == 0 or K == 0:
@@ -295,7 +295,7 @@ def matmul_all_reduce(a, b, axis_name, *, impl: str = "auto", timeout_s: float |
 def _mrs_fwd_impl(a, b, axes, scatter_dimension, impl, timeout_s):
     G = group_size(axes)
     if impl == "xla":
-        return lax.psum_scatter(_dot(a, b), axes, scatter_dimension=scatter_dimension, tiled=True)
+        return lax_parallel.psum_scatter(_dot(a, b), axes, scatter_dimension=scatter_dimension, tiled=True)
     if scatter_dimension == 1:  # C^T = b^T a^T, scattered by rows, transposed back
         return _mrs_fwd_impl(b.T, a.T, axes, 0, impl, timeout_s).T
     M, K = a.shape
@@ -376,7 +376,7 @@ def _launch_gather(a, b, axes, timeout_s):
 def _agm_fwd_impl(a, b, axes, gather_axis, impl, timeout_s):
     G = group_size(axes)
     if impl == "xla":
-        return _dot(lax.all_gather(a, axes, axis=gather_axis, tiled=True), b)
+        return _dot(lax_parallel.all_gather(a, axes, axis=gather_axis, tiled=True), b)
     if gather_axis == 1:  # gathering the contraction dimension: unfused (iris all-gather, then GEMM)
         return _dot(C.all_gather(a, axes, axis=1, tiled=True), b)
     M, K = a.shape

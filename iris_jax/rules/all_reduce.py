@@ -37,9 +37,9 @@ def _lower_across(hierarchical: bool, collective, params, config, inside, across
 def _extremum_jvp(primals, outs, tangents, params, config):
     """d pmax: the tangent of the members whose x equals the result, averaged over them
     (as jnp.max shares the derivative among ties)."""
-    from jax import lax
     from jax._src.interpreters import ad
 
+    from iris_jax.compat import lax_parallel as lax
     from iris_jax.rewrite import run_on_iris
 
     axes = params["axes"]

@@ -9,11 +9,10 @@ from __future__ import annotations
 import dataclasses
 
 import jax.numpy as jnp
-from jax import lax
-from jax._src.lax import parallel as lax_parallel
 
 from iris_core.collectives import kernels as K
 from iris_jax import lowering
+from iris_jax.compat import lax_parallel
 from iris_jax.rules import Rule, register, rule_of
 
 
@@ -29,8 +28,9 @@ def _transpose(collective, ct, params, config):
     from iris_jax.rewrite import run_on_iris
 
     def transposed(ct):
-        total = lax.psum(ct, params["axis_name"])
-        return jnp.where(lax.axis_index(params["axis_name"]) == params["source"], total, jnp.zeros_like(total))
+        total = lax_parallel.psum(ct, params["axis_name"])
+        source = lax_parallel.axis_index(params["axis_name"]) == params["source"]
+        return jnp.where(source, total, jnp.zeros_like(total))
 
     return run_on_iris(transposed, (ct,), config, merge=False)
 
@@ -45,7 +45,7 @@ def _lower_across(collective, params, config, inside, across, xs):
     from iris_jax import rules
 
     axes = tuple(params["axis_name"])
-    source = lax.axis_index(axes) == params["source"]
+    source = lax_parallel.axis_index(axes) == params["source"]
     masked = [jnp.where(source, x, jnp.zeros_like(x)) for x in xs]
     return rules.lower_across(lax_parallel.psum_invariant_p, {"axes": axes}, config, inside, across, *masked)
 

@@ -222,3 +222,23 @@ def test_partially_manual_shard_map_runs_on_xla(rng):
     with pytest.warns(UserWarning, match="partially manual shard_map"):
         got = run(iris_jax)
     np.testing.assert_allclose(got, run(lax), rtol=1e-6)
+
+
+def test_swapping_by_assignment(monkeypatch):
+    """`jax.lax.psum = iris_jax.psum` (and the others) works: iris calls lax's functions where
+    they are defined, not through jax.lax, so it does not call itself."""
+    use_runtime(4)
+    mesh = jax.make_mesh((4,), ("i",), devices=jax.devices()[:4])
+    x = jax.device_put(np.arange(4 * 6, dtype=np.float32).reshape(4, 6), NamedSharding(mesh, P("i")))
+    f = jax.jit(jax.shard_map(lambda v: (jax.lax.psum(v, "i"), jax.lax.all_gather(v, "i", tiled=True),
+                                         jax.lax.ppermute(v, "i", [(k, (k + 1) % 4) for k in range(4)])),
+                              mesh=mesh, in_specs=P("i"), out_specs=(P(), P("i"), P("i"))))
+    want = [np.asarray(a) for a in f(x)]
+    for name in ("psum", "all_gather", "ppermute"):
+        monkeypatch.setattr(jax.lax, name, getattr(iris_jax, name))
+    f = jax.jit(jax.shard_map(lambda v: (jax.lax.psum(v, "i"), jax.lax.all_gather(v, "i", tiled=True),
+                                         jax.lax.ppermute(v, "i", [(k, (k + 1) % 4) for k in range(4)])),
+                              mesh=mesh, in_specs=P("i"), out_specs=(P(), P("i"), P("i"))))
+    assert "iris_collective" in str(jax.make_jaxpr(f)(x))
+    for got, expected in zip(f(x), want):
+        np.testing.assert_array_equal(np.asarray(got), expected)
