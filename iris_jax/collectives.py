@@ -94,11 +94,11 @@ def all_reduce(x, axis_name, op: str = "sum", variant: str = "auto", *, timeout_
     return run_on_iris(lambda v: reduce(v, axis_name), (x,), _config(config, variant=variant, timeout_s=timeout_s))
 
 
-def all_gather(x, axis_name, *, axis_index_groups=None, axis: int = 0, tiled: bool = False,
+def all_gather(x, axis_name, *, axis_index_groups=None, axis: int = 0, tiled: bool = False, to: str = "varying",
                config: CollectiveConfig | None = None):
-    """Like `lax.all_gather`."""
+    """Like `lax.all_gather` (`to="invarying"`: the result has the same type on every member)."""
     return run_on_iris(lambda v: lax_parallel.all_gather(v, axis_name, axis_index_groups=axis_index_groups, axis=axis,
-                                                tiled=tiled), (x,), _config(config))
+                                                         tiled=tiled, to=to), (x,), _config(config))
 
 
 def psum_scatter(x, axis_name, *, scatter_dimension: int = 0, axis_index_groups=None, tiled: bool = False,

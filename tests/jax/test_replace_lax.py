@@ -242,3 +242,34 @@ def test_swapping_by_assignment(monkeypatch):
     assert "iris_collective" in str(jax.make_jaxpr(f)(x))
     for got, expected in zip(f(x), want):
         np.testing.assert_array_equal(np.asarray(got), expected)
+
+
+@pytest.mark.parametrize("name", ["psum", "pmean", "pmax", "pmin", "all_gather", "psum_scatter", "all_to_all",
+                                  "ppermute", "pbroadcast"])
+def test_signatures_are_lax_s(name):
+    """Each iris collective takes lax's parameters on this JAX, by the same names, kinds and
+    defaults, in the same order (iris's own, such as config=, keyword-only after them)."""
+    import inspect
+
+    from iris_jax.compat import lax_parallel
+
+    ours = list(inspect.signature(getattr(iris_jax, name)).parameters.values())
+    theirs = list(inspect.signature(getattr(lax_parallel, name)).parameters.values())
+    assert [(p.name, p.kind, p.default) for p in ours[:len(theirs)]] == \
+        [(p.name, p.kind, p.default) for p in theirs]
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in ours[len(theirs):])
+
+
+def test_all_gather_to_invarying_as_lax():
+    use_runtime(4)
+    mesh = jax.make_mesh((4,), ("i",), devices=jax.devices()[:4])
+    x = jax.device_put(np.arange(4 * 5, dtype=np.float32).reshape(4, 5), NamedSharding(mesh, P("i")))
+    outs = {}
+    for name, gather in (("lax", lax.all_gather), ("iris", iris_jax.all_gather)):
+        f = jax.jit(jax.shard_map(lambda v, gather=gather: gather(v, "i", tiled=True, to="invarying"), mesh=mesh,
+                                  in_specs=P("i"), out_specs=P()))  # invarying: replicated, P() type-checks
+        outs[name] = np.asarray(f(x))
+        if name == "iris":
+            assert "iris_collective" in str(jax.make_jaxpr(f)(x))
+    np.testing.assert_array_equal(outs["iris"], outs["lax"])
+    np.testing.assert_array_equal(outs["iris"], np.arange(20, dtype=np.float32).reshape(4, 5))
