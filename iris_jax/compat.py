@@ -1,9 +1,11 @@
 """What differs between the JAX, jaxlib and jax-triton releases iris supports, in one place.
 
 Supported (pyproject.toml, README "Tested versions"): jax/jaxlib 0.10.2 to 0.12.x and jax-triton
-0.3.1 and 0.4.x; Triton's own differences (3.6 to 3.9) are in iris_core.compat. Everything in
-iris_jax that touches a JAX internal, jaxlib's Triton launcher or jax-triton goes through here;
-where a release moved something, this module says which release and keeps both spellings.
+0.3.1 and 0.4.x; Triton's own differences (3.6 to 3.9) are in iris_core.compat (Pallas's, in
+iris_jax.pallas._compat). Whatever differs between those releases is handled here, and only
+here: where a release moved something, this module says which release and keeps both
+spellings. (JAX internals that are the same on every supported release, such as the sharding
+contexts a lowering rule reads, are still imported where they are used.)
 
 What moved:
 
