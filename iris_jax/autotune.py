@@ -27,15 +27,16 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 from triton.runtime.autotuner import Autotuner, Config, Heuristics
 from triton.runtime.errors import AutotunerError
 
+from iris_jax.call import kernel_arguments
 
-@dataclass(frozen=True)
+
+@dataclasses.dataclass(frozen=True)
 class ResolvedKernel:
-    """An Autotuner/Heuristics chain reduced to what the interpreter launches."""
+    """An Autotuner/Heuristics chain reduced to what is launched."""
 
     kernel: object  # the @triton.jit function at the bottom of the chain
     constexprs: dict  # the caller's metaparameters, the chosen configs' kwargs, the heuristics' values
@@ -72,6 +73,16 @@ def resolve_kernel(
         kernel = kernel.fn
     reset = tuple(sorted({_output_named(kernel, name, len(args), aliases) for name in reset_names}))
     return ResolvedKernel(kernel, constexprs, reset, options)
+
+
+def resolve_call(kernel, arrays: Sequence, scalars: Sequence[tuple], outputs: Sequence, metaparams: Mapping,
+                 aliases: Mapping[int, int]) -> ResolvedKernel:
+    """resolve_kernel for one call: `arrays` (the array arguments before the outputs, in order)
+    with `scalars` (position, value) at their positions; `aliases`: array index -> output index."""
+    args = kernel_arguments(arrays, scalars, [])
+    scalar_at = {p for p, _ in scalars}
+    array_at = [p for p in range(len(args)) if p not in scalar_at]
+    return resolve_kernel(kernel, args, outputs, metaparams, {array_at[i]: o for i, o in aliases.items()})
 
 
 def choose_config(autotuner: Autotuner, named_args: Mapping, metaparams: Mapping) -> Config:

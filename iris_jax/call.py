@@ -143,10 +143,10 @@ def triton_call(*args: Any, kernel, out_shape, grid, name: str = "",
 
 
 def kernel_arguments(operands: Sequence, scalars: Sequence[tuple], outputs: Sequence) -> list:
-    """A kernel's arguments in launch order: the operands with each scalar (position, type,
-    value) inserted at its position, then the outputs (jax-triton's order)."""
+    """A kernel's arguments in launch order: the operands with each scalar (position, value)
+    inserted at its position, then the outputs (jax-triton's order)."""
     args = list(operands)
-    for position, _, value in sorted(scalars, key=lambda s: s[0]):
+    for position, value in sorted(scalars, key=lambda s: s[0]):
         args.insert(position, value)
     return args + list(outputs)
 

@@ -52,7 +52,7 @@ from jax._src.interpreters import partial_eval as pe
 from jax._src.lax import parallel as lax_parallel  # lax's collectives, where they are defined
 from jax.extend.core import ClosedJaxpr
 
-__all__ = ["ClosedJaxpr", "JAX_TRITON_VERSION", "JAX_VERSION", "JAXLIB_VERSION", "closed_jaxpr", "gpu_plugin_present",
+__all__ = ["ClosedJaxpr", "JAX_TRITON_VERSION", "JAXLIB_VERSION", "closed_jaxpr", "gpu_plugin_present",
            "gpu_triton", "is_jaxpr", "jax_triton", "jax_triton_call", "lax_parallel", "triton_kernel",
            "triton_kernel_call_p", "triton_type"]
 
@@ -61,7 +61,6 @@ def _version(text: str) -> tuple[int, ...]:
     return tuple(int(part) for part in text.split(".")[:3] if part.isdigit())
 
 
-JAX_VERSION = _version(jax.__version__)
 JAXLIB_VERSION = tuple(jax_lib.version)
 
 
@@ -95,29 +94,29 @@ PPERMUTE_ORDER_MESSAGE = (
     "jax.raise_on_ppermute_sort_diff(False):` context manager.")
 
 
-def ppermute_numbers_in_tuple_order() -> bool:
-    """Whether lax.ppermute numbers a tuple of axes' members in the tuple's order (jax 0.12,
-    which added the check below together with that change) rather than the mesh's."""
+def _ppermute_order_switch():
+    """jax 0.12's `raise_on_ppermute_sort_diff` config state (None before 0.12). jax 0.12's
+    message names `jax.raise_on_ppermute_sort_diff`, which that release does not export."""
     from jax._src import config
 
-    return hasattr(config, "raise_on_ppermute_sort_diff")
+    return getattr(config, "raise_on_ppermute_sort_diff", None)
+
+
+def ppermute_numbers_in_tuple_order() -> bool:
+    """Whether lax.ppermute numbers a tuple of axes' members in the tuple's order (jax 0.12,
+    which added the switch together with that change) rather than the mesh's."""
+    return _ppermute_order_switch() is not None
 
 
 def ppermute_axis_order_checked() -> bool:
     """Whether lax.ppermute refuses axes out of the mesh's order here (jax 0.12, by default)."""
-    from jax._src import config
-
-    flag = getattr(config, "raise_on_ppermute_sort_diff", None)
-    return bool(flag.value) if flag is not None else False
+    switch = _ppermute_order_switch()
+    return switch is not None and bool(switch.value)
 
 
 def ppermute_in_any_axis_order():
-    """A context in which lax.ppermute takes axes in any order (a no-op where it always does).
-    jax 0.12's message names `jax.raise_on_ppermute_sort_diff`, which that release does not
-    export: the switch is its config state."""
-    from jax._src import config
-
-    switch = getattr(config, "raise_on_ppermute_sort_diff", None)
+    """A context in which lax.ppermute takes axes in any order (a no-op where it always does)."""
+    switch = _ppermute_order_switch()
     return switch(False) if switch is not None else contextlib.nullcontext()
 
 
@@ -141,11 +140,10 @@ def triton_kernel(name: str, num_warps: int, num_ctas: int, shared_mem_bytes: in
     return gpu_triton().TritonKernel(*args)
 
 
-_TRITON_TYPES = {np.dtype(k): v for k, v in {
+_TRITON_TYPES = {jax.numpy.dtype(k): v for k, v in {
     "bfloat16": "bf16", "float64": "fp64", "float32": "fp32", "float16": "fp16", "float8_e4m3fn": "fp8e4nv",
     "float8_e5m2": "fp8e5", "int64": "i64", "int32": "i32", "int16": "i16", "int8": "i8", "uint64": "u64",
-    "uint32": "u32", "uint16": "u16", "uint8": "u8", "bool": "i1"}.items() if k != "bfloat16"}
-_TRITON_TYPES[np.dtype(jax.numpy.bfloat16)] = "bf16"
+    "uint32": "u32", "uint16": "u16", "uint8": "u8", "bool": "i1"}.items()}
 
 
 def triton_type(value) -> str:
@@ -230,11 +228,10 @@ class KernelCall:
     scalars: tuple  # (position among the kernel's arguments, Triton type, value)
     result_params: tuple[int, ...]
     metaparams: dict
-    options: dict  # num_warps, num_stages, num_ctas, enable_fp_fusion, debug (None: the default)
     grid: Any
     input_output_aliases: tuple  # (operand index, result index)
     zeroed_outputs: Any
-    name: str
+    debug: bool  # device-side assertions raise
 
 
 def jax_triton_call(params: dict, num_results: int) -> KernelCall:
@@ -246,9 +243,8 @@ def jax_triton_call(params: dict, num_results: int) -> KernelCall:
         return KernelCall(
             fn=params["fn"], scalars=tuple(params["scalar_args"]), result_params=tuple(range(num_results)),
             metaparams={k: v for k, v in params.items() if k not in known},
-            options={k: params.get(k) for k in ("num_warps", "num_stages", "num_ctas", "enable_fp_fusion", "debug")},
             grid=params["grid"], input_output_aliases=tuple(params["input_output_aliases"]),
-            zeroed_outputs=params["zeroed_outputs"], name=params.get("name", ""))
+            zeroed_outputs=params["zeroed_outputs"], debug=bool(params.get("debug")))
     return _jax_triton_04_call(params)
 
 
@@ -277,13 +273,10 @@ def _jax_triton_04_call(params: dict) -> KernelCall:
     # its aliases count the inputs, scalars included (0.3.1 counts the arrays only)
     inputs = [leaf is marker for leaf in leaves if not isinstance(leaf, triton_lib._OutputPlaceholder)]
     aliases = tuple((sum(inputs[:i]), o) for i, o in dict(params["input_output_aliases"]).items())
-    backend = dict(params.get("backend_options") or {})
     return KernelCall(
         fn=params["fn"], scalars=tuple(scalars), result_params=tuple(result_params),
-        metaparams=dict(params["metaparams"]),
-        options={k: backend.get(k) for k in ("num_warps", "num_stages", "num_ctas", "enable_fp_fusion", "debug")},
-        grid=params["grid"], input_output_aliases=aliases, zeroed_outputs=params["zeroed_outputs"],
-        name=params.get("name", ""))
+        metaparams=dict(params["metaparams"]), grid=params["grid"], input_output_aliases=aliases,
+        zeroed_outputs=params["zeroed_outputs"], debug=bool(dict(params.get("backend_options") or {}).get("debug")))
 
 
 def fix_jax_triton(primitive) -> None:

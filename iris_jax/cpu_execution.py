@@ -30,6 +30,7 @@ from iris_core.heap.shared_memory import SHM_DIR
 from iris_core.sim import call_table
 from iris_core.sim.interpreter import Pointer, run_kernel
 from iris_jax import _runtime as runtime_lib
+from iris_jax.call import kernel_arguments
 
 if TYPE_CHECKING:
     from iris_jax.cpu_lowering import KernelSpec
@@ -82,10 +83,8 @@ def _execute(rt, spec: KernelSpec, ins: list[int], outs: list[int]) -> None:
 
 
 def _kernel_args(spec: KernelSpec, context, group, operands: list, results: list) -> list:
-    args = ([context] if spec.pass_context else []) + ([group] if spec.group else []) + operands
-    for position, value in spec.scalars:
-        args.insert(position, value)
-    return args + [results[o] for o in spec.result_params]
+    lead = ([context] if spec.pass_context else []) + ([group] if spec.group else [])
+    return kernel_arguments(lead + operands, spec.scalars, [results[o] for o in spec.result_params])
 
 
 def execute_here(spec, row_ptr, group_ptr, operand_ptrs, outs):

@@ -27,7 +27,7 @@ from iris_core.sim import call_table
 from iris_jax import _runtime as runtime_lib
 from iris_jax import compat, cpu_execution
 from iris_jax._ffi import register_cpu_target
-from iris_jax.autotune import resolve_kernel
+from iris_jax.autotune import resolve_call
 from iris_jax.call import aval_nbytes, iris_triton_call_p, normalize_grid
 from iris_jax.operands import extra_operands
 
@@ -76,8 +76,10 @@ def _lower(ctx, operands, avals_in, *, pass_context, fn, scalar_args, out_shapes
     group = 1 if group_axes else 0
     scalars = tuple(sorted((i + group, v) for i, _, v in scalar_args))
     extra, extra_avals = extra_operands(ctx, group_axes, workspace)
-    launch = _resolve(fn, extra_avals if pass_context else [], avals_in, scalars,
-                      [ctx.avals_out[o] for o in result_params], metaparams, input_output_aliases, pass_context)
+    lead = extra_avals if pass_context else []
+    # iris_triton_call numbers its operands after the device index (hence - pass_context)
+    launch = resolve_call(fn, [*lead, *avals_in], scalars, [ctx.avals_out[o] for o in result_params], metaparams,
+                          {len(lead) + i - pass_context: o for i, o in input_output_aliases})
     zeroed = zeroed_outputs(launch.constexprs) if callable(zeroed_outputs) else zeroed_outputs
     zeroed = sorted({*zeroed, *launch.reset_outputs})
     spec = KernelSpec(
@@ -153,19 +155,6 @@ def _stable(value):
     return f"{type(value).__name__}:{getattr(value, '__name__', None) or str(value).split(' at 0x')[0]}"
 
 
-def _resolve(fn, lead_avals, avals_in, scalars, avals_out, metaparams, input_output_aliases, pass_context):
-    """`fn`'s autotuners and heuristics resolved against the kernel's arguments in launch order
-    (see _kernel_args): lead (context, group row), array operands with scalars at their positions."""
-    scalar_at = dict(scalars)
-    arrays = iter([*lead_avals, *avals_in])
-    count = len(lead_avals) + len(avals_in) + len(scalars)
-    args = [scalar_at[p] if p in scalar_at else next(arrays) for p in range(count)]
-    array_at = [p for p in range(count) if p not in scalar_at]
-    # iris_triton_call numbers its operands after the device index (hence - pass_context)
-    aliases = {array_at[len(lead_avals) + i - pass_context]: o for i, o in input_output_aliases}
-    return resolve_kernel(fn, args, avals_out, metaparams, aliases)
-
-
 # XLA:CPU starts independent operations as soon as their inputs are ready, so two kernel
 # calls with no data dependency (two collectives over independent arrays) could run in a
 # different order on different devices and pair up wrongly. Each kernel call therefore
@@ -201,7 +190,7 @@ def _jax_triton_lowering(ctx, *args, **params):
     return _lower(ctx, args, ctx.avals_in, pass_context=False, fn=call.fn, scalar_args=call.scalars,
                   out_shapes=params["out_shapes"], grid=call.grid, input_output_aliases=call.input_output_aliases,
                   zeroed_outputs=call.zeroed_outputs, result_params=call.result_params,
-                  debug=bool(call.options.get("debug")), **call.metaparams)
+                  debug=call.debug, **call.metaparams)
 
 
 def register() -> None:

@@ -25,7 +25,7 @@ from jax.interpreters import mlir
 
 from iris_core.errors import IrisError
 from iris_jax import compat, kernel_cache
-from iris_jax.autotune import resolve_kernel
+from iris_jax.autotune import resolve_call
 from iris_jax.call import aval_nbytes, iris_triton_call_p, kernel_arguments, normalize_grid
 from iris_jax.operands import extra_operands
 
@@ -55,9 +55,9 @@ def _lowering(ctx, device_index, *args, fn, symmetric, group_axes, workspace, sc
 def launch(ctx, operand_avals, *, fn, scalars, aliases, metaparams, options, grid, zeroed_outputs,
            compute_capability):
     """jaxlib's TritonKernelCall of `fn` over `operand_avals` (then the outputs, ctx.avals_out)."""
-    args = kernel_arguments(operand_avals, scalars, ctx.avals_out)
-    resolved = resolve_kernel(fn, args[:len(args) - len(ctx.avals_out)], ctx.avals_out, metaparams,
-                              _positions(aliases, scalars))
+    values = [(i, v) for i, _, v in scalars]
+    args = kernel_arguments(operand_avals, values, ctx.avals_out)
+    resolved = resolve_call(fn, operand_avals, values, ctx.avals_out, metaparams, aliases)
     options = {k: next(v for v in (options.get(k), resolved.options.get(k), _DEFAULTS[k]) if v is not None)
                for k in _DEFAULTS}
     cc = compute_capability or _compute_capability()
@@ -79,19 +79,6 @@ def launch(ctx, operand_avals, *, fn, scalars, aliases, metaparams, options, gri
             params.append(lib.create_scalar_parameter(_python(arg), arg_type))
     grid = normalize_grid(grid, resolved.constexprs)
     return lib.TritonKernelCall(_triton_kernel(compiled, options["num_warps"], options["num_ctas"], cc), *grid, params)
-
-
-def _positions(aliases: dict, scalars) -> dict:
-    """Operand index -> output index, as positions among the kernel's arguments."""
-    scalar_at = sorted(i for i, _, _ in scalars)
-    position = {}
-    for operand, output in aliases.items():
-        p = operand
-        for s in scalar_at:
-            if s <= p:
-                p += 1
-        position[p] = output
-    return position
 
 
 def _python(value):

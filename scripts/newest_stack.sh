@@ -3,7 +3,7 @@
 # Python 3.13, jax 0.12, jax-triton 0.4, triton 3.9) inside a Debian 13 chroot, since the CPU
 # machines and CI have only Python 3.11. Needs root (debootstrap, chroot, mounts).
 #   bash scripts/newest_stack.sh [pytest args...]     (default: the whole CPU suite)
-# The chroot is built once into $IRIS_CHROOT (default /var/tmp/iris-trixie, about 5 minutes);
+# The chroot is built once into $IRIS_CHROOT (default /var/tmp/iris-trixie; a minute or two here);
 # the repository is bind-mounted at /iris and its venv lives in the chroot (/opt/iris-venv).
 set -euo pipefail
 cd "$(dirname "$0")/.."
