@@ -25,6 +25,7 @@ from functools import partial
 import jax
 from jax._src import core
 from jax._src.interpreters import ad, batching
+from jax._src.interpreters import partial_eval as pe
 from jax.extend.core import Primitive
 from jax.interpreters import mlir
 
@@ -143,6 +144,25 @@ def _batch(axis_data, vals, dims, *, collective, params, config):
 
 
 batching.fancy_primitive_batchers[iris_collective_p] = _batch
+
+
+# -- rematerialization ------------------------------------------------------------------
+def _remat(saveable, unks_in, inst_in, eqn):
+    """jax.checkpoint's choice for the lax collective the equation stands for: recomputed or
+    saved exactly where lax's would be. (JAX's default saves every effectful equation, and the
+    iris kernel effect would keep each collective's output alive through the backward pass.)"""
+    collective, params = eqn.params["collective"], dict(eqn.params["params"])
+    n = len(eqn.outvars)
+    needed = [x for x, inst in zip(eqn.invars, inst_in) if type(x) is core.Var and not inst]
+    if any(unks_in):  # depends on what the backward pass computes: it runs there
+        return None, eqn, [True] * n, [True] * n, needed
+    policy = pe.ensure_enum(saveable(collective, *[x.aval for x in eqn.invars], **params))
+    if isinstance(policy, pe.RecomputeType):  # forward for its value, again in the backward pass
+        return eqn, eqn, [False] * n, [True] * n, needed
+    return eqn, None, [False] * n, [False] * n, []  # saved (an offload policy saves in place)
+
+
+pe.partial_eval_jaxpr_custom_rules[iris_collective_p] = _remat
 
 
 # -- lowering ---------------------------------------------------------------------------
