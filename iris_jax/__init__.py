@@ -55,8 +55,11 @@ from iris_jax.collectives import (  # noqa: E402
     pmean,
     pmin,
     ppermute,
+    pshuffle,
     psum,
     psum_scatter,
+    pswapaxes,
+    ragged_all_to_all,
 )
 from iris_jax.config import CollectiveConfig, default_config, use_config  # noqa: E402
 from iris_jax.rewrite import Placement, UnsupportedCollectiveError, explain, replace_lax_collectives  # noqa: E402
@@ -73,8 +76,8 @@ __all__ = [
     # kernels and synchronization
     "Context", "DeviceContext", "triton_call", "barrier", "check_barrier", "check_heap_errors", "device_barrier",
     # collectives, fused ops, tracing
-    "all_gather", "all_reduce", "all_to_all", "broadcast", "pbroadcast", "pmax", "pmean", "pmin", "ppermute", "psum",
-    "psum_scatter", "CollectiveConfig", "default_config", "use_config", "replace_lax_collectives", "explain",
+    "all_gather", "all_reduce", "all_to_all", "broadcast", "pbroadcast", "pmax", "pmean", "pmin", "ppermute", "pshuffle",
+    "psum", "psum_scatter", "pswapaxes", "ragged_all_to_all", "CollectiveConfig", "default_config", "use_config", "replace_lax_collectives", "explain",
     "Placement",
     "ops", "tracing",
     # errors

@@ -122,6 +122,28 @@ def ppermute(x, axis_name, perm: Sequence[tuple[int, int]], *, config: Collectiv
     return run_on_iris(lambda v: lax_parallel.ppermute(v, axis_name, perm), (x,), _config(config))
 
 
+def pshuffle(x, axis_name, perm: Sequence[int], *, config: CollectiveConfig | None = None):
+    """Like `lax.pshuffle`: member i receives member perm[i]'s value (a ppermute)."""
+    return run_on_iris(lambda v: lax_parallel.pshuffle(v, axis_name, perm), (x,), _config(config))
+
+
+def pswapaxes(x, axis_name, axis: int, *, axis_index_groups=None, config: CollectiveConfig | None = None):
+    """Like `lax.pswapaxes`: swaps the mapped axis with positional `axis` (an all_to_all)."""
+    return run_on_iris(lambda v: lax_parallel.pswapaxes(v, axis_name, axis, axis_index_groups=axis_index_groups),
+                       (x,), _config(config))
+
+
+def ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, *, axis_name,
+                      axis_index_groups=None, config: CollectiveConfig | None = None):
+    """Like `lax.ragged_all_to_all`: slice k of my `operand` (rows input_offsets[k], + send_sizes[k])
+    goes to member k // (K / G), at rows output_offsets[k] of its `output`; rows nobody writes
+    keep `output`'s values. On iris each receiver pulls its slices straight into its output
+    (iris_core.collectives.ragged)."""
+    return run_on_iris(lambda *a: lax_parallel.ragged_all_to_all(*a, axis_name=axis_name,
+                                                                 axis_index_groups=axis_index_groups),
+                       (operand, output, input_offsets, send_sizes, output_offsets, recv_sizes), _config(config))
+
+
 def pbroadcast(x, axis_name, source: int, *, config: CollectiveConfig | None = None):
     """Like `lax.pbroadcast`: every member gets member `source`'s `x`."""
     if not 0 <= source < _axes_size(axis_name):

@@ -15,7 +15,8 @@ but the lowering is lax's own, applied through iris:
   span domains, iris inside them and XLA across (iris_jax.domains).
 
 One equation may carry several operands of one dtype with the same parameters (a pytree):
-their kernels run as one launch.
+their kernels run as one launch. A collective of several operands per call (ragged_all_to_all)
+is one call per equation, and lax's jvp, transpose and batching rules apply to it whole.
 """
 
 from __future__ import annotations
@@ -40,10 +41,21 @@ def freeze(params: dict) -> tuple:
     return tuple(sorted(params.items()))
 
 
-def _lax_bind(collective, x, params: dict):
-    """One operand through the lax primitive itself (single- or multiple-result)."""
-    out = collective.bind(x, **params)
-    return out[0] if collective.multiple_results else out
+def calls(collective, xs) -> list[list]:
+    """An equation's operands cut into the lax calls they stand for (iris_jax.rules: Rule.operands)."""
+    n = rules.rule_of(collective.name).operands
+    return [list(xs[i:i + n]) for i in range(0, len(xs), n)]
+
+
+def _lax_bind(collective, xs, params: dict) -> list:
+    """One call's operands through the lax primitive itself: its outputs as a list."""
+    out = collective.bind(*xs, **params)
+    return list(out) if collective.multiple_results else [out]
+
+
+def _whole_call(collective) -> bool:
+    """Whether lax's own rules apply to the whole call (several operands per call)."""
+    return rules.rule_of(collective.name).operands > 1
 
 
 def _abstract_eval(*avals, collective, params, config):
@@ -54,9 +66,9 @@ def _abstract_eval(*avals, collective, params, config):
 
     del config
     outs, effects = [], {iris_kernel_effect}
-    for aval in avals:
-        out, effect = collective.abstract_eval(aval, **dict(params))
-        outs.append(out[0] if collective.multiple_results else out)
+    for call in calls(collective, avals):
+        out, effect = collective.abstract_eval(*call, **dict(params))
+        outs.extend(out if collective.multiple_results else [out])
         effects |= set(effect)
     return outs, effects
 
@@ -82,6 +94,8 @@ def _zero_like(x):
 
 
 def _jvp(primals, tangents, *, collective, params, config):
+    if _whole_call(collective):
+        return _lax_jvp(primals, tangents, collective, dict(params), config)
     outs = iris_collective_p.bind(*primals, collective=collective, params=params, config=config)
     if _is_linear(collective):
         live = [i for i, t in enumerate(tangents) if type(t) is not ad.Zero]
@@ -98,9 +112,49 @@ def _jvp(primals, tangents, *, collective, params, config):
     return outs, [t if t is not None else _zero_like(y) for t, y in zip(found, outs)]
 
 
+def _lax_jvp(primals, tangents, collective, kwargs, config):
+    """lax's jvp rule, its collectives on iris (the tangents of integer operands are zeros)."""
+    from iris_jax.rewrite import run_on_iris
+
+    outs = iris_collective_p.bind(*primals, collective=collective, params=freeze(kwargs), config=config)
+    live = [i for i, t in enumerate(tangents) if type(t) is not ad.Zero]
+    if not live:
+        return outs, [_zero_like(o) for o in outs]
+
+    def jvp(primals, live_tangents):
+        full = list(tangents)
+        for i, t in zip(live, live_tangents):
+            full[i] = t
+        _, out_tangent = ad.primitive_jvps[collective](primals, full, **kwargs)
+        return list(out_tangent) if collective.multiple_results else [out_tangent]
+
+    return outs, run_on_iris(jvp, (list(primals), [tangents[i] for i in live]), config, merge=False)
+
+
+def _lax_transpose(cts, args, collective, kwargs, config):
+    """lax's transpose rule of the whole call, its collectives on iris."""
+    from iris_jax.rewrite import run_on_iris
+
+    undefined = [ad.is_undefined_primal(a) for a in args]
+    if all(type(ct) is ad.Zero for ct in cts):
+        return [ad.Zero(a.aval) if u else None for a, u in zip(args, undefined)]
+    rule = ad.primitive_transposes[collective]
+    known = [a for a, u in zip(args, undefined) if not u]
+
+    def transpose(cts, known):
+        known = iter(known)
+        full = [a if u else next(known) for a, u in zip(args, undefined)]
+        found = rule(cts if collective.multiple_results else cts[0], *full, **kwargs)
+        return [t if u else None for t, u in zip(found, undefined)]
+
+    return run_on_iris(transpose, ([ad.instantiate_zeros(ct) for ct in cts], known), config, merge=False)
+
+
 def _transpose(cts, *args, collective, params, config):
     from iris_jax.rewrite import run_on_iris
 
+    if _whole_call(collective):
+        return _lax_transpose(cts, args, collective, dict(params), config)
     override = rules.rule_of(collective.name).transpose
     rule = ad.primitive_transposes.get(collective)
     kwargs = dict(params)
@@ -127,6 +181,15 @@ def _batch(axis_data, vals, dims, *, collective, params, config):
 
     rule = batching.fancy_primitive_batchers[collective]
     kwargs = dict(params)
+    if _whole_call(collective):
+        found = {}
+
+        def batched(*vals):
+            out, out_dim = rule(axis_data, list(vals), list(dims), **kwargs)
+            found["dims"] = list(out_dim) if collective.multiple_results else [out_dim]
+            return list(out) if collective.multiple_results else [out]
+
+        return run_on_iris(batched, tuple(vals), config, merge=False), found["dims"]
     outs, out_dims = [], []
     for v, d in zip(vals, dims):
         found = {}
@@ -172,7 +235,7 @@ def _lowering(ctx, *xs, collective, params, config):
 
     kwargs = dict(params)
     if not lowers_on_iris(ctx):
-        return mlir.lower_fun(lambda *a: [_lax_bind(collective, x, kwargs) for x in a],
+        return mlir.lower_fun(lambda *a: [y for call in calls(collective, a) for y in _lax_bind(collective, call, kwargs)],
                               multiple_results=True)(ctx, *xs)
     axis_context = ctx.module_context.axis_context
     manual_mesh = axis_context.mesh.abstract_mesh.update_axis_types(

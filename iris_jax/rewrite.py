@@ -182,7 +182,8 @@ def merge_launches(eqns: list) -> list:
     for eqn in eqns:
         for key in {owner[v] for v in eqn.invars if isinstance(v, core.Var) and v in owner}:
             flush(key)
-        if eqn.primitive is iris_collective_p and rules.rule_of(eqn.params["collective"].name).has_kernel:
+        rule = rules.rule_of(eqn.params["collective"].name) if eqn.primitive is iris_collective_p else None
+        if rule is not None and rule.has_kernel and rule.operands == 1:
             p = eqn.params
             key = (p["collective"], p["params"], p["config"], tuple(v.aval.dtype for v in eqn.invars))
             open_groups.setdefault(key, []).append(eqn)

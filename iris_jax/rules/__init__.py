@@ -35,6 +35,10 @@ class Rule:
     their outputs; `jvp(primals, outs, tangents, params, config)` the tangents where the
     collective is not linear; `transpose(collective, ct, params, config)` a cotangent where lax's
     rule does not serve; `detail(params, config)` what `explain` says of a call on iris.
+
+    A collective of several operands per call (`operands` > 1: ragged_all_to_all's data,
+    output, offsets and sizes) makes one call per equation, and lax's own jvp, transpose and
+    batching rules apply to the whole call.
     """
 
     name: str
@@ -43,6 +47,7 @@ class Rule:
     plan: Callable
     lower_across: Callable
     sends_when_trivial: bool = False  # iris runs even a group of one or a zero-size call (it returns x)
+    operands: int = 1  # lax operands per call; 1: an equation's operands are a pytree, one call each
     jvp: Callable | None = None
     transpose: Callable | None = None
     detail: Callable = _no_detail
@@ -109,7 +114,8 @@ from iris_jax.rules import (  # noqa: E402  (each module registers its rule)
     ppermute,
     psum_scatter,
     pvary,
+    ragged_all_to_all,
 )
 
 __all__ = ["RULES", "Rule", "all_gather", "all_reduce", "all_to_all", "lower", "lower_across", "pbroadcast", "plan",
-           "ppermute", "psum_scatter", "pvary", "register", "rule_of"]
+           "ppermute", "psum_scatter", "pvary", "ragged_all_to_all", "register", "rule_of"]

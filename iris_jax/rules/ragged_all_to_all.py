@@ -1,0 +1,101 @@
+"""ragged_all_to_all: uneven, data-dependent slices of rows between every pair of members (the
+dispatch and combine of expert-parallel mixture-of-experts layers).
+
+One call of six operands (operand, output, input_offsets, send_sizes, output_offsets,
+recv_sizes), lax's semantics; its own kernel (iris_core.collectives.ragged): each receiver
+pulls the rows of the slices meant for it straight into its output, the sizes travelling with
+the first flag round. recv_sizes is lax's statement of what arrives; the kernel takes the
+sizes from their senders. lax's own jvp, transpose and batching rules apply (run on iris).
+Across domains: XLA (no composition here).
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+
+from iris_core.collectives import ragged
+from iris_core.collectives.workspace import MAX_PROGRAMS
+from iris_jax import domains, lowering
+from iris_jax.rules import Rule, register
+
+_TABLE_ENTRY = 3 * 8  # a slice's (input offset, size, output offset), int64
+
+
+def _check(operand, output, vectors, G: int):
+    """lax's requirements that XLA would otherwise find at run time, raised before anything runs."""
+    lengths = {v.shape[0] for v in vectors}
+    if len(lengths) != 1:
+        raise ValueError(f"ragged_all_to_all input_offsets, send_sizes, output_offsets and recv_sizes must have "
+                         f"the same length, got {[v.shape[0] for v in vectors]}")
+    (K,) = lengths
+    if K % G:
+        raise ValueError(f"ragged_all_to_all offsets and sizes have {K} entries, which is not a multiple of the "
+                         f"{G} members of the group")
+    if operand.ndim < 1 or operand.shape[1:] != output.shape[1:] or operand.dtype != output.dtype:
+        raise TypeError(f"ragged_all_to_all operand and output must share dtype and every dimension but the "
+                        f"first, got {operand.dtype}{list(operand.shape)} and {output.dtype}{list(output.shape)}")
+    return K // G
+
+
+def _lower(collective, params, config, axes, G, xs):
+    operand, output, input_offsets, send_sizes, output_offsets, recv_sizes = xs
+    slices = _check(operand, output, (input_offsets, send_sizes, output_offsets, recv_sizes), G)
+    N, M = operand.shape[0], output.shape[0]
+    R = math.prod(operand.shape[1:])
+    if N == 0 or M == 0 or R == 0:  # nothing can be sent or received
+        return [output]
+    out = launch(operand.reshape(N, R), output.reshape(M, R), input_offsets, send_sizes, output_offsets, slices,
+                 axes, G, config)
+    return [out.reshape(output.shape)]
+
+
+def launch(x, output, input_offsets, send_sizes, output_offsets, slices: int, axes, G: int, config):
+    """The ragged kernel on x [N, R] into output [M, R] (aliased)."""
+    from iris_jax import _runtime as runtime_lib
+    from iris_jax.call import triton_call
+    from iris_jax.call import varying_axes as vma
+    from iris_jax.workspace import workspaces
+
+    rt = runtime_lib.runtime()
+    layout = workspaces(rt).layout
+    (N, R), M, itemsize = x.shape, output.shape[0], x.dtype.itemsize
+    if R * itemsize > layout.data_bytes:
+        raise ValueError(f"ragged_all_to_all rows of {R * itemsize} bytes exceed the workspace buffer of "
+                         f"{layout.data_bytes} bytes (IRIS_WORKSPACE_BYTES)")
+    rows = min(N, layout.data_bytes // (R * itemsize))
+    largest_block, max_programs, num_warps = lowering.launch_config(rt, config)
+    table_lines = layout.data_bytes // (G * slices * _TABLE_ENTRY)  # programs whose slice tables fit
+    if table_lines < 1:
+        raise ValueError(f"ragged_all_to_all with {G * slices} slices per member exceeds the workspace")
+    block = max(16, min(largest_block, 1 << max(R - 1, 0).bit_length()))
+    vec = 16 // itemsize if R % (16 // itemsize) == 0 else 1
+    varying = vma(x) | vma(output) | vma(input_offsets) | vma(send_sizes) | vma(output_offsets) | set(axes)
+    return triton_call(
+        x, output, input_offsets, send_sizes, output_offsets, N, M, R, rows, kernel=ragged.ragged_kernel,
+        out_shape=jax.ShapeDtypeStruct((M, R), x.dtype), grid=(min(rows, max_programs, table_lines),),
+        num_warps=num_warps, group_axes=axes, input_output_aliases={1: 0}, out_varying=tuple(varying),
+        G=G, WORLD=rt.world_size, SLICES=slices, SLICES_P2=_pow2(slices), TABLE=_pow2(G * slices), BLOCK=block,
+        DATA=layout.data, DATA2=layout.data2, DATA_BYTES=layout.data_bytes, MAX_PROGRAMS=MAX_PROGRAMS,
+        TIMEOUT_NS=int(config.timeout_s * 1e9), WHAT="ragged_all_to_all", VEC=vec)
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def _plan(params, nbytes, sizes, inside, across, config):
+    return domains.plan_on_xla("ragged_all_to_all", tuple(params["axis_name"]), nbytes, inside)
+
+
+def _lower_across(collective, params, config, inside, across, xs):
+    return [collective.bind(*xs, **params)]
+
+
+def _detail(params, config) -> str:
+    return "ragged kernel: receivers pull their slices into the output"
+
+
+register(Rule("ragged_all_to_all", ("ragged_all_to_all",), _lower, _plan, _lower_across, operands=6,
+              sends_when_trivial=True, detail=_detail))
