@@ -132,13 +132,14 @@ def _lax_jvp(primals, tangents, collective, kwargs, config):
 
 
 def _lax_transpose(cts, args, collective, kwargs, config):
-    """lax's transpose rule of the whole call, its collectives on iris."""
+    """lax's transpose rule of the whole call (or the collective's rule's, which has lax's
+    signature), its collectives on iris."""
     from iris_jax.rewrite import run_on_iris
 
     undefined = [ad.is_undefined_primal(a) for a in args]
     if all(type(ct) is ad.Zero for ct in cts):
         return [ad.Zero(a.aval) if u else None for a, u in zip(args, undefined)]
-    rule = ad.primitive_transposes[collective]
+    rule = rules.rule_of(collective.name).transpose or ad.primitive_transposes[collective]
     known = [a for a, u in zip(args, undefined) if not u]
 
     def transpose(cts, known):

@@ -38,7 +38,8 @@ class Rule:
 
     A collective of several operands per call (`operands` > 1: ragged_all_to_all's data,
     output, offsets and sizes) makes one call per equation, and lax's own jvp, transpose and
-    batching rules apply to the whole call.
+    batching rules apply to the whole call; its `transpose`, if any, replaces lax's with lax's
+    signature.
     """
 
     name: str

@@ -5,7 +5,8 @@ One call of six operands (operand, output, input_offsets, send_sizes, output_off
 recv_sizes), lax's semantics; its own kernel (iris_core.collectives.ragged): each receiver
 pulls the rows of the slices meant for it straight into its output, the sizes travelling with
 the first flag round. recv_sizes is lax's statement of what arrives; the kernel takes the
-sizes from their senders. lax's own jvp, transpose and batching rules apply (run on iris).
+sizes from their senders. lax's own jvp and batching rules apply (run on iris); its transpose
+with the output's cotangent masked exactly (`_transpose`).
 Across domains: XLA (no composition here).
 """
 
@@ -14,10 +15,12 @@ from __future__ import annotations
 import math
 
 import jax
+import jax.numpy as jnp
 
 from iris_core.collectives import ragged
 from iris_core.collectives.workspace import MAX_PROGRAMS
 from iris_jax import domains, lowering
+from iris_jax.compat import lax_parallel
 from iris_jax.rules import Rule, register
 
 _TABLE_ENTRY = 3 * 8  # a slice's (input offset, size, output offset), int64
@@ -64,7 +67,7 @@ def launch(x, output, input_offsets, send_sizes, output_offsets, slices: int, ax
     if R * itemsize > layout.data_bytes:
         raise ValueError(f"ragged_all_to_all rows of {R * itemsize} bytes exceed the workspace buffer of "
                          f"{layout.data_bytes} bytes (IRIS_WORKSPACE_BYTES)")
-    rows = min(N, layout.data_bytes // (R * itemsize))
+    rows = min(N, min(layout.data_bytes, config.chunk_bytes or layout.data_bytes) // (R * itemsize) or 1)
     largest_block, max_programs, num_warps = lowering.launch_config(rt, config)
     table_lines = layout.data_bytes // (G * slices * _TABLE_ENTRY)  # programs whose slice tables fit
     if table_lines < 1:
@@ -85,6 +88,29 @@ def _pow2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
+def _transpose(ct, operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, *, axis_name,
+               axis_index_groups):
+    """lax's transpose (the cotangent goes back the way the rows came), but the output's
+    cotangent is zero exactly on the received rows: lax's mask, a cumulative sum of slice
+    starts and ends, is wrong where an empty slice starts at another's end (a common case:
+    an expert that got no tokens). Traced on iris (run_on_iris), lax's signature."""
+    from jax._src.interpreters import ad
+
+    lax = lax_parallel
+    output_at = lax.all_to_all(output_offsets, axis_name, 0, 0, tiled=True)  # where my received rows are
+    input_at = lax.all_to_all(input_offsets, axis_name, 0, 0, tiled=True)
+    operand_t = output_t = None
+    if ad.is_undefined_primal(operand):
+        operand_t = lax.ragged_all_to_all_p.bind(ct, ad.zeros_like_aval(operand.aval), output_at,
+                                                 recv_sizes, input_at, send_sizes, axis_name=axis_name,
+                                                 axis_index_groups=axis_index_groups)
+    if ad.is_undefined_primal(output):
+        rows = jnp.arange(ct.shape[0])[:, None]
+        received = ((rows >= output_at) & (rows < output_at + recv_sizes)).any(axis=1)
+        output_t = jnp.where(received.reshape(-1, *[1] * (ct.ndim - 1)), jnp.zeros_like(ct), ct)
+    return [operand_t, output_t, None, None, None, None]
+
+
 def _plan(params, nbytes, sizes, inside, across, config):
     return domains.plan_on_xla("ragged_all_to_all", tuple(params["axis_name"]), nbytes, inside)
 
@@ -98,4 +124,4 @@ def _detail(params, config) -> str:
 
 
 register(Rule("ragged_all_to_all", ("ragged_all_to_all",), _lower, _plan, _lower_across, operands=6,
-              sends_when_trivial=True, detail=_detail))
+              sends_when_trivial=True, transpose=_transpose, detail=_detail))
