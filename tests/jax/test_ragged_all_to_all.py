@@ -1,7 +1,7 @@
 """ragged_all_to_all on iris against lax's semantics (CPU simulator).
 
 XLA:CPU has no ragged-all-to-all, so values are checked against numpy (lax's docstring
-written out) and gradients against the same exchange written with lax.all_gather. Outputs
+written out) and gradients against the same exchange written with lax.all_gather (iris_jax.reference). Outputs
 start poisoned: rows nobody writes must keep the output's values. Worlds 1-8, one and several
 slices per member, uneven and zero sizes, gaps between slices, every dtype iris runs, several
 windows (the operand staged in parts), tuple axes; jit, grad, jvp, vmap, explain,
@@ -20,6 +20,7 @@ from jax.sharding import PartitionSpec as P
 
 import iris_jax
 from iris_jax import CollectiveConfig
+from iris_jax.reference import ragged_all_to_all as ragged_reference
 from tests.jax.helpers import use_runtime
 
 POISON = -7
@@ -146,26 +147,9 @@ def test_tuple_of_axes():
     np.testing.assert_array_equal(got, _want(arrays))
 
 
-def _by_all_gather(operand, output, io, ss, oo, rs, *, axis_name):
-    """The same exchange in lax collectives XLA:CPU runs: gather everything, pick my slices."""
-    operands, ios, sss, oos = (lax.all_gather(v, axis_name) for v in (operand, io, ss, oo))
-    G, K = ios.shape
-    S, me = K // G, lax.axis_index(axis_name)
-    rows = jnp.arange(output.shape[0])
-    result = output
-    for j in range(G):
-        for s in range(S):
-            k = me * S + s
-            start, n, dst = ios[j, k], sss[j, k], oos[j, k]
-            src = jnp.clip(rows - dst + start, 0, operand.shape[0] - 1)
-            hit = (rows >= dst) & (rows < dst + n)
-            result = jnp.where(hit.reshape(-1, *[1] * (output.ndim - 1)), operands[j][src], result)
-    return result
-
-
 def test_reference_agrees_with_numpy():
     arrays = _inputs(4, 2, N=40, M=40, trailing=(3,), dtype=np.float32, seed=5)
-    np.testing.assert_array_equal(_run(_by_all_gather, _mesh(4), arrays), _want(arrays))
+    np.testing.assert_array_equal(_run(ragged_reference, _mesh(4), arrays), _want(arrays))
 
 
 @pytest.mark.parametrize("G", [2, 4])
@@ -184,7 +168,7 @@ def test_gradients_against_lax(G):
 
     args = _put(mesh, [operand, output, *vectors, weights])
     got = jax.jit(jax.grad(loss(iris_jax.ragged_all_to_all), argnums=(0, 1)))(*args)
-    want = jax.jit(jax.grad(loss(_by_all_gather), argnums=(0, 1)))(*args)
+    want = jax.jit(jax.grad(loss(ragged_reference), argnums=(0, 1)))(*args)
     for g, w in zip(got, want):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-6, atol=1e-6)
 
@@ -197,7 +181,7 @@ def test_jvp_and_vmap():
     def exchange_of(ragged):
         return lambda x, out, *rest: ragged(x, out, *rest, axis_name="i")
 
-    for ragged in (iris_jax.ragged_all_to_all, _by_all_gather):
+    for ragged in (iris_jax.ragged_all_to_all, ragged_reference):
         f = exchange_of(ragged)
         tangent = jax.jit(jax.shard_map(
             lambda x, out, *rest: jax.jvp(lambda a, b: f(a[0], b[0], *[r[0] for r in rest])[None], (x, out),

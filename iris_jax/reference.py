@@ -1,0 +1,33 @@
+"""lax formulations of collectives that XLA:CPU does not run, to check iris against on the simulator.
+
+`ragged_all_to_all(...)` has lax.ragged_all_to_all's signature and semantics, written with
+lax.all_gather and selects (every member gathers every operand: a reference, not a fast path).
+On GPUs compare with lax.ragged_all_to_all itself.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jax import lax
+
+
+def ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, *, axis_name,
+                      axis_index_groups=None):
+    """lax.ragged_all_to_all through lax.all_gather (see the module docstring)."""
+    del recv_sizes  # the senders' sizes say the same
+    if axis_index_groups is not None:
+        raise NotImplementedError("reference.ragged_all_to_all: axis_index_groups")
+    operands, starts, sizes, targets = (lax.all_gather(v, axis_name) for v in
+                                        (operand, input_offsets, send_sizes, output_offsets))
+    members, slices = starts.shape[0], starts.shape[1] // starts.shape[0]
+    me = lax.axis_index(axis_name)
+    rows = jnp.arange(output.shape[0])
+    result = output
+    for sender in range(members):
+        for s in range(slices):
+            k = me * slices + s
+            start, size, target = starts[sender, k], sizes[sender, k], targets[sender, k]
+            source = jnp.clip(rows - target + start, 0, operand.shape[0] - 1)
+            hit = (rows >= target) & (rows < target + size) & (rows - target + start < operand.shape[0])
+            result = jnp.where(hit.reshape(-1, *[1] * (output.ndim - 1)), operands[sender][source], result)
+    return result
