@@ -226,7 +226,7 @@ def wall_time_per_call(fn, x, mesh, n, dtype, jax, jnp, P) -> float:
 
 # the communication kernels in a profile: iris's collective kernel, XLA's NCCL kernels, and
 # XLA's own all-reduce kernel (stream_executor::gpu::AllReduceKernelImpl; lax.psum's profiles
-# at <= 1 MiB in runs 40-41 held no NCCL kernel, presumably this one: its name is taken from
+# at <= 1 MiB on 2 x H200 held no NCCL kernel, presumably this one: its name is taken from
 # XLA's source, not yet seen in one of our profiles)
 COMM_KERNELS = re.compile(r"collective_kernel|nccl|AllReduceKernel", re.IGNORECASE)
 
