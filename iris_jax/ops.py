@@ -192,7 +192,7 @@ def _chunks(total, step):
     return [(s, min(total, s + step)) for s in range(0, total, step)]
 
 
-def _common(a, b, fs):
+def _common(a, fs):
     BM, BN, BK, GROUP_M, PREC, warps, stages = fs.config(a.dtype)
     return dict(BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M, PREC=PREC), dict(num_warps=warps, num_stages=stages)
 
@@ -206,7 +206,7 @@ def matmul(a, b):
     if M == 0 or N == 0 or K == 0:
         return jnp.zeros((M, N), a.dtype)
     fs = settings()
-    meta, launch = _common(a, b, fs)
+    meta, launch = _common(a, fs)
     tiles = math.ceil(M / meta["BM"]) * math.ceil(N / meta["BN"])
     return triton_call(a, b, kernel=Gm.matmul_kernel, out_shape=jax.ShapeDtypeStruct((M, N), a.dtype),
                        grid=(min(tiles, fs.programs),), M=M, N=N, K=K, stride_am=K, stride_ak=1, stride_bk=N,
@@ -220,7 +220,7 @@ def _launch_reduce(a, b, axes, scatter: bool, what, timeout_s):
     fs = settings()
     layout = workspaces(rt).fused_layout
     G = group_size(axes)
-    meta, launch = _common(a, b, fs)
+    meta, launch = _common(a, fs)
     BM, BN = meta["BM"], meta["BN"]
     K, N = b.shape
     NB = G if scatter else 1
@@ -347,7 +347,7 @@ def _launch_gather(a, b, axes, timeout_s):
     fs = settings()
     layout = workspaces(rt).fused_layout
     G = group_size(axes)
-    meta, launch = _common(a, b, fs)
+    meta, launch = _common(a, fs)
     BM = meta["BM"]
     M, K = a.shape
     N = b.shape[1]
