@@ -84,7 +84,7 @@ def main():
                 op, _, variant = op_name.partition(":")
                 in_place = variant == "heap"  # the input on the heap: read in place (zero-copy)
                 iris_op, lax_op, out_spec, busbw_factor = _ops(op, "auto" if in_place or not variant else variant, W,
-                                                               iris_jax, lax, jnp)
+                                                               iris_jax, lax)
                 single = {}
                 for lib, fn in (("iris", iris_op), ("lax", lax_op)):
                     single[lib] = jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=P("i"), out_specs=out_spec))
@@ -146,7 +146,7 @@ def _save_json(out_dir, W, gpu, rows):
         json.dump({"world_size": W, "gpu": gpu, "rows": rows}, f, indent=1)
 
 
-def _ops(op, variant, W, iris_jax, lax, jnp):
+def _ops(op, variant, W, iris_jax, lax):
     """(iris fn, lax fn, out_spec, busbw factor) for one op on per-device input v."""
     from jax.sharding import PartitionSpec as P
 
@@ -226,7 +226,7 @@ def wall_time_per_call(fn, x, mesh, n, dtype, jax, jnp, P) -> float:
 
 # the communication kernels in a profile: iris's collective kernel, XLA's NCCL kernels, and
 # XLA's own all-reduce kernel (stream_executor::gpu::AllReduceKernelImpl; lax.psum's profiles
-# at <= 1 MiB in runs 40-41 held no NCCL kernel, presumably this one: its name is taken from
+# at <= 1 MiB on 2 x H200 held no NCCL kernel, presumably this one: its name is taken from
 # XLA's source, not yet seen in one of our profiles)
 COMM_KERNELS = re.compile(r"collective_kernel|nccl|AllReduceKernel", re.IGNORECASE)
 

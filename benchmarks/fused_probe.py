@@ -3,7 +3,7 @@
     python benchmarks/fused_probe.py [--m 8192] [--n 8192] [--k 4096] [--reps 20]
 
 Written when the fused matmul_all_reduce kernel over a group of one took ~1070 us where the
-GEMM core alone took ~745 (RESULTS.md runs 27-31). It showed (runs 32-33) that the GEMM
+GEMM core alone took ~745. It showed that the GEMM
 programs alone ran at full speed and slowed down as soon as the reducing programs' waits were
 compiled in: their timeout print made ptxas serialize the kernel's wgmma. This script
 launches the kernels directly from torch on GPU 0 (a world of one: the heap is a torch

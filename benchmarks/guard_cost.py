@@ -146,8 +146,8 @@ def shared_rank(process: int, port: int, sizes: str, calls: int) -> None:
     import iris_jax
     from benchmarks.collectives import _chain_jit, gpu_time, parse_size
 
-    rt = iris_jax.init(heap_size=256 << 20)
-    devices = sorted(jax.devices(), key=lambda d: d.id)  # both processes' ranks (rt.devices: this one's)
+    iris_jax.init(heap_size=256 << 20)
+    devices = sorted(jax.devices(), key=lambda d: d.id)  # both processes' ranks (the runtime's devices: this one's)
     mesh = jax.make_mesh((len(devices),), ("i",), devices=devices)
     for size in sizes.split(","):
         n = parse_size(size) // 4

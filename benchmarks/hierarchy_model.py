@@ -6,8 +6,8 @@ No multi-node machine was available: this combines measured intra-domain times w
 textbook model of the inter-domain network. Assumptions:
 
 * A domain is the measured node: 2 x H200 over NVLink (NV18). Intra-domain times are iris's
-  psum, psum_scatter and all_gather per call on it, float32 (benchmarks/RESULTS.md, session 8,
-  run 46; benchmarks/out/collectives.json), interpolated log-log between the measured sizes
+  psum, psum_scatter and all_gather per call on it, float32 (the collectives tables of
+  benchmarks/RESULTS.md; benchmarks/out/collectives.json), interpolated log-log between the measured sizes
   (1 KiB .. 1 GiB per GPU). Their flat baseline at one domain is lax.psum from the same run.
 * Across domains every GPU has its own NIC ("rail"): InfiniBand NDR, 400 Gb/s = 50 GB/s per
   direction, of which `efficiency` (0.9) is reached; a message step costs `alpha` (3 us:
@@ -38,7 +38,7 @@ import math
 
 G = 2  # GPUs per domain in the measurements
 KIB = 1024
-# bytes per GPU -> us per call, 2 x H200, float32, RESULTS.md session 8 run 46 (1 GiB: runs 29/40)
+# bytes per GPU -> us per call, 2 x H200, float32 (benchmarks/RESULTS.md's collectives tables)
 MEASURED_SIZES = [KIB << k for k in range(0, 21, 2)]  # 1 KiB, 4 KiB, ..., 1 GiB
 IRIS_PSUM = [5.68, 5.99, 6.36, 7.43, 7.77, 10.96, 21.13, 63.22, 228.47, 894.12, 3502.66]
 IRIS_PSUM_SCATTER = [5.80, 5.89, 6.20, 7.75, 7.70, 9.47, 16.19, 39.20, 135.11, 524.49, 2009.83]

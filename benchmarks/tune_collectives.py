@@ -61,7 +61,7 @@ def main():
             n = max(W, parse_size(size) // 4 // W * W)
             x = jax.device_put(jax.random.normal(jax.random.key(n), (W * n,), jnp.float32),
                                NamedSharding(mesh, P("i")))
-            iris_fn, lax_fn, out_spec, busbw_factor = _ops(op, "one_shot", W, iris_jax, lax, jnp)
+            iris_fn, lax_fn, out_spec, busbw_factor = _ops(op, "one_shot", W, iris_jax, lax)
             run = lambda f: np.asarray(jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P("i"), out_specs=out_spec))(x))
             ok = bool(np.allclose(run(iris_fn), run(lax_fn), rtol=1e-5, atol=1e-5 * W))
             us, kernel_us = (t * 1e6 for t in _time_per_call(iris_fn, x, mesh, n, jnp.dtype(jnp.float32), jax, jnp, P))

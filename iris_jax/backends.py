@@ -31,7 +31,7 @@ GPU_MULTI = "gpu-multi-process"
 
 # the collective kernel's elements per tile: on GPUs the best of benchmarks/tune_collectives.py;
 # the interpreter runs a tile as numpy operations, so a few large tiles cost far less than many
-# small ones (RESULTS.md, "Simulator speed"): there the largest that a workspace slot holds
+# small ones (each tile operation has a fixed interpreter cost): there the largest that a workspace slot holds
 GPU_BLOCK, SIM_BLOCK = 8192, 1 << 18
 FALLBACK_SMS = 132  # an H200's, for devices that do not report their SM count
 SIM_SMS = 2  # what a simulated device counts as

@@ -52,7 +52,7 @@ class CollectiveConfig:
 
     variant: str = "auto"
     timeout_s: float = DEFAULT_TIMEOUT_S
-    two_shot_from: int = 1 << 62  # two-shot never beat one-shot on 2 x H200 (RESULTS.md)
+    two_shot_from: int = 1 << 62  # never: two-shot did not beat one-shot at any size on 2 x H200
     zero_copy_from: int = 16 << 20
     push_from: int = 32 << 20
     stream_from: int = 16 << 20

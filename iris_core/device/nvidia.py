@@ -63,7 +63,7 @@ else:
         REPORT=False aborts without printing. Kernels with tensor-core GEMMs must pass it: the
         print is an extern call (`vprintf`), and ptxas then serializes every wgmma of the
         kernel (each waits for the previous one), which costs the GEMM much of its speed
-        (benchmarks/fused_probe.py; RESULTS.md, "session 6")."""
+        (benchmarks/fused_probe.py shows where)."""
         if REPORT:
             tl.device_print("iris: timed out waiting for a peer rank in", rank)
         tl.inline_asm_elementwise("trap;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
@@ -100,7 +100,7 @@ else:
         every later read of this thread sees what the writer released before the flag.
         (`tl.atomic_add(flag, 0, sem="acquire")` after a polling loop does not do this when
         its result is unused: Triton drops it. A `fence.acq_rel.sys` after the wait would
-        order the reads too, at a cost per wait: RESULTS.md, "session 5".)"""
+        order the reads too, at the cost of a fence per wait.)"""
         if ptr.dtype.element_ty.primitive_bitwidth == 64:
             return tl.inline_asm_elementwise("ld.acquire.sys.global.b64 $0, [$1];", "=l,l", [ptr],
                                              dtype=ptr.dtype.element_ty, is_pure=False, pack=1)

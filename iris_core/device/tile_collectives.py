@@ -12,7 +12,7 @@ on the simulator with a PeerTimeoutError naming the rank, on GPUs with a trap an
 because these run inside GEMM kernels and a print there (an extern call) makes ptxas
 serialize every wgmma of the kernel (see nvidia.peer_timeout).
 Peers' data is read with plain loads after the flag's acquire and a CTA barrier: `.cg` loads
-of peer memory (L2 only) are much slower (benchmarks/RESULTS.md, "session 2").
+of peer memory (L2 only) are much slower (benchmarks/rma.py times both).
 """
 
 import triton

@@ -12,8 +12,8 @@ nothing: the kernel is the same as without tracing.
 Event ids (constexprs below; names and host side in `iris_core.tracing.events`):
 RMA ops EVENT_LOAD .. EVENT_ATOMIC_CAS (recorded automatically); collective phases
 EVENT_WAIT (waiting on peers' flags), EVENT_TRANSFER (moving data between ranks),
-EVENT_REDUCE (combining), EVENT_BARRIER (a device barrier), EVENT_SIGNAL (raising peers'
-flags), recorded by the kernels that run them; kernels' own events from EVENT_USER up.
+EVENT_REDUCE (combining), EVENT_BARRIER (a device barrier), recorded by the kernels that
+run them; kernels' own events from EVENT_USER up.
 
 Where events go: the context's tracing words (see `iris_core.heap.context_layout`):
 [trace_enabled, max_events, counter, op_index counter, 13 per-event buffers]. The last
@@ -57,7 +57,6 @@ EVENT_WAIT = tl.constexpr(events.WAIT)
 EVENT_TRANSFER = tl.constexpr(events.TRANSFER)
 EVENT_REDUCE = tl.constexpr(events.REDUCE)
 EVENT_BARRIER = tl.constexpr(events.BARRIER)
-EVENT_SIGNAL = tl.constexpr(events.SIGNAL)
 EVENT_USER = tl.constexpr(events.USER)
 
 # word indices inside the tracing words

@@ -71,10 +71,10 @@ def check_access(bad, offset, rank, rank_ok, from_base, from_rank, heap_size, ac
         info = {"op": op_name, "rank": target, "offset": where, "rank_error": not bool(_values(rank_ok).all())}
         raise NotOnHeapError(status.describe(info, me, size, kernel_name()))
     if CHECKED:
-        _check_allocation(offset, access, from_base, me, _values(rank), size, op_name, int(_values(element)[0]))
+        _check_allocation(offset, access, from_base, me, _values(rank), op_name, int(_values(element)[0]))
 
 
-def _check_allocation(offset, access, from_base, me, ranks, heap_size, op_name, element) -> None:
+def _check_allocation(offset, access, from_base, me, ranks, op_name, element) -> None:
     from iris_core.heap.shared_memory import heap_at
 
     heap = heap_at(int(_values(from_base)[0]))

@@ -168,7 +168,7 @@ def _patch_interpreter(ti) -> None:
 
     Speed: the interpreter patches the language again at every call of a @triton.jit helper
     (and never undoes it), an inspect.getmembers each time, and a collective kernel makes
-    dozens of such calls per launch (RESULTS.md, "Simulator speed"). Inside a launch, a
+    dozens of such calls per launch, which made small launches slow. Inside a launch, a
     helper that sees the same language modules as the ones already patched gets nothing
     new from it, so it is skipped; and a launch's patches are the same at every launch, so
     they are taken once and set again from that list.

@@ -2,8 +2,8 @@
 
 The interpreter runs a kernel's scalar code through Triton's front end: every `a + b` goes
 through a builtin's wrappers, type checks and new type objects, a few dozen Python calls
-each, and that per-operation overhead is most of a small launch's time (RESULTS.md,
-"Simulator speed"). Each function here returns what Triton's would (same values, types
+each, and that per-operation overhead is most of a small launch's time (profiled).
+Each function here returns what Triton's would (same values, types
 and errors: anything off the common path goes to Triton's own); only the work is less.
 """
 

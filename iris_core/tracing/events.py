@@ -16,7 +16,6 @@ WAIT = 16  # waiting for peers' flags
 TRANSFER = 17  # moving data between ranks
 REDUCE = 18  # combining received data
 BARRIER = 19  # a device barrier, from entry to exit
-SIGNAL = 20  # raising flags on peers
 # first id free for kernels' own events
 USER = 64
 
@@ -25,10 +24,10 @@ NAMES = {
     ATOMIC_ADD: "atomic_add", ATOMIC_SUB: "atomic_sub", ATOMIC_XCHG: "atomic_xchg",
     ATOMIC_XOR: "atomic_xor", ATOMIC_AND: "atomic_and", ATOMIC_OR: "atomic_or",
     ATOMIC_MIN: "atomic_min", ATOMIC_MAX: "atomic_max", ATOMIC_CAS: "atomic_cas",
-    WAIT: "wait", TRANSFER: "transfer", REDUCE: "reduce", BARRIER: "barrier", SIGNAL: "signal",
+    WAIT: "wait", TRANSFER: "transfer", REDUCE: "reduce", BARRIER: "barrier",
 }
 RMA_EVENTS = frozenset(range(LOAD, ATOMIC_CAS + 1))
-PHASE_EVENTS = frozenset((WAIT, TRANSFER, REDUCE, BARRIER, SIGNAL))
+PHASE_EVENTS = frozenset((WAIT, TRANSFER, REDUCE, BARRIER))
 
 
 def event_name(event_id: int, names: dict[int, str] | None = None) -> str:

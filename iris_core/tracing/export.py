@@ -34,7 +34,7 @@ def chrome_trace(traces: Sequence[RankTrace], names: dict[int, str] | None = Non
       align: "barrier" (default): shifts each rank so that its first barrier event ends
         when the first rank's does, then subtracts the earliest timestamp of all; without
         barrier events it acts as "global". Needed on GPUs: the %globaltimer clocks of two
-        GPUs of one node disagree by more than a typical span (RESULTS.md, "session 2").
+        GPUs of one node disagree by more than a typical span (measured on 2 x H200).
         "global": the earliest timestamp subtracted only (one clock for every rank, as the
         simulator's host clock); "none": raw timestamps.
     """

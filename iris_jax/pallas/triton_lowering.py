@@ -88,7 +88,7 @@ def _lowering(ctx, *args_flat, args_tree, op, slot, sem, scope, volatile, cache_
         return [pl_triton._load(pointers, mask=mask, other=other, cache_modifier=cache_modifier,
                                 is_volatile=volatile)]
     if op == "load_acquire":
-        return [_load_acquire(pointers, scope, dtype)]
+        return [_load_acquire(pointers, scope)]
     value = _operand(a.value, avals.value, shape, dtype)
     if op == "store":
         pl_triton._store(pointers, value, mask=mask, cache_modifier=cache_modifier)
@@ -110,7 +110,7 @@ def _lowering(ctx, *args_flat, args_tree, op, slot, sem, scope, volatile, cache_
                                   sync_scope=sync_scope)]
 
 
-def _load_acquire(pointers, scope, dtype):
+def _load_acquire(pointers, scope):
     """`ld.acquire.<scope>` through non-pure inline PTX: the compiler may neither drop nor
     hoist it, so it can poll a flag in a loop."""
     scope = {"cta": "cta", "gpu": "gpu", "sys": "sys"}[scope]

@@ -31,7 +31,7 @@ TOLERANCE = {"float32": (1e-5, 1e-5), "bfloat16": (2e-2, 2e-2), "float16": (4e-3
 
 # Larger worlds compile slower kernels (loops over the ranks unroll, and jax-triton compiles every
 # kernel in every process): about 1.6 s per collective kernel at 2 ranks, 2-4 s at 4, 8-12 s at 8 on
-# the H200 machine with the three worlds at once (RESULTS.md, 2026-12-01). So the collective matrix
+# the H200 machine with the three worlds at once. So the collective matrix
 # thins with the world (tier): 2 ranks every variant, kind, dtype and path; 4 ranks every variant and
 # kind in float32 and the other dtypes and paths through a few kernels; 8 ranks every variant and
 # kind once (float32, 2^20 + 3 elements, the default paths); scenarios whose kernels do not depend
@@ -861,7 +861,7 @@ def _one_trap_at_a_time(world: World):
     """Processes sharing one GPU make their failing call one after another (process p after p - 1).
 
     Traps of several processes' kernels at once on one time-sliced GPU left some of them in
-    block_until_ready with no error and no output from the kernel (RESULTS.md, session 11); one
+    block_until_ready with no error and no output from the kernel (at 4 and 8 ranks); one
     process per GPU, or one trap at a time, reports every one. Elsewhere this does nothing."""
     store = world.runtime.store
     if not world.shared_gpu:

@@ -1,4 +1,4 @@
-"""Plain @triton.jit kernels of tests/jax/test_triton_autotune.py (the test wraps them in
+"""Plain @triton.jit kernels of tests/jax/test_autotune.py (the test wraps them in
 autotune / heuristics); here so that a simulated rank's worker imports them cheaply."""
 
 import triton

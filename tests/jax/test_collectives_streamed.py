@@ -88,7 +88,7 @@ def small_workspace_big_stream_buffers(monkeypatch):
 
 def test_streamed_buffers_sized_apart(small_workspace_big_stream_buffers, launched, rng):
     """Calls larger than the workspace's chunk still stream when they fit the streamed
-    buffers (as 64 MiB calls on 2 GPUs with IRIS_STREAM_BYTES = 128 MiB, RESULTS run 38)."""
+    buffers (as 64 MiB calls on 2 GPUs with IRIS_STREAM_BYTES = 128 MiB)."""
     run_cases(mesh_of((3,), ("i",)), _cases(3, F32), F32, rng)
     assert launched == [True] * 6 + [False]
     from iris_jax.workspace import workspaces

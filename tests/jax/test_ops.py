@@ -286,7 +286,7 @@ def test_reduce_programs_setting(monkeypatch):
 
 
 # benchmarks/fused.py's shapes (global M, N = K; bf16, 2 GPUs) with what fused measured against
-# XLA in RESULTS.md run 34 (xla time / fused time): auto must run fused where it won, except
+# XLA on 2 x H200 (xla time / fused time; benchmarks/RESULTS.md): auto must run fused where it won, except
 # by a hair (all_gather_matmul 4096 x 4096: 1.02x, left to XLA)
 AUTO_CASES = {
     "matmul_all_reduce": {(1024, 4096): 1.35, (4096, 4096): 0.90, (8192, 4096): 0.94, (1024, 8192): 0.90,

@@ -32,11 +32,6 @@ def _x(mesh, rng, shape=(8, 6), spec=None):
     return jax.device_put(jnp.asarray(rng.standard_normal(shape), jnp.float32), NamedSharding(mesh, spec or P("i")))
 
 
-def _text(lowered) -> str:
-    """The lowered program, kernel call sites unnumbered (each gets a fresh target name)."""
-    return re.sub(r"iris_cpu_kernel_\d+", "iris_cpu_kernel", lowered.as_text())
-
-
 def kernels(lowered) -> int:
     return lowered.as_text().count("iris_cpu_kernel")
 
