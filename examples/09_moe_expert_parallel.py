@@ -41,6 +41,12 @@ def exclusive_cumsum(v, axis=0):
     return jnp.cumsum(v, axis=axis) - v
 
 
+def buffer(shape, dtype):
+    """A receive buffer that varies over "ep": lax.ragged_all_to_all types its result as its
+    output buffer, and an invariant one (plain jnp.zeros) would make the gradient wrong."""
+    return lax.pcast(jnp.zeros(shape, dtype), "ep", to="varying")
+
+
 def moe_layer(params, x, *, top_k, ragged_all_to_all=lax.ragged_all_to_all):
     """x [T, D] -> [T, D], per rank inside shard_map over "ep"."""
     local = params["w1"].shape[0]  # experts on this rank
@@ -59,8 +65,8 @@ def moe_layer(params, x, *, top_k, ragged_all_to_all=lax.ragged_all_to_all):
     dispatch = partial(ragged_all_to_all, axis_name="ep")
     sent_at = exclusive_cumsum(send)  # where my slice for rank i starts in my sorted rows
     lands_at = exclusive_cumsum(counts, axis=0)[me]  # where it lands on rank i: after ranks < me
-    rows = dispatch(x[order // top_k], jnp.zeros((capacity, D), x.dtype), sent_at, send, lands_at, recv)
-    ids = dispatch(expert_of[:, None], jnp.zeros((capacity, 1), jnp.int32), sent_at, send, lands_at, recv)
+    rows = dispatch(x[order // top_k], buffer((capacity, D), x.dtype), sent_at, send, lands_at, recv)
+    ids = dispatch(expert_of[:, None], buffer((capacity, 1), jnp.int32), sent_at, send, lands_at, recv)
 
     # the local experts on what arrived (row r is real iff r < recv.sum())
     real = jnp.arange(capacity) < recv.sum()
@@ -69,7 +75,7 @@ def moe_layer(params, x, *, top_k, ragged_all_to_all=lax.ragged_all_to_all):
     y = jnp.einsum("emd,me->md", jnp.einsum("emf,efd->emd", h, params["w2"]), which)
 
     # combine: every block goes back to where it came from
-    back = ragged_all_to_all(y, jnp.zeros((T * top_k, D), x.dtype), exclusive_cumsum(recv), recv,
+    back = ragged_all_to_all(y, buffer((T * top_k, D), x.dtype), exclusive_cumsum(recv), recv,
                              exclusive_cumsum(counts, axis=1)[:, me], send, axis_name="ep")
     pairs = jnp.zeros_like(back).at[order].set(back).reshape(T, top_k, D)
     return jnp.einsum("tkd,tk->td", pairs, gates.astype(x.dtype))

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 from jax import tree_util
 
 from iris_core.collectives.group import RING_MAX_MEMBERS
+from iris_jax.call import vary
 from iris_jax.compat import lax_parallel
 from iris_jax.config import VARIANTS, CollectiveConfig, default_config
 from iris_jax.lowering import group_size
@@ -138,10 +139,16 @@ def ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offsets
     """Like `lax.ragged_all_to_all`: slice k of my `operand` (rows input_offsets[k], + send_sizes[k])
     goes to member k // (K / G), at rows output_offsets[k] of its `output`; rows nobody writes
     keep `output`'s values. On iris each receiver pulls its slices straight into its output
-    (iris_core.collectives.ragged)."""
-    return run_on_iris(lambda *a: lax_parallel.ragged_all_to_all(*a, axis_name=axis_name,
-                                                                 axis_index_groups=axis_index_groups),
-                       (operand, output, input_offsets, send_sizes, output_offsets, recv_sizes), _config(config))
+    (iris_core.collectives.ragged).
+
+    One difference from lax: the result varies over `axis_name`. lax types it as `output`, so
+    with an output that does not vary (`jnp.zeros(...)`, the usual buffer) the result is typed
+    the same on every member, and its gradient is summed over the members: wrong. Mark such a
+    buffer varying (`lax.pcast(buf, axis_name, to="varying")`) when calling lax's."""
+    axes = tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
+    return run_on_iris(lambda operand, output, *rest: lax_parallel.ragged_all_to_all(
+        operand, vary(output, axes), *rest, axis_name=axis_name, axis_index_groups=axis_index_groups),
+        (operand, output, input_offsets, send_sizes, output_offsets, recv_sizes), _config(config))
 
 
 def pbroadcast(x, axis_name, source: int, *, config: CollectiveConfig | None = None):

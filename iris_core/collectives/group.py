@@ -89,6 +89,19 @@ class Group:
         return tl.cast(self.ws_base + self.pid * LINE, tl.pointer_type(tl.int64))
 
     @triton.jit
+    def end_call(self, epoch):
+        """Stores my program's call count `epoch`, and the same in the lines of the programs
+        this launch does not have (pid + programs, pid + 2 programs, ...). Every program's
+        count then stays the same whatever the grids of the calls, so that each call's buffers
+        have the other parity than the last call's for every program: a program that skipped
+        calls would otherwise stage into the buffer a peer may still be reading (another
+        program's, of the previous call), with no wait between them."""
+        tl.debug_barrier()  # every thread is done with the old count
+        lines = self.pid + self.programs * tl.arange(0, self.MAX_PROGRAMS)
+        ptrs = tl.cast(self.ws_base, tl.pointer_type(tl.int64)) + lines.to(tl.int64) * (LINE // 8)
+        tl.store(ptrs, tl.full([self.MAX_PROGRAMS], 0, tl.int64) + epoch, mask=lines < self.MAX_PROGRAMS)
+
+    @triton.jit
     def publish(self, input_offset):
         """Zero-copy: writes my input's heap offset (-1: staged) next to my flag on every member;
         the next signal releases it. Stable for the whole call (rewritten after the DONE round)."""

@@ -120,4 +120,4 @@ def ragged_kernel(context_ptr, group_ptr, x_ptr, output_ptr, in_offsets, sizes, 
             first = lo + (g.pid - (lo - r0) % P + P) % P  # my program's first row at or after lo
             for row in range(first, hi, P):
                 _copy_row(g, ws + (row - r0) * R64, out_ptr + (row + shift) * R64, sender, R, BLOCK, VEC)
-    flags.write_epoch(epoch_ptr, epoch + windows)
+    g.end_call(epoch + windows)
