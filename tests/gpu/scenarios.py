@@ -945,6 +945,101 @@ def transforms(world: World) -> None:
                 world.expect(f"{name} under {transform} on rank {me}", world.shard(got, me).reshape(-1),
                              want[me].reshape(-1), "float32")
 
+def ragged(world: World) -> None:
+    """ragged_all_to_all against numpy and against lax's on XLA (GPUs run it): float32 and
+    bfloat16, one and two slices per member, zero sizes, gaps; the operand in several windows;
+    the gradient against lax's."""
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+    from jax.sharding import PartitionSpec as P
+
+    import iris_jax
+    from iris_jax import reference
+    from tests.jax.test_ragged_all_to_all import exchange, expected
+
+    G = world.size
+    gpu = jax.devices()[0].platform == "gpu"
+    for dtype, slices, R, chunk in (("float32", 1, 1000, 0), ("bfloat16", 2, 257, 0), ("float32", 2, 1024, 64 << 10)):
+        rng = np.random.default_rng(G * 100 + slices)
+        N = M = G * slices * 40 + 7
+        io, ss, oo, rs = exchange(G, slices, N, M, rng, most=20)
+        operand = rng.standard_normal((G, N, R)).astype(jnp.dtype(dtype))
+        output = np.full((G, M, R), -7, jnp.dtype(dtype))
+        args = [world.put(a) for a in (operand, output, io, ss, oo, rs)]
+        config = iris_jax.CollectiveConfig(chunk_bytes=chunk) if chunk else None
+        on_iris = world.smap(lambda *a: iris_jax.ragged_all_to_all(*a, axis_name="i", config=config), P("i"), P("i"))
+        on_xla = world.smap(lambda *a: lax.ragged_all_to_all(*a, axis_name="i"), P("i"), P("i"))
+        got, want = on_iris(*args), expected(operand, output, io, ss, oo)
+        xla = on_xla(*args) if gpu else got  # (XLA:CPU has no ragged-all-to-all: scenarios debugged there)
+        what = f"ragged_all_to_all {dtype} slices={slices} rows={R} chunk={chunk}"
+        for me in world.ranks:
+            world.expect(f"{what} on rank {me}", world.shard(got, me), want[me], dtype, exact=True)
+            world.expect(f"{what} against XLA on rank {me}", world.shard(got, me), world.shard(xla, me), dtype,
+                         exact=True)
+
+    def loss(ragged):
+        def per_rank(x, io, ss, oo, rs, w):
+            buffer = lax.pcast(jnp.zeros(x.shape, x.dtype), "i", to="varying")
+            return jnp.sum(jnp.sin(ragged(x, buffer, io, ss, oo, rs, axis_name="i")) * w)[None]
+        summed = jax.shard_map(per_rank, mesh=world.mesh, in_specs=P("i"), out_specs=P("i"))
+        return jax.jit(jax.grad(lambda *a: summed(*a).sum()))
+
+    rng = np.random.default_rng(7)
+    N = G * 30
+    vectors = exchange(G, 1, N, N, rng, most=20)
+    args = [world.put(a) for a in (rng.standard_normal((G, N, 64)).astype(np.float32), *vectors,
+                                    rng.standard_normal((G, N, 64)).astype(np.float32))]
+    got = loss(iris_jax.ragged_all_to_all)(*args)
+    want = loss(lax.ragged_all_to_all if gpu else reference.ragged_all_to_all)(*args)
+    for me in world.ranks:
+        world.expect(f"ragged_all_to_all gradient against XLA's on rank {me}", world.shard(got, me),
+                     world.shard(want, me), "float32")
+
+
+def moe(world: World) -> None:
+    """examples/09_moe_expert_parallel.py's layer: loss and gradients on iris against XLA's."""
+    import importlib.util
+    import sys
+
+    import jax
+    from jax import lax
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    import iris_jax
+    from iris_jax import reference
+
+    examples = os.path.join(os.path.dirname(__file__), "..", "..", "examples")
+    sys.path.insert(0, examples)  # its _common
+    spec = importlib.util.spec_from_file_location("moe_example", os.path.join(examples, "09_moe_expert_parallel.py"))
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)  # (its _common.setup() changes nothing where JAX runs already)
+    mesh = Mesh(np.array(sorted(jax.devices(), key=lambda d: d.id)), ("ep",))
+    G, T, D, F, local, top_k = world.size, 256, 256, 512, 2, 2
+    rng = np.random.default_rng(3)
+    params = {"router": rng.standard_normal((D, local * G)) / np.sqrt(D),
+              "w1": rng.standard_normal((local * G, D, F)) / np.sqrt(D),
+              "w2": rng.standard_normal((local * G, F, D)) / np.sqrt(F)}
+    params = {k: jax.make_array_from_callback(v.shape, NamedSharding(mesh, example.SPECS[k]),
+                                              lambda idx, v=v: v.astype(np.float32)[idx]) for k, v in params.items()}
+    x, y = (jax.make_array_from_callback((G * T, D), NamedSharding(mesh, P("ep")),
+                                         lambda idx, a=a: a[idx]) for a in rng.standard_normal((2, G * T, D))
+            .astype(np.float32))
+    def step(exchange):
+        return jax.shard_map(jax.value_and_grad(lambda *a: example.loss(*a, top_k=top_k, ragged_all_to_all=exchange)),
+                             mesh=mesh, in_specs=(example.SPECS, P("ep"), P("ep")), out_specs=(P(), example.SPECS))
+
+    on_xla = step(lax.ragged_all_to_all if jax.devices()[0].platform == "gpu" else reference.ragged_all_to_all)
+    (loss_xla, g_xla) = jax.jit(on_xla)(params, x, y)
+    (loss_iris, g_iris) = iris_jax.replace_lax_collectives(step(lax.ragged_all_to_all))(params, x, y)
+    world.expect("moe loss", float(loss_iris), float(loss_xla), "float32")
+    for name in params:
+        for shard in g_iris[name].addressable_shards:
+            (ref,) = [s for s in g_xla[name].addressable_shards if s.device == shard.device]
+            world.expect(f"moe grad {name}", np.asarray(shard.data), np.asarray(ref.data), "float32")
+
+
 SCENARIOS = {
     "kernels": (kernels, {}),
     "atomics": (atomics, {}),
@@ -958,6 +1053,8 @@ SCENARIOS = {
     "zero_copy": (zero_copy, {"IRIS_COLLECTIVE_STREAM_FROM": str(1 << 62)}),  # pulled, so read in place
     "heap_guard": (heap_guard, {}),
     "transforms": (transforms, {}),
+    "ragged": (ragged, {}),
+    "moe": (moe, {}),
     "fused": (fused, {}),
     "tiles": (tiles, {}),
     "pallas": (pallas, {}),

@@ -26,10 +26,11 @@ from tests.jax.helpers import use_runtime
 POISON = -7
 
 
-def exchange(G, S, N, M, rng, zeros=0.3):
+def exchange(G, S, N, M, rng, zeros=0.3, most=3):
     """Per member: the four offset/size vectors of a consistent exchange (lax's contract:
-    send_sizes == all_to_all(recv_sizes)), slices packed with random gaps on both sides."""
-    sizes = rng.integers(0, 4, size=(G, G, S)) * (rng.random((G, G, S)) > zeros)  # [sender, receiver, slice]
+    send_sizes == all_to_all(recv_sizes)), slices of up to `most` rows (a share `zeros` of them
+    empty) packed with random gaps on both sides."""
+    sizes = rng.integers(0, most + 1, size=(G, G, S)) * (rng.random((G, G, S)) > zeros)  # [sender, receiver, slice]
     io, ss, oo, rs = (np.zeros((G, G * S), np.int32) for _ in range(4))
     for j in range(G):  # sender j packs its slices into its operand
         at = 0
