@@ -92,13 +92,13 @@ def main():
     import jax
     import jax.numpy as jnp
     import numpy as np
+    from collectives import gpu_time, out_dir, runtime_mesh
     from jax import lax
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
     import iris_jax
     from iris_jax import reference
-    from collectives import gpu_time, out_dir, runtime_mesh
 
     W, mesh = runtime_mesh()
     dtype = jnp.dtype(opts.dtype)

@@ -76,9 +76,9 @@ __all__ = [
     # kernels and synchronization
     "Context", "DeviceContext", "triton_call", "barrier", "check_barrier", "check_heap_errors", "device_barrier",
     # collectives, fused ops, tracing
-    "all_gather", "all_reduce", "all_to_all", "broadcast", "pbroadcast", "pmax", "pmean", "pmin", "ppermute", "pshuffle",
-    "psum", "psum_scatter", "pswapaxes", "ragged_all_to_all", "CollectiveConfig", "default_config", "use_config", "replace_lax_collectives", "explain",
-    "Placement",
+    "all_gather", "all_reduce", "all_to_all", "broadcast", "pbroadcast", "pmax", "pmean", "pmin", "ppermute",
+    "pshuffle", "psum", "psum_scatter", "pswapaxes", "ragged_all_to_all",
+    "CollectiveConfig", "default_config", "use_config", "replace_lax_collectives", "explain", "Placement",
     "ops", "tracing",
     # errors
     "CrossDomainError", "HeapExhaustedError", "IrisError", "NotOnHeapError", "PeerFailedError", "PeerTimeoutError",

@@ -236,8 +236,8 @@ def _lowering(ctx, *xs, collective, params, config):
 
     kwargs = dict(params)
     if not lowers_on_iris(ctx):
-        return mlir.lower_fun(lambda *a: [y for call in calls(collective, a) for y in _lax_bind(collective, call, kwargs)],
-                              multiple_results=True)(ctx, *xs)
+        on_xla = lambda *a: [y for call in calls(collective, a) for y in _lax_bind(collective, call, kwargs)]  # noqa: E731
+        return mlir.lower_fun(on_xla, multiple_results=True)(ctx, *xs)
     axis_context = ctx.module_context.axis_context
     manual_mesh = axis_context.mesh.abstract_mesh.update_axis_types(
         {a: jax.sharding.AxisType.Manual for a in axis_context.manual_axes})
