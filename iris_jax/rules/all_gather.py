@@ -13,7 +13,8 @@ from iris_jax.rules import Rule, register
 
 def _lower(collective, params, config, axes, G, xs):
     rows = lowering.launch_many(K.ALL_GATHER, [x.reshape(1, -1) for x in xs], axes, G, config, what="all_gather",
-                                out_invariant=collective.name == "all_gather_invariant")
+                                out_invariant=collective.name == "all_gather_invariant",
+                                groups=params.get("axis_index_groups"))
     return [_gathered(r, x, G, params["all_gather_dimension"], params["tiled"]) for r, x in zip(rows, xs)]
 
 

@@ -22,7 +22,8 @@ def _lower(op: str, collective, params, config, axes, G, xs):
     nbytes = sum(x.size for x in xs) * xs[0].dtype.itemsize
     variant = lowering.effective_variant(config.variant, op, xs[0].dtype, nbytes, G, config)
     rows = lowering.launch_many(K.ALL_REDUCE, [x.reshape(1, -1) for x in xs], axes, 1, config, op=_OPS[op],
-                                variant=variant, out_invariant=True, what=f"all_reduce({op})")
+                                variant=variant, out_invariant=True, groups=params["axis_index_groups"],
+                                what=f"all_reduce({op})")
     return [r.reshape(x.shape) for r, x in zip(rows, xs)]
 
 
@@ -42,11 +43,14 @@ def _extremum_jvp(primals, outs, tangents, params, config):
     from iris_jax.compat import lax_parallel as lax
     from iris_jax.rewrite import run_on_iris
 
-    axes = params["axes"]
+    axes, groups = params["axes"], params["axis_index_groups"]
+
+    def total(v):  # over my group (lax.psum refuses groups for varying operands under check_vma: its primitive)
+        return lax.psum(v, axes) if groups is None else lax.psum_p.bind(v, axes=tuple(axes), axis_index_groups=groups)
 
     def tangent(x, y, t):
         holds = (x == y).astype(t.dtype)
-        return lax.psum(t * holds, axes) / lax.psum(holds, axes)
+        return total(t * holds) / total(holds)
 
     return [run_on_iris(tangent, (x, y, t), config, merge=False) if type(t) is not ad.Zero else None
             for x, y, t in zip(primals, outs, tangents)]
