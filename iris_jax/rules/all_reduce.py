@@ -43,9 +43,17 @@ def _extremum_jvp(primals, outs, tangents, params, config):
     from iris_jax.compat import lax_parallel as lax
     from iris_jax.rewrite import run_on_iris
 
-    axes, groups = params["axes"], params["axis_index_groups"]
+    from jax._src import config as jax_config
 
-    def total(v):  # over my group (lax.psum refuses groups for varying operands under check_vma: its primitive)
+    axes, groups = params["axes"], params["axis_index_groups"]
+    if groups is not None and jax_config._check_vma.value:
+        # lax types the result invariant over the axes although groups differ, so a cotangent
+        # reaching it is already summed over every group: no rule can give the groups' own
+        raise NotImplementedError("Differentiation rule for 'pmax' / 'pmin' over axis_index_groups is not "
+                                  "implemented with check_vma=True (lax's types the result invariant over the axes); "
+                                  "use jax.shard_map(..., check_vma=False)")
+
+    def total(v):  # over my group
         return lax.psum(v, axes) if groups is None else lax.psum_p.bind(v, axes=tuple(axes), axis_index_groups=groups)
 
     def tangent(x, y, t):
