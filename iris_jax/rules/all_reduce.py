@@ -22,7 +22,7 @@ def _lower(op: str, collective, params, config, axes, G, xs):
     nbytes = sum(x.size for x in xs) * xs[0].dtype.itemsize
     variant = lowering.effective_variant(config.variant, op, xs[0].dtype, nbytes, G, config)
     rows = lowering.launch_many(K.ALL_REDUCE, [x.reshape(1, -1) for x in xs], axes, 1, config, op=_OPS[op],
-                                variant=variant, out_invariant=True, groups=params["axis_index_groups"],
+                                variant=variant, out_invariant=True, groups=params.get("axis_index_groups"),
                                 what=f"all_reduce({op})")
     return [r.reshape(x.shape) for r, x in zip(rows, xs)]
 
@@ -45,7 +45,7 @@ def _extremum_jvp(primals, outs, tangents, params, config):
 
     from jax._src import config as jax_config
 
-    axes, groups = params["axes"], params["axis_index_groups"]
+    axes, groups = params["axes"], params.get("axis_index_groups")
     if groups is not None and jax_config._check_vma.value:
         # lax types the result invariant over the axes although groups differ, so a cotangent
         # reaching it is already summed over every group: no rule can give the groups' own

@@ -15,7 +15,7 @@ def _lower(collective, params, config, axes, G, xs):
     s, c = params["split_axis"], params["concat_axis"]
     chunks = [lowering.split_chunks(x, s, G) for x in xs]
     rows = lowering.launch_many(K.ALL_TO_ALL, [ch.reshape(G, -1) for ch in chunks], axes, G, config,
-                                groups=params["axis_index_groups"], what="all_to_all")
+                                groups=params.get("axis_index_groups"), what="all_to_all")
     return [lowering.concatenated(r.reshape(ch.shape), x, s, c, G) for r, ch, x in zip(rows, chunks, xs)]
 
 

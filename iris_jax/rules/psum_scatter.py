@@ -15,7 +15,7 @@ def _lower(collective, params, config, axes, G, xs):
     d, tiled = params["scatter_dimension"], params["tiled"]
     moved = [jnp.moveaxis(x, d, 0) for x in xs]
     rows = lowering.launch_many(K.REDUCE_SCATTER, [m.reshape(G, -1) for m in moved], axes, 1, config,
-                                groups=params["axis_index_groups"], what="psum_scatter")
+                                groups=params.get("axis_index_groups"), what="psum_scatter")
     outs = []
     for r, m in zip(rows, moved):
         block = r.reshape((m.shape[0] // G, *m.shape[1:]) if tiled else m.shape[1:])
