@@ -12,9 +12,10 @@ partially manual shard_map, `axis_index_groups` of unequal sizes or that do not 
 axes' members, and calls with nothing to send (a group of one member, zero-size arrays), which
 XLA removes. The explicit API raises for the first two and for such groups (lax's own error
 type where lax refuses them too; `strict`); replace_lax_collectives leaves them to XLA.
-Equal-sized groups that partition the members run on iris, each group as a mesh axis's would. An iris equation over axes that span
-domains is split at lowering, where the devices are known: iris inside each domain, XLA
-across (iris_jax.domains; `explain` shows the steps where the shard_map names its mesh).
+Equal-sized groups that partition the members run on iris, each group as a mesh axis's would.
+An iris equation over axes that span domains is split at lowering, where the devices are
+known: iris inside each domain, XLA across (iris_jax.domains; `explain` shows the steps where
+the shard_map names its mesh).
 """
 
 from __future__ import annotations

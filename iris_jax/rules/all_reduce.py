@@ -38,12 +38,11 @@ def _lower_across(hierarchical: bool, collective, params, config, inside, across
 def _extremum_jvp(primals, outs, tangents, params, config):
     """d pmax: the tangent of the members whose x equals the result, averaged over them
     (as jnp.max shares the derivative among ties)."""
+    from jax._src import config as jax_config
     from jax._src.interpreters import ad
 
     from iris_jax.compat import lax_parallel as lax
     from iris_jax.rewrite import run_on_iris
-
-    from jax._src import config as jax_config
 
     axes, groups = params["axes"], params.get("axis_index_groups")
     if groups is not None and jax_config._check_vma.value:
