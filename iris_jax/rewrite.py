@@ -94,6 +94,8 @@ def placement(name: str, params: dict, aval, scope: Scope) -> tuple[str | None, 
         return f"partially manual shard_map (manual {tuple(sorted(scope.manual))} of {tuple(sizes)})", None
     groups = params.get("axis_index_groups")
     members = math.prod(sizes[a] for a in axes)
+    if groups is not None and not rule.runs_groups:
+        return f"axis_index_groups on {rule.name}", UnsupportedCollectiveError
     if groups is not None:
         problem = groups_problem(rule.name, groups, members)
         if problem is not None:

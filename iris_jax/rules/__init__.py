@@ -46,6 +46,7 @@ class Rule:
     jvp: Callable | None = None
     transpose: Callable | None = None
     detail: Callable = _no_detail
+    runs_groups: bool = False  # lower runs lax's axis_index_groups (each group a sub-group of members)
 
     @property
     def has_kernel(self) -> bool:

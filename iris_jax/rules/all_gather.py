@@ -34,4 +34,4 @@ def _lower_across(collective, params, config, inside, across, xs):
     return domains.lower_gather_by_runs(collective, params, config, inside, xs)
 
 
-register(Rule("all_gather", ("all_gather", "all_gather_invariant"), _lower, _plan, _lower_across))
+register(Rule("all_gather", ("all_gather", "all_gather_invariant"), _lower, _plan, _lower_across, runs_groups=True))

@@ -72,8 +72,8 @@ def _one_shot_detail(params, config) -> str:
 
 
 register(Rule("psum", ("psum", "psum_invariant"), partial(_lower, "sum"), partial(_plan, "psum", True),
-              partial(_lower_across, True), detail=_variant_detail))
+              partial(_lower_across, True), detail=_variant_detail, runs_groups=True))
 register(Rule("pmax", ("pmax",), partial(_lower, "max"), partial(_plan, "pmax", False), partial(_lower_across, False),
-              jvp=_extremum_jvp, detail=_one_shot_detail))
+              jvp=_extremum_jvp, detail=_one_shot_detail, runs_groups=True))
 register(Rule("pmin", ("pmin",), partial(_lower, "min"), partial(_plan, "pmin", False), partial(_lower_across, False),
-              jvp=_extremum_jvp, detail=_one_shot_detail))
+              jvp=_extremum_jvp, detail=_one_shot_detail, runs_groups=True))

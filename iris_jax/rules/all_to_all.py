@@ -36,4 +36,4 @@ def _lower_across(collective, params, config, inside, across, xs):
     return domains.lower_all_to_all_by_runs(collective, params, config, inside, xs)
 
 
-register(Rule("all_to_all", ("all_to_all",), _lower, _plan, _lower_across, transpose=_transpose))
+register(Rule("all_to_all", ("all_to_all",), _lower, _plan, _lower_across, transpose=_transpose, runs_groups=True))

@@ -32,4 +32,4 @@ def _lower_across(collective, params, config, inside, across, xs):
     return domains.lower_scatter_by_runs(collective, params, config, inside, xs)
 
 
-register(Rule("psum_scatter", ("reduce_scatter",), _lower, _plan, _lower_across))
+register(Rule("psum_scatter", ("reduce_scatter",), _lower, _plan, _lower_across, runs_groups=True))
