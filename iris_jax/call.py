@@ -90,8 +90,8 @@ def triton_call(*args: Any, kernel, out_shape, grid, name: str = "",
                 enable_fp_fusion: bool = True, input_output_aliases: dict[int, int] | None = None,
                 zeroed_outputs: Sequence[int] | Callable = (), debug: bool = False,
                 serialized_metadata: bytes = b"", symmetric: Sequence[int] = (),
-                group_axes: tuple[str, ...] | None = None, workspace: str = "collective",
-                out_varying: tuple[str, ...] | None = None, **metaparams: Any):
+                group_axes: tuple[str, ...] | None = None, axis_index_groups: tuple | None = None,
+                workspace: str = "collective", out_varying: tuple[str, ...] | None = None, **metaparams: Any):
     """Calls a Triton kernel whose first parameter receives the iris context.
 
     Same arguments as `jax_triton.triton_call` (the context is not among `args`; indices
@@ -105,6 +105,9 @@ def triton_call(*args: Any, kernel, out_shape, grid, name: str = "",
         after the context, an int32 array [my index in the group, global rank of member 0,
         ..., member G-1, workspace offset low, high] (members in the order of
         `lax.axis_index(group_axes)`; the workspace: see iris_jax.workspace).
+      axis_index_groups: with `group_axes`, equal-sized groups of their axis indices that
+        partition them (as lax's collectives take them): the group is then this device's
+        group, its members in the group's order.
       workspace: which part of the group's workspace that offset points to: "collective"
         (the collective kernels') or "fused" (the fused GEMM ops').
       out_varying: mesh axes the outputs vary over (default: every manual axis); a
@@ -137,7 +140,8 @@ def triton_call(*args: Any, kernel, out_shape, grid, name: str = "",
         compute_capability=compute_capability, enable_fp_fusion=enable_fp_fusion,
         input_output_aliases=tuple((i + 1, o) for i, o in (input_output_aliases or {}).items()),
         zeroed_outputs=zeroed_outputs, debug=debug, serialized_metadata=serialized_metadata,
-        symmetric=symmetric_operands, group_axes=tuple(group_axes) if group_axes else None, workspace=workspace,
+        symmetric=symmetric_operands, group_axes=tuple(group_axes) if group_axes else None,
+        axis_index_groups=tuple(map(tuple, axis_index_groups)) if axis_index_groups else None, workspace=workspace,
         **metaparams)
     return tree_util.tree_unflatten(out_tree, out_flat)
 

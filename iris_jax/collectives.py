@@ -9,8 +9,11 @@ iris_jax.lowering.
 
 Each function takes `config=` (an iris_jax.CollectiveConfig; default: the environment's).
 The explicit API never falls back to XLA silently: a call iris cannot run (float64,
-axis_index_groups, positional axes) raises UnsupportedCollectiveError; calls with nothing to
-send (a group of one, zero-size arrays) emit no kernel, as with lax. Over axes that span
+positional axes, axis_index_groups of unequal sizes for pmax / pmin / psum) raises
+UnsupportedCollectiveError; calls with nothing to send (a group of one, zero-size arrays) emit
+no kernel, as with lax. `axis_index_groups` (where lax takes them: pmax, pmin, all_gather,
+psum_scatter, all_to_all, and psum / pmean under `check_vma=False`) run on iris, each group
+as a mesh axis's group would. Over axes that span
 domains (ranks whose heaps cannot map each other), iris runs inside each domain and XLA across
 (iris_jax.domains).
 """

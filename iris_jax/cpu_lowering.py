@@ -69,13 +69,13 @@ class KernelSpec:
 
 
 def _lower(ctx, operands, avals_in, *, pass_context, fn, scalar_args, out_shapes, grid, input_output_aliases,
-           zeroed_outputs, symmetric=(), group_axes=None, workspace="collective", result_params=None, debug=False,
-           **params):
+           zeroed_outputs, symmetric=(), group_axes=None, axis_index_groups=None, workspace="collective",
+           result_params=None, debug=False, **params):
     metaparams = {k: v for k, v in params.items() if k not in _CALL_PARAMS}
     result_params = tuple(range(len(out_shapes))) if result_params is None else tuple(result_params)
     group = 1 if group_axes else 0
     scalars = tuple(sorted((i + group, v) for i, _, v in scalar_args))
-    extra, extra_avals = extra_operands(ctx, group_axes, workspace)
+    extra, extra_avals = extra_operands(ctx, group_axes, workspace, axis_index_groups)
     lead = extra_avals if pass_context else []
     # iris_triton_call numbers its operands after the device index (hence - pass_context)
     launch = resolve_call(fn, [*lead, *avals_in], scalars, [ctx.avals_out[o] for o in result_params], metaparams,

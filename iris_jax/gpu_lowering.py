@@ -34,9 +34,10 @@ _DEFAULTS = {"num_warps": 4, "num_stages": 3, "num_ctas": 1, "enable_fp_fusion":
 
 def _lowering(ctx, device_index, *args, fn, symmetric, group_axes, workspace, scalar_args, input_output_aliases,
               out_shapes, grid, num_warps, num_stages, num_ctas, compute_capability, enable_fp_fusion,
-              zeroed_outputs, debug, serialized_metadata, name, custom_call_target_name, **metaparams):
+              zeroed_outputs, debug, serialized_metadata, name, custom_call_target_name, axis_index_groups=None,
+              **metaparams):
     del device_index, symmetric, custom_call_target_name  # device_index carries the outputs' varying axes only
-    extra, extra_avals = extra_operands(ctx, group_axes, workspace)
+    extra, extra_avals = extra_operands(ctx, group_axes, workspace, axis_index_groups)
     operands, operand_avals = [*extra, *args], [*extra_avals, *ctx.avals_in[1:]]
     shift = len(extra) - 1  # the user's arguments were numbered after the context only
     scalars = tuple((i + shift, t, v) for i, t, v in scalar_args)

@@ -45,7 +45,11 @@ DEFAULT_STREAM_PROGRAMS_PER_SM, DEFAULT_STREAM_WARPS = 2, 4
 MIN_BLOCK = 256
 
 
-def group_size(axes) -> int:
+def group_size(axes, groups=None) -> int:
+    """The members of a group over `axes`: their sizes' product, or one group's of `groups`
+    (lax's axis_index_groups, equal-sized)."""
+    if groups:
+        return len(groups[0])
     mesh = jax.sharding.get_abstract_mesh()
     return math.prod(mesh.shape[a] for a in axes)
 
@@ -147,13 +151,14 @@ def fitting_block(block: int, buffer_bytes: int, slots: int, itemsize: int) -> i
 
 
 def launch(kind: int, x2d, axes, out_blocks: int, config: CollectiveConfig, *, op=K.SUM, variant=K.ONE_SHOT,
-           sources=None, out_invariant=False, what="collective"):
-    """Runs the collective kernel on x viewed as [XB, m]; returns the output as [OB, m]."""
+           sources=None, out_invariant=False, groups=None, what="collective"):
+    """Runs the collective kernel on x viewed as [XB, m]; returns the output as [OB, m].
+    `groups`: lax's axis_index_groups (the kernel's group is then the device's group of them)."""
     import triton.language as tl
 
     rt = runtime_lib.runtime()
     ws = workspaces(rt)
-    G = group_size(axes)
+    G = group_size(axes, groups)
     XB, m = x2d.shape
     itemsize = x2d.dtype.itemsize
     largest_block, max_programs, num_warps = launch_config(rt, config)
@@ -182,7 +187,7 @@ def launch(kind: int, x2d, axes, out_blocks: int, config: CollectiveConfig, *, o
     floating = jnp.issubdtype(x2d.dtype, jnp.floating)
     return triton_call(
         x2d, m, kernel=K.collective_kernel, out_shape=jax.ShapeDtypeStruct((out_blocks, m), x2d.dtype),
-        grid=(programs,), num_warps=num_warps, group_axes=axes,
+        grid=(programs,), num_warps=num_warps, group_axes=axes, axis_index_groups=groups,
         out_varying=tuple(a for a in _vma(x2d) | set(axes) if not (out_invariant and a in axes)),
         KIND=kind, OP=op, VARIANT=variant, G=G, WORLD=rt.world_size, XB=XB, OB=out_blocks,
         SOURCES=tuple(sources) if sources is not None else tuple([-1] * G),

@@ -6,8 +6,9 @@ mesh order) become constants and each device selects its row in-graph by partiti
 * the context row: the device's rank and every rank's heap base, as its own process maps
   them (Runtime.context);
 * for collectives and fused ops, the group row: the device's index in its group over the
-  collective's axes, the group's global ranks, and the heap offset of the group's workspace
-  (iris_jax.workspace; one workspace per partition of the ranks).
+  collective's axes (or in its group of `axis_index_groups` over them), the group's global
+  ranks, and the heap offset of the group's workspace (iris_jax.workspace; one workspace per
+  partition of the ranks).
 """
 
 from __future__ import annotations
@@ -62,9 +63,15 @@ def context_operand(ctx):
     return per_device_operand(ctx, runtime_lib.runtime().context_table(devices_of(ctx)))
 
 
-def group_table(ctx, group_axes: tuple[str, ...], workspace: str = "collective") -> np.ndarray:
+def group_table(ctx, group_axes: tuple[str, ...], workspace: str = "collective",
+                axis_index_groups: tuple | None = None) -> np.ndarray:
     """Per device: [index in its group over `group_axes`, global ranks of the group's members,
     heap offset of the partition's `workspace` part as two int32 words (low, high)].
+
+    A group is every device that differs from this one only along `group_axes`, numbered as
+    `lax.axis_index(group_axes)` numbers them; with `axis_index_groups` (equal-sized groups of
+    those indices, covering each once, as lax takes them) it is the devices whose index lies
+    in this device's group, in the group's order.
 
     Raises:
       CrossDomainError: a group spans domains (see Runtime.domains), before anything runs.
@@ -82,15 +89,19 @@ def group_table(ctx, group_axes: tuple[str, ...], workspace: str = "collective")
             raise NameError(f"unbound axis name: {a} (mesh axes: {tuple(names)})")
     devices = mesh.devices
     order = [names.index(a) for a in group_axes]
+    sizes = [devices.shape[i] for i in order]
+    groups = axis_index_groups or (tuple(range(int(np.prod(sizes)))),)  # default: one group, the axes
+    group_of = {index: group for group in groups for index in group}
     rows = []
     for position in np.ndindex(devices.shape):
+        mine = int(np.ravel_multi_index([position[i] for i in order], sizes))  # lax.axis_index(group_axes)
         members = []
-        for member in np.ndindex(*[devices.shape[i] for i in order]):
+        for member in group_of[mine]:
             p = list(position)
-            for axis, coord in zip(order, member):
+            for axis, coord in zip(order, np.unravel_index(member, sizes)):
                 p[axis] = coord
             members.append(rt.rank_of(devices[tuple(p)]))
-        index = int(np.ravel_multi_index([position[i] for i in order], [devices.shape[i] for i in order]))
+        index = group_of[mine].index(mine)
         rows.append([index, *members])
     for group in {tuple(row[1:]) for row in rows}:  # heaps map only within a domain
         rt.check_one_domain(group, f"an iris kernel over mesh axes {tuple(group_axes)}")
@@ -98,12 +109,12 @@ def group_table(ctx, group_axes: tuple[str, ...], workspace: str = "collective")
     return np.asarray([[*row, offset & 0xFFFFFFFF, offset >> 32] for row in rows], np.int64).astype(np.int32)
 
 
-def extra_operands(ctx, group_axes, workspace="collective"):
+def extra_operands(ctx, group_axes, workspace="collective", axis_index_groups=None):
     """Operands prepended to the kernel's arguments: the context row, then the group row."""
     operands = [context_operand(ctx)]
     avals = [context_aval()]
     if group_axes:
-        table = group_table(ctx, group_axes, workspace)
+        table = group_table(ctx, group_axes, workspace, axis_index_groups)
         operands.append(per_device_operand(ctx, table))
         avals.append(core.ShapedArray(table.shape[1:], np.int32))
     return operands, avals

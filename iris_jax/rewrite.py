@@ -6,13 +6,16 @@ that iris can run into an `iris_collective` equation (iris_jax.primitive), at an
 result. The public collectives (`iris_jax.psum` = lax.psum run this way, ...) and
 `replace_lax_collectives` are this one mechanism; `explain` shows its decisions.
 
-Where iris does not run a collective (placement): positional axes, `axis_index_groups`,
-dtypes other than float32/bfloat16/float16/int32, collectives over axes that are not manual
-shard_map axes, partially manual shard_map, and calls with nothing to send (a group of one
-member, zero-size arrays), which XLA removes. The explicit API raises for the first three
-(`strict`); replace_lax_collectives leaves them to XLA. An iris equation over axes that span
-domains is split at lowering, where the devices are known: iris inside each domain, XLA
-across (iris_jax.domains; `explain` shows the steps where the shard_map names its mesh).
+Where iris does not run a collective (placement): positional axes, dtypes other than
+float32/bfloat16/float16/int32, collectives over axes that are not manual shard_map axes,
+partially manual shard_map, `axis_index_groups` of unequal sizes or that do not partition the
+axes' members, and calls with nothing to send (a group of one member, zero-size arrays), which
+XLA removes. The explicit API raises for the first two and for such groups (lax's own error
+type where lax refuses them too; `strict`); replace_lax_collectives leaves them to XLA.
+Equal-sized groups that partition the members run on iris, each group as a mesh axis's would.
+An iris equation over axes that span domains is split at lowering, where the devices are
+known: iris inside each domain, XLA across (iris_jax.domains; `explain` shows the steps where
+the shard_map names its mesh).
 """
 
 from __future__ import annotations
@@ -71,30 +74,56 @@ def axes_of(params: dict) -> tuple:
     return tuple(axes) if isinstance(axes, (tuple, list)) else (axes,)
 
 
-def placement(name: str, params: dict, aval, scope: Scope) -> tuple[str | None, bool]:
-    """(why XLA runs this collective or None for iris, whether that is the caller's choice
-    to fix: True for what the explicit API refuses)."""
+def placement(name: str, params: dict, aval, scope: Scope) -> tuple[str | None, type[Exception] | None]:
+    """(why XLA runs this collective or None for iris, what the explicit API raises for it:
+    UnsupportedCollectiveError, lax's own error type where lax refuses the call too, or None
+    where the caller has nothing to fix)."""
     rule = rules.rule_of(name)
     if not rule.has_kernel:  # a type cast: runs on iris so that its transpose does too
-        return None, False
+        return None, None
     axes = axes_of(params)
     if any(isinstance(a, int) for a in axes):
-        return "positional (integer) axes", True
-    if params.get("axis_index_groups") is not None:
-        return "axis_index_groups", True
+        return "positional (integer) axes", UnsupportedCollectiveError
     if aval.dtype not in [jnp.dtype(d) for d in SUPPORTED_DTYPES]:
         return (f"dtype {aval.dtype.name} (iris runs {', '.join(jnp.dtype(d).name for d in SUPPORTED_DTYPES)})",
-                True)
+                UnsupportedCollectiveError)
     sizes = dict(scope.sizes)
     if any(a not in scope.manual for a in axes):
-        return f"axes {axes} are not all manual shard_map axes here", False
+        return f"axes {axes} are not all manual shard_map axes here", None
     if set(scope.manual) != set(sizes):
-        return f"partially manual shard_map (manual {tuple(sorted(scope.manual))} of {tuple(sizes)})", False
-    if not rule.sends_when_trivial and math.prod(sizes[a] for a in axes) == 1:
-        return "a group of one member: nothing to send (XLA removes it)", False
+        return f"partially manual shard_map (manual {tuple(sorted(scope.manual))} of {tuple(sizes)})", None
+    groups = params.get("axis_index_groups")
+    members = math.prod(sizes[a] for a in axes)
+    if groups is not None and not rule.runs_groups:
+        return f"axis_index_groups on {rule.name}", UnsupportedCollectiveError
+    if groups is not None:
+        problem = groups_problem(rule.name, groups, members)
+        if problem is not None:
+            return problem
+        members = len(groups[0])
+    if not rule.sends_when_trivial and members == 1:
+        return "a group of one member: nothing to send (XLA removes it)", None
     if not rule.sends_when_trivial and aval.size == 0:
-        return "zero-size: nothing to send (XLA removes it)", False
-    return None, False
+        return "zero-size: nothing to send (XLA removes it)", None
+    return None, None
+
+
+def groups_problem(op: str, groups: tuple, members: int) -> tuple[str, type[Exception]] | None:
+    """Why iris does not run `op` over `axis_index_groups` of axes of `members` members, and the
+    error the explicit API raises: lax's where lax refuses them as well (at lowering or
+    compilation, where iris raises while tracing), else UnsupportedCollectiveError. None: iris runs them.
+    (lax itself checks that the groups hold each of 0 .. their total exactly once.)"""
+    total = sum(len(g) for g in groups)
+    if total > members:  # lax indexes the axis with them
+        return f"axis_index_groups {groups} name members beyond the {members} of the axes", IndexError
+    if total < members:
+        return (f"axis_index_groups {groups} do not cover the {members} members of the axes (XLA refuses it)",
+                jax.errors.JaxRuntimeError)
+    if len({len(g) for g in groups}) > 1:
+        if op in ("all_gather", "psum_scatter", "all_to_all"):
+            return f"axis_index_groups {groups} of unequal sizes (lax's {op} needs equal ones)", ValueError
+        return f"axis_index_groups {groups} of unequal sizes (iris runs equal-sized groups)", UnsupportedCollectiveError
+    return None
 
 
 def lowers_on_iris(ctx) -> bool:
@@ -131,15 +160,18 @@ class _Rewriter:
         rule = rules.rule_of(name)
         if rule is not None:
             aval = eqn.invars[0].aval
-            reason, callers_fix = placement(name, eqn.params, aval, scope)
+            reason, refusal = placement(name, eqn.params, aval, scope)
             self.decisions.append((name, eqn.params, aval, reason, scope, self.config))
             if reason is None:
                 params = dict(collective=eqn.primitive, params=freeze(eqn.params), config=self.config)
                 return eqn.replace(primitive=iris_collective_p, params=params)
-            if self.strict and callers_fix:
+            if self.strict and refusal is UnsupportedCollectiveError:
                 raise UnsupportedCollectiveError(
                     f"iris_jax.{rule.name}: unsupported {reason}; use jax.lax.{rule.name} "
                     "(or iris_jax.replace_lax_collectives, which leaves such calls to XLA)")
+            if self.strict and refusal is not None:  # lax refuses the call too, later
+                raise refusal(f"iris_jax.{rule.name}: {reason}; pass groups of equal size that together hold "
+                              "each index of the axes once")
             if self.strict and reason.startswith("partially manual"):
                 warnings.warn(f"iris_jax.{rule.name} runs on XLA here: {reason}", stacklevel=4)
             return eqn
@@ -277,11 +309,16 @@ def explain(f: Callable, *args, config: CollectiveConfig | None = None, **kwargs
 
             inside, across = domains.split_axes(scope.mesh, axes_of(params), _runtime.runtime())
             for part in rules.plan(name, params, nbytes, dict(scope.sizes), inside, across, used):
-                why = part.why or rule.detail(params, used)
+                why = part.why or rule.detail(params, used) + _groups_detail(params)
                 rows.append(Placement(part.op, part.axes, tuple(aval.shape), aval.dtype.name, part.nbytes,
                                       "iris" if part.on_iris else "XLA", why))
             continue
-        why = reason or rule.detail(params, used)
+        why = reason or rule.detail(params, used) + _groups_detail(params)
         rows.append(Placement(rule.name, axes_of(params), tuple(aval.shape), aval.dtype.name,
                               nbytes, "XLA" if reason else "iris", why))
     return rows
+
+
+def _groups_detail(params: dict) -> str:
+    groups = params.get("axis_index_groups")
+    return f" over axis_index_groups {groups}" if groups is not None else ""

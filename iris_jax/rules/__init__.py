@@ -52,6 +52,7 @@ class Rule:
     jvp: Callable | None = None
     transpose: Callable | None = None
     detail: Callable = _no_detail
+    runs_groups: bool = False  # lower runs lax's axis_index_groups (each group a sub-group of members)
 
     @property
     def has_kernel(self) -> bool:
@@ -82,14 +83,18 @@ def lower(collective, params: dict, config: CollectiveConfig, *xs) -> list:
     if not rule.has_kernel:
         return list(xs)
     axes = axes_of(params)
-    return rule.lower(collective, params, config, axes, group_size(axes), list(xs))
+    return rule.lower(collective, params, config, axes, group_size(axes, params.get("axis_index_groups")), list(xs))
 
 
 def lower_across(collective, params: dict, config: CollectiveConfig, inside: tuple, across: tuple, *xs) -> list:
     """The outputs of `collective` over operands whose axes span domains (iris_jax.domains)."""
+    from iris_jax import domains
+
     rule = RULES[collective.name]
     if not rule.has_kernel:
         return list(xs)
+    if params.get("axis_index_groups") is not None:  # no composition of groups across domains
+        return domains.lower_on_xla(collective, params, list(xs))
     return rule.lower_across(collective, params, config, inside, across, list(xs))
 
 
@@ -103,6 +108,8 @@ def plan(primitive_name: str, params: dict, nbytes: int, sizes: dict, inside: tu
     rule = RULES[primitive_name]
     if not across:
         return [Part(rule.name, axes_of(params), True, "", nbytes)]
+    if params.get("axis_index_groups") is not None:
+        return [Part(rule.name, axes_of(params), False, "axis_index_groups over axes that span domains", nbytes)]
     return rule.plan(params, nbytes, sizes, inside, across, config)
 
 

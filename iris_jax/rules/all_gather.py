@@ -13,7 +13,8 @@ from iris_jax.rules import Rule, register
 
 def _lower(collective, params, config, axes, G, xs):
     rows = lowering.launch_many(K.ALL_GATHER, [x.reshape(1, -1) for x in xs], axes, G, config, what="all_gather",
-                                out_invariant=collective.name == "all_gather_invariant")
+                                out_invariant=collective.name == "all_gather_invariant",
+                                groups=params.get("axis_index_groups"))
     return [_gathered(r, x, G, params["all_gather_dimension"], params["tiled"]) for r, x in zip(rows, xs)]
 
 
@@ -33,4 +34,4 @@ def _lower_across(collective, params, config, inside, across, xs):
     return domains.lower_gather_by_runs(collective, params, config, inside, xs)
 
 
-register(Rule("all_gather", ("all_gather", "all_gather_invariant"), _lower, _plan, _lower_across))
+register(Rule("all_gather", ("all_gather", "all_gather_invariant"), _lower, _plan, _lower_across, runs_groups=True))

@@ -22,7 +22,8 @@ def _lower(op: str, collective, params, config, axes, G, xs):
     nbytes = sum(x.size for x in xs) * xs[0].dtype.itemsize
     variant = lowering.effective_variant(config.variant, op, xs[0].dtype, nbytes, G, config)
     rows = lowering.launch_many(K.ALL_REDUCE, [x.reshape(1, -1) for x in xs], axes, 1, config, op=_OPS[op],
-                                variant=variant, out_invariant=True, what=f"all_reduce({op})")
+                                variant=variant, out_invariant=True, groups=params.get("axis_index_groups"),
+                                what=f"all_reduce({op})")
     return [r.reshape(x.shape) for r, x in zip(rows, xs)]
 
 
@@ -37,16 +38,26 @@ def _lower_across(hierarchical: bool, collective, params, config, inside, across
 def _extremum_jvp(primals, outs, tangents, params, config):
     """d pmax: the tangent of the members whose x equals the result, averaged over them
     (as jnp.max shares the derivative among ties)."""
+    from jax._src import config as jax_config
     from jax._src.interpreters import ad
 
     from iris_jax.compat import lax_parallel as lax
     from iris_jax.rewrite import run_on_iris
 
-    axes = params["axes"]
+    axes, groups = params["axes"], params.get("axis_index_groups")
+    if groups is not None and jax_config._check_vma.value:
+        # lax types the result invariant over the axes although groups differ, so a cotangent
+        # reaching it is already summed over every group: no rule can give the groups' own
+        raise NotImplementedError("Differentiation rule for 'pmax' / 'pmin' over axis_index_groups is not "
+                                  "implemented with check_vma=True (lax's types the result invariant over the axes); "
+                                  "use jax.shard_map(..., check_vma=False)")
+
+    def total(v):  # over my group
+        return lax.psum(v, axes) if groups is None else lax.psum_p.bind(v, axes=tuple(axes), axis_index_groups=groups)
 
     def tangent(x, y, t):
         holds = (x == y).astype(t.dtype)
-        return lax.psum(t * holds, axes) / lax.psum(holds, axes)
+        return total(t * holds) / total(holds)
 
     return [run_on_iris(tangent, (x, y, t), config, merge=False) if type(t) is not ad.Zero else None
             for x, y, t in zip(primals, outs, tangents)]
@@ -61,8 +72,8 @@ def _one_shot_detail(params, config) -> str:
 
 
 register(Rule("psum", ("psum", "psum_invariant"), partial(_lower, "sum"), partial(_plan, "psum", True),
-              partial(_lower_across, True), detail=_variant_detail))
+              partial(_lower_across, True), detail=_variant_detail, runs_groups=True))
 register(Rule("pmax", ("pmax",), partial(_lower, "max"), partial(_plan, "pmax", False), partial(_lower_across, False),
-              jvp=_extremum_jvp, detail=_one_shot_detail))
+              jvp=_extremum_jvp, detail=_one_shot_detail, runs_groups=True))
 register(Rule("pmin", ("pmin",), partial(_lower, "min"), partial(_plan, "pmin", False), partial(_lower_across, False),
-              jvp=_extremum_jvp, detail=_one_shot_detail))
+              jvp=_extremum_jvp, detail=_one_shot_detail, runs_groups=True))

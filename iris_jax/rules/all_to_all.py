@@ -14,7 +14,8 @@ from iris_jax.rules import Rule, register
 def _lower(collective, params, config, axes, G, xs):
     s, c = params["split_axis"], params["concat_axis"]
     chunks = [lowering.split_chunks(x, s, G) for x in xs]
-    rows = lowering.launch_many(K.ALL_TO_ALL, [ch.reshape(G, -1) for ch in chunks], axes, G, config, what="all_to_all")
+    rows = lowering.launch_many(K.ALL_TO_ALL, [ch.reshape(G, -1) for ch in chunks], axes, G, config,
+                                groups=params.get("axis_index_groups"), what="all_to_all")
     return [lowering.concatenated(r.reshape(ch.shape), x, s, c, G) for r, ch, x in zip(rows, chunks, xs)]
 
 
@@ -35,4 +36,4 @@ def _lower_across(collective, params, config, inside, across, xs):
     return domains.lower_all_to_all_by_runs(collective, params, config, inside, xs)
 
 
-register(Rule("all_to_all", ("all_to_all",), _lower, _plan, _lower_across, transpose=_transpose))
+register(Rule("all_to_all", ("all_to_all",), _lower, _plan, _lower_across, transpose=_transpose, runs_groups=True))

@@ -15,7 +15,7 @@ def _lower(collective, params, config, axes, G, xs):
     d, tiled = params["scatter_dimension"], params["tiled"]
     moved = [jnp.moveaxis(x, d, 0) for x in xs]
     rows = lowering.launch_many(K.REDUCE_SCATTER, [m.reshape(G, -1) for m in moved], axes, 1, config,
-                                what="psum_scatter")
+                                groups=params.get("axis_index_groups"), what="psum_scatter")
     outs = []
     for r, m in zip(rows, moved):
         block = r.reshape((m.shape[0] // G, *m.shape[1:]) if tiled else m.shape[1:])
@@ -32,4 +32,4 @@ def _lower_across(collective, params, config, inside, across, xs):
     return domains.lower_scatter_by_runs(collective, params, config, inside, xs)
 
 
-register(Rule("psum_scatter", ("reduce_scatter",), _lower, _plan, _lower_across))
+register(Rule("psum_scatter", ("reduce_scatter",), _lower, _plan, _lower_across, runs_groups=True))

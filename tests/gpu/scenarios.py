@@ -1049,6 +1049,66 @@ def moe(world: World) -> None:
             world.expect(f"moe grad {name}", np.asarray(shard.data), np.asarray(ref.data), "float32")
 
 
+def _partitions(W: int) -> list[tuple]:
+    """axis_index_groups to run at world W (one partition per world: each is a new set of kernels
+    to compile, see tier): one group in reverse at 2 ranks, crossed pairs at 4, strided halves from 8."""
+    if W == 2:
+        return [((1, 0),)]
+    if W == 4:
+        return [((0, 3), (2, 1))]
+    return [(tuple(range(0, W, 2)), tuple(range(1, W, 2)))]
+
+
+def _grouped_reference(name: str, xs, r: int, groups):
+    """What rank r holds after collective `name` over `groups` (rows of xs: every rank's input)."""
+    (group,) = [g for g in groups if r in g]
+    mine, G = xs[list(group)], len(group)
+    p, block = group.index(r), xs.shape[1] // G
+    if name in ("psum", "pmax", "pmin"):
+        return {"psum": mine.sum(0), "pmax": mine.max(0), "pmin": mine.min(0)}[name]
+    if name == "all_gather":
+        return mine
+    if name == "psum_scatter":
+        return mine[:, p * block:(p + 1) * block].sum(0)
+    return np.concatenate([row[p * block:(p + 1) * block] for row in mine])  # all_to_all
+
+
+def axis_index_groups(world: World) -> None:
+    """The collectives that take lax's axis_index_groups, over partitions of the ranks (each group a
+    sub-group the kernel runs over), against numpy: psum (its groups need check_vma=False, so every
+    call here runs without it), pmax, pmin, all_gather, psum_scatter, all_to_all; at 2 ranks every
+    pulled all-reduce variant for psum, above it one-shot. float32 at 4099 elements per rank (a
+    multiple of no group size: the split collectives take the first multiple), and bfloat16 at 37
+    at 2 ranks."""
+    from jax.sharding import PartitionSpec as P
+
+    import iris_jax
+
+    sizes = [(4099, "float32")] + ([(37, "bfloat16")] if tier(world) == 0 else [])
+    for groups in _partitions(world.size):
+        G = len(groups[0])
+        gk = {"axis_index_groups": groups}
+        calls = [(f"psum({variant})", lambda v, variant=variant: iris_jax.psum(v, "i", variant=variant, **gk))
+                 for variant in (("one_shot", "two_shot", "ring", "spinlock") if tier(world) == 0 else ("one_shot",))]
+        calls += [("pmax", lambda v: iris_jax.pmax(v, "i", **gk)), ("pmin", lambda v: iris_jax.pmin(v, "i", **gk)),
+                  ("all_gather", lambda v: iris_jax.all_gather(v, "i", **gk))]
+        for n, dtype in sizes:
+            even = n // G * G
+            split = [("psum_scatter", lambda v: iris_jax.psum_scatter(v[:even], "i", tiled=True, **gk)),
+                     ("all_to_all", lambda v: iris_jax.all_to_all(v[:even], "i", 0, 0, tiled=True, **gk))]
+            xs = world.inputs(n, dtype, seed=n * 13 + G)
+            f = world.smap(lambda v, batch=calls + split: tuple(fn(v) for _, fn in batch), P("i"),
+                           tuple(P("i") for _ in calls + split), check_vma=False)
+            outs = f(world.put(xs))
+            wide = xs.astype(np.float64)
+            for (name, _), out in zip(calls + split, outs, strict=True):
+                base = name.split("(")[0]
+                for me in world.ranks:
+                    want = _grouped_reference(base, wide[:, :even] if base in ("psum_scatter", "all_to_all") else wide,
+                                              me, groups)
+                    world.expect(f"{name} over {groups} n={n} {dtype} on rank {me}", world.shard(out, me), want, dtype)
+
+
 SCENARIOS = {
     "kernels": (kernels, {}),
     "atomics": (atomics, {}),
@@ -1064,6 +1124,7 @@ SCENARIOS = {
     "transforms": (transforms, {}),
     "ragged": (ragged, {}),
     "moe": (moe, {}),
+    "axis_index_groups": (axis_index_groups, {}),
     "fused": (fused, {}),
     "tiles": (tiles, {}),
     "pallas": (pallas, {}),

@@ -92,14 +92,15 @@ def test_replaced_program_under_transformations(rng):
 
 
 def test_what_iris_does_not_run_stays_on_xla(rng):
-    """int8 (no iris kernel) and axis_index_groups (which lax takes inside shard_map only
-    with check_vma=False) run on XLA, the rest on iris; the explicit API refuses them."""
+    """int8 (no iris kernel) and axis_index_groups of unequal sizes (a psum over groups, which
+    lax takes inside shard_map only with check_vma=False) run on XLA, the rest on iris; the
+    explicit API refuses them."""
     mesh = _mesh()
     x = _x(mesh, rng)
 
     def body(v):
         small = lax.psum(v.astype(jnp.int8), "i")
-        grouped = lax.psum(v, "i", axis_index_groups=[[0, 1], [2, 3]])
+        grouped = lax.psum(v, "i", axis_index_groups=[[0], [1, 2, 3]])
         return lax.psum(v, "i") + small.astype(jnp.float32) + grouped
 
     program = jax.shard_map(body, mesh=mesh, in_specs=P("i"), out_specs=P("i"), check_vma=False)
@@ -111,7 +112,7 @@ def test_what_iris_does_not_run_stays_on_xla(rng):
     assert [(r.op, r.runs_on) for r in rows] == [("psum", "XLA"), ("psum", "XLA"), ("psum", "iris")]
     assert "int8" in rows[0].why and "axis_index_groups" in rows[1].why
     with pytest.raises(iris_jax.UnsupportedCollectiveError, match="axis_index_groups"):
-        jax.jit(jax.shard_map(lambda v: iris_jax.psum(v, "i", axis_index_groups=[[0, 1], [2, 3]]), mesh=mesh,
+        jax.jit(jax.shard_map(lambda v: iris_jax.psum(v, "i", axis_index_groups=[[0], [1, 2, 3]]), mesh=mesh,
                               in_specs=P("i"), out_specs=P("i"), check_vma=False))(x)
     with pytest.raises(iris_jax.UnsupportedCollectiveError, match="unsupported dtype int8"):
         jax.jit(jax.shard_map(lambda v: iris_jax.psum(v.astype(jnp.int8), "i"), mesh=mesh,
