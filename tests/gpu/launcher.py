@@ -121,7 +121,7 @@ class Run:
     """Processes of one run, started; wait() collects them."""
 
     def __init__(self, world_size: int, scenarios: list[str], *, shared: bool, log_dir: Path, limit_s: float,
-                 heap_mib: int = 384, env: dict[str, str] | None = None):
+                 heap_mib: int = 768, env: dict[str, str] | None = None):
         self.world_size, self.shared, self.limit_s = world_size, shared, limit_s
         log_dir.mkdir(parents=True, exist_ok=True)
         port = _free_port()

@@ -24,7 +24,7 @@ def main():
     parser.add_argument("--shared", action="store_true", help="every process on GPU 0")
     parser.add_argument("--scenarios", default="kernels,collectives")
     parser.add_argument("--out", default=".", help="where scenarios write files (traces)")
-    parser.add_argument("--heap-mib", type=int, default=384)
+    parser.add_argument("--heap-mib", type=int, default=768)  # two partitions' workspaces (axis_index_groups)
     parser.add_argument("--limit", type=float, default=150, help="seconds before dumping every stack and exiting")
     args = parser.parse_args()
     faulthandler.dump_traceback_later(args.limit, exit=True)  # a hang shows where, before the launcher's limit
