@@ -20,6 +20,7 @@ their kernels run as one launch.
 
 from __future__ import annotations
 
+import math
 from functools import partial
 
 import jax
@@ -148,22 +149,91 @@ batching.fancy_primitive_batchers[iris_collective_p] = _batch
 # -- lowering ---------------------------------------------------------------------------
 def _lowering(ctx, *xs, collective, params, config):
     from iris_jax import _runtime, cpu_lowering, domains
+    from iris_jax.operands import concrete
     from iris_jax.rewrite import axes_of, lowers_on_iris
 
     kwargs = dict(params)
-    if not lowers_on_iris(ctx):
+    if not lowers_on_iris(ctx, axes_of(kwargs)):
         return mlir.lower_fun(lambda *a: [_lax_bind(collective, x, kwargs) for x in a],
                               multiple_results=True)(ctx, *xs)
     axis_context = ctx.module_context.axis_context
     manual_mesh = axis_context.mesh.abstract_mesh.update_axis_types(
         {a: jax.sharding.AxisType.Manual for a in axis_context.manual_axes})
-    inside, across = domains.split_axes(axis_context.mesh, axes_of(kwargs), _runtime.runtime())
+    automatic = tuple(a for a in manual_mesh.axis_names if a not in axis_context.manual_axes)
+    if automatic and rules.rule_of(collective.name).has_kernel:
+        return _lower_per_shard(ctx, xs, manual_mesh, automatic, collective, params, config)
+    inside, across = domains.split_axes(concrete(axis_context.mesh), axes_of(kwargs), _runtime.runtime())
     lower = partial(rules.lower_across, collective, kwargs, config, inside, across) if across else partial(
         rules.lower, collective, kwargs, config)
     # the kernel calls lowered here were made at the collective's line (the simulator's call
     # records name it; lower_fun roots their own tracebacks at this rule)
     with jax.sharding.use_abstract_mesh(manual_mesh), cpu_lowering.calls_made_at(ctx):
         return mlir.lower_fun(lower, multiple_results=True)(ctx, *xs)
+
+
+def _lower_per_shard(ctx, xs, manual_mesh, automatic, collective, params, config):
+    """The equation inside a partially manual shard_map: lowered in a nested shard_map that
+    makes the remaining (automatic) axes manual too, so that each device's kernel sees its own
+    shard, as every iris kernel needs (XLA's partitioner can neither replicate a kernel with
+    side effects nor shard a custom call it has no rule for). The region's specs follow the
+    operands' sharding (`shard_specs`): where they match XLA's choice it costs nothing."""
+    from iris_jax import compat
+    from iris_jax.operands import concrete
+
+    rule = rules.rule_of(collective.name)
+    in_specs, out_specs = shard_specs(manual_mesh, automatic, partial(rule.carried, dict(params)), ctx.avals_in,
+                                      ctx.avals_out)
+
+    def per_shard(*shards):
+        return tuple(iris_collective_p.bind(*shards, collective=collective, params=params, config=config))
+
+    region = jax.shard_map(per_shard, mesh=manual_mesh, in_specs=in_specs, out_specs=out_specs,
+                           axis_names=set(automatic), check_vma=False)
+    with jax.sharding.use_abstract_mesh(manual_mesh), compat.concrete_mesh(
+            concrete(ctx.module_context.axis_context.mesh)):
+        return mlir.lower_fun(lambda *a: list(region(*a)), multiple_results=True)(ctx, *xs)
+
+
+def shard_specs(mesh, automatic: tuple, carried, avals_in, avals_out) -> tuple[tuple, tuple]:
+    """(in_specs, out_specs) over the `automatic` axes of `mesh` for a collective's operands.
+
+    The rule, per operand: an Explicit axis stays on the dimension its type puts it on; the
+    Auto axes together (in mesh order) go on the first dimension that the collective carries
+    through (`carried(ndim)`: Rule.carried), holds no Explicit axis and divides by their size,
+    which is the batch dimension of the activations a tensor-parallel layer exchanges;
+    elsewhere the operand is replicated over them. A dimension the collective gathers,
+    scatters or splits along is never sharded over them (an Explicit axis there is gathered
+    first). Each result keeps its operand's axes on the dimension the operand's became.
+    """
+    from jax.sharding import AxisType, PartitionSpec
+
+    explicit = {a for a, t in zip(mesh.axis_names, mesh.axis_types) if a in automatic and t == AxisType.Explicit}
+    auto = tuple(a for a in automatic if a not in explicit)
+    auto_size = math.prod(mesh.shape[a] for a in auto)
+    in_specs, out_specs = [], []
+    for aval_in, aval_out in zip(avals_in, avals_out):
+        dims = carried(aval_in.ndim)
+        typed = tuple(getattr(getattr(aval_in, "sharding", None), "spec", ())) + (None,) * aval_in.ndim
+        entries = [_explicit_only(typed[i], explicit) if dims[i] is not None else None for i in range(aval_in.ndim)]
+        if auto_size > 1:
+            for i in range(aval_in.ndim):
+                if dims[i] is not None and entries[i] is None and aval_in.shape[i] % auto_size == 0:
+                    entries[i] = auto if len(auto) > 1 else auto[0]
+                    break
+        out_entries = [None] * aval_out.ndim
+        for i, d in enumerate(dims):
+            if d is not None:
+                out_entries[d] = entries[i]
+        in_specs.append(PartitionSpec(*entries))
+        out_specs.append(PartitionSpec(*out_entries))
+    return tuple(in_specs), tuple(out_specs)
+
+
+def _explicit_only(entry, explicit):
+    """A spec entry with only the Explicit axes of `explicit` (None where none is left)."""
+    names = entry if isinstance(entry, tuple) else (entry,) if isinstance(entry, str) else ()
+    kept = tuple(a for a in names if a in explicit)
+    return None if not kept else kept[0] if len(kept) == 1 else kept
 
 
 # not cacheable: a cached lowering is emitted as a function of its own, and the CPU lowering

@@ -8,7 +8,7 @@ result. The public collectives (`iris_jax.psum` = lax.psum run this way, ...) an
 
 Where iris does not run a collective (placement): positional axes, `axis_index_groups`,
 dtypes other than float32/bfloat16/float16/int32, collectives over axes that are not manual
-shard_map axes, partially manual shard_map, and calls with nothing to send (a group of one
+shard_map axes (an automatic axis of a partially manual shard_map), and calls with nothing to send (a group of one
 member, zero-size arrays), which XLA removes. The explicit API raises for the first three
 (`strict`); replace_lax_collectives leaves them to XLA. An iris equation over axes that span
 domains is split at lowering, where the devices are known: iris inside each domain, XLA
@@ -20,7 +20,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import warnings
 from collections.abc import Callable
 
 import jax
@@ -88,8 +87,6 @@ def placement(name: str, params: dict, aval, scope: Scope) -> tuple[str | None, 
     sizes = dict(scope.sizes)
     if any(a not in scope.manual for a in axes):
         return f"axes {axes} are not all manual shard_map axes here", False
-    if set(scope.manual) != set(sizes):
-        return f"partially manual shard_map (manual {tuple(sorted(scope.manual))} of {tuple(sizes)})", False
     if not rule.sends_when_trivial and math.prod(sizes[a] for a in axes) == 1:
         return "a group of one member: nothing to send (XLA removes it)", False
     if not rule.sends_when_trivial and aval.size == 0:
@@ -97,14 +94,16 @@ def placement(name: str, params: dict, aval, scope: Scope) -> tuple[str | None, 
     return None, False
 
 
-def lowers_on_iris(ctx) -> bool:
-    """At lowering: GPUs or the simulator, inside a fully manual shard_map."""
+def lowers_on_iris(ctx, axes: tuple) -> bool:
+    """At lowering: GPUs or the simulator, inside a shard_map in which every one of `axes` is
+    manual (other axes of the mesh may be automatic: iris_jax.primitive lowers the kernels in
+    a nested region that makes them manual)."""
     from jax._src.sharding_impls import SPMDAxisContext
 
     axis_context = ctx.module_context.axis_context
     platforms = set(ctx.module_context.platforms)
     return (platforms <= {"cuda", "cpu"} and isinstance(axis_context, SPMDAxisContext)
-            and set(axis_context.manual_axes) == set(axis_context.mesh.axis_names))
+            and set(axes) <= set(axis_context.manual_axes))
 
 
 # -- the rewrite ------------------------------------------------------------------------
@@ -140,8 +139,6 @@ class _Rewriter:
                 raise UnsupportedCollectiveError(
                     f"iris_jax.{rule.name}: unsupported {reason}; use jax.lax.{rule.name} "
                     "(or iris_jax.replace_lax_collectives, which leaves such calls to XLA)")
-            if self.strict and reason.startswith("partially manual"):
-                warnings.warn(f"iris_jax.{rule.name} runs on XLA here: {reason}", stacklevel=4)
             return eqn
         if eqn.primitive is iris_collective_p:
             self.decisions.append((eqn.params["collective"].name, dict(eqn.params["params"]), eqn.invars[0].aval, None,
