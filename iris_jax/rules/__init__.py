@@ -120,5 +120,5 @@ from iris_jax.rules import (  # noqa: E402  (each module registers its rule)
     pvary,
 )
 
-__all__ = ["RULES", "Rule", "all_gather", "all_reduce", "all_to_all", "elementwise", "lower", "lower_across", "pbroadcast", "plan",
-           "ppermute", "psum_scatter", "pvary", "register", "rule_of"]
+__all__ = ["RULES", "Rule", "all_gather", "all_reduce", "all_to_all", "elementwise", "lower", "lower_across",
+           "pbroadcast", "plan", "ppermute", "psum_scatter", "pvary", "register", "rule_of"]
