@@ -41,8 +41,8 @@ def devices_of(ctx) -> list:
 
 
 def concrete(mesh):
-    """`mesh` itself if concrete; for an abstract one (a shard_map given no concrete mesh,
-    nested in another), the context's concrete mesh of the same axes."""
+    """`mesh` itself if concrete; for an abstract one (a shard_map nested in another takes the
+    outer one's abstract mesh), the context's concrete mesh of the same axes."""
     from iris_jax.compat import context_concrete_mesh
 
     if isinstance(mesh, jax.sharding.Mesh):
@@ -50,8 +50,8 @@ def concrete(mesh):
     found = context_concrete_mesh()
     if found is None or dict(found.shape) != dict(mesh.shape):
         raise IrisError(
-            f"an iris kernel inside a shard_map over the abstract mesh {dict(mesh.shape)} needs the concrete "
-            "devices: pass the shard_map mesh=<a jax.sharding.Mesh>, or run it under jax.set_mesh(mesh)")
+            f"an iris kernel in a shard_map nested in another, over the abstract mesh {dict(mesh.shape)}, needs "
+            "the concrete devices: call the program under jax.set_mesh(mesh)")
     return found
 
 

@@ -159,3 +159,120 @@ def test_axis_types(types, dp_on, op_name, transform, rng):
     spec = P(("tp", "dp")) if dp_on == 0 else P("tp", "dp")
     _check(_mesh((2, 2), ("dp", "tp"), TYPES[types]), "tp", op_name, transform, rng, x_spec=spec,
            reference_mesh=_mesh((2, 2), ("dp", "tp")))
+
+
+# -- meshes as users make them ---------------------------------------------------------------------
+def _context(name, mesh):
+    """(the context, whether shard_map is given mesh=); jax.set_mesh takes effect when called,
+    so each is made only here. (jax.sharding.use_mesh, set_mesh's predecessor, is gone from
+    every JAX release iris supports.)"""
+    import contextlib
+
+    return {"none": lambda: (contextlib.nullcontext(), True), "set_mesh": lambda: (jax.set_mesh(mesh), False),
+            "set_mesh_and_mesh_argument": lambda: (jax.set_mesh(mesh), True),
+            "legacy_with_mesh": lambda: (mesh, True)}[name]()
+
+
+@pytest.mark.parametrize("manual", ["partially", "fully"])
+@pytest.mark.parametrize("context", ["none", "set_mesh", "set_mesh_and_mesh_argument", "legacy_with_mesh"])
+@pytest.mark.parametrize("types", ["auto", "explicit", "mixed"])
+def test_mesh_contexts(types, context, manual, rng):
+    mesh = _mesh((2, 2), ("dp", "tp"), {"auto": (AUTO, AUTO), "explicit": (EXPLICIT, EXPLICIT),
+                                        "mixed": (EXPLICIT, AUTO)}[types])
+    x = jax.device_put(jnp.asarray(rng.standard_normal((8, 4)), jnp.float32), NamedSharding(mesh, P("dp", "tp")))
+    spec = P(None, "tp") if manual == "partially" else P("dp", "tp")
+    ring = [(0, 1), (1, 0)]
+
+    def run(m):
+        ctx, mesh_argument = _context(context, mesh)
+        kwargs = dict(mesh=mesh) if mesh_argument else {}
+        if manual == "partially":
+            kwargs["axis_names"] = {"tp"}
+        body = lambda v: (m.psum(v, "tp"), m.ppermute(v, "tp", ring))  # noqa: E731
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # `with mesh:` is deprecated since jax 0.10.1
+            with ctx:
+                f = jax.jit(jax.shard_map(body, in_specs=spec, out_specs=(P(*spec[:-1]), spec), **kwargs))
+                return [np.asarray(y) for y in f(x)], kernels(f.lower(x))
+
+    (got, launched), (want, _) = run(iris_jax), run(lax)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-6)
+    assert launched == 2
+
+
+def test_nested_shard_map_under_set_mesh(rng):
+    """A shard_map over dp nested in one over tp (its mesh: the outer one's abstract mesh) finds
+    its devices in jax.set_mesh's context; without a context iris says so."""
+    mesh = _mesh((2, 2), ("dp", "tp"))
+    x = jax.device_put(jnp.asarray(rng.standard_normal((8, 4)), jnp.float32), NamedSharding(mesh, P("dp", "tp")))
+
+    def program(m):
+        def inner(v):
+            return m.psum(v, "tp") + m.psum(v, "dp")
+
+        def body(v):
+            return jax.shard_map(inner, in_specs=P("dp"), out_specs=P("dp"), axis_names={"dp"})(m.psum(v, "tp"))
+        return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P(None, "tp"), out_specs=P(None, "tp"),
+                                     axis_names={"tp"}))
+
+    want = np.asarray(program(lax)(x))
+    with jax.set_mesh(mesh):
+        f = program(iris_jax)
+        np.testing.assert_allclose(np.asarray(f(x)), want, rtol=1e-6)
+        assert kernels(f.lower(x)) == 3
+    with pytest.raises(iris_jax.IrisError, match="jax.set_mesh"):
+        program(iris_jax)(x)
+
+
+def kernels(lowered) -> int:
+    return len(re.findall(r"iris_cpu_kernel_\d+", lowered.as_text()))
+
+
+# -- no added communication: the compiled step of examples/08 --------------------------------------
+def _example():
+    """examples/08_tp_fsdp_transformer.py as a module (its setup leaves this process's JAX as it is)."""
+    import importlib.util
+    import os
+    import sys
+
+    from tests.jax.helpers import REPO
+
+    examples = os.path.join(REPO, "examples")
+    if examples not in sys.path:
+        sys.path.insert(0, examples)
+    spec = importlib.util.spec_from_file_location("tp_fsdp_example", os.path.join(examples, "08_tp_fsdp_transformer.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def hlo_collectives(compiled) -> collections.Counter:
+    return collections.Counter(HLO_COLLECTIVE.findall(compiled.as_text()))
+
+
+@pytest.mark.parametrize("shape", [(2, 2), (2, 4)], ids=["2x2", "2x4"])
+def test_compiled_step_adds_no_collective(shape):
+    """A tensor-parallel (manual tp) + FSDP (automatic dp) training step: under
+    replace_lax_collectives the compiled program has no XLA collective, of any kind, more than
+    lax's version of the step (the nested regions' specs match what XLA chose: no reshard), the
+    tp collectives are iris kernels, and the values are lax's."""
+    example = _example()
+    mesh = _mesh(shape, ("dp", "tp"))
+    B, S, D, heads, F = 4, 8, 16, 4, 32
+    params = example.init(mesh, D, heads, F, jnp.float32)
+    keys = jax.random.split(jax.random.key(1), 2)
+    x, y = (jax.device_put(jax.random.normal(k, (B, S, D)), NamedSharding(mesh, example.BATCH)) for k in keys)
+    step = lambda params, x, y: example.train_step(params, x, y, mesh)  # noqa: E731
+    on_xla, on_iris = jax.jit(step), iris_jax.replace_lax_collectives(step)
+    lowered_xla, lowered_iris = on_xla.lower(params, x, y), on_iris.lower(params, x, y)
+    xla, iris = hlo_collectives(lowered_xla.compile()), hlo_collectives(lowered_iris.compile())
+    assert not iris - xla, f"collectives iris's step has and lax's has not: {dict(iris - xla)} (lax's: {dict(xla)})"
+    assert sum(xla.values()) > sum(iris.values())  # the tp ones left XLA
+    assert kernels(lowered_iris) == 10  # 2 all_gathers, 2 psum_scatters forward; the same and 2 psums backward
+    (p_xla, loss_xla), (p_iris, loss_iris) = on_xla(params, x, y), on_iris(params, x, y)
+    np.testing.assert_allclose(float(loss_iris), float(loss_xla), rtol=1e-5)
+    for name in params:
+        np.testing.assert_allclose(np.asarray(p_iris[name]), np.asarray(p_xla[name]), rtol=1e-5, atol=1e-6)
+    rows = iris_jax.explain(step, params, x, y)
+    assert len(rows) == 10 and all(row.runs_on == "iris" and row.axes == ("tp",) for row in rows), rows
