@@ -81,7 +81,8 @@ def train_step(params, x, y, mesh, lr=0.1):
     loss, grads = jax.value_and_grad(loss_fn)(params)
     updated = {name: (p - lr * grads[name]).astype(p.dtype) for name, p in params.items()}
     # stored as before (FSDP): XLA then reduce-scatters the gradients over dp instead of all-reducing them
-    return {name: lax.with_sharding_constraint(p, NamedSharding(mesh, STORED[name])) for name, p in updated.items()}, loss
+    stored = {name: lax.with_sharding_constraint(p, NamedSharding(mesh, STORED[name])) for name, p in updated.items()}
+    return stored, loss
 
 
 def init(mesh, D, heads, F, dtype, seed=0):
