@@ -183,15 +183,48 @@ def _lower_per_shard(ctx, xs, manual_mesh, automatic, collective, params, config
     rule = rules.rule_of(collective.name)
     in_specs, out_specs = shard_specs(manual_mesh, automatic, partial(rule.carried, dict(params)), ctx.avals_in,
                                       ctx.avals_out)
+    explicit = _explicit_axes(manual_mesh, automatic)
 
     def per_shard(*shards):
         return tuple(iris_collective_p.bind(*shards, collective=collective, params=params, config=config))
 
     region = jax.shard_map(per_shard, mesh=manual_mesh, in_specs=in_specs, out_specs=out_specs,
                            axis_names=set(automatic), check_vma=False)
+
+    def lowered(*xs):
+        # with Explicit axes the operands must have the region's types (jax 0.12 checks), and the
+        # results get the types lax's rule gave them (an Explicit axis gathered along is put back)
+        xs = [_retyped(x, _explicit_part(spec, explicit), explicit) for x, spec in zip(xs, in_specs)]
+        outs = region(*xs)
+        return [_retyped(y, _explicit_part(_spec_of(aval), explicit), explicit)
+                for y, aval in zip(outs, ctx.avals_out)]
+
     with jax.sharding.use_abstract_mesh(manual_mesh), compat.concrete_mesh(
             concrete(ctx.module_context.axis_context.mesh)):
-        return mlir.lower_fun(lambda *a: list(region(*a)), multiple_results=True)(ctx, *xs)
+        return mlir.lower_fun(lowered, multiple_results=True)(ctx, *xs)
+
+
+def _explicit_axes(mesh, automatic) -> set:
+    from jax.sharding import AxisType
+
+    return {a for a, t in zip(mesh.axis_names, mesh.axis_types) if a in automatic and t == AxisType.Explicit}
+
+
+def _spec_of(aval) -> tuple:
+    """The entries of an aval's sharding type, one per dimension."""
+    spec = tuple(getattr(getattr(aval, "sharding", None), "spec", ()))
+    return (spec + (None,) * aval.ndim)[:aval.ndim]
+
+
+def _explicit_part(spec, explicit) -> tuple:
+    return tuple(_explicit_only(entry, explicit) for entry in spec)
+
+
+def _retyped(x, entries: tuple, explicit):
+    """`x` resharded over the Explicit axes as `entries` say, where its type says otherwise."""
+    if not explicit or _explicit_part(_spec_of(core.typeof(x)), explicit) == tuple(entries):
+        return x
+    return jax.sharding.reshard(x, jax.sharding.PartitionSpec(*entries))
 
 
 def shard_specs(mesh, automatic: tuple, carried, avals_in, avals_out) -> tuple[tuple, tuple]:
@@ -205,15 +238,15 @@ def shard_specs(mesh, automatic: tuple, carried, avals_in, avals_out) -> tuple[t
     scatters or splits along is never sharded over them (an Explicit axis there is gathered
     first). Each result keeps its operand's axes on the dimension the operand's became.
     """
-    from jax.sharding import AxisType, PartitionSpec
+    from jax.sharding import PartitionSpec
 
-    explicit = {a for a, t in zip(mesh.axis_names, mesh.axis_types) if a in automatic and t == AxisType.Explicit}
+    explicit = _explicit_axes(mesh, automatic)
     auto = tuple(a for a in automatic if a not in explicit)
     auto_size = math.prod(mesh.shape[a] for a in auto)
     in_specs, out_specs = [], []
     for aval_in, aval_out in zip(avals_in, avals_out):
         dims = carried(aval_in.ndim)
-        typed = tuple(getattr(getattr(aval_in, "sharding", None), "spec", ())) + (None,) * aval_in.ndim
+        typed = _spec_of(aval_in)
         entries = [_explicit_only(typed[i], explicit) if dims[i] is not None else None for i in range(aval_in.ndim)]
         if auto_size > 1:
             for i in range(aval_in.ndim):
