@@ -312,3 +312,30 @@ def test_replace_lax_collectives_at_any_depth(rng):
     rows = iris_jax.explain(program, x)
     assert rows and all(row.runs_on == "iris" for row in rows), rows
     assert kernels(on_iris.lower(x)) >= 5
+
+
+@pytest.mark.parametrize("types", ["explicit", "mixed_explicit_dp"])
+def test_compiled_step_adds_no_collective_explicit(types):
+    """The same with an Explicit dp axis (the region's specs from the operands' types): a
+    Megatron MLP (column- then row-parallel, psum over tp) on a dp-sharded batch, under grad."""
+    mesh = _mesh((2, 2), ("dp", "tp"), TYPES[types])
+    rng = np.random.default_rng(5)
+    x = jax.device_put(rng.standard_normal((8, 16)).astype(np.float32), NamedSharding(mesh, P("dp")))
+    w1 = jax.device_put(rng.standard_normal((16, 32)).astype(np.float32), NamedSharding(mesh, P(None, "tp")))
+    w2 = jax.device_put(rng.standard_normal((32, 16)).astype(np.float32), NamedSharding(mesh, P("tp", None)))
+
+    def loss(params, x):
+        def layer(x, w1, w2):
+            return lax.psum(jax.nn.relu(x @ w1) @ w2, "tp")
+        y = jax.shard_map(layer, mesh=mesh, in_specs=(P(), P(None, "tp"), P("tp", None)), out_specs=P(),
+                          axis_names={"tp"})(x, *params)
+        return jnp.mean(y ** 2)
+
+    program = jax.grad(loss)
+    on_xla, on_iris = jax.jit(program), iris_jax.replace_lax_collectives(program)
+    xla = hlo_collectives(on_xla.lower((w1, w2), x).compile())
+    iris = hlo_collectives(on_iris.lower((w1, w2), x).compile())
+    assert not iris - xla, f"collectives iris's step has and lax's has not: {dict(iris - xla)} (lax's: {dict(xla)})"
+    assert kernels(on_iris.lower((w1, w2), x)) >= 1
+    for a, b in zip(on_iris((w1, w2), x), on_xla((w1, w2), x)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
