@@ -12,7 +12,8 @@ but the lowering is lax's own, applied through iris:
   iris collectives too;
 * lowering: iris kernels (each collective's rule, iris_jax.rules) on GPUs and on the simulator; XLA's own
   lowering where iris has nothing to do (see iris_jax.rewrite.placement); over axes that
-  span domains, iris inside them and XLA across (iris_jax.domains).
+  span domains, iris inside them and XLA across (iris_jax.domains); in a partially manual
+  shard_map, inside a nested region that makes the automatic axes manual too (`_lower_per_shard`).
 
 One equation may carry several operands of one dtype with the same parameters (a pytree):
 their kernels run as one launch.
