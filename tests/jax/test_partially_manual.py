@@ -28,7 +28,9 @@ import iris_jax
 from tests.jax.helpers import use_runtime
 
 AUTO, EXPLICIT = AxisType.Auto, AxisType.Explicit
-HLO_COLLECTIVE = re.compile(r"\b(all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)(?:-start)?\(")
+# an XLA collective of the compiled program: its result's type, its kind
+HLO_COLLECTIVE = re.compile(r"=\s*(\([^=]*?\)|\S+)\s+(all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)"
+                            r"(?:-start)?\(")
 
 
 def _ops(G):
@@ -256,15 +258,17 @@ def _example():
 
 
 def hlo_collectives(compiled) -> collections.Counter:
-    return collections.Counter(HLO_COLLECTIVE.findall(compiled.as_text()))
+    """(kind, result type without layouts) of every XLA collective of a compiled program."""
+    return collections.Counter((kind, re.sub(r"\{[^}]*\}", "", shape))
+                               for shape, kind in HLO_COLLECTIVE.findall(compiled.as_text()))
 
 
 @pytest.mark.parametrize("shape", [(2, 2), (2, 4)], ids=["2x2", "2x4"])
 def test_compiled_step_adds_no_collective(shape):
     """A tensor-parallel (manual tp) + FSDP (automatic dp) training step: under
-    replace_lax_collectives the compiled program has no XLA collective, of any kind, more than
-    lax's version of the step (the nested regions' specs match what XLA chose: no reshard), the
-    tp collectives are iris kernels, and the values are lax's."""
+    replace_lax_collectives the compiled program has no XLA collective (by kind and result
+    type) that lax's version of the step has not (the nested regions' specs match what XLA
+    chose: no reshard), the tp collectives are iris kernels, and the values are lax's."""
     example = _example()
     mesh = _mesh(shape, ("dp", "tp"))
     B, S, D, heads, F = 4, 8, 16, 4, 32
