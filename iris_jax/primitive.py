@@ -232,13 +232,14 @@ def shard_specs(mesh, automatic: tuple, carried, avals_in, avals_out) -> tuple[t
     """(in_specs, out_specs) over the `automatic` axes of `mesh` for a collective's operands.
 
     The rule, per operand: an Explicit axis stays on the dimension its type puts it on; the
-    Auto axes together (in mesh order) go on the operand's leading dimension where the
-    collective carries it through (`carried(ndim)`: Rule.carried), it holds no Explicit axis
-    and its size divides by theirs: the batch dimension of the activations a tensor-parallel
-    layer exchanges, which data parallelism splits. Elsewhere the operand is replicated over
-    them (e.g. a gradient summed over the batch, which XLA reduces over dp anyway). A dimension the collective gathers,
-    scatters or splits along is never sharded over them (an Explicit axis there is gathered
-    first). Each result keeps its operand's axes on the dimension the operand's became.
+    Auto axes together (in mesh order) go on the leading dimension of an operand of rank 2 or
+    more where the collective carries it through (`carried(ndim)`: Rule.carried), it holds no
+    Explicit axis and its size divides by theirs: the batch dimension of the activations a
+    tensor-parallel layer exchanges, which data parallelism splits. Elsewhere, scalars and
+    vectors included, the operand is replicated over them: e.g. a layer norm's gradient summed
+    over the batch, which XLA reduces over dp anyway (split, it would be gathered again). A
+    dimension the collective gathers, scatters or splits along is never sharded over them (an
+    Explicit axis there is gathered first). Each result keeps its operand's axes on the dimension the operand's became.
     """
     from jax.sharding import PartitionSpec
 
@@ -250,7 +251,7 @@ def shard_specs(mesh, automatic: tuple, carried, avals_in, avals_out) -> tuple[t
         dims = carried(aval_in.ndim)
         typed = _spec_of(aval_in)
         entries = [_explicit_only(typed[i], explicit) if dims[i] is not None else None for i in range(aval_in.ndim)]
-        if auto_size > 1 and aval_in.ndim and dims[0] is not None and entries[0] is None \
+        if auto_size > 1 and aval_in.ndim >= 2 and dims[0] is not None and entries[0] is None \
                 and aval_in.shape[0] % auto_size == 0:
             entries[0] = auto if len(auto) > 1 else auto[0]
         out_entries = [None] * aval_out.ndim
