@@ -80,7 +80,8 @@ def _manual_axes() -> tuple[str, ...]:
     if manual and set(manual) != set(names):
         raise IrisError(
             f"iris kernels need every mesh axis manual inside shard_map (manual: {tuple(manual)}, "
-            f"mesh: {names}); put all axes in the shard_map (axis_names=...)")
+            f"mesh: {names}); put all axes in the shard_map (axis_names=...), or call the kernel in a shard_map "
+            "over the automatic axes nested in this one, under jax.set_mesh (iris's collectives do that themselves)")
     return names if manual else ()
 
 

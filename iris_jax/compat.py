@@ -22,6 +22,10 @@ What moved:
 * iris calls lax's collective functions in `jax._src.lax.parallel` (`lax_parallel`), where they
   are defined, not through `jax.lax`: a program that swaps by assignment (`jax.lax.psum =
   iris_jax.psum`) would otherwise send iris's psum back into itself.
+* A shard_map lowered inside a lowering rule (iris's per-shard region in a partially manual
+  shard_map, iris_jax.primitive) takes its devices from the concrete-mesh context, which only
+  `jax.set_mesh` sets from outside: `concrete_mesh(mesh)` sets it there (jax's private
+  `_internal_use_concrete_mesh`, the same on 0.10.2 to 0.12).
 * jaxlib's `TritonKernel` takes the kernel's global scratch size and alignment after 0.11.0.
 * jax-triton 0.3.1 refuses to import unless JAX's CUDA plugin is installed ("jax-triton requires
   JAX to be installed with GPU support"), although iris needs it on CPU-only machines only for
@@ -53,7 +57,7 @@ from jax._src.lax import parallel as lax_parallel  # lax's collectives, where th
 from jax.extend.core import ClosedJaxpr
 
 __all__ = ["ClosedJaxpr", "JAX_TRITON_VERSION", "JAXLIB_VERSION", "closed_jaxpr", "gpu_plugin_present",
-           "gpu_triton", "is_jaxpr", "jax_triton", "jax_triton_call", "lax_parallel", "triton_kernel",
+           "concrete_mesh", "gpu_triton", "is_jaxpr", "jax_triton", "jax_triton_call", "lax_parallel", "triton_kernel",
            "triton_kernel_call_p", "triton_type"]
 
 
@@ -85,6 +89,25 @@ def closed_jaxpr(jaxpr, consts) -> ClosedJaxpr:
 def is_jaxpr(value) -> bool:
     """A jaxpr, open or closed (a parameter of a higher-order primitive that holds one)."""
     return isinstance(value, (core.Jaxpr, ClosedJaxpr))
+
+
+# -- meshes -----------------------------------------------------------------------------------
+def concrete_mesh(mesh):
+    """A context in which `mesh` (a jax.sharding.Mesh) is the concrete mesh, as inside
+    `jax.set_mesh(mesh)` but usable while tracing and lowering (set_mesh refuses there)."""
+    from jax._src.sharding_impls import _internal_use_concrete_mesh
+
+    return _internal_use_concrete_mesh(mesh)
+
+
+def context_concrete_mesh():
+    """The concrete mesh of the context (`jax.set_mesh`, or the legacy `with mesh:`), or None."""
+    from jax._src import mesh as mesh_lib
+
+    mesh = mesh_lib.get_concrete_mesh()
+    if mesh is None or mesh.empty:
+        mesh = mesh_lib.thread_resources.env.physical_mesh
+    return None if mesh is None or mesh.empty else mesh
 
 
 # -- lax's own checks -------------------------------------------------------------------------

@@ -13,6 +13,7 @@ mesh order) become constants and each device selects its row in-graph by partiti
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax._src import core
@@ -29,7 +30,7 @@ def devices_of(ctx) -> list:
 
     axis_context = ctx.module_context.axis_context
     if isinstance(axis_context, SPMDAxisContext):
-        return list(axis_context.mesh.devices.flat)
+        return list(concrete(axis_context.mesh).devices.flat)
     if isinstance(axis_context, ShardingContext):
         assignment = axis_context.device_assignment
         if axis_context.num_devices == 1:
@@ -38,6 +39,21 @@ def devices_of(ctx) -> list:
             f"an iris kernel in a computation over {axis_context.num_devices} devices must run "
             "inside jax.shard_map (each device needs its own context)")
     raise IrisError(f"cannot place an iris kernel in axis context {type(axis_context).__name__}")
+
+
+def concrete(mesh):
+    """`mesh` itself if concrete; for an abstract one (a shard_map nested in another takes the
+    outer one's abstract mesh), the context's concrete mesh of the same axes."""
+    from iris_jax.compat import context_concrete_mesh
+
+    if isinstance(mesh, jax.sharding.Mesh):
+        return mesh
+    found = context_concrete_mesh()
+    if found is None or dict(found.shape) != dict(mesh.shape):
+        raise IrisError(
+            f"an iris kernel in a shard_map nested in another, over the abstract mesh {dict(mesh.shape)}, needs "
+            "the concrete devices: call the program under jax.set_mesh(mesh)")
+    return found
 
 
 def per_device_operand(ctx, table: np.ndarray):
@@ -82,7 +98,7 @@ def group_table(ctx, group_axes: tuple[str, ...], workspace: str = "collective",
     axis_context = ctx.module_context.axis_context
     if not isinstance(axis_context, SPMDAxisContext):
         raise IrisError(f"collectives over {group_axes} must run inside jax.shard_map")
-    mesh = axis_context.mesh
+    mesh = concrete(axis_context.mesh)
     names = list(mesh.axis_names)
     for a in group_axes:
         if a not in names:

@@ -12,7 +12,8 @@ but the lowering is lax's own, applied through iris:
   iris collectives too;
 * lowering: iris kernels (each collective's rule, iris_jax.rules) on GPUs and on the simulator; XLA's own
   lowering where iris has nothing to do (see iris_jax.rewrite.placement); over axes that
-  span domains, iris inside them and XLA across (iris_jax.domains).
+  span domains, iris inside them and XLA across (iris_jax.domains); in a partially manual
+  shard_map, inside a nested region that makes the automatic axes manual too (`_lower_per_shard`).
 
 One equation may carry several operands of one dtype with the same parameters (a pytree):
 their kernels run as one launch. A collective of several operands per call (ragged_all_to_all)
@@ -21,6 +22,7 @@ is one call per equation, and lax's jvp, transpose and batching rules apply to i
 
 from __future__ import annotations
 
+import math
 from functools import partial
 
 import jax
@@ -232,22 +234,129 @@ pe.partial_eval_jaxpr_custom_rules[iris_collective_p] = _remat
 # -- lowering ---------------------------------------------------------------------------
 def _lowering(ctx, *xs, collective, params, config):
     from iris_jax import _runtime, cpu_lowering, domains
+    from iris_jax.operands import concrete
     from iris_jax.rewrite import axes_of, lowers_on_iris
 
     kwargs = dict(params)
-    if not lowers_on_iris(ctx):
+    if not lowers_on_iris(ctx, axes_of(kwargs)):
         on_xla = lambda *a: [y for call in calls(collective, a) for y in _lax_bind(collective, call, kwargs)]  # noqa: E731
         return mlir.lower_fun(on_xla, multiple_results=True)(ctx, *xs)
     axis_context = ctx.module_context.axis_context
     manual_mesh = axis_context.mesh.abstract_mesh.update_axis_types(
         {a: jax.sharding.AxisType.Manual for a in axis_context.manual_axes})
-    inside, across = domains.split_axes(axis_context.mesh, axes_of(kwargs), _runtime.runtime())
+    automatic = tuple(a for a in manual_mesh.axis_names if a not in axis_context.manual_axes)
+    if automatic and rules.rule_of(collective.name).has_kernel:
+        return _lower_per_shard(ctx, xs, manual_mesh, automatic, collective, params, config)
+    inside, across = domains.split_axes(concrete(axis_context.mesh), axes_of(kwargs), _runtime.runtime())
     lower = partial(rules.lower_across, collective, kwargs, config, inside, across) if across else partial(
         rules.lower, collective, kwargs, config)
     # the kernel calls lowered here were made at the collective's line (the simulator's call
     # records name it; lower_fun roots their own tracebacks at this rule)
     with jax.sharding.use_abstract_mesh(manual_mesh), cpu_lowering.calls_made_at(ctx):
         return mlir.lower_fun(lower, multiple_results=True)(ctx, *xs)
+
+
+def _lower_per_shard(ctx, xs, manual_mesh, automatic, collective, params, config):
+    """The equation inside a partially manual shard_map: lowered in a nested shard_map that
+    makes the remaining (automatic) axes manual too, so that each device's kernel sees its own
+    shard, as every iris kernel needs (XLA's partitioner can neither replicate a kernel with
+    side effects nor shard a custom call it has no rule for). The region's specs follow the
+    operands' sharding (`shard_specs`): where they match XLA's choice it costs nothing."""
+    from iris_jax import compat
+    from iris_jax.operands import concrete
+
+    from jax.sharding import PartitionSpec
+
+    rule = rules.rule_of(collective.name)
+    if rule.operands > 1:  # (ragged_all_to_all) operands and results do not pair up: replicated over them
+        in_specs, out_specs = (PartitionSpec(),) * len(ctx.avals_in), (PartitionSpec(),) * len(ctx.avals_out)
+    else:
+        in_specs, out_specs = shard_specs(manual_mesh, automatic, partial(rule.carried, dict(params)), ctx.avals_in,
+                                          ctx.avals_out)
+    explicit = _explicit_axes(manual_mesh, automatic)
+
+    def per_shard(*shards):
+        return tuple(iris_collective_p.bind(*shards, collective=collective, params=params, config=config))
+
+    region = jax.shard_map(per_shard, mesh=manual_mesh, in_specs=in_specs, out_specs=out_specs,
+                           axis_names=set(automatic), check_vma=False)
+
+    def lowered(*xs):
+        # with Explicit axes the operands must have the region's types (jax 0.12 checks), and the
+        # results get the types lax's rule gave them (an Explicit axis gathered along is put back)
+        xs = [_retyped(x, _explicit_part(spec, explicit), explicit) for x, spec in zip(xs, in_specs)]
+        outs = region(*xs)
+        return [_retyped(y, _explicit_part(_spec_of(aval), explicit), explicit)
+                for y, aval in zip(outs, ctx.avals_out)]
+
+    with jax.sharding.use_abstract_mesh(manual_mesh), compat.concrete_mesh(
+            concrete(ctx.module_context.axis_context.mesh)):
+        return mlir.lower_fun(lowered, multiple_results=True)(ctx, *xs)
+
+
+def _explicit_axes(mesh, automatic) -> set:
+    from jax.sharding import AxisType
+
+    return {a for a, t in zip(mesh.axis_names, mesh.axis_types) if a in automatic and t == AxisType.Explicit}
+
+
+def _spec_of(aval) -> tuple:
+    """The entries of an aval's sharding type, one per dimension."""
+    spec = tuple(getattr(getattr(aval, "sharding", None), "spec", ()))
+    return (spec + (None,) * aval.ndim)[:aval.ndim]
+
+
+def _explicit_part(spec, explicit) -> tuple:
+    return tuple(_explicit_only(entry, explicit) for entry in spec)
+
+
+def _retyped(x, entries: tuple, explicit):
+    """`x` resharded over the Explicit axes as `entries` say, where its type says otherwise."""
+    if not explicit or _explicit_part(_spec_of(core.typeof(x)), explicit) == tuple(entries):
+        return x
+    return jax.sharding.reshard(x, jax.sharding.PartitionSpec(*entries))
+
+
+def shard_specs(mesh, automatic: tuple, carried, avals_in, avals_out) -> tuple[tuple, tuple]:
+    """(in_specs, out_specs) over the `automatic` axes of `mesh` for a collective's operands.
+
+    The rule, per operand: an Explicit axis stays on the dimension its type puts it on; the
+    Auto axes together (in mesh order) go on the leading dimension of an operand of rank 2 or
+    more where the collective carries it through (`carried(ndim)`: Rule.carried), it holds no
+    Explicit axis and its size divides by theirs: the batch dimension of the activations a
+    tensor-parallel layer exchanges, which data parallelism splits. Elsewhere, scalars and
+    vectors included, the operand is replicated over them: e.g. a layer norm's gradient summed
+    over the batch, which XLA reduces over dp anyway (split, it would be gathered again). A
+    dimension the collective gathers, scatters or splits along is never sharded over them (an
+    Explicit axis there is gathered first). Each result keeps its operand's axes on the dimension the operand's became.
+    """
+    from jax.sharding import PartitionSpec
+
+    explicit = _explicit_axes(mesh, automatic)
+    auto = tuple(a for a in automatic if a not in explicit)
+    auto_size = math.prod(mesh.shape[a] for a in auto)
+    in_specs, out_specs = [], []
+    for aval_in, aval_out in zip(avals_in, avals_out):
+        dims = carried(aval_in.ndim)
+        typed = _spec_of(aval_in)
+        entries = [_explicit_only(typed[i], explicit) if dims[i] is not None else None for i in range(aval_in.ndim)]
+        if auto_size > 1 and aval_in.ndim >= 2 and dims[0] is not None and entries[0] is None \
+                and aval_in.shape[0] % auto_size == 0:
+            entries[0] = auto if len(auto) > 1 else auto[0]
+        out_entries = [None] * aval_out.ndim
+        for i, d in enumerate(dims):
+            if d is not None:
+                out_entries[d] = entries[i]
+        in_specs.append(PartitionSpec(*entries))
+        out_specs.append(PartitionSpec(*out_entries))
+    return tuple(in_specs), tuple(out_specs)
+
+
+def _explicit_only(entry, explicit):
+    """A spec entry with only the Explicit axes of `explicit` (None where none is left)."""
+    names = entry if isinstance(entry, tuple) else (entry,) if isinstance(entry, str) else ()
+    kept = tuple(a for a in names if a in explicit)
+    return None if not kept else kept[0] if len(kept) == 1 else kept
 
 
 # not cacheable: a cached lowering is emitted as a function of its own, and the CPU lowering

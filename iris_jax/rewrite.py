@@ -7,8 +7,8 @@ result. The public collectives (`iris_jax.psum` = lax.psum run this way, ...) an
 `replace_lax_collectives` are this one mechanism; `explain` shows its decisions.
 
 Where iris does not run a collective (placement): positional axes, dtypes other than
-float32/bfloat16/float16/int32, collectives over axes that are not manual shard_map axes,
-partially manual shard_map, `axis_index_groups` of unequal sizes or that do not partition the
+float32/bfloat16/float16/int32, collectives over axes that are not manual shard_map axes (an
+automatic axis of a partially manual shard_map), `axis_index_groups` of unequal sizes or that do not partition the
 axes' members, and calls with nothing to send (a group of one member, zero-size arrays), which
 XLA removes. The explicit API raises for the first two and for such groups (lax's own error
 type where lax refuses them too; `strict`); replace_lax_collectives leaves them to XLA.
@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import warnings
 from collections.abc import Callable
 
 import jax
@@ -90,8 +89,6 @@ def placement(name: str, params: dict, aval, scope: Scope) -> tuple[str | None, 
     sizes = dict(scope.sizes)
     if any(a not in scope.manual for a in axes):
         return f"axes {axes} are not all manual shard_map axes here", None
-    if set(scope.manual) != set(sizes):
-        return f"partially manual shard_map (manual {tuple(sorted(scope.manual))} of {tuple(sizes)})", None
     groups = params.get("axis_index_groups")
     members = math.prod(sizes[a] for a in axes)
     if groups is not None and not rule.runs_groups:
@@ -126,14 +123,16 @@ def groups_problem(op: str, groups: tuple, members: int) -> tuple[str, type[Exce
     return None
 
 
-def lowers_on_iris(ctx) -> bool:
-    """At lowering: GPUs or the simulator, inside a fully manual shard_map."""
+def lowers_on_iris(ctx, axes: tuple) -> bool:
+    """At lowering: GPUs or the simulator, inside a shard_map in which every one of `axes` is
+    manual (other axes of the mesh may be automatic: iris_jax.primitive lowers the kernels in
+    a nested region that makes them manual)."""
     from jax._src.sharding_impls import SPMDAxisContext
 
     axis_context = ctx.module_context.axis_context
     platforms = set(ctx.module_context.platforms)
     return (platforms <= {"cuda", "cpu"} and isinstance(axis_context, SPMDAxisContext)
-            and set(axis_context.manual_axes) == set(axis_context.mesh.axis_names))
+            and set(axes) <= set(axis_context.manual_axes))
 
 
 # -- the rewrite ------------------------------------------------------------------------
@@ -172,8 +171,6 @@ class _Rewriter:
             if self.strict and refusal is not None:  # lax refuses the call too, later
                 raise refusal(f"iris_jax.{rule.name}: {reason}; pass groups of equal size that together hold "
                               "each index of the axes once")
-            if self.strict and reason.startswith("partially manual"):
-                warnings.warn(f"iris_jax.{rule.name} runs on XLA here: {reason}", stacklevel=4)
             return eqn
         if eqn.primitive is iris_collective_p:
             self.decisions.append((eqn.params["collective"].name, dict(eqn.params["params"]), eqn.invars[0].aval, None,

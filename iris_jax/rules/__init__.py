@@ -24,6 +24,11 @@ def _no_detail(params: dict, config: CollectiveConfig) -> str:
     return "collective kernel"
 
 
+def elementwise(params: dict, ndim: int) -> tuple:
+    """Every dimension of the operand is the same dimension of the result."""
+    return tuple(range(ndim))
+
+
 @dataclasses.dataclass(frozen=True)
 class Rule:
     """Everything iris knows about one lax collective (see the module docstring).
@@ -34,7 +39,10 @@ class Rule:
     domains (iris_jax.domains.Part), `lower_across(collective, params, config, inside, across, xs)`
     their outputs; `jvp(primals, outs, tangents, params, config)` the tangents where the
     collective is not linear; `transpose(collective, ct, params, config)` a cotangent where lax's
-    rule does not serve; `detail(params, config)` what `explain` says of a call on iris.
+    rule does not serve; `detail(params, config)` what `explain` says of a call on iris;
+    `carried(params, ndim)`, per dimension of an operand, the dimension of the result it becomes
+    where the collective leaves it alone (None where it gathers, scatters or splits along it):
+    only those may stay sharded over the automatic axes of a partially manual shard_map.
 
     A collective of several operands per call (`operands` > 1: ragged_all_to_all's data,
     output, offsets and sizes) makes one call per equation, and lax's own jvp, transpose and
@@ -53,6 +61,7 @@ class Rule:
     transpose: Callable | None = None
     detail: Callable = _no_detail
     runs_groups: bool = False  # lower runs lax's axis_index_groups (each group a sub-group of members)
+    carried: Callable = elementwise
 
     @property
     def has_kernel(self) -> bool:
@@ -125,5 +134,5 @@ from iris_jax.rules import (  # noqa: E402  (each module registers its rule)
     ragged_all_to_all,
 )
 
-__all__ = ["RULES", "Rule", "all_gather", "all_reduce", "all_to_all", "lower", "lower_across", "pbroadcast", "plan",
-           "ppermute", "psum_scatter", "pvary", "ragged_all_to_all", "register", "rule_of"]
+__all__ = ["RULES", "Rule", "all_gather", "all_reduce", "all_to_all", "elementwise", "lower", "lower_across",
+           "pbroadcast", "plan", "ppermute", "psum_scatter", "pvary", "ragged_all_to_all", "register", "rule_of"]

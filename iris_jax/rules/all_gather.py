@@ -34,4 +34,12 @@ def _lower_across(collective, params, config, inside, across, xs):
     return domains.lower_gather_by_runs(collective, params, config, inside, xs)
 
 
-register(Rule("all_gather", ("all_gather", "all_gather_invariant"), _lower, _plan, _lower_across, runs_groups=True))
+def _carried(params, ndim):
+    d = params["all_gather_dimension"]
+    if params["tiled"]:
+        return tuple(None if i == d else i for i in range(ndim))
+    return tuple(i if i < d else i + 1 for i in range(ndim))
+
+
+register(Rule("all_gather", ("all_gather", "all_gather_invariant"), _lower, _plan, _lower_across, carried=_carried,
+              runs_groups=True))

@@ -36,4 +36,9 @@ def _lower_across(collective, params, config, inside, across, xs):
     return domains.lower_all_to_all_by_runs(collective, params, config, inside, xs)
 
 
-register(Rule("all_to_all", ("all_to_all",), _lower, _plan, _lower_across, transpose=_transpose, runs_groups=True))
+def _carried(params, ndim):
+    return tuple(None if i in (params["split_axis"], params["concat_axis"]) else i for i in range(ndim))
+
+
+register(Rule("all_to_all", ("all_to_all",), _lower, _plan, _lower_across, transpose=_transpose, carried=_carried,
+              runs_groups=True))

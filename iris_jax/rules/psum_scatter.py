@@ -32,4 +32,12 @@ def _lower_across(collective, params, config, inside, across, xs):
     return domains.lower_scatter_by_runs(collective, params, config, inside, xs)
 
 
-register(Rule("psum_scatter", ("reduce_scatter",), _lower, _plan, _lower_across, runs_groups=True))
+def _carried(params, ndim):
+    d = params["scatter_dimension"]
+    if params["tiled"]:
+        return tuple(None if i == d else i for i in range(ndim))
+    return tuple(None if i == d else i if i < d else i - 1 for i in range(ndim))
+
+
+register(Rule("psum_scatter", ("reduce_scatter",), _lower, _plan, _lower_across, carried=_carried,
+              runs_groups=True))

@@ -1109,6 +1109,81 @@ def axis_index_groups(world: World) -> None:
                     world.expect(f"{name} over {groups} n={n} {dtype} on rank {me}", world.shard(out, me), want, dtype)
 
 
+def tp_fsdp(world: World) -> None:
+    """examples/08's transformer block (tp by hand over "tp" in a partially manual shard_map,
+    "dp" left to XLA) as dp=2 x tp=2 from 4 ranks (tp only below): its output and the gradient
+    of its input, every tp collective an iris kernel, against the block on this process's own
+    device (lax over a vmapped "tp" of one member: the whole model). The weights are replicated
+    over dp and only the input is differentiated, so that XLA needs no dp collective, which
+    NCCL would refuse between ranks sharing a GPU (the program is checked to have none)."""
+    import importlib.util
+    import re
+    import sys
+
+    import jax
+    from jax.sharding import AxisType, Mesh, NamedSharding
+
+    import iris_jax
+
+    examples = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples")
+    sys.path.insert(0, examples)
+    spec = importlib.util.spec_from_file_location("tp_fsdp_example", os.path.join(examples, "08_tp_fsdp_transformer.py"))
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+
+    dp = 2 if world.size >= 4 and world.size % 2 == 0 else 1
+    devices = sorted(jax.devices(), key=lambda d: d.id)  # mesh position == iris rank
+    mesh = Mesh(np.array(devices).reshape(dp, world.size // dp), ("dp", "tp"), axis_types=(AxisType.Auto,) * 2)
+    B, S, D, heads, F = 4, 16, 64, 4, 128
+    rng = np.random.default_rng(23)
+    whole = {"ln1": 1 + 0.1 * rng.standard_normal(D), "ln2": 1 + 0.1 * rng.standard_normal(D),
+             "wqkv": rng.standard_normal((D, 3, heads, D // heads)) / np.sqrt(D),
+             "wo": rng.standard_normal((heads, D // heads, D)) / np.sqrt(D),
+             "w1": rng.standard_normal((D, F)) / np.sqrt(D), "w2": rng.standard_normal((F, D)) / np.sqrt(F)}
+    whole = {k: v.astype(np.float32) for k, v in whole.items()}
+    x_np, ct_np = (rng.standard_normal((B, S, D)).astype(np.float32) for _ in range(2))
+
+    def put(a, spec):
+        return jax.make_array_from_callback(a.shape, NamedSharding(mesh, spec), lambda idx: a[idx])
+
+    params = {k: put(v, example.TP_SPECS[k]) for k, v in whole.items()}  # replicated over dp
+    x, ct = put(x_np, example.BATCH), put(ct_np, example.BATCH)
+    block = jax.shard_map(example.block_body, mesh=mesh, in_specs=(example.TP_SPECS, example.STREAM_SPEC),
+                          out_specs=example.STREAM_SPEC, axis_names={"tp"})
+
+    def forward_and_input_gradient(params, x, ct):
+        y, vjp = jax.vjp(lambda v: block(params, v), x)
+        return y, vjp(ct)[0]
+
+    program = iris_jax.replace_lax_collectives(forward_and_input_gradient)
+    lowered = program.lower(params, x, ct)
+    text = lowered.as_text()
+    launched = text.count("triton_kernel_call") + text.count("iris_cpu_kernel")  # (as domains_mp counts them)
+    rows = iris_jax.explain(forward_and_input_gradient, params, x, ct)
+    world.require("every tp collective on iris", rows and all(r.runs_on == "iris" for r in rows),
+                  "\n".join(map(str, rows)))
+    world.require("iris kernels in the program", launched > 0)
+    compiled = lowered.compile()
+    xla = re.findall(r"\b(all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)(?:-start)?\(",
+                     compiled.as_text())
+    world.require("no XLA collective (NCCL refuses ranks sharing a GPU)", not xla, xla)
+    if xla:  # (every process compiled the same program: all return here)
+        return
+    y, dx = compiled(params, x, ct)
+
+    def reference(params, x, ct):  # one tp member holding every head and hidden unit
+        body = jax.vmap(example.block_body, axis_name="tp")
+        y, vjp = jax.vjp(lambda v: body(jax.tree.map(lambda p: p[None], params), v[None])[0], x)
+        return y, vjp(ct)[0]
+
+    local = jax.local_devices()[0]
+    want_y, want_dx = (np.asarray(a) for a in jax.jit(reference)(*jax.device_put((whole, x_np, ct_np), local)))
+    for name, got, want in (("output", y, want_y), ("input gradient", dx, want_dx)):
+        for shard in got.addressable_shards:
+            world.expect(f"tp_fsdp {name} on rank {world.runtime.rank_of(shard.device)}", np.asarray(shard.data),
+                         want[shard.index], "float32")
+
+
 SCENARIOS = {
     "kernels": (kernels, {}),
     "atomics": (atomics, {}),
@@ -1125,6 +1200,7 @@ SCENARIOS = {
     "ragged": (ragged, {}),
     "moe": (moe, {}),
     "axis_index_groups": (axis_index_groups, {}),
+    "tp_fsdp": (tp_fsdp, {}),  # its own test (tests/gpu/test_gpu_partially_manual.py), at 4 ranks
     "fused": (fused, {}),
     "tiles": (tiles, {}),
     "pallas": (pallas, {}),
@@ -1132,7 +1208,8 @@ SCENARIOS = {
     "timeouts": (timeouts, {}),
 }
 ENDS_IN_FAILED_KERNELS = {"timeouts"}  # run last and alone: on GPUs its trap ends the process's CUDA context
-MAIN = [name for name in SCENARIOS if name not in ENDS_IN_FAILED_KERNELS]
+OWN_TEST = {"tp_fsdp"}  # not in the shared suite's runs (their time is spent): a test of its own
+MAIN = [name for name in SCENARIOS if name not in ENDS_IN_FAILED_KERNELS | OWN_TEST]
 UP_TO_TIER = {"atomics": 1, "tuple_hint": 0, "transforms": 0, "zero_copy": 1, "pushed": 1, "streamed": 1, "chunked": 1,
               "pallas": 1}  # others: all
 

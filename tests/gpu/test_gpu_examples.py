@@ -18,6 +18,7 @@ ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
     ("demo.py", "OK: remote stores inside jax.jit(jax.shard_map(...))"),
     ("05_tensor_parallel_mlp.py", "forward and backward match plain JAX"),
     ("09_moe_expert_parallel.py", "OK: the expert-parallel layer gives the same loss and gradients"),
+    ("08_tp_fsdp_transformer.py", "OK: tp on iris, FSDP over dp by XLA"),
 ])
 def test_example_on_gpus(example, expected):
     env = dict(os.environ, PYTHONUNBUFFERED="1")

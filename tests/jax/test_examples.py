@@ -30,6 +30,7 @@ def test_example_falls_back_to_the_simulator_by_itself():
     ("demo.py", "OK: remote stores inside jax.jit(jax.shard_map(...))"),
     ("05_tensor_parallel_mlp.py", "forward and backward match plain JAX"),
     ("09_moe_expert_parallel.py", "OK: the expert-parallel layer gives the same loss and gradients"),
+    ("08_tp_fsdp_transformer.py", "OK: tp on iris, FSDP over dp by XLA"),
 ])
 def test_demo_and_mlp_example(example, expected):
     result = run_python([f"examples/{example}"], timeout=300, XLA_FLAGS="--xla_force_host_platform_device_count=4")

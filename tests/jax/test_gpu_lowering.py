@@ -113,3 +113,20 @@ def test_the_launch_target_and_its_opaque_kernel(jaxlib):
 
     opaque = ir.StringAttr(ir.DictAttr(op.attributes["mhlo.backend_config"])["opaque"]).value_bytes
     assert zlib.decompress(opaque) == repr((0, "", b"")).encode()  # jaxlib's proto of the one call, compressed
+
+
+def test_a_collective_in_a_partially_manual_shard_map_lowers_for_cuda(jaxlib):
+    """Over the manual axis of a partially manual shard_map: the kernel inside the nested,
+    fully manual region (iris_jax.primitive), lowered for "cuda" with its context and group rows."""
+    use_runtime(4)
+    mesh = jax.make_mesh((2, 2), ("dp", "tp"), axis_types=(jax.sharding.AxisType.Auto,) * 2,
+                         devices=jax.devices()[:4])
+    f = jax.jit(jax.shard_map(lambda v: iris_jax.psum(v, "tp"), mesh=mesh, in_specs=P(None, "tp"), out_specs=P(),
+                              axis_names={"tp"}))
+    x = jax.ShapeDtypeStruct((8, 2 * 37), jnp.float32, sharding=jax.sharding.NamedSharding(mesh, P("dp", "tp")))
+    text = f.trace(x).lower(lowering_platforms=("cuda",)).as_text()
+    assert len(_hlo_calls(text)) == len(jaxlib.calls) == 1
+    assert "sdy.manual_computation" in text or "Sharding = \"{manual}\"" in text
+    (call,) = jaxlib.calls
+    assert [p[0] for p in call.params[:2]] == ["array", "array"]  # the context row, the group row
+    assert "tensor<1x148xf32>" in _hlo_calls(text)[0]  # its rows: one dp shard of one tp shard, 4 x 37

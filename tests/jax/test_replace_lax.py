@@ -205,19 +205,25 @@ def test_example_runs_unchanged():
     assert "same loss and parameters on iris and on XLA" in result.stdout, result.stdout
 
 
-def test_partially_manual_shard_map_runs_on_xla(rng):
-    """Collectives over the manual axis of a partially manual shard_map are right (XLA runs
-    them: iris kernels need every axis manual), with a warning from the explicit API."""
+def test_partially_manual_shard_map_runs_on_iris(rng):
+    """Collectives over the manual axis of a partially manual shard_map run as iris kernels
+    (tests/jax/test_partially_manual.py has the matrix), without a warning."""
+    import warnings
+
     mesh = _mesh((2, 2), ("dp", "tp"))
     x = _x(mesh, rng, spec=P("dp", "tp"))
 
-    def run(m):
-        return np.asarray(jax.jit(jax.shard_map(lambda v: m.psum(v, "tp"), mesh=mesh, in_specs=P(None, "tp"),
-                                                out_specs=P(), axis_names={"tp"}))(x))
+    def program(m):
+        return jax.jit(jax.shard_map(lambda v: m.psum(v, "tp"), mesh=mesh, in_specs=P(None, "tp"), out_specs=P(),
+                                     axis_names={"tp"}))
 
-    with pytest.warns(UserWarning, match="partially manual shard_map"):
-        got = run(iris_jax)
-    np.testing.assert_allclose(got, run(lax), rtol=1e-6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = np.asarray(program(iris_jax)(x))
+    np.testing.assert_allclose(got, np.asarray(program(lax)(x)), rtol=1e-6)
+    assert kernels(program(iris_jax).lower(x)) == 1 and xla_collectives(program(iris_jax).lower(x)) == 0
+    (row,) = iris_jax.explain(program(lax), x)
+    assert row.runs_on == "iris", row
 
 
 def test_swapping_by_assignment(monkeypatch):
