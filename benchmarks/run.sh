@@ -15,6 +15,9 @@ experiments() {
   step collectives 560 python3 benchmarks/collectives.py --out "$OUT" --plot
   step fused 300 python3 benchmarks/fused.py --out "$OUT" --plot
   step trace_example 120 python3 examples/04_trace_all_reduce.py --out "$OUT"  # the PNG for the README
+  # expert-parallel dispatch + combine per layer, iris against XLA's ragged_all_to_all (x2 or more; on one GPU a
+  # world of one: correctness and the kernels' local path only)
+  step moe_dispatch 300 python3 benchmarks/moe_dispatch.py --out "$OUT/moe"
   group=probe
   # the README's collectives table but its 1 GiB column (that is `large` for psum and ppermute)
   step headline 420 python3 benchmarks/collectives.py --out "$OUT/headline" --plot \
