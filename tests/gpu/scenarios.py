@@ -1155,33 +1155,36 @@ def tp_fsdp(world: World) -> None:
         y, vjp = jax.vjp(lambda v: block(params, v), x)
         return y, vjp(ct)[0]
 
-    program = iris_jax.replace_lax_collectives(forward_and_input_gradient)
-    lowered = program.lower(params, x, ct)
-    text = lowered.as_text()
-    launched = text.count("triton_kernel_call") + text.count("iris_cpu_kernel")  # (as domains_mp counts them)
-    rows = iris_jax.explain(forward_and_input_gradient, params, x, ct)
-    world.require("every tp collective on iris", rows and all(r.runs_on == "iris" for r in rows),
-                  "\n".join(map(str, rows)))
-    world.require("iris kernels in the program", launched > 0)
-    compiled = lowered.compile()
-    xla = re.findall(r"\b(all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)(?:-start)?\(",
-                     compiled.as_text())
-    world.require("no XLA collective (NCCL refuses ranks sharing a GPU)", not xla, xla)
-    if xla:  # (every process compiled the same program: all return here)
-        return
-    y, dx = compiled(params, x, ct)
+    # float32 matmuls in full precision on both sides (on GPUs XLA's default is TF32, whose
+    # rounding differs between the sharded block and the whole one by ~3e-4)
+    with jax.default_matmul_precision("highest"):
+        program = iris_jax.replace_lax_collectives(forward_and_input_gradient)
+        lowered = program.lower(params, x, ct)
+        text = lowered.as_text()
+        launched = text.count("triton_kernel_call") + text.count("iris_cpu_kernel")  # (as domains_mp counts them)
+        rows = iris_jax.explain(forward_and_input_gradient, params, x, ct)
+        world.require("every tp collective on iris", rows and all(r.runs_on == "iris" for r in rows),
+                      "\n".join(map(str, rows)))
+        world.require("iris kernels in the program", launched > 0)
+        compiled = lowered.compile()
+        xla = re.findall(r"\b(all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)(?:-start)?\(",
+                         compiled.as_text())
+        world.require("no XLA collective (NCCL refuses ranks sharing a GPU)", not xla, xla)
+        if xla:  # (every process compiled the same program: all return here)
+            return
+        y, dx = compiled(params, x, ct)
 
-    def reference(params, x, ct):  # one tp member holding every head and hidden unit
-        body = jax.vmap(example.block_body, axis_name="tp")
-        y, vjp = jax.vjp(lambda v: body(jax.tree.map(lambda p: p[None], params), v[None])[0], x)
-        return y, vjp(ct)[0]
+        def reference(params, x, ct):  # one tp member holding every head and hidden unit
+            body = jax.vmap(example.block_body, axis_name="tp")
+            y, vjp = jax.vjp(lambda v: body(jax.tree.map(lambda p: p[None], params), v[None])[0], x)
+            return y, vjp(ct)[0]
 
-    local = jax.local_devices()[0]
-    want_y, want_dx = (np.asarray(a) for a in jax.jit(reference)(*jax.device_put((whole, x_np, ct_np), local)))
-    for name, got, want in (("output", y, want_y), ("input gradient", dx, want_dx)):
-        for shard in got.addressable_shards:
-            world.expect(f"tp_fsdp {name} on rank {world.runtime.rank_of(shard.device)}", np.asarray(shard.data),
-                         want[shard.index], "float32")
+        local = jax.local_devices()[0]
+        want_y, want_dx = (np.asarray(a) for a in jax.jit(reference)(*jax.device_put((whole, x_np, ct_np), local)))
+        for name, got, want in (("output", y, want_y), ("input gradient", dx, want_dx)):
+            for shard in got.addressable_shards:
+                world.expect(f"tp_fsdp {name} on rank {world.runtime.rank_of(shard.device)}", np.asarray(shard.data),
+                             want[shard.index], "float32")
 
 
 SCENARIOS = {
