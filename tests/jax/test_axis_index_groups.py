@@ -31,6 +31,7 @@ import iris_jax
 from tests.jax.helpers import use_runtime
 from tests.jax.test_collectives import BF16, F32, I32, Case, rand, run_cases, shard
 from tests.jax.test_replace_lax import kernels, xla_collectives
+from tests.jax.test_transforms import _transforms as transforms_of
 
 # every partition of the ranks into groups gets its own workspace (3.3 MiB with this heap), for
 # the runtime's life: the tests of many partitions start a runtime of their own (fresh_runtime)
@@ -261,20 +262,8 @@ def _ops(groups):
 
 
 def _transforms(smap):
-    def scan(f):
-        def body(v):
-            step = lambda c, _: (c + jnp.sum(f(v + c[0])), None)  # noqa: E731
-            return lax.scan(step, v[:1, 0] * 0, None, length=2)[0]
-        return jax.jit(smap(body))
-
-    return {
-        "jit": lambda f: jax.jit(smap(f)),
-        "grad": lambda f: jax.jit(jax.grad(lambda x: smap(f)(x).sum())),
-        "jvp": lambda f: jax.jit(lambda x: jax.jvp(smap(f), (x,), (jnp.cos(x),))[1]),
-        "vmap": lambda f: jax.jit(jax.vmap(smap(f), in_axes=2, out_axes=1)),
-        "remat_grad": lambda f: jax.jit(jax.grad(lambda x: smap(jax.checkpoint(f))(x).sum())),
-        "scan": scan,
-    }
+    """test_transforms's programs, but eager and linearize (covered there for every op)."""
+    return {name: make for name, make in transforms_of(smap).items() if name not in ("eager", "linearize")}
 
 
 def _body(op):
