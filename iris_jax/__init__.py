@@ -63,7 +63,14 @@ from iris_jax.collectives import (  # noqa: E402
 )
 from iris_jax.config import CollectiveConfig, default_config, use_config  # noqa: E402
 from iris_jax.rewrite import Placement, UnsupportedCollectiveError, explain, replace_lax_collectives  # noqa: E402
-from iris_jax.sync import barrier, check_barrier, check_heap_errors, device_barrier  # noqa: E402
+from iris_jax.sync import (  # noqa: E402
+    barrier,
+    block_until_ready,
+    check_barrier,
+    check_faults,
+    check_heap_errors,
+    device_barrier,
+)
 
 _cpu_lowering.register()
 _gpu_lowering.register()
@@ -74,7 +81,8 @@ __all__ = [
     "arange", "empty", "empty_like", "full", "full_like", "heap_offset", "is_symmetric", "ones", "ones_like",
     "rand", "randn", "to_heap", "zeros", "zeros_like",
     # kernels and synchronization
-    "Context", "DeviceContext", "triton_call", "barrier", "check_barrier", "check_heap_errors", "device_barrier",
+    "Context", "DeviceContext", "triton_call", "barrier", "block_until_ready", "check_barrier", "check_faults",
+    "check_heap_errors", "device_barrier",
     # collectives, fused ops, tracing
     "all_gather", "all_reduce", "all_to_all", "broadcast", "pbroadcast", "pmax", "pmean", "pmin", "ppermute",
     "pshuffle", "psum", "psum_scatter", "pswapaxes", "ragged_all_to_all",

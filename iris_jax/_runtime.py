@@ -37,7 +37,7 @@ import numpy as np
 from iris_core.errors import CrossDomainError, IrisError, RankMismatchError
 from iris_core.heap.allocator import format_bytes
 from iris_core.heap.context_layout import encode_context
-from iris_jax import backends
+from iris_jax import backends, faults
 from iris_jax.backends import RENDEZVOUS_TIMEOUT_S
 
 # ranks r // n form a domain (environment IRIS_DOMAIN_SIZE; unset: by process and host, see Runtime)
@@ -62,7 +62,9 @@ class Runtime:
     """
 
     def __init__(self, heap_size: int | None = None, devices: Sequence[jax.Device] | None = None,
-                 domain_size: int | None = None, heap_allocator: str | None = None):
+                 domain_size: int | None = None, heap_allocator: str | None = None, on_fault: str | None = None):
+        self.on_fault = on_fault or faults.DEFAULT_ON_FAULT
+        faults.check_mode(self.on_fault)
         self.domain_size = domain_size if domain_size is not None else DEFAULT_DOMAIN_SIZE
         allocator = heap_allocator or DEFAULT_HEAP_ALLOCATOR
         _check_heap_allocator(allocator)
@@ -88,6 +90,7 @@ class Runtime:
         self._calls = threading.Condition()  # host-executed kernel calls in flight (the simulator)
         self._running = 0
         self.closed = False
+        self._faults = self.service("faults", lambda rt: faults.FaultWatch(rt, self.on_fault))  # the watchdog
 
     # -- ranks and contexts ------------------------------------------------------
     @property
@@ -167,6 +170,11 @@ class Runtime:
                 self._services[name] = factory(self)
             return self._services[name]
 
+    def raise_faults(self, cause: BaseException | None = None) -> None:
+        """Raises the faults this process's kernels recorded since the last call (iris_jax.faults),
+        chained to `cause`."""
+        faults.raise_first(self._faults.take(), cause)
+
     # -- lifetime -----------------------------------------------------------------
     @contextlib.contextmanager
     def running_call(self, what: str) -> Iterator[None]:
@@ -245,7 +253,7 @@ _runtime_lock = threading.Lock()
 
 
 def init(heap_size: int | None = None, devices: Sequence[jax.Device] | None = None,
-         domain_size: int | None = None, heap_allocator: str | None = None) -> Runtime:
+         domain_size: int | None = None, heap_allocator: str | None = None, on_fault: str | None = None) -> Runtime:
     """Sets up one symmetric heap per participating device and returns the runtime.
 
     Args:
@@ -259,6 +267,10 @@ def init(heap_size: int | None = None, devices: Sequence[jax.Device] | None = No
         virtual memory, POSIX-fd handles within a host), "fabric" (fabric handles, multi-node
         NVLink) or "auto" (see iris_core.heap.cuda). Every process must choose the same; the
         simulator ignores it.
+      on_fault: what a GPU kernel does after it recorded why it gives up (iris_jax.faults;
+        default: environment IRIS_ON_FAULT, else "exit"): "exit" ends the kernel and keeps the
+        CUDA context (shutdown() and init() then work in the same process), "trap" fails the
+        launch and the context with it. The simulator raises in the kernel either way.
 
     Raises:
       IrisError: when a runtime with different settings already exists (call shutdown()).
@@ -280,12 +292,15 @@ def init(heap_size: int | None = None, devices: Sequence[jax.Device] | None = No
                 raise IrisError(
                     f"iris is already initialized with domain_size={_runtime.domain_size}; init(domain_size="
                     f"{domain_size}) conflicts. Call iris_jax.shutdown() first.")
+            if on_fault is not None and on_fault != _runtime.on_fault:
+                raise IrisError(f"iris is already initialized with on_fault={_runtime.on_fault!r}; init(on_fault="
+                                f"{on_fault!r}) conflicts. Call iris_jax.shutdown() first.")
             if heap_allocator not in (None, "auto", _runtime.heap_allocator) and _runtime.heap_allocator:
                 raise IrisError(
                     f"iris is already initialized with heap_allocator={_runtime.heap_allocator!r}; init("
                     f"heap_allocator={heap_allocator!r}) conflicts. Call iris_jax.shutdown() first.")
             return _runtime
-        _runtime = Runtime(heap_size, devices, domain_size, heap_allocator)
+        _runtime = Runtime(heap_size, devices, domain_size, heap_allocator, on_fault)
         _generation.set_global(next(_generations))
         return _runtime
 

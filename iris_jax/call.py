@@ -30,6 +30,7 @@ from jax import lax, tree_util
 from jax._src import core, effects
 from jax.extend.core import Primitive
 
+from iris_core import faults
 from iris_core.errors import IrisError
 from iris_jax import _runtime as runtime_lib
 from iris_jax.compat import triton_type
@@ -114,7 +115,9 @@ def triton_call(*args: Any, kernel, out_shape, grid, name: str = "",
       out_varying: mesh axes the outputs vary over (default: every manual axis); a
         collective whose result is the same across an axis leaves that axis out.
     """
-    runtime_lib.runtime()  # created lazily here, before anything is traced
+    runtime_lib.runtime().raise_faults()  # created lazily here, before anything is traced; a past fault raises
+    if isinstance(metaparams.get("WHAT"), str):  # the op a fault record of the kernel names
+        faults.named(metaparams["WHAT"], getattr(kernel, "__name__", None))
     out_shape = tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), out_shape)
     flat_args, _ = tree_util.tree_flatten(args)
     flat_out_shapes, out_tree = tree_util.tree_flatten(out_shape)

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from iris_core.errors import NotOnHeapError, PeerTimeoutError, RankDivergenceWarning, RankMismatchError
-from iris_core.heap.context_layout import context_words, trace_offset
+from iris_core.heap.context_layout import TRACE_WORDS, context_words, trace_offset
 from iris_core.heap.shared_memory import SHM_DIR
 from iris_core.sim import call_table
 from iris_core.sim.interpreter import Pointer, run_kernel
@@ -145,7 +145,7 @@ def _trace_words(row_ptr: int, world_size: int) -> tuple[int, ...]:
     """The tracing words of the context row XLA passed: heap offsets, valid in the worker
     too (its heap bases differ; see iris_core.tracing.buffers)."""
     words = (ctypes.c_uint64 * context_words(world_size)).from_address(row_ptr)
-    return tuple(words[trace_offset(world_size):])
+    return tuple(words[trace_offset(world_size):trace_offset(world_size) + TRACE_WORDS])
 
 
 def _run_in_worker(state, session, area_path, area_size, kernel, grid, args, constexprs, rank, debug=False):

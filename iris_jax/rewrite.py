@@ -35,6 +35,7 @@ from iris_jax import rules
 from iris_jax.compat import ClosedJaxpr, closed_jaxpr, is_jaxpr
 from iris_jax.config import CollectiveConfig, default_config
 from iris_jax.primitive import freeze, iris_collective_p
+from iris_jax.sync import guarded_call
 
 SUPPORTED_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16, jnp.int32)
 
@@ -258,7 +259,9 @@ def replace_lax_collectives(f: Callable, *, config: CollectiveConfig | None = No
     call and on XLA where it does not (see `explain`).
 
     The result is jitted (arguments are arrays or pytrees of arrays, as for jax.jit) and
-    composes with every JAX transformation; `f` itself is unchanged.
+    composes with every JAX transformation; `f` itself is unchanged. Each call first raises a
+    fault that an iris kernel recorded since (iris_jax.faults), and the error of a call whose
+    kernel trapped comes as the fault it stands for.
     """
     config = config or default_config()
 
@@ -266,7 +269,22 @@ def replace_lax_collectives(f: Callable, *, config: CollectiveConfig | None = No
     def replaced(*args, **kwargs):
         return run_on_iris(lambda a, k: f(*a, **k), (args, kwargs), config, strict=False)
 
-    return jax.jit(replaced)
+    return _FaultChecked(jax.jit(replaced))
+
+
+class _FaultChecked:
+    """A jitted function whose calls pass through iris_jax.sync.guarded_call; everything else
+    (lower, trace, eval_shape, ...) is the jitted function's."""
+
+    def __init__(self, jitted):
+        self._jitted = jitted
+        functools.update_wrapper(self, jitted)
+
+    def __call__(self, *args, **kwargs):
+        return guarded_call(self._jitted, *args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._jitted, name)
 
 
 @dataclasses.dataclass(frozen=True)

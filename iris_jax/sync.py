@@ -89,13 +89,54 @@ def check_barrier(status) -> None:
 
 def barrier() -> None:
     """Host barrier: waits for this process's device work, then for every process; then
-    raises NotOnHeapError if a kernel of this process's ranks refused an access
-    (check_heap_errors)."""
+    raises the faults (check_faults) and refused accesses (check_heap_errors) of this
+    process's kernels."""
     rt = runtime_lib.runtime()
-    rt.backend.wait_for_devices(rt.devices)
-    jax.effects_barrier()
+    try:
+        rt.backend.wait_for_devices(rt.devices)
+        jax.effects_barrier()
+    except Exception as e:  # a trapped kernel's CUDA error: the fault it stands for, if recorded
+        rt.raise_faults(cause=e)
+        raise
+    rt.raise_faults()
     rt.sync_processes()
     check_heap_errors()
+
+
+def check_faults() -> None:
+    """Raises the oldest fault an iris kernel of this process recorded since the last check
+    (PeerTimeoutError, PeerFailedError or RankMismatchError, naming the op, the ranks, the
+    group and the flag epoch; the others follow in its message). Does not wait for the
+    devices: see block_until_ready and barrier (iris_jax.faults)."""
+    if runtime_lib.is_initialized():
+        runtime_lib.runtime().raise_faults()
+
+
+def block_until_ready(x):
+    """jax.block_until_ready(x), then check_faults(): raises if an iris kernel of this
+    process gave up (the one that made `x`, or another), so that a result of a failed call is
+    not taken for a valid one."""
+    try:
+        out = jax.block_until_ready(x)
+    except Exception as e:
+        if runtime_lib.is_initialized():
+            runtime_lib.runtime().raise_faults(cause=e)
+        raise
+    check_faults()
+    return out
+
+
+def guarded_call(fn, *args, **kwargs):
+    """fn(*args, **kwargs) between fault checks: a fault recorded before raises before the call
+    runs, and an error of the call (the CUDA error of a trapped kernel) is raised as the fault
+    it stands for when one was recorded (chained)."""
+    check_faults()
+    try:
+        return fn(*args, **kwargs)
+    except Exception as e:
+        if runtime_lib.is_initialized():
+            runtime_lib.runtime().raise_faults(cause=e)
+        raise
 
 
 def check_heap_errors() -> None:
@@ -106,6 +147,7 @@ def check_heap_errors() -> None:
     simulator raises at once, in the call)."""
     rt = runtime_lib.runtime()
     rt.backend.wait_for_dispatch()  # take_errors then waits for the launched kernels
+    rt.raise_faults()
     errors = [error_from_word(word, rank, rt.heap_size) for rank, word in rt.heap.take_errors()]
     if errors:
         raise errors[0] if len(errors) == 1 else type(errors[0])("\n".join(str(e) for e in errors))

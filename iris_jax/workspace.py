@@ -29,6 +29,7 @@ from __future__ import annotations
 import os
 import threading
 
+from iris_core import faults
 from iris_core.collectives.workspace import FusedLayout, WorkspaceLayout
 
 PARTS = ("collective", "fused")
@@ -62,6 +63,7 @@ class GroupWorkspaces:
             offsets = self._offsets[part]
             if key not in offsets:
                 offsets[key] = self._rt.allocate_shared(self._sizes[part])
+                faults.name_workspace(offsets[key], key)  # what a fault record of its groups names
             return offsets[key]
 
     def offsets(self, part: str = "collective") -> list[int]:

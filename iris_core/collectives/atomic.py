@@ -25,7 +25,7 @@ def all_reduce(g, c, ws, locks, c0, width, tiles, stamp, LOCKED: tl.constexpr):
         for i in tl.static_range(g.G):
             if LOCKED:
                 if flags.lock(g.ctx, locks + t, g.rank(i), global_timer(), g.TIMEOUT_NS) != 0:
-                    g.give_up(g.rank(i))
+                    g.give_up(g.rank(i), stamp)
                 current = g.ctx.load(ws + cols, from_rank=g.rank(i), mask=mask, cache_modifier=".cg")
                 total = (current.to(c.ACC) + value.to(c.ACC)).to(ws.dtype.element_ty)
                 g.ctx.store(ws + cols, total, to_rank=g.rank(i), mask=mask)

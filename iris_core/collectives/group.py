@@ -5,6 +5,12 @@ The kernel's group row is [my index, member ranks..., workspace offset low, high
 member's workspace: the flag that member i raises for program `pid` sits at line
 MAX_PROGRAMS + pid * WORLD + i (iris_core.collectives.workspace), so program k waits only
 for program k of its peers. Stamps: STEPS flag rounds per call epoch (iris_core.device.flags).
+
+Each flag line holds [stamp, published input offset, signature of even epochs, of odd epochs]:
+a member writes its call's signature (iris_core.device.faults.signature) into the slot of the
+epoch's parity before it raises the flag, and a waiter compares it with its own after the wait.
+A member cannot overwrite the slot before I read it (that takes its epoch + 2, which waits for
+my epoch + 1), so two calls that differ fail on both ranks (RankMismatchError) instead of pairing.
 """
 
 import triton
@@ -13,7 +19,7 @@ import triton.language as tl
 from iris_core.compat import aggregate
 from iris_core.device import Context, flags, global_timer
 from iris_core.device.flags import LINE
-from iris_core.device.nvidia import peer_failed, peer_timeout
+from iris_core.device.faults import MISMATCH, PEER_FAILED, TIMEOUT, fail
 from iris_core.device.tracing import EVENT_WAIT
 
 STEPS: tl.constexpr = tl.constexpr(64)  # flag rounds per chunk
@@ -38,26 +44,29 @@ def workspace_offset(group_ptr, G: tl.constexpr):
 @aggregate
 class Group:
     """My index `me` among the G members, my program `pid` of `programs`, the workspace base on
-    my heap, and how to wait (TIMEOUT_NS) and what to name on a timeout (WHAT)."""
+    my heap, my call's signature `sig`, and how to wait (TIMEOUT_NS) and what to name on a
+    fault (WHAT)."""
     ctx: Context
     row: tl.tensor
     me: tl.tensor
     pid: tl.tensor
     programs: tl.tensor
     ws_base: tl.tensor
+    sig: tl.tensor
     G: tl.constexpr
     MAX_PROGRAMS: tl.constexpr
     TIMEOUT_NS: tl.constexpr
     WHAT: tl.constexpr
 
     @triton.constexpr_function
-    def __init__(self, ctx, row, me, pid, programs, ws_base, G, MAX_PROGRAMS, TIMEOUT_NS, WHAT):
+    def __init__(self, ctx, row, me, pid, programs, ws_base, sig, G, MAX_PROGRAMS, TIMEOUT_NS, WHAT):
         self.ctx = ctx
         self.row = row
         self.me = me
         self.pid = pid
         self.programs = programs
         self.ws_base = ws_base
+        self.sig = sig
         self.G = tl.constexpr(G)
         self.MAX_PROGRAMS = tl.constexpr(MAX_PROGRAMS)
         self.TIMEOUT_NS = tl.constexpr(TIMEOUT_NS)
@@ -65,12 +74,12 @@ class Group:
 
     @staticmethod
     @triton.jit
-    def initialize(ctx, group_ptr, G: tl.constexpr, MAX_PROGRAMS: tl.constexpr, TIMEOUT_NS: tl.constexpr,
+    def initialize(ctx, group_ptr, sig, G: tl.constexpr, MAX_PROGRAMS: tl.constexpr, TIMEOUT_NS: tl.constexpr,
                    WHAT: tl.constexpr):
-        """Decodes the group row for this program."""
+        """Decodes the group row for this program, whose call has signature `sig`."""
         ws_base = tl.load(ctx.heap_bases + ctx.rank) + workspace_offset(group_ptr, G)
-        return Group(ctx, group_ptr, tl.load(group_ptr), tl.program_id(0), tl.num_programs(0), ws_base, G, MAX_PROGRAMS,
-                     TIMEOUT_NS, WHAT)
+        return Group(ctx, group_ptr, tl.load(group_ptr), tl.program_id(0), tl.num_programs(0), ws_base, sig, G,
+                     MAX_PROGRAMS, TIMEOUT_NS, WHAT)
 
     @triton.jit
     def rank(self, member):
@@ -110,32 +119,76 @@ class Group:
             self.ctx.store(word, input_offset, to_rank=self.rank(i))
 
     @triton.jit
+    def signature_slot(self, member, stamp):
+        """Where `member`'s signature for the epoch of `stamp` lies, next to its flag (in my heap)."""
+        return self.flag(member) + 2 + (stamp // STEPS) % 2
+
+    @triton.jit
     def signal(self, stamp):
-        """Raises my flag to `stamp` on every member (flags.signal: my earlier writes first)."""
-        tl.debug_barrier()  # every thread's stores precede the release
+        """Raises my flag to `stamp` on every member (flags.signal: my earlier writes first),
+        my call's signature beside it."""
         flag = self.flag(self.me)
+        sig = self.signature_slot(self.me, stamp)
+        for i in tl.static_range(self.G):
+            self.ctx.store(sig, self.sig, to_rank=self.rank(i))
+        tl.debug_barrier()  # every thread's stores precede the release
         for i in tl.static_range(self.G):
             flags.signal(self.ctx, flag, stamp, self.rank(i))
 
     @triton.jit
-    def give_up(self, rank):
-        """Times out waiting on `rank`. My flag on every member becomes POISON first: this call's
-        epoch is lost on my side, so a member's later wait on me must fail, not pass on a stale
-        flag. No CTA barrier here: threads may reach this branch at different times."""
+    def workspace(self):
+        """The heap offset of this group's workspace (what a fault record names the group by)."""
+        return (self.ws_base - tl.load(self.ctx.heap_bases + self.ctx.rank)).to(tl.int64)
+
+    @triton.jit
+    def fail(self, CODE: tl.constexpr, rank, stamp, theirs=0):
+        """Gives up on this call because of `rank` (faults.fail). My flag on every member becomes
+        POISON first: this call's epoch is lost on my side, so a member's later wait on me must
+        fail, not pass on a stale flag. No CTA barrier here: threads may get here at different
+        times."""
         flag = self.flag(self.me)
         for i in tl.static_range(self.G):
-            flags.poison(self.ctx, flag, self.rank(i))
-        peer_timeout(self.WHAT, rank)
+            flags.poison(self.ctx, flag, self.rank(i), stamp)
+        fail(self.ctx, CODE, self.WHAT, rank, stamp // STEPS, self.workspace(), self.sig, theirs)
+
+    @triton.jit
+    def give_up(self, rank, stamp):
+        """Times out waiting on `rank` (at flag value `stamp`)."""
+        self.fail(TIMEOUT, rank, stamp)
 
     @triton.jit
     def wait_member(self, member, stamp, start):
         """Waits until `member`'s flag reached `stamp` (flags.wait); gives up after the timeout,
-        fails at once when the member gave up on an earlier call (its flag is POISON)."""
+        fails at once when the member gave up on an earlier call (its flag is POISON) or made
+        another call (its signature differs)."""
         seen = flags.wait(self.flag(member), stamp, start, self.TIMEOUT_NS)
         if flags.timed_out(seen):
-            self.give_up(self.rank(member))
-        if flags.poisoned(seen):
-            peer_failed(self.WHAT, self.rank(member))
+            self.give_up(self.rank(member), stamp)
+        theirs = tl.load(self.signature_slot(member, stamp), volatile=True)
+        if flags.poisoned(seen):  # a member that saw calls differ in this epoch: my call may be one of them
+            culprit, other = self.differing(stamp)
+            if culprit >= 0:
+                self.fail(MISMATCH, culprit, stamp, other)
+            self.fail(PEER_FAILED, self.rank(member), stamp, theirs)
+        if theirs != self.sig:
+            self.fail(MISMATCH, self.rank(member), stamp, theirs)
+
+    @triton.jit
+    def differing(self, stamp):
+        """(rank, signature) of a member whose call in the epoch of `stamp` differs from mine,
+        else (-1, 0). A member's slot holds that epoch's signature once its flag reached the
+        epoch, or was poisoned in it (a member signals in an epoch before it waits in it)."""
+        epoch = stamp // STEPS
+        culprit = tl.full((), -1, tl.int32)
+        theirs = tl.full((), 0, tl.int64)
+        for i in tl.static_range(self.G):
+            seen = tl.load(self.flag(i), volatile=True)
+            sig = tl.load(self.signature_slot(i, stamp), volatile=True)
+            this_epoch = tl.where(flags.poisoned(seen), flags.poisoned_at(seen) // STEPS == epoch, seen // STEPS >= epoch)
+            hit = this_epoch & (sig != self.sig) & (culprit < 0)
+            culprit = tl.where(hit, self.rank(i), culprit)
+            theirs = tl.where(hit, sig, theirs)
+        return culprit, theirs
 
     @triton.jit
     def wait(self, stamp):

@@ -62,6 +62,7 @@ from iris_core.collectives.kinds import (  # noqa: F401 - the host's names for t
 )
 from iris_core.collectives.tiles import Call, buffer, stage
 from iris_core.device import Context, flags
+from iris_core.device.faults import signature
 from iris_core.device.tracing import EVENT_TRANSFER
 
 
@@ -109,7 +110,8 @@ def collective_kernel(context_ptr, group_ptr, x_ptr, m, out_ptr,
     bytes (tiles are then accessed in 16-byte vectors). With TRACING, each chunk's exchange is
     a `transfer` span (pid_m: the chunk) holding `wait` spans and the Context's own RMA events."""
     ctx = Context.initialize(context_ptr, WORLD, tracing=TRACING)
-    g = Group.initialize(ctx, group_ptr, G, MAX_PROGRAMS, TIMEOUT_NS, WHAT)
+    sig = signature(KIND, OP, VARIANT, x_ptr.dtype.element_ty, XB, m)
+    g = Group.initialize(ctx, group_ptr, sig, G, MAX_PROGRAMS, TIMEOUT_NS, WHAT)
     m = m // VEC * VEC  # m is a multiple of VEC: said so the compiler knows (tl.multiple_of does not reach masks)
     heap_base = tl.load(ctx.heap_bases + ctx.rank)
     in_place = False

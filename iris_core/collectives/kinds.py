@@ -17,6 +17,7 @@ same way.
 import triton
 
 ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL, PPERMUTE, BROADCAST = range(6)
+RAGGED_ALL_TO_ALL = 6  # iris_core.collectives.ragged's kernel (not a KIND of the collective kernel): signatures only
 SUM, MAX, MIN = range(3)
 ONE_SHOT, TWO_SHOT, ATOMIC, SPINLOCK, RING = range(5)
 

@@ -26,9 +26,11 @@ epoch has the other parity; otherwise my read came before my second window's sig
 import triton
 import triton.language as tl
 
+from iris_core.collectives import kinds
 from iris_core.collectives.group import STEPS, Group
 from iris_core.collectives.tiles import get, vec
 from iris_core.device import Context, flags
+from iris_core.device.faults import signature
 
 
 @triton.jit
@@ -79,7 +81,8 @@ def ragged_kernel(context_ptr, group_ptr, x_ptr, output_ptr, in_offsets, sizes, 
     """See the module docstring. x: the operand as [N, R]; out (aliased to `output_ptr`): the
     output as [M, R]; the offset and size vectors have G x SLICES entries; ROWS: rows per window."""
     ctx = Context.initialize(context_ptr, WORLD)
-    g = Group.initialize(ctx, group_ptr, G, MAX_PROGRAMS, TIMEOUT_NS, WHAT)
+    sig = signature(kinds.RAGGED_ALL_TO_ALL, 0, 0, x_ptr.dtype.element_ty, SLICES, R)
+    g = Group.initialize(ctx, group_ptr, sig, G, MAX_PROGRAMS, TIMEOUT_NS, WHAT)
     R = R // VEC * VEC  # R is a multiple of VEC: said so the compiler knows
     R64 = tl.full((), 0, tl.int64) + R  # row offsets in 64 bits
     epoch_ptr = g.epoch_ptr()

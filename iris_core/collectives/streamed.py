@@ -16,18 +16,57 @@ of delivery k - 2 (which consumed it) had ended (stream order). The region is th
 calls' own, so other modes' calls cannot collide with it. Traced, each program's share is a
 `transfer` span; a receiver's wait for a tile a `wait`.
 
+Signatures: every program counts the group's streamed calls (`calls`, kept equal in every line as
+Group.end_call does; the count is tile 0's delivery count, every call having a tile 0). The sender
+of tile 0 writes its call's signature into my `sigs` slot of the count's parity before it raises
+the tile's flag; the receiver of tile 0 compares it with its own (the same reuse argument as for
+the buffers). A difference fails both calls (RankMismatchError).
+
 Region layout (iris_core.collectives.workspace, at STREAM_AT): a line with the `failed` word,
-two buffers of STREAM_BYTES, then int32 tile flags [T][G], `sent` [T] and `got` [T].
+two buffers of STREAM_BYTES, then int32 tile flags [T][G], `sent` [T] and `got` [T], then
+int64 `sigs` [2][WORLD] at the next multiple of 8 bytes, then int32 `calls` [MAX_PROGRAMS].
 """
 
 import triton
 import triton.language as tl
 
+from iris_core.collectives.group import STEPS
 from iris_core.collectives.tiles import output_tile, push_tile
 from iris_core.device import flags, global_timer
 from iris_core.device.flags import LINE
-from iris_core.device.nvidia import peer_failed
+from iris_core.device.faults import MISMATCH, PEER_FAILED, TIMEOUT, fail
 from iris_core.device.tracing import EVENT_TRANSFER, EVENT_WAIT
+
+
+@triton.jit
+def _give_up(g, failed, calls, call, CODE: tl.constexpr, member, theirs):
+    """Fails streamed call number `call` because of `member`. Every later call of this group fails
+    at once: `failed` on every member, my group flags POISON, and my program's call count moves
+    on (a later call on this rank is then known to be a later one)."""
+    for j in tl.static_range(g.G):
+        g.ctx.store(failed, (g.me + 1).to(tl.int64) | (CODE << 12) | (call.to(tl.int64) << 16), to_rank=g.rank(j))
+    tl.store(calls + g.pid, call)
+    g.fail(CODE, g.rank(member), call * STEPS, theirs)
+
+
+@triton.jit
+def _failed_before(g, gave_up, call, tile_flags, sigs):
+    """Fails this call, found `failed` (`gave_up`) set: with RankMismatchError naming a member
+    whose call differs from mine when a member saw calls differ in this very call (a member's
+    signature slot is this call's once its tile 0 flag reached it), else with PeerFailedError."""
+    member = (gave_up & 0xFFF).to(tl.int32) - 1
+    at = (gave_up >> 16).to(tl.int32)
+    if ((gave_up >> 12) & 0xF == MISMATCH) & (at == call):
+        culprit = tl.full((), -1, tl.int32)
+        theirs = tl.full((), 0, tl.int64)
+        for i in tl.static_range(g.G):
+            sig = tl.load(sigs + (call % 2) * g.ctx.world_size + i, volatile=True)
+            hit = (i != g.me) & (tl.load(tile_flags + i, volatile=True) >= call) & (sig != g.sig) & (culprit < 0)
+            culprit = tl.where(hit, g.rank(i), culprit)
+            theirs = tl.where(hit, sig, theirs)
+        if culprit >= 0:
+            fail(g.ctx, MISMATCH, g.WHAT, culprit, at, g.workspace(), g.sig, theirs)
+    fail(g.ctx, PEER_FAILED, g.WHAT, g.rank(member), at, g.workspace(), g.sig)
 
 
 @triton.jit
@@ -40,9 +79,12 @@ def run(g, c, STREAM_BYTES: tl.constexpr, STREAM_AT: tl.constexpr, SENDERS: tl.c
     tile_flags = tl.cast(sdata + 2 * STREAM_BYTES, tl.pointer_type(tl.int32))
     sent = tile_flags + T
     got = sent + T
-    gave_up = tl.load(failed, volatile=True)  # 1 + the rank that gave up on an earlier call, or 0
+    sigs = tl.cast(sdata + 2 * STREAM_BYTES + (3 * 4 * T + 7) // 8 * 8, tl.pointer_type(tl.int64))
+    calls = tl.cast(sigs + 2 * ctx.world_size, tl.pointer_type(tl.int32))
+    call = tl.load(calls + g.pid) + 1  # streamed calls of this group, this one included: tile 0's delivery count
+    gave_up = tl.load(failed, volatile=True)  # 0, or who gave up, why, and in which call (_give_up)
     if gave_up != 0:
-        peer_failed(g.WHAT, gave_up.to(tl.int32) - 1)
+        _failed_before(g, gave_up, call, tile_flags, sigs)
     width = c.width(0)
     tiles = tl.cdiv(width, c.BLOCK)
     transfer = ctx.tracing.record_event_start(EVENT_TRANSFER, ctx.rank, None, 0, 0)  # each program's share
@@ -51,6 +93,10 @@ def run(g, c, STREAM_BYTES: tl.constexpr, STREAM_AT: tl.constexpr, SENDERS: tl.c
             k = tl.load(sent + t) + 1
             ws = tl.cast(sdata + (k % 2).to(tl.uint64) * STREAM_BYTES, c.x_ptr.dtype)
             push_tile(g, c, ws, 0, width, t)
+            if t == 0:
+                for i in tl.static_range(g.G):
+                    if i != g.me:
+                        ctx.store(sigs + (call % 2) * ctx.world_size + g.me, g.sig, to_rank=g.rank(i))
             tl.debug_barrier()  # every thread's stores precede the release
             for i in tl.static_range(g.G):
                 if i != g.me:
@@ -64,9 +110,11 @@ def run(g, c, STREAM_BYTES: tl.constexpr, STREAM_AT: tl.constexpr, SENDERS: tl.c
             for i in tl.static_range(g.G):
                 if i != g.me:
                     if flags.timed_out(flags.wait(tile_flags + t * g.G + i, k, start, g.TIMEOUT_NS)):
-                        for j in tl.static_range(g.G):  # later calls of this group fail at once
-                            ctx.store(failed, (g.rank(g.me) + 1).to(tl.int64), to_rank=g.rank(j))
-                        g.give_up(g.rank(i))
+                        _give_up(g, failed, calls, call, TIMEOUT, i, 0)
+                    if t == 0:
+                        theirs = tl.load(sigs + (call % 2) * ctx.world_size + i, volatile=True)
+                        if theirs != g.sig:
+                            _give_up(g, failed, calls, call, MISMATCH, i, theirs)
             tl.debug_barrier()  # every thread's reads follow the acquires
             ctx.tracing.record_event_end(wait)
             ws = tl.cast(sdata + (k % 2).to(tl.uint64) * STREAM_BYTES, c.x_ptr.dtype)
@@ -74,3 +122,5 @@ def run(g, c, STREAM_BYTES: tl.constexpr, STREAM_AT: tl.constexpr, SENDERS: tl.c
             tl.debug_barrier()  # every thread has read the count before it changes
             tl.store(got + t, k)
     ctx.tracing.record_event_end(transfer)
+    lines = g.pid + g.programs * tl.arange(0, g.MAX_PROGRAMS)  # and the lines of the programs this launch lacks
+    tl.store(calls + lines, tl.full([g.MAX_PROGRAMS], 0, tl.int32) + call, mask=lines < g.MAX_PROGRAMS)

@@ -9,11 +9,15 @@ Collectives:
     data    [2 buffers][data_bytes]     staged inputs / accumulators (buffer = epoch parity)
     data2   [2 buffers][data_bytes]     two-shot results, ring partials, spinlock locks
     stream  streamed calls' own region (never shared with the other modes' buffers):
-      failed  one line: set on every member when a rank gives up (a timeout)
+      failed  one line: set on every member when a rank gives up: 1 + its member index, | its
+                                        fault code << 12, | the call it gave up in (`calls`) << 16
       sdata   [2 buffers][stream_bytes] deliveries (buffer = the tile's delivery count parity)
       flags   int32 [T]                 [tile][p]: deliveries of that tile rank p made to me
       sent    int32 [T]                 [tile]: deliveries of that tile I made (to each member)
       got     int32 [T]                 [tile]: deliveries of that tile I consumed (from each)
+      sigs    int64 [2][W]              (at the next multiple of 8) [k % 2][p]: the signature of the
+                                        call in which rank p made delivery k of tile 0 to me
+      calls   int32 [MAX_PROGRAMS]      streamed calls of this group, as each program counts them
       with T = stream_bytes / 256 (tiles x members <= T for tiles of >= 256 elements of >= 2
       bytes: a buffer holds G - 1 slots); stream_bytes 0 means data_bytes (iris_jax's
       workspaces default to 4 x data_bytes)
@@ -70,7 +74,8 @@ class WorkspaceLayout:
 
     @property
     def total_bytes(self) -> int:
-        return self.stream + LINE_BYTES + 2 * self.stream_capacity + 3 * 4 * (self.stream_capacity // 256)
+        tile_words = -(-3 * 4 * (self.stream_capacity // 256) // 8) * 8
+        return self.stream + LINE_BYTES + 2 * self.stream_capacity + tile_words + 2 * 8 * self.world_size + 4 * MAX_PROGRAMS
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,10 @@ raises its flags on its peers to POISON, above every stamp: a peer that later wa
 passes at once and fails (`poisoned`, peer_failed) rather than trust a flag of a lost call.
 
 Every wait is bounded: TIMEOUT_NS after its `start` (the global timer) it returns a value
-that `timed_out` recognizes, and the caller gives up: it traps (GPU) or raises
-PeerTimeoutError (simulator), or reports the rank (the device barrier). Locks are taken
-the same way (`lock`).
+that `timed_out` recognizes, and the caller gives up: it fails (iris_core.device.faults: a
+fault record naming the op and the rank, then the kernel stops; the simulator raises
+PeerTimeoutError), or reports the rank (the device barrier). Locks are taken the same way
+(`lock`).
 
 Epochs: a program counts its calls in one word of its own heap, read once per call into a
 register and written back at the end.
@@ -23,7 +24,8 @@ register and written back at the end.
 import triton
 import triton.language as tl
 
-from iris_core.device.nvidia import global_timer, load_acquire, nanosleep, peer_timeout
+from iris_core.device.faults import TIMEOUT, fail
+from iris_core.device.nvidia import global_timer, load_acquire, nanosleep
 
 DEFAULT_TIMEOUT_S = 60.0  # how long a kernel waits for a peer unless told otherwise
 DEFAULT_TIMEOUT_NS: tl.constexpr = tl.constexpr(int(DEFAULT_TIMEOUT_S * 10**9))
@@ -50,15 +52,22 @@ def set_flag(ctx, flag, value, rank=None):
 
 
 @triton.jit
-def poison(ctx, flag, rank):
-    """Raises my `flag` on `rank`'s heap to POISON: I gave up, so my side of this call is lost."""
-    ctx.atomic_max(flag, POISON, to_rank=rank, sem="relaxed", scope="sys")
+def poison(ctx, flag, rank, stamp):
+    """Raises my `flag` on `rank`'s heap to POISON + `stamp`: I gave up while waiting for
+    `stamp`, so my side of this call is lost (`poisoned_at` tells the stamp)."""
+    ctx.atomic_max(flag, tl.full((), POISON, tl.int64) + stamp, to_rank=rank, sem="relaxed", scope="sys")
 
 
 @triton.jit
 def poisoned(seen):
     """Whether `seen`, a flag's value, says that its writer gave up on an earlier call."""
     return seen >= POISON
+
+
+@triton.jit
+def poisoned_at(seen):
+    """The stamp its writer waited for when it gave up, of a `poisoned` flag value."""
+    return seen - POISON
 
 
 @triton.jit
@@ -102,12 +111,12 @@ def timed_out(seen):
 
 
 @triton.jit
-def wait_or_abort(flag, target, who, WHAT: tl.constexpr, TIMEOUT_NS: tl.constexpr, POLL_NS: tl.constexpr = 0,
-                  REPORT: tl.constexpr = True, ctx=None, rank=None):
-    """wait() from now, then a CTA barrier; a timeout aborts the kernel naming rank `who`
-    (REPORT=False: without a message, see peer_timeout)."""
+def wait_or_fail(ctx, flag, target, who, WHAT: tl.constexpr, TIMEOUT_NS: tl.constexpr, POLL_NS: tl.constexpr = 0,
+                 rank=None, group=-1):
+    """wait() from now (on my flag, or `rank`'s), then a CTA barrier; a timeout fails the kernel
+    naming rank `who` (faults.fail; `group`: the heap offset of the waiters' workspace)."""
     if timed_out(wait(flag, target, global_timer(), TIMEOUT_NS, POLL_NS, ctx, rank)):
-        peer_timeout(WHAT, who, REPORT)
+        fail(ctx, TIMEOUT, WHAT, who, target, group)
     tl.debug_barrier()
 
 

@@ -1,4 +1,5 @@
-"""NVIDIA hardware registers and an acquiring flag load (inline PTX), with simulator equivalents.
+"""NVIDIA hardware registers, an acquiring flag load, stores to host memory and how a thread stops
+(inline PTX), with simulator equivalents where the simulator runs them.
 
 Under the interpreter there is no SM and no global timer: `sm_id` is the program id and
 `global_timer` reads the host clock (nanoseconds), which keeps traces meaningful.
@@ -17,19 +18,6 @@ from iris_core.compat import interpreting
 _POLL_S, _MAX_POLL_S = 50e-6, 2e-3
 
 if interpreting():
-
-    def peer_timeout(what, rank, REPORT=True):
-        from iris_core.errors import PeerTimeoutError
-
-        raise PeerTimeoutError(f"iris {what}: timed out waiting for rank {int(rank)} (it never arrived)")
-
-    def peer_failed(what, rank):
-        from iris_core.errors import PeerFailedError
-
-        raise PeerFailedError(
-            f"iris {what}: rank {int(rank)} gave up on an earlier collective of this group (a timeout), so "
-            "the group's flags no longer agree and no later collective of it can be trusted. Start again: "
-            "iris_jax.shutdown() then init() on the simulator, new processes on GPUs")
 
     def sm_id():
         return tl.program_id(0)
@@ -57,22 +45,32 @@ if interpreting():
 else:
 
     @triton.jit
-    def peer_timeout(what: tl.constexpr, rank, REPORT: tl.constexpr = True):
-        """Reports a peer that never arrived and aborts the kernel (the launch fails).
-
-        REPORT=False aborts without printing. Kernels with tensor-core GEMMs must pass it: the
-        print is an extern call (`vprintf`), and ptxas then serializes every wgmma of the
-        kernel (each waits for the previous one), which costs the GEMM much of its speed
-        (benchmarks/fused_probe.py shows where)."""
-        if REPORT:
-            tl.device_print("iris: timed out waiting for a peer rank in", rank)
-        tl.inline_asm_elementwise("trap;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+    def store_to_host(address, value):
+        """Stores the int64 `value` at `address` (an integer: pinned host memory mapped into the
+        device), bypassing the caches. Every thread that calls it stores (no predicate)."""
+        tl.inline_asm_elementwise("st.volatile.global.b64 [$1], $2; mov.u32 $0, 0;", "=r,l,l",
+                                  [address.to(tl.uint64), tl.full((), 0, tl.int64) + value], dtype=tl.int32, is_pure=False, pack=1)
 
     @triton.jit
-    def peer_failed(what: tl.constexpr, rank):
-        """Reports a peer that gave up on an earlier collective and aborts the kernel."""
-        tl.device_print("iris: a peer gave up on an earlier collective of this group:", rank)
-        tl.inline_asm_elementwise("trap;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+    def load_from_host(address):
+        """The int64 at `address` (see store_to_host), read past the caches."""
+        return tl.inline_asm_elementwise("ld.volatile.global.b64 $0, [$1];", "=l,l", [address.to(tl.uint64)],
+                                         dtype=tl.int64, is_pure=False, pack=1)
+
+    @triton.jit
+    def fence_system():
+        """Orders this thread's earlier writes before its later ones, as every device and the host see them."""
+        tl.inline_asm_elementwise("fence.sc.sys; mov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+
+    @triton.jit
+    def stop(leave):
+        """Ends the thread: `leave` true, by `exit` (the launch completes and the CUDA context
+        lives on; a CTA barrier that waits only for exited threads is released); else by `trap`
+        (the launch fails, and with it the process's CUDA context)."""
+        if leave:
+            tl.inline_asm_elementwise("exit; mov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+        else:
+            tl.inline_asm_elementwise("trap; mov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
 
     @triton.jit
     def sm_id():

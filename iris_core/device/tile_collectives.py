@@ -7,10 +7,9 @@ ready flags: a producer sets its entry to 1 after writing its tile, consumers wa
 Flags are single-use: reset them (e.g. zero the array) before the next round.
 Completion on *other* ranks needs a barrier (or flags) before their data is read.
 
-Flags and locks follow iris_core.device.flags. Waits give up after flags.DEFAULT_TIMEOUT_NS:
-on the simulator with a PeerTimeoutError naming the rank, on GPUs with a trap and no message,
-because these run inside GEMM kernels and a print there (an extern call) makes ptxas
-serialize every wgmma of the kernel (see nvidia.peer_timeout).
+Flags and locks follow iris_core.device.flags. Waits give up after flags.DEFAULT_TIMEOUT_NS
+with a fault record naming the rank (iris_core.device.faults; no print, which inside a GEMM
+kernel would make ptxas serialize every wgmma); the simulator raises PeerTimeoutError.
 Peers' data is read with plain loads after the flag's acquire and a CTA barrier: `.cg` loads
 of peer memory (L2 only) are much slower (benchmarks/rma.py times both).
 """
@@ -18,8 +17,13 @@ of peer memory (L2 only) are much slower (benchmarks/rma.py times both).
 import triton
 import triton.language as tl
 
+from iris_core import faults
 from iris_core.device import flags
-from iris_core.device.nvidia import global_timer, peer_timeout
+from iris_core.device.faults import TIMEOUT, fail
+from iris_core.device.nvidia import global_timer
+
+_FLAG: tl.constexpr = tl.constexpr(faults.named("tile collective (flag)"))  # what their fault records name
+_LOCK: tl.constexpr = tl.constexpr(faults.named("tile collective (lock)"))
 
 
 @triton.jit
@@ -32,14 +36,13 @@ def tile_id(tile, view):
 def _wait_flag(ctx, flag_ptr, rank, value):
     """Waits until `rank`'s flag reaches `value`, then a CTA barrier: every thread's later
     reads see what the flag's writer wrote before raising it."""
-    flags.wait_or_abort(flag_ptr, value, rank, "tile collective (flag)", flags.DEFAULT_TIMEOUT_NS, REPORT=False,
-                        ctx=ctx, rank=rank)
+    flags.wait_or_fail(ctx, flag_ptr, value, rank, _FLAG, flags.DEFAULT_TIMEOUT_NS, rank=rank)
 
 
 @triton.jit
 def _lock(ctx, lock, rank):
     if flags.lock(ctx, lock, rank, global_timer(), flags.DEFAULT_TIMEOUT_NS) != 0:
-        peer_timeout("tile collective (lock)", rank, REPORT=False)
+        fail(ctx, TIMEOUT, _LOCK, rank)
     tl.debug_barrier()
 
 

@@ -4,13 +4,15 @@ Layout, in 64-bit words (see ../shared/reference/iris_device_api.md)::
 
     [rank, world_size, heap_size, heap_base_0 .. heap_base_{W-1},
      trace_enabled, max_events, trace_counter_ptr, op_index_counter_ptr,
-     13 trace-buffer pointers]
+     13 trace-buffer pointers, fault_page]
 
 `world_size` and `heap_size` sit right before the bases, where the device's heap guard
 finds them from the bases' pointer alone (iris_core.device.rma: heap_bases[-2], [-1]).
 
 The tracing words are zero while tracing is off; when on, the counters and the 13
 buffers are byte offsets into the rank's own heap, not addresses (iris_core.tracing.buffers).
+`fault_page` is the address, as the device sees it, of the rank's fault page (iris_core.faults;
+0: none, on the simulator and on bare heaps).
 
 Words are stored as little-endian int32 pairs so that JAX without x64 can carry the
 array; the kernel casts the pointer to int64 and reads whole words.
@@ -33,7 +35,7 @@ TRACE_WORDS = 4 + len(TRACE_FIELDS)
 
 def context_words(world_size: int) -> int:
     """Number of 64-bit words in the context of a world of `world_size` ranks."""
-    return HEADER_WORDS + world_size + TRACE_WORDS
+    return HEADER_WORDS + world_size + TRACE_WORDS + 1
 
 
 def trace_offset(world_size: int) -> int:
@@ -42,7 +44,7 @@ def trace_offset(world_size: int) -> int:
 
 
 def encode_context(rank: int, heap_bases: Sequence[int], trace_words: Sequence[int] = (), *,
-                   heap_size: int) -> np.ndarray:
+                   heap_size: int, fault_page: int = 0) -> np.ndarray:
     """Packs one rank's context into an int32 array of 2 * context_words(W) entries."""
     world_size = len(heap_bases)
     if not 0 <= rank < world_size:
@@ -52,7 +54,7 @@ def encode_context(rank: int, heap_bases: Sequence[int], trace_words: Sequence[i
     trace = list(trace_words) + [0] * (TRACE_WORDS - len(trace_words))
     if len(trace) != TRACE_WORDS:
         raise ValueError(f"expected at most {TRACE_WORDS} tracing words, got {len(trace_words)}")
-    words = np.array([rank, world_size, heap_size, *heap_bases, *trace], dtype=np.uint64)
+    words = np.array([rank, world_size, heap_size, *heap_bases, *trace, fault_page], dtype=np.uint64)
     return words.view(np.int32).copy()
 
 
@@ -67,4 +69,5 @@ def decode_context(array: np.ndarray) -> dict:
         "heap_size": int(words[2]),
         "heap_bases": [int(w) for w in words[HEADER_WORDS:t]],
         "trace": [int(w) for w in words[t:t + TRACE_WORDS]],
+        "fault_page": int(words[t + TRACE_WORDS]),
     }

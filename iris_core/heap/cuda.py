@@ -21,6 +21,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from iris_core import faults
 from iris_core.errors import IrisError, RankMismatchError
 from iris_core.heap import fd_exchange, vmm
 from iris_core.heap.rendezvous import KeyValueStore
@@ -83,6 +84,7 @@ class CudaHeap(SymmetricHeap):
         self._owned: list[tuple[int, int]] = []  # (device, pointer) of cudaMalloc
         self._opened: list[tuple[int, int]] = []  # (device, pointer) of cudaIpcOpenMemHandle
         self._mapped: list[tuple[int, vmm.Mapping]] = []  # (device, mapping): VMM, own and peers'
+        self._pages: dict[int, tuple[int, np.ndarray]] = {}  # local rank -> (pinned pointer, its words)
         self.heap_allocator = choose_allocator(heap_allocator, devices, exporting=bool(remote),
                                                across_hosts=across_hosts)
         rt = _cudart()
@@ -100,10 +102,18 @@ class CudaHeap(SymmetricHeap):
                 exchange = self._exchange_ipc if self.heap_allocator == "malloc" else self._exchange_vmm
                 exchange(bases, local_ranks[0], remote, store, session, timeout_s)
             _check(rt.cudaDeviceSynchronize(), "cudaDeviceSynchronize")
+            for rank in self.local_ranks:
+                self._pages[rank] = _fault_page(rt)
         except BaseException:
             self._release()
             raise
         self.heap_bases = bases
+
+    def fault_page(self, rank: int) -> int:
+        return self._pages[rank][0] if rank in self._pages else 0  # pinned and mapped: one address (UVA)
+
+    def fault_words(self, rank: int) -> np.ndarray | None:
+        return self._pages[rank][1] if rank in self._pages else None
 
     def _allocate(self, dev: int, heap_size: int, devices: Sequence[int]) -> int:
         """This process's heap on GPU `dev` (current); every local device may access it."""
@@ -197,9 +207,22 @@ class CudaHeap(SymmetricHeap):
         for dev, ptr in self._owned:
             rt.cudaSetDevice(dev)
             rt.cudaFree(ptr)
+        for ptr, _ in self._pages.values():
+            rt.cudaFreeHost(ptr)
         self._opened.clear()
         self._mapped.clear()
         self._owned.clear()
+        self._pages.clear()
+
+
+def _fault_page(rt) -> tuple[int, np.ndarray]:
+    """A zeroed fault page (iris_core.faults) in pinned host memory that every device maps at
+    the same address: (address, its int64 words)."""
+    flags = 0x1 | 0x2  # cudaHostAllocPortable | cudaHostAllocMapped
+    ptr = _check(rt.cudaHostAlloc(faults.PAGE_BYTES, flags), "cudaHostAlloc (the fault page)")
+    words = np.ctypeslib.as_array((ctypes.c_int64 * (faults.PAGE_BYTES // 8)).from_address(ptr))
+    words[:] = 0
+    return ptr, words
 
 
 def choose_allocator(requested: str, devices: Sequence[int], exporting: bool, across_hosts: bool = False) -> str:

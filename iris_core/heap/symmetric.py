@@ -116,7 +116,18 @@ class SymmetricHeap(abc.ABC):
     # -- context --------------------------------------------------------------
     def context(self, rank: int, trace_words: Sequence[int] = ()) -> np.ndarray:
         """The int32-packed context array of `rank` (see context_layout)."""
-        return encode_context(rank, self.heap_bases, trace_words, heap_size=self.heap_size)
+        return encode_context(rank, self.heap_bases, trace_words, heap_size=self.heap_size,
+                              fault_page=self.fault_page(rank))
+
+    def fault_page(self, rank: int) -> int:
+        """The device address of local rank's fault page (iris_core.faults); 0: none (the
+        simulator raises faults in the kernel instead)."""
+        return 0
+
+    def fault_words(self, rank: int) -> np.ndarray | None:
+        """Local rank's fault page as int64 words that the host reads and writes without the
+        device (pinned host memory); None: no page."""
+        return None
 
     # -- usage ----------------------------------------------------------------
     @property

@@ -34,8 +34,9 @@ tail, for their own publication): all programs resident (GPU, P <= SMs) or run o
 another in index order (simulator), nothing deadlocks.
 
 No printing in these kernels: a `tl.device_print` (an extern call) makes ptxas serialize
-every wgmma of the kernel (see nvidia.peer_timeout); timeouts trap silently on GPUs (the
-simulator raises PeerTimeoutError naming the op and the rank).
+every wgmma of the kernel. A timeout writes a fault record naming the op and the rank
+(iris_core.device.faults: plain stores), which the host reports; the simulator raises
+PeerTimeoutError with the same message.
 
 Reuse of the parity buffers, all-gather: a rank pushes into a peer's buffer of parity
 e % 2 in call e. The peer read that buffer in call e - 2. In call e - 1 this rank waited on
@@ -66,11 +67,10 @@ def _prologue(ctx, group_ptr, G: tl.constexpr):
 
 
 @triton.jit
-def _wait(flag_ptr, epoch, who, POLL_NS: tl.constexpr, TIMEOUT_NS: tl.constexpr, WHAT: tl.constexpr):
+def _wait(ctx, flag_ptr, epoch, who, POLL_NS: tl.constexpr, TIMEOUT_NS: tl.constexpr, WHAT: tl.constexpr):
     """Waits until my local flag reaches `epoch` (raised by rank `who`), reading it every
-    POLL_NS: the reducers wait beside the GEMM programs, so they need not spin flat out. A
-    timeout traps without a message (see peer_timeout: a print would serialize the wgmma)."""
-    flags.wait_or_abort(flag_ptr, epoch, who, WHAT, TIMEOUT_NS, POLL_NS, REPORT=False)
+    POLL_NS: the reducers wait beside the GEMM programs, so they need not spin flat out."""
+    flags.wait_or_fail(ctx, flag_ptr, epoch, who, WHAT, TIMEOUT_NS, POLL_NS)
 
 
 @triton.jit
@@ -111,7 +111,7 @@ def _reduce_tile(ctx, group_ptr, data, tile_flags, t, epoch, offs, out_ptr, pid_
     reducing a tile gets bit-identical results). All flags first, then all loads back to
     back, so the members' transfers overlap; full tiles are stored in 16-byte vectors."""
     for i in tl.static_range(G):
-        _wait(tile_flags + t * G + i, epoch, member_rank(group_ptr, i), POLL_NS, TIMEOUT_NS, WHAT)
+        _wait(ctx, tile_flags + t * G + i, epoch, member_rank(group_ptr, i), POLL_NS, TIMEOUT_NS, WHAT)
     out_dtype = out_ptr.dtype.element_ty
     item: tl.constexpr = out_dtype.primitive_bitwidth // 8
     total = tl.zeros((BM, BN), dtype=tl.float32)
@@ -252,7 +252,7 @@ def all_gather_matmul_kernel(context_ptr, group_ptr, a_ptr, b_ptr, out_ptr,
                 a_s = gathered + s * M * K
                 for l in range(pid - COMM, TB, programs - COMM):
                     pid_m, pid_n = tile_coords(l, tiles_m, tiles_n, GROUP_M)
-                    _wait(tile_flags + s * tiles_m + pid_m, epoch, source, POLL_NS, TIMEOUT_NS, WHAT)
+                    _wait(ctx, tile_flags + s * tiles_m + pid_m, epoch, source, POLL_NS, TIMEOUT_NS, WHAT)
                     acc = tile_gemm(a_s, b_ptr, pid_m, pid_n, M, N, K, K, 1, stride_bk, stride_bn,
                                     BM, BN, BK, K % BK == 0, PREC, True)
                     store_tile(out_ptr + s * M * N, acc.to(out_dtype), pid_m, pid_n, M, N, N, 1, BM, BN)

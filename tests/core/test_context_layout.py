@@ -33,7 +33,8 @@ def test_encode_decode_round_trip(world_size):
     assert max(bases) >= 1 << 63
     for rank in range(world_size):
         trace = [1, 1000, 0xFFFF_FFFF_FFFF_FFF0, 3 << 40][: rank % (TRACE_WORDS + 1)]
-        array = encode_context(rank, bases, trace, heap_size=HEAP_SIZE)
+        page = 0 if rank % 2 else 0x7F00_0000_1000 + rank
+        array = encode_context(rank, bases, trace, heap_size=HEAP_SIZE, fault_page=page)
         assert array.dtype == np.int32
         assert array.shape == (2 * context_words(world_size),)
         decoded = decode_context(array)
@@ -43,21 +44,22 @@ def test_encode_decode_round_trip(world_size):
             "heap_size": HEAP_SIZE,
             "heap_bases": bases,
             "trace": trace + [0] * (TRACE_WORDS - len(trace)),
+            "fault_page": page,
         }
 
 
 @pytest.mark.parametrize("world_size", [1, 3, 8])
 def test_word_layout(world_size):
     bases = big_bases(world_size)
-    array = encode_context(world_size - 1, bases, [7, 9], heap_size=HEAP_SIZE)
-    assert context_words(world_size) == HEADER_WORDS + world_size + 4 + len(TRACE_FIELDS)
+    array = encode_context(world_size - 1, bases, [7, 9], heap_size=HEAP_SIZE, fault_page=0xABC000)
+    assert context_words(world_size) == HEADER_WORDS + world_size + 4 + len(TRACE_FIELDS) + 1
     assert trace_offset(world_size) == 3 + world_size
     # little-endian int32 pairs: low word first
     low, high = array[0::2].view(np.uint32), array[1::2].view(np.uint32)
     words = [int(lo) | int(hi) << 32 for lo, hi in zip(low, high, strict=True)]
     assert words[:3] == [world_size - 1, world_size, HEAP_SIZE]  # the guard reads these before the bases
     assert words[3:3 + world_size] == bases
-    assert words[trace_offset(world_size):] == [7, 9] + [0] * (TRACE_WORDS - 2)
+    assert words[trace_offset(world_size):] == [7, 9] + [0] * (TRACE_WORDS - 2) + [0xABC000]  # the fault page last
 
 
 def test_decode_accepts_a_copy_in_another_layout():

@@ -130,6 +130,7 @@ def test_tuple_hints_through_a_constexpr_parameter_compile_and_vectorize(rows, h
 SIGNAL = "atom.global.sys.release.max.s64"  # flags.signal: a stamp raised on a member
 POISON = "atom.global.sys.relaxed.max.s64"  # flags.poison: a program that gave up
 EXCHANGE = "atom.global.sys.release.exch.b32"  # flags.set_flag (a tile flag), flags.unlock
+FAULT_FENCES = {"fence.sc.sys"}  # faults.fail, on the path of a program that gives up only
 
 
 @pytest.mark.parametrize("path,variant,options,atomics", [
@@ -144,26 +145,27 @@ EXCHANGE = "atom.global.sys.release.exch.b32"  # flags.set_flag (a tile flag), f
 ])
 def test_collective_flags_are_release_signals_and_acquire_waits(path, variant, options, atomics):
     """Every flag is raised by a system-scope release (a stamp's atomic max; a streamed tile's
-    exchange) and polled by an acquiring load, with no fence; a program that gives up poisons
-    its flags (relaxed max) and reports (vprintf) before it traps."""
+    exchange) and polled by an acquiring load, with no fence but the fault record's; a program
+    that gives up poisons its flags (relaxed max), writes its record to host memory (volatile
+    stores between system fences, no print) and exits or traps."""
     pytest.importorskip("triton.backends.nvidia")
     ptx = _collective_ptx(C.ALL_REDUCE, variant, **options)
     assert _atomics(ptx) == atomics
     acquire = f"ld.acquire.sys.global.b{32 if path == 'streamed' else 64}"
     assert acquire in _accesses(ptx), _accesses(ptx)
-    assert not _fences(ptx), _fences(ptx)
-    assert "vprintf" in ptx and "trap;" in ptx
+    assert _fences(ptx) == FAULT_FENCES, _fences(ptx)
+    assert "vprintf" not in ptx and "trap;" in ptx and "exit;" in ptx
 
 
 @pytest.mark.parametrize("kernel", ["matmul_reduce", "all_gather_matmul"])
 def test_fused_kernels_flag_tiles_with_release_exchanges_and_no_fence(kernel):
     """The fused kernels raise tile flags by release exchanges and wait by acquiring loads
-    (test above); a timeout traps without printing."""
+    (test above); a timeout writes its fault record and stops without printing."""
     pytest.importorskip("triton.backends.nvidia")
     ptx = _fused_ptx(kernel)
     assert _atomics(ptx) == {EXCHANGE}
-    assert not _fences(ptx), _fences(ptx)
-    assert "trap;" in ptx
+    assert _fences(ptx) == FAULT_FENCES, _fences(ptx)
+    assert "vprintf" not in ptx and "trap;" in ptx and "exit;" in ptx
 
 
 def test_device_barrier_signals_by_release_and_waits_by_acquire_without_printing():

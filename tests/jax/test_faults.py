@@ -296,9 +296,9 @@ def test_collective_called_by_only_some_ranks(world):
 
 def test_calls_that_differ_between_ranks(world):
     """Case 5 (workers): under rank-dependent control flow rank 1 sums 32 elements where the others
-    sum 64. The kernels pair the two calls (they count calls); every rank's call record differs from
-    a peer's, so each fails with RankMismatchError naming both shapes and the other rank, at once;
-    nothing outside the heaps changes, and the next program works."""
+    sum 64. The kernels compare the signatures their members wrote beside their flags (as on GPUs),
+    so every rank fails with RankMismatchError naming both shapes and the other rank, at once;
+    nothing outside the heaps changes, and the group then fails at once until a restart."""
     untouched = Untouched()
     x = inputs()
     half = lambda u: jnp.pad(psum(u[:N // 2]), (0, N // 2))  # noqa: E731
@@ -314,7 +314,7 @@ def test_calls_that_differ_between_ranks(world):
            elapsed)
     assert elapsed < SLACK_S
     untouched.check()
-    check_psum_works()
+    expect_group_poisoned_then_restart()
 
 
 def test_heap_exhausted_mid_program(world):

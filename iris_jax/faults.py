@@ -1,0 +1,101 @@
+"""Faults that GPU kernels record, named on the host: a watchdog, and the checks at iris's entry points.
+
+A kernel that gives up writes a record into its rank's fault page (iris_core.faults: pinned
+host memory) and stops: with `on_fault="exit"` (the default) the launch completes and the
+CUDA context survives; with "trap" the launch fails, and the process's CUDA context with it.
+Either way the host reads the page without the CUDA driver:
+
+* the watchdog (a thread per process, like NCCL's) prints each new record on stderr within
+  WATCH_S, naming the op, the rank, the peer, the group and the flag epoch;
+* `iris_jax.check_faults()` (iris_jax.sync) raises the oldest one as PeerTimeoutError,
+  PeerFailedError or RankMismatchError. iris's entry points call it: every iris kernel call
+  as it is traced, `barrier()`, `check_heap_errors()`, `block_until_ready()`, and each call of
+  a function made by `replace_lax_collectives`, which also turns the CUDA error of a trapped
+  kernel into the named error (chained).
+
+A result that a failed kernel returned is never valid; the call that comes after it through
+iris raises. After a fault the group's flags stay poisoned, so every later call of that group
+fails at once: start again with `iris_jax.shutdown()` and `init()` (on_fault="exit"), or new
+processes (on_fault="trap"). The simulator raises these errors in the kernel itself.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+
+from iris_core import faults
+
+WATCH_S = 0.2  # how often the watchdog reads the fault pages
+# what a kernel does once its record is written (environment IRIS_ON_FAULT; init(on_fault=...))
+DEFAULT_ON_FAULT = os.environ.get("IRIS_ON_FAULT") or "exit"
+
+
+def check_mode(on_fault: str) -> int:
+    if on_fault not in faults.MODES:
+        raise ValueError(f"unknown on_fault={on_fault!r} (init(on_fault=...) or IRIS_ON_FAULT); choose one of "
+                         f"{tuple(faults.MODES)}")
+    return faults.MODES[on_fault]
+
+
+class FaultWatch:
+    """The fault pages of this process's ranks, their watchdog and the records not yet raised
+    (a runtime service)."""
+
+    def __init__(self, rt, on_fault: str):
+        self.on_fault = on_fault
+        self._pages = {r: w for r in rt.heap.local_ranks if (w := rt.heap.fault_words(r)) is not None}
+        for words in self._pages.values():
+            words[0] = check_mode(on_fault)
+        self._lock = threading.Lock()
+        self._pending: list[Exception] = []
+        self._reported: set = set()
+        self._stop = threading.Event()
+        self._thread = None
+        if self._pages:
+            self._thread = threading.Thread(target=self._watch, name="iris-fault-watchdog", daemon=True)
+            self._thread.start()
+
+    def _collect(self, report: bool) -> None:
+        """Moves new records into the pending errors (printing them when `report`)."""
+        with self._lock:
+            for rank, words in self._pages.items():
+                for record in faults.read_records(words):
+                    key = (rank, record)
+                    if key in self._reported:
+                        continue
+                    self._reported.add(key)
+                    error = record.error(rank)
+                    self._pending.append(error)
+                    if report:
+                        print(f"iris watchdog: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
+
+    def _watch(self) -> None:
+        while not self._stop.wait(WATCH_S):
+            self._collect(report=True)
+
+    def take(self) -> list[Exception]:
+        """The errors recorded since the last take (records read now included); clears the pages."""
+        self._collect(report=self._thread is None)
+        with self._lock:
+            pending, self._pending = self._pending, []
+            if pending:
+                for words in self._pages.values():
+                    faults.clear_records(words)
+                self._reported.clear()
+        return pending
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2 * WATCH_S + 1)
+
+
+def raise_first(errors: list[Exception], cause: BaseException | None = None) -> None:
+    """Raises the oldest of `errors` (the others follow in its message), chained to `cause`."""
+    if errors:
+        first = errors[0]
+        if len(errors) > 1:
+            first = type(first)("\n".join(str(e) for e in errors))
+        raise first from cause
