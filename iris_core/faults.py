@@ -10,6 +10,7 @@ kernel trapped and took the CUDA context with it (iris_jax.faults: the watchdog)
 Page layout, int64 words:
 
     word 0                  the mode: TRAP (0) or EXIT (1), written by the host
+    word STATUS_COPY        where the host copies the heap's status word (refused accesses) to
     SLOTS_AT + p * SLOT     program p's record (p modulo SLOTS):
                             [code, what, peer, epoch, group, mine, theirs, time_ns]
 
@@ -34,6 +35,7 @@ from iris_core.errors import PeerFailedError, PeerTimeoutError, RankMismatchErro
 
 TRAP, EXIT = 0, 1  # what a kernel does after writing its record: trap (the CUDA context is lost) or exit
 MODES = {"trap": TRAP, "exit": EXIT}
+STATUS_COPY = 1
 SLOTS_AT = 8
 SLOT = 8
 SLOTS = 256

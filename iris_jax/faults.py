@@ -6,7 +6,8 @@ CUDA context survives; with "trap" the launch fails, and the process's CUDA cont
 Either way the host reads the page without the CUDA driver:
 
 * the watchdog (a thread per process, like NCCL's) prints each new record on stderr within
-  WATCH_S, naming the op, the rank, the peer, the group and the flag epoch;
+  WATCH_S, naming the op, the rank, the peer, the group and the flag epoch; and each access
+  the heap guard refused (the heap's status word, copied on a stream of its own);
 * `iris_jax.check_faults()` (iris_jax.sync) raises the oldest one as PeerTimeoutError,
   PeerFailedError or RankMismatchError. iris's entry points call it: every iris kernel call
   as it is traced, `barrier()`, `check_heap_errors()`, `block_until_ready()`, and each call of
@@ -24,8 +25,10 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 
 from iris_core import faults
+from iris_core.heap.status import error_from_word
 
 WATCH_S = 0.2  # how often the watchdog reads the fault pages
 # what a kernel does once its record is written (environment IRIS_ON_FAULT; init(on_fault=...))
@@ -45,12 +48,15 @@ class FaultWatch:
 
     def __init__(self, rt, on_fault: str):
         self.on_fault = on_fault
+        self._heap = rt.heap
         self._pages = {r: w for r in rt.heap.local_ranks if (w := rt.heap.fault_words(r)) is not None}
         for words in self._pages.values():
             words[0] = check_mode(on_fault)
         self._lock = threading.Lock()
         self._pending: list[Exception] = []
         self._reported: set = set()
+        self._refused: set = set()  # local ranks whose status word reported a refused access
+        self.reported_at: float | None = None  # time.monotonic() of the watchdog's last report
         self._stop = threading.Event()
         self._thread = None
         if self._pages:
@@ -58,17 +64,22 @@ class FaultWatch:
             self._thread.start()
 
     def _collect(self, report: bool) -> None:
-        """Moves new records into the pending errors (printing them when `report`)."""
+        """Moves new records, and refused accesses (the heap guard's status word), into the
+        pending errors, printing them when `report`."""
         with self._lock:
             for rank, words in self._pages.items():
-                for record in faults.read_records(words):
-                    key = (rank, record)
+                found = [((rank, record), record.error(rank)) for record in faults.read_records(words)]
+                word = self._heap.peek_status(rank) if rank not in self._refused else 0
+                if word:
+                    self._refused.add(rank)
+                    found.append(((rank, "guard"), error_from_word(word, rank, self._heap.heap_size)))
+                for key, error in found:
                     if key in self._reported:
                         continue
                     self._reported.add(key)
-                    error = record.error(rank)
                     self._pending.append(error)
                     if report:
+                        self.reported_at = time.monotonic()
                         print(f"iris watchdog: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
 
     def _watch(self) -> None:
@@ -83,6 +94,9 @@ class FaultWatch:
             if pending:
                 for words in self._pages.values():
                     faults.clear_records(words)
+                for rank in self._refused:
+                    self._heap.clear_status(rank)
+                self._refused.clear()
                 self._reported.clear()
         return pending
 

@@ -25,6 +25,7 @@ from iris_core import faults
 from iris_core.errors import IrisError, RankMismatchError
 from iris_core.heap import fd_exchange, vmm
 from iris_core.heap.rendezvous import KeyValueStore
+from iris_core.heap.status import STATUS_OFFSET
 from iris_core.heap.symmetric import SymmetricHeap
 
 
@@ -85,6 +86,7 @@ class CudaHeap(SymmetricHeap):
         self._opened: list[tuple[int, int]] = []  # (device, pointer) of cudaIpcOpenMemHandle
         self._mapped: list[tuple[int, vmm.Mapping]] = []  # (device, mapping): VMM, own and peers'
         self._pages: dict[int, tuple[int, np.ndarray]] = {}  # local rank -> (pinned pointer, its words)
+        self._peek_streams: dict[int, object] = {}  # local rank -> the stream peek_status copies on
         self.heap_allocator = choose_allocator(heap_allocator, devices, exporting=bool(remote),
                                                across_hosts=across_hosts)
         rt = _cudart()
@@ -114,6 +116,32 @@ class CudaHeap(SymmetricHeap):
 
     def fault_words(self, rank: int) -> np.ndarray | None:
         return self._pages[rank][1] if rank in self._pages else None
+
+    def peek_status(self, rank: int) -> int:
+        """Local rank's status word (iris_core.heap.status), copied through its fault page on a
+        stream of its own: without waiting for the kernels that run (0 once the device cannot
+        be read, e.g. after a trap)."""
+        rt = _cudart()
+        page, words = self._pages[rank]
+        try:
+            _check(rt.cudaSetDevice(self.devices[rank]), "cudaSetDevice")
+            if rank not in self._peek_streams:
+                self._peek_streams[rank] = _check(rt.cudaStreamCreateWithFlags(0x1), "cudaStreamCreateWithFlags")
+            stream = self._peek_streams[rank]  # non-blocking: no wait behind the legacy stream's work
+            _check(rt.cudaMemcpyAsync(page + 8 * faults.STATUS_COPY, self.heap_bases[rank] + STATUS_OFFSET, 8,
+                                      rt.cudaMemcpyKind.cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync")
+            _check(rt.cudaStreamSynchronize(stream), "cudaStreamSynchronize")
+        except IrisError:
+            return 0
+        return int(words[faults.STATUS_COPY])
+
+    def clear_status(self, rank: int) -> None:
+        """Zeroes local rank's status word on peek_status's stream."""
+        rt = _cudart()
+        if rank in self._peek_streams:
+            rt.cudaSetDevice(self.devices[rank])
+            rt.cudaMemsetAsync(self.heap_bases[rank] + STATUS_OFFSET, 0, 8, self._peek_streams[rank])
+            rt.cudaStreamSynchronize(self._peek_streams[rank])
 
     def _allocate(self, dev: int, heap_size: int, devices: Sequence[int]) -> int:
         """This process's heap on GPU `dev` (current); every local device may access it."""
@@ -207,12 +235,15 @@ class CudaHeap(SymmetricHeap):
         for dev, ptr in self._owned:
             rt.cudaSetDevice(dev)
             rt.cudaFree(ptr)
+        for stream in self._peek_streams.values():
+            rt.cudaStreamDestroy(stream)
         for ptr, _ in self._pages.values():
             rt.cudaFreeHost(ptr)
         self._opened.clear()
         self._mapped.clear()
         self._owned.clear()
         self._pages.clear()
+        self._peek_streams.clear()
 
 
 def _fault_page(rt) -> tuple[int, np.ndarray]:

@@ -124,6 +124,14 @@ class SymmetricHeap(abc.ABC):
         simulator raises faults in the kernel instead)."""
         return 0
 
+    def peek_status(self, rank: int) -> int:
+        """Local rank's status word, read without waiting for its kernels (heaps with a fault page)."""
+        return 0
+
+    def clear_status(self, rank: int) -> None:
+        """Zeroes local rank's status word (after peek_status found it set)."""
+        self._zero_local(rank, STATUS_OFFSET, 8)
+
     def fault_words(self, rank: int) -> np.ndarray | None:
         """Local rank's fault page as int64 words that the host reads and writes without the
         device (pinned host memory); None: no page."""

@@ -1,0 +1,266 @@
+"""One process of a case of the GPU fault matrix (tests/gpu/test_gpu_faults.py):
+
+    python fault_matrix.py CASE PROCESS_ID NUM_PROCESSES PORT
+
+Every process is a rank on GPU 0 (the shared-GPU mode of the GPU suite). The case makes one
+fault happen, times how long each rank takes to get the named error, then takes the
+survivors' next step (a new runtime, or the next call failing at once), and prints one line
+`fault CASE process P: {json}` with what it saw. Cases:
+
+    missing       the last rank never calls an all_reduce (timeout_s=TIMEOUT_S); the others
+                  get PeerTimeoutError from iris_jax.block_until_ready; then shutdown() +
+                  init() in every process, and an all_reduce that works
+    killed        the last rank SIGKILLs itself in a loop of all_reduces; the others get
+                  PeerTimeoutError, and their next call fails at once (PeerFailedError)
+    mismatch      rank 0 sums 64 elements where the others sum 65 (lax.cond on axis_index):
+                  every rank gets RankMismatchError naming both calls; then a new runtime
+    guard         a kernel stores through an array that is not on the heap: the watchdog
+                  reports it, check_faults() raises NotOnHeapError; the runtime goes on
+    exhausted     an allocation larger than the heap: HeapExhaustedError before anything runs
+    missing_trap  as missing with on_fault="trap", through replace_lax_collectives: the CUDA
+                  error of the trapped kernel comes as PeerTimeoutError (chained)
+"""
+
+import faulthandler
+import json
+import os
+import signal
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+
+TIMEOUT_S = 3.0
+N = 65
+
+
+def main():
+    case, me, n, port = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    faulthandler.dump_traceback_later(100, exit=True)  # no case may hang: the stacks, then exit
+    import jax
+
+    jax.distributed.initialize(f"localhost:{port}", num_processes=n, process_id=me, local_device_ids=[0])
+    import iris_jax
+
+    rt = iris_jax.init(heap_size=64 << 20, on_fault="trap" if case == "missing_trap" else "exit")
+    result = CASES[case](me, n, rt)
+    print(f"fault {case} process {me}: {json.dumps(result)}", flush=True)
+    os._exit(0)  # a dead peer or a lost CUDA context: no teardown through the coordination service
+
+
+# -- helpers ---------------------------------------------------------------------------------------
+def _mesh():
+    import jax
+    import numpy as np
+
+    return jax.sharding.Mesh(np.array(jax.devices()), ("i",))
+
+
+def _put(a):
+    import jax
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    return jax.make_array_from_callback(a.shape, NamedSharding(_mesh(), P("i")), lambda idx: a[idx])
+
+
+def _smap(f):
+    import jax
+    from jax.sharding import PartitionSpec as P
+
+    return jax.jit(jax.shard_map(f, mesh=_mesh(), in_specs=P("i"), out_specs=P("i"), check_vma=False))
+
+
+def _ones(n):
+    import numpy as np
+
+    return _put(np.ones((n, N), np.float32))
+
+
+def _reduce(u):
+    import iris_jax
+
+    return iris_jax.all_reduce(u, "i", timeout_s=TIMEOUT_S)
+
+
+def _named(fn):
+    """(error type, message, seconds, cause type) of fn() (None for the first when it returned)."""
+    start = time.monotonic()
+    try:
+        fn()
+        return None, "", time.monotonic() - start, None
+    except Exception as e:  # noqa: BLE001 - what the case measures
+        cause = type(e.__cause__).__name__ if e.__cause__ is not None else None
+        return type(e).__name__, str(e)[:2000], time.monotonic() - start, cause
+
+
+def _watchdog_s(rt, start, limit_s):
+    """Seconds from `start` until the watchdog printed a record (None: not within limit_s)."""
+    watch = rt.service("faults", None)
+    while time.monotonic() - start < limit_s:
+        if watch.reported_at is not None and watch.reported_at >= start:
+            return watch.reported_at - start
+        time.sleep(0.01)
+    return None
+
+
+def _fresh_runtime(n):
+    """The survivors' next step after a fault that left every process alive: a new runtime."""
+    import iris_jax
+
+    def step():
+        iris_jax.shutdown()
+        iris_jax.init(heap_size=64 << 20)
+        got = _smap(_reduce)(_ones(n))
+        iris_jax.block_until_ready(got)
+        value = float(got.addressable_shards[0].data[0, 0])
+        assert value == n, f"all_reduce of ones gave {value}, not {n}"
+
+    error, message, seconds, _ = _named(step)
+    return f"{error}: {message}" if error else f"new runtime OK ({seconds:.1f} s)"
+
+
+def _skips(n, absent):
+    """Rank r's block of the `skip` operand: whether rank r leaves the collective out."""
+    import numpy as np
+
+    return _put((np.arange(n) == absent).reshape(n, 1))
+
+
+def _calls_then_check(rt, call, me, n, absent, sync=True):
+    """Runs `call` (compiled and run once before; after a host barrier), waits for the
+    watchdog, then blocks on the result through iris: the named error and the times."""
+    import iris_jax
+
+    if sync:
+        rt.sync_processes()
+    start = time.monotonic()
+    out = call()
+    watchdog = None if me == absent else _watchdog_s(rt, start, TIMEOUT_S + 5)
+    error, message, _, cause = _named(lambda: iris_jax.block_until_ready(out))
+    return {"error": error, "message": message, "seconds": time.monotonic() - start, "watchdog_s": watchdog,
+            "cause": cause}
+
+
+# -- the cases -------------------------------------------------------------------------------------
+def missing(me, n, rt):
+    from jax import lax
+
+    import iris_jax
+
+    absent = n - 1
+    x = _ones(n)
+    f = _smap(lambda v, skip: lax.cond(skip[0, 0], lambda u: u, _reduce, v))
+    iris_jax.block_until_ready(f(x, _skips(n, -1)))  # compiled and run once with every rank
+    skip = _skips(n, absent)
+    result = _calls_then_check(rt, lambda: f(x, skip), me, n, absent)
+    rt.sync_processes()
+    result["next"] = _fresh_runtime(n)
+    return result
+
+
+def killed(me, n, rt):
+    import iris_jax
+
+    absent = n - 1
+    x = _ones(n)
+    f = _smap(_reduce).lower(x).compile()
+    for _ in range(3):  # every rank in the loop
+        iris_jax.block_until_ready(f(x))
+    rt.sync_processes()
+    if me == absent:
+        os.kill(os.getpid(), signal.SIGKILL)
+    result = _calls_then_check(rt, lambda: f(x), me, n, absent, sync=False)
+    error, message, seconds, _ = _named(lambda: iris_jax.block_until_ready(f(x)))
+    result["next"] = f"{error} after {seconds:.2f} s: {message[:300]}" if error else "returned"
+    return result
+
+
+def mismatch(me, n, rt):
+    import jax.numpy as jnp
+    from jax import lax
+
+    x = _ones(n)
+    fewer = lambda u: jnp.pad(_reduce(u[:, :N - 1]), ((0, 0), (0, 1)))  # noqa: E731 - 64 elements, not 65
+    f = _smap(lambda v: lax.cond(lax.axis_index("i") == 0, fewer, _reduce, v)).lower(x).compile()
+    result = _calls_then_check(rt, lambda: f(x), me, n, None)
+    rt.sync_processes()
+    result["next"] = _fresh_runtime(n)
+    return result
+
+
+def guard(me, n, rt):
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    import iris_jax
+    from tests.gpu.heap_guard import BLOCK, store_to_rank
+
+    off_heap = _put(np.full((n, N), -7.0, np.float32))  # XLA's memory, declared symmetric below
+    x = _ones(n)
+
+    def store(buf, v):
+        peer = ((jax.lax.axis_index("i") + 1) % n).reshape(1)
+        return iris_jax.triton_call(buf, v, N, peer, kernel=store_to_rank, out_shape=jax.ShapeDtypeStruct((1, N), jnp.float32),
+                                    grid=(-(-N // BLOCK),), W=n, BLOCK=BLOCK, symmetric=(0,))
+
+    f = _smap(store).lower(off_heap, x).compile()
+    rt.sync_processes()
+    start = time.monotonic()
+    jax.block_until_ready(f(off_heap, x))  # returns: nothing was accessed
+    watchdog = _watchdog_s(rt, start, 5)
+    error, message, _, _ = _named(iris_jax.check_faults)
+    result = {"error": error, "message": message, "seconds": time.monotonic() - start, "watchdog_s": watchdog}
+    left = np.asarray(off_heap.addressable_shards[0].data)
+    result["untouched"] = bool((left == -7.0).all())
+    got = _smap(_reduce)(x)
+    iris_jax.block_until_ready(got)
+    ok = float(got.addressable_shards[0].data[0, 0]) == n
+    result["next"] = "same runtime: all_reduce OK" if ok else "same runtime: all_reduce WRONG"
+    return result
+
+
+def exhausted(me, n, rt):
+    import jax.numpy as jnp
+
+    import iris_jax
+
+    error, message, seconds, _ = _named(lambda: iris_jax.zeros((n, 64 << 20), jnp.float32))
+    result = {"error": error, "message": message, "seconds": seconds, "watchdog_s": None}
+    got = _smap(_reduce)(_ones(n))
+    iris_jax.block_until_ready(got)
+    ok = float(got.addressable_shards[0].data[0, 0]) == n
+    result["next"] = "same runtime: all_reduce OK" if ok else "same runtime: all_reduce WRONG"
+    return result
+
+
+def missing_trap(me, n, rt):
+    import jax
+    from jax import lax
+    from jax.sharding import PartitionSpec as P
+
+    import iris_jax
+
+    absent = n - 1
+    x = _ones(n)
+    body = jax.shard_map(lambda v, skip: lax.cond(skip[0, 0], lambda u: u, lambda u: lax.psum(u, "i"), v),
+                         mesh=_mesh(), in_specs=P("i"), out_specs=P("i"), check_vma=False)
+    step = iris_jax.replace_lax_collectives(body, config=iris_jax.CollectiveConfig(timeout_s=TIMEOUT_S))
+    iris_jax.block_until_ready(step(x, _skips(n, -1)))  # compiled and run once with every rank
+    skip = _skips(n, absent)
+    rt.sync_processes()
+    start = time.monotonic()
+    out = step(x, skip)
+    watchdog = None if me == absent else _watchdog_s(rt, start, TIMEOUT_S + 5)
+    del out  # (blocking on it with jax raises the CUDA error: the next step, through iris, names it)
+    error, message, _, cause = _named(lambda: iris_jax.block_until_ready(step(x, skip)))
+    return {"error": error, "message": message, "seconds": time.monotonic() - start, "watchdog_s": watchdog,
+            "cause": cause, "next": "process ends (its CUDA context is lost)"}
+
+
+CASES = {"missing": missing, "killed": killed, "mismatch": mismatch, "guard": guard, "exhausted": exhausted,
+         "missing_trap": missing_trap}
+
+if __name__ == "__main__":
+    main()
