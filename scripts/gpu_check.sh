@@ -36,8 +36,13 @@ suite_steps() {
   # the whole `pytest -m gpu` in one step (one GPU: the shared runs and the tests of a world of one, such as
   # test_gpu_pallas, whose in-process JAX must not preallocate the memory that the shared runs' ranks need)
   group=suite
-  step gpu_suite 580 bash -c "XLA_PYTHON_CLIENT_PREALLOCATE=false $shared tests/gpu; rc=\$?; tar czf \
+  step gpu_suite 580 bash -c "XLA_PYTHON_CLIENT_PREALLOCATE=false $shared tests/gpu --ignore=tests/gpu/test_gpu_faults.py; rc=\$?; tar czf \
     $OUT/suite_logs.tgz -C /tmp/iris_shared . 2>/dev/null; exit \$rc"
+  # the fault matrix (issue 34), 2 and 4 ranks sharing GPU 0, every case its own processes; its table
+  # (`fault matrix | ...` lines) goes to benchmarks/RESULTS.md; logs in $OUT/fault_logs.tgz
+  group=faults
+  step gpu_faults 420 bash -c "IRIS_GPU_LOG_DIR=/tmp/iris_faults $t -s tests/gpu/test_gpu_faults.py; rc=\$?; \
+    tar czf $OUT/fault_logs.tgz -C /tmp/iris_faults . 2>/dev/null; exit \$rc"
   group=tests
   step gpu_jax 120 $t tests/gpu/test_gpu_jax.py
   step gpu_multi 300 $t tests/gpu/test_gpu_multiprocess.py
