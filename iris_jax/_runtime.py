@@ -132,7 +132,8 @@ class Runtime:
         """Rank's context array (int32-packed words), with the heap bases as seen by rank's
         own process."""
         if self._bases_seen_by is not None:
-            return encode_context(rank, self._bases_seen_by[rank], self.trace_words(), heap_size=self.heap.heap_size)
+            return encode_context(rank, self._bases_seen_by[rank], self.trace_words(), heap_size=self.heap.heap_size,
+                                  fault_page=self.heap.fault_page(rank))  # (0 for another process's rank)
         return self.heap.context(rank, self.trace_words())
 
     def context_table(self, devices: Sequence[jax.Device]) -> np.ndarray:

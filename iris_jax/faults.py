@@ -6,13 +6,14 @@ CUDA context survives; with "trap" the launch fails, and the process's CUDA cont
 Either way the host reads the page without the CUDA driver:
 
 * the watchdog (a thread per process, like NCCL's) prints each new record on stderr within
-  WATCH_S, naming the op, the rank, the peer, the group and the flag epoch; and each access
-  the heap guard refused (the heap's status word, copied on a stream of its own);
+  WATCH_S, naming the op, the rank, the peer, the group and the flag epoch (it reads host
+  memory only: a CUDA call from its thread could meet XLA's in the driver);
 * `iris_jax.check_faults()` (iris_jax.sync) raises the oldest one as PeerTimeoutError,
   PeerFailedError or RankMismatchError. iris's entry points call it: every iris kernel call
   as it is traced, `barrier()`, `check_heap_errors()`, `block_until_ready()`, and each call of
   a function made by `replace_lax_collectives`, which also turns the CUDA error of a trapped
-  kernel into the named error (chained).
+  kernel into the named error (chained). It also raises the accesses the heap guard refused
+  (the heap's status word, copied on a stream of its own without waiting for the kernels).
 
 A result that a failed kernel returned is never valid; the call that comes after it through
 iris raises. After a fault the group's flags stay poisoned, so every later call of that group
@@ -63,13 +64,13 @@ class FaultWatch:
             self._thread = threading.Thread(target=self._watch, name="iris-fault-watchdog", daemon=True)
             self._thread.start()
 
-    def _collect(self, report: bool) -> None:
-        """Moves new records, and refused accesses (the heap guard's status word), into the
-        pending errors, printing them when `report`."""
+    def _collect(self, report: bool, peek: bool) -> None:
+        """Moves new records, and with `peek` the refused accesses (the heap guard's status
+        word, read through the driver), into the pending errors, printing them when `report`."""
         with self._lock:
             for rank, words in self._pages.items():
                 found = [((rank, record), record.error(rank)) for record in faults.read_records(words)]
-                word = self._heap.peek_status(rank) if rank not in self._refused else 0
+                word = self._heap.peek_status(rank) if peek and rank not in self._refused else 0
                 if word:
                     self._refused.add(rank)
                     found.append(((rank, "guard"), error_from_word(word, rank, self._heap.heap_size)))
@@ -84,11 +85,11 @@ class FaultWatch:
 
     def _watch(self) -> None:
         while not self._stop.wait(WATCH_S):
-            self._collect(report=True)
+            self._collect(report=True, peek=False)  # host memory only: no CUDA call beside XLA's threads
 
     def take(self) -> list[Exception]:
         """The errors recorded since the last take (records read now included); clears the pages."""
-        self._collect(report=self._thread is None)
+        self._collect(report=self._thread is None, peek=True)
         with self._lock:
             pending, self._pending = self._pending, []
             if pending:

@@ -32,17 +32,18 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 TIMEOUT_S = 3.0
 N = 65
+HEAP_BYTES = 512 << 20  # the collective workspace takes about 200 MiB of it
 
 
 def main():
     case, me, n, port = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-    faulthandler.dump_traceback_later(100, exit=True)  # no case may hang: the stacks, then exit
+    faulthandler.dump_traceback_later(80, exit=True)  # no case may hang: the stacks, then exit
     import jax
 
     jax.distributed.initialize(f"localhost:{port}", num_processes=n, process_id=me, local_device_ids=[0])
     import iris_jax
 
-    rt = iris_jax.init(heap_size=64 << 20, on_fault="trap" if case == "missing_trap" else "exit")
+    rt = iris_jax.init(heap_size=HEAP_BYTES, on_fault="trap" if case == "missing_trap" else "exit")
     result = CASES[case](me, n, rt)
     print(f"fault {case} process {me}: {json.dumps(result)}", flush=True)
     os._exit(0)  # a dead peer or a lost CUDA context: no teardown through the coordination service
@@ -110,7 +111,7 @@ def _fresh_runtime(n):
 
     def step():
         iris_jax.shutdown()
-        iris_jax.init(heap_size=64 << 20)
+        iris_jax.init(heap_size=HEAP_BYTES)
         got = _smap(_reduce)(_ones(n))
         iris_jax.block_until_ready(got)
         value = float(got.addressable_shards[0].data[0, 0])
@@ -209,9 +210,8 @@ def guard(me, n, rt):
     rt.sync_processes()
     start = time.monotonic()
     jax.block_until_ready(f(off_heap, x))  # returns: nothing was accessed
-    watchdog = _watchdog_s(rt, start, 5)
     error, message, _, _ = _named(iris_jax.check_faults)
-    result = {"error": error, "message": message, "seconds": time.monotonic() - start, "watchdog_s": watchdog}
+    result = {"error": error, "message": message, "seconds": time.monotonic() - start, "watchdog_s": None}
     left = np.asarray(off_heap.addressable_shards[0].data)
     result["untouched"] = bool((left == -7.0).all())
     got = _smap(_reduce)(x)
