@@ -76,6 +76,7 @@ class Runtime:
         self.sim_world = started.sim_world
         self._device_ranks = started.device_ranks
         self._bases_seen_by = started.bases_seen_by
+        self._pages_seen_by = started.pages_seen_by
         self.heap_size = self.heap.heap_size
         self.heap_allocator = getattr(self.heap, "heap_allocator", None)
         from iris_jax.tracing import RuntimeTracer
@@ -133,7 +134,7 @@ class Runtime:
         own process."""
         if self._bases_seen_by is not None:
             return encode_context(rank, self._bases_seen_by[rank], self.trace_words(), heap_size=self.heap.heap_size,
-                                  fault_page=self.heap.fault_page(rank))  # (0 for another process's rank)
+                                  fault_page=self._pages_seen_by[rank])
         return self.heap.context(rank, self.trace_words())
 
     def context_table(self, devices: Sequence[jax.Device]) -> np.ndarray:

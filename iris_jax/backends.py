@@ -53,6 +53,7 @@ class Started:
       call_table: the simulator's record of each group's calls (iris_core.sim.call_table).
       sim_world: the simulator's rank workers (one process).
       bases_seen_by: one process per rank: every rank's heap bases as each rank's process maps them.
+      pages_seen_by: with bases_seen_by, each rank's fault page as its process maps it.
     """
 
     world_size: int
@@ -64,6 +65,7 @@ class Started:
     call_table: object = None
     sim_world: object = None
     bases_seen_by: list[list[int]] | None = None
+    pages_seen_by: list[int] | None = None
 
 
 def select(devices: Sequence[jax.Device] | None) -> Backend:
@@ -243,7 +245,7 @@ class GpuMultiProcess(_GpuBackend):
                         store=store, session=session, timeout_s=RENDEZVOUS_TIMEOUT_S, reachable=domain,
                         heap_allocator=heap_allocator, across_hosts=len({hosts[r] for r in domain}) > 1)
         return Started(world_size, domains, heap, {local[0]: rank}, store, session,
-                       bases_seen_by=_bases_seen_by(store, session, rank, world_size, heap))
+                       **_seen_by(store, session, rank, world_size, heap))
 
 
 def _torch_dtype(dtype):
@@ -343,9 +345,9 @@ class SimulatorLaunched(_SimulatorBackend):
         heap = SharedMemoryHeap(world_size, heap_size or self.default_heap_size, [rank], launched.session, store,
                                 timeout_s=RENDEZVOUS_TIMEOUT_S)
         session = next_session()
-        bases = _bases_seen_by(store, session, rank, world_size, heap) if joined else None
+        seen = _seen_by(store, session, rank, world_size, heap) if joined else {}
         return Started(world_size, domains, heap, {local[0]: rank}, store, session, call_table=_call_table(heap),
-                       bases_seen_by=bases)
+                       **seen)
 
     def execute(self, rt, rank, spec, row_ptr, group_ptr, operand_ptrs, outs):
         from iris_jax import cpu_execution
@@ -414,17 +416,19 @@ def _exchange(store, key: str, rank: int, world_size: int, value: bytes) -> list
     return [store.get(f"{key}/{r}", RENDEZVOUS_TIMEOUT_S) for r in range(world_size)]
 
 
-def _bases_seen_by(store, session: str, rank: int, world_size: int, heap) -> list[list[int]]:
-    """One process per rank: every process's view of the heap bases, once this process's heap is up.
+def _seen_by(store, session: str, rank: int, world_size: int, heap) -> dict:
+    """One process per rank: every process's view of the heap bases, and the address of its
+    rank's fault page, once this process's heap is up (Started's bases_seen_by, pages_seen_by).
 
     Every process maps the heaps at its own addresses. Each rank's context must hold the
-    bases as its own process sees them, and the context table compiled into a program
-    must be the same in every process (XLA's multi-process compilation waits forever on
-    programs whose fingerprints differ), so the processes exchange their views.
+    bases (and its fault page) as its own process sees them, and the context table compiled
+    into a program must be the same in every process (XLA's multi-process compilation waits
+    forever on programs whose fingerprints differ), so the processes exchange their views.
     """
-    views = _exchange(store, f"iris/{session}/bases", rank, world_size,
-                      np.asarray(heap.heap_bases, np.uint64).tobytes())
-    return [[int(b) for b in np.frombuffer(view, np.uint64)] for view in views]
+    mine = np.asarray([*heap.heap_bases, heap.fault_page(rank)], np.uint64).tobytes()
+    views = [[int(w) for w in np.frombuffer(view, np.uint64)]
+             for view in _exchange(store, f"iris/{session}/bases", rank, world_size, mine)]
+    return {"bases_seen_by": [view[:-1] for view in views], "pages_seen_by": [view[-1] for view in views]}
 
 
 class _DistributedStore:
