@@ -38,7 +38,8 @@ def _plain(value):
 def signature(KIND: tl.constexpr, OP: tl.constexpr, VARIANT: tl.constexpr, DTYPE: tl.constexpr, BLOCKS: tl.constexpr,
               columns):
     """The call's signature (iris_core.faults.signature): constants but for `columns`."""
-    return tl.full((), faults.signature_head(KIND, OP, VARIANT, DTYPE, BLOCKS), tl.int64) | (columns.to(tl.int64) & 0xFFFFFFFF)
+    columns = tl.full((), 0, tl.int64) + columns  # (an int argument of 1 arrives as a constant)
+    return tl.full((), faults.signature_head(KIND, OP, VARIANT, DTYPE, BLOCKS), tl.int64) | (columns & 0xFFFFFFFF)
 
 
 if interpreting():
