@@ -115,7 +115,8 @@ def test_library_collectives_record_their_phases(variant):
 def test_streamed_collective_records_each_programs_share():
     """A traced streamed psum (3 ranks, 37 values: one tile, one sending and one receiving
     program per rank) records per rank a `transfer` span per program; the sender's holds a
-    `store` of the tile and an `atomic_xchg` of its flag per peer, the receiver's a `wait`."""
+    `store` of the tile, a `store` of its call's signature and an `atomic_xchg` of its flag per
+    peer, the receiver's a `wait`."""
     rt = use_runtime(3)
     mesh = jax.make_mesh((3,), ("i",), devices=rt.devices)
     x = jax.device_put(jnp.arange(3 * 37, dtype=jnp.float32), NamedSharding(mesh, P("i")))
@@ -126,7 +127,7 @@ def test_streamed_collective_records_each_programs_share():
         for t in iris_jax.tracing.read():
             e = t.events
             names = sorted(events.event_name(int(i)) for i in e["event_id"])
-            assert names == ["atomic_xchg"] * 2 + ["store"] * 2 + ["transfer"] * 2 + ["wait"], names
+            assert names == ["atomic_xchg"] * 2 + ["store"] * 4 + ["transfer"] * 2 + ["wait"], names
             peers = sorted({0, 1, 2} - {t.rank})
             assert sorted(e[e["event_id"] == events.STORE]["target_rank"].tolist()) == peers
     finally:
