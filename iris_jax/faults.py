@@ -68,20 +68,21 @@ class FaultWatch:
         """Moves new records, and with `peek` the refused accesses (the heap guard's status
         word, read through the driver), into the pending errors, printing them when `report`."""
         with self._lock:
+            found = []  # (time_ns, key, error) of every local rank, to be ordered oldest first
             for rank, words in self._pages.items():
-                found = [((rank, record), record.error(rank)) for record in faults.read_records(words)]
+                found += [(record.time_ns, (rank, record), record.error(rank)) for record in faults.read_records(words)]
                 word = self._heap.peek_status(rank) if peek and rank not in self._refused else 0
-                if word:
+                if word:  # a refused access has no time of its own: it counts as now
                     self._refused.add(rank)
-                    found.append(((rank, "guard"), error_from_word(word, rank, self._heap.heap_size)))
-                for key, error in found:
-                    if key in self._reported:
-                        continue
-                    self._reported.add(key)
-                    self._pending.append(error)
-                    if report:
-                        self.reported_at = time.monotonic()
-                        print(f"iris watchdog: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
+                    found.append((time.time_ns(), (rank, "guard"), error_from_word(word, rank, self._heap.heap_size)))
+            for _, key, error in sorted(found, key=lambda f: f[0]):
+                if key in self._reported:
+                    continue
+                self._reported.add(key)
+                self._pending.append(error)
+                if report:
+                    self.reported_at = time.monotonic()
+                    print(f"iris watchdog: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
 
     def _watch(self) -> None:
         while not self._stop.wait(WATCH_S):
