@@ -14,8 +14,9 @@ survivors' next step (a new runtime, or the next call failing at once), and prin
                   PeerTimeoutError, and their next call fails at once (PeerFailedError)
     mismatch      rank 0 sums 64 elements where the others sum 65 (lax.cond on axis_index):
                   every rank gets RankMismatchError naming both calls; then a new runtime
-    guard         a kernel stores through an array that is not on the heap: the watchdog
-                  reports it, check_faults() raises NotOnHeapError; the runtime goes on
+    guard         a kernel stores through an array that is not on the heap: check_faults()
+                  raises NotOnHeapError (the watchdog reads host memory only, so it cannot
+                  see the guard's status word); nothing was written; the runtime goes on
     exhausted     an allocation larger than the heap: HeapExhaustedError before anything runs
     missing_trap  as missing with on_fault="trap", through replace_lax_collectives: the CUDA
                   error of the trapped kernel comes as PeerTimeoutError (chained)
