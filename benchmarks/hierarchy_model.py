@@ -18,7 +18,7 @@ textbook model of the inter-domain network. Assumptions:
   bandwidth. The flat all-reduce over every GPU of N domains is that ring over P = 2N ranks,
   bound by the NIC (the slowest link of the ring). NCCL's tree, CollNet and NVLink-SHARP
   algorithms are not modelled (they lower the latency term of the flat ring at scale).
-* Hierarchical, as iris_jax.domains composes a psum over ("node", "gpu"):
+* Hierarchical, as iris_jax.collectives.domains composes a psum over ("node", "gpu"):
   - "psum/psum": iris psum inside the domain, then XLA psum across N domains on all the
     bytes (each GPU in its rail: G rings in parallel, one per NIC);
   - "scatter": iris psum_scatter inside, XLA psum across on 1/G of the bytes, iris

@@ -7,7 +7,7 @@ each; without it, one process over its local devices (a world of one runs no ker
 `iris_jax.init()` (heaps allocated and zeroed, contexts), the first jitted psum (trace, lower,
 Triton compile, first run), a second call, a new length (a new specialization), and lax.psum's
 first call for comparison. Run it twice in a row to see a warm Triton cache (the second run).
-Compiled kernels are kept on disk between processes (iris_jax.kernel_cache): point
+Compiled kernels are kept on disk between processes (iris_jax.calls.kernel_cache): point
 IRIS_KERNEL_CACHE_DIR at an empty directory for a cold first run, set it to "" for jax-triton's
 own compile (in memory, as before). --jax-cache DIR also turns on JAX's persistent compilation
 cache there (XLA's part). With --out, a cProfile of the first psum is written there (startup_profile.txt, the 40 most
@@ -108,7 +108,7 @@ def main():
     who = f"process {args.process_id}: " if args.process_id is not None else ""
     for name, seconds in times.items():
         print(f"{who}{name:24s} {seconds:8.3f} s", flush=True)
-    from iris_jax import kernel_cache
+    from iris_jax.calls import kernel_cache
 
     cache = kernel_cache.cache()
     print(f"{who}kernel cache: " + (f"{cache.directory}: {cache.compiled} compiled, {cache.loaded} loaded"

@@ -3,7 +3,7 @@
     python benchmarks/tune_collectives.py [--cases ppermute:64M,psum:64M,psum:256K] [--out DIR]
         [--configs 8192/1/8,16384/2/8/50]
 
-Each configuration is set through the environment knobs of iris_jax.lowering.launch_config
+Each configuration is set through the environment knobs of iris_jax.collectives.lowering.launch_config
 (for streamed calls and the others alike), checked against lax, then timed as in
 benchmarks/collectives.py. A configuration is tile elements / programs per SM / warps, and
 optionally / the streamed calls' sending share (percent, IRIS_COLLECTIVE_STREAM_SENDERS).

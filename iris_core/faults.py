@@ -5,7 +5,7 @@ Every GPU rank has a fault page: pinned host memory mapped into the device (the 
 that gives up (a peer that never arrived, a peer that gave up before, a peer whose call
 differs) writes a record into its program's slot there, then stops (iris_core.device.faults).
 The host reads the page without the CUDA driver, so it learns what happened even when the
-kernel trapped and took the CUDA context with it (iris_jax.faults: the watchdog).
+kernel trapped and took the CUDA context with it (iris_jax._runtime.faults: the watchdog).
 
 Page layout, int64 words:
 

@@ -24,11 +24,9 @@ from iris_core.errors import (  # noqa: E402
     RankDivergenceWarning,
     RankMismatchError,
 )
-from iris_jax import cpu_lowering as _cpu_lowering  # noqa: E402
-from iris_jax import gpu_lowering as _gpu_lowering  # noqa: E402
 from iris_jax import ops, tracing  # noqa: E402
 from iris_jax._runtime import Runtime, init, is_initialized, runtime, shutdown  # noqa: E402
-from iris_jax.arrays import (  # noqa: E402
+from iris_jax._runtime.arrays import (  # noqa: E402
     arange,
     empty,
     empty_like,
@@ -44,7 +42,9 @@ from iris_jax.arrays import (  # noqa: E402
     zeros,
     zeros_like,
 )
-from iris_jax.call import triton_call  # noqa: E402
+from iris_jax.calls import cpu_lowering as _cpu_lowering  # noqa: E402
+from iris_jax.calls import gpu_lowering as _gpu_lowering  # noqa: E402
+from iris_jax.calls.triton_call import triton_call  # noqa: E402
 from iris_jax.collectives import (  # noqa: E402
     all_gather,
     all_reduce,
@@ -61,8 +61,8 @@ from iris_jax.collectives import (  # noqa: E402
     pswapaxes,
     ragged_all_to_all,
 )
+from iris_jax.collectives.rewrite import Placement, UnsupportedCollectiveError, explain, replace_lax_collectives  # noqa: E402
 from iris_jax.config import CollectiveConfig, default_config, use_config  # noqa: E402
-from iris_jax.rewrite import Placement, UnsupportedCollectiveError, explain, replace_lax_collectives  # noqa: E402
 from iris_jax.sync import (  # noqa: E402
     barrier,
     block_until_ready,

@@ -23,19 +23,19 @@ What moved:
   are defined, not through `jax.lax`: a program that swaps by assignment (`jax.lax.psum =
   iris_jax.psum`) would otherwise send iris's psum back into itself.
 * A shard_map lowered inside a lowering rule (iris's per-shard region in a partially manual
-  shard_map, iris_jax.primitive) takes its devices from the concrete-mesh context, which only
+  shard_map, iris_jax.collectives.primitive) takes its devices from the concrete-mesh context, which only
   `jax.set_mesh` sets from outside: `concrete_mesh(mesh)` sets it there (jax's private
   `_internal_use_concrete_mesh`, the same on 0.10.2 to 0.12).
 * jaxlib's `TritonKernel` takes the kernel's global scratch size and alignment after 0.11.0.
 * jax-triton 0.3.1 refuses to import unless JAX's CUDA plugin is installed ("jax-triton requires
   JAX to be installed with GPU support"), although iris needs it on CPU-only machines only for
-  its primitive (the simulator runs kernels itself, iris_jax.cpu_lowering). Without the plugin
+  its primitive (the simulator runs kernels itself, iris_jax.calls.cpu_lowering). Without the plugin
   `jax._src.lib.gpu_triton` gets stand-ins that fail when a GPU launch is attempted, saying what
   to install (`pip install "iris-jax[gpu]"`). It also sets TRITON_CACHE_DIR="" on import, after
   which any ordinary Triton launch fails ("Could not create or locate cache dir"): we put the
   previous value back (or unset it, so Triton uses its default).
 
-iris's own kernels do not go through jax-triton's lowering (iris_jax.gpu_lowering compiles them
+iris's own kernels do not go through jax-triton's lowering (iris_jax.calls.gpu_lowering compiles them
 and builds jaxlib's kernel call itself), so its removed helpers (`get_cuda_backend`,
 `get_or_create_triton_kernel`, `get_triton_type`) are not needed on any version.
 """

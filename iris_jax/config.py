@@ -43,11 +43,11 @@ class CollectiveConfig:
       stream_senders_percent: share of a streamed call's programs that send.
       chunk_bytes: most bytes per block and chunk (None: what the workspace holds).
       block, programs_per_sm, warps: the kernel's tile (elements), grid and warps
-        (None: the platform's default, see iris_jax.lowering.launch_config).
+        (None: the platform's default, see iris_jax.collectives.lowering.launch_config).
       stream_programs_per_sm, stream_warps: the same for streamed calls of many tiles.
       scatter_hierarchy_from: a psum over axes that span domains runs as psum_scatter /
         psum / all_gather (iris, XLA, iris) from this size, as psum / psum below it
-        (iris_jax.domains).
+        (iris_jax.collectives.domains).
     """
 
     variant: str = "auto"

@@ -33,7 +33,7 @@ overlaps. The simulator has no speed to choose by; there `auto` runs the fused k
 that code built on the simulator exercises them.
 
 Workspace: the kernels exchange tiles through the fused part of their partition's workspace
-(iris_jax.workspace: one per partition of the ranks into groups, so calls over different
+(iris_jax._runtime.workspace: one per partition of the ranks into groups, so calls over different
 axes of a mesh never share flags or buffers; 2 x IRIS_FUSED_WORKSPACE_BYTES, default 128 MiB
 on GPUs and 512 KiB on the simulator, plus flags). Problems larger than it run as several
 kernels over row chunks.
@@ -52,11 +52,11 @@ from iris_core.kernels import fused as F
 from iris_core.kernels import gemm as Gm
 from iris_jax import _runtime as runtime_lib
 from iris_jax import collectives as C
-from iris_jax.call import triton_call, vary, varying_axes
+from iris_jax._runtime.workspace import workspaces
+from iris_jax.calls.triton_call import triton_call, vary, varying_axes
+from iris_jax.collectives.lowering import group_size
 from iris_jax.compat import lax_parallel
 from iris_jax.config import default_timeout_s
-from iris_jax.lowering import group_size
-from iris_jax.workspace import workspaces
 
 SUPPORTED_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
 IMPLS = ("auto", "fused", "xla")
@@ -68,7 +68,7 @@ AUTO_MIN_PRODUCT = 2 ** 24  # elements of the product each rank computes
 
 class FusedSettings:
     """How the fused kernels launch on this runtime: grid, programs per role, poll period and
-    GEMM tile configuration (their workspace: iris_jax.workspace); the defaults are the backend's."""
+    GEMM tile configuration (their workspace: iris_jax._runtime.workspace); the defaults are the backend's."""
 
     def __init__(self, rt):
         self.backend = rt.backend

@@ -22,7 +22,7 @@ from iris_core.device.tracing import EVENT_BARRIER
 from iris_core.errors import PeerTimeoutError
 from iris_core.heap.status import error_from_word
 from iris_jax import _runtime as runtime_lib
-from iris_jax.call import triton_call
+from iris_jax.calls.triton_call import triton_call
 
 SLOT_WORDS = flags.LINE_BYTES // 8  # int64 words per slot: one line each
 SLOT = tl.constexpr(SLOT_WORDS)
@@ -107,7 +107,7 @@ def check_faults() -> None:
     """Raises the oldest fault an iris kernel of this process recorded since the last check
     (PeerTimeoutError, PeerFailedError or RankMismatchError, naming the op, the ranks, the
     group and the flag epoch; the others follow in its message). Does not wait for the
-    devices: see block_until_ready and barrier (iris_jax.faults)."""
+    devices: see block_until_ready and barrier (iris_jax._runtime.faults)."""
     if runtime_lib.is_initialized():
         runtime_lib.runtime().raise_faults()
 

@@ -26,47 +26,13 @@ too (peers' heaps are mapped), once their kernels finished (iris_jax.barrier() f
 
 from __future__ import annotations
 
-import jax
-
-from iris_core.tracing import DEFAULT_MAX_EVENTS, RankTrace, Tracer, chrome_trace, events
+from iris_core.tracing import DEFAULT_MAX_EVENTS, RankTrace, chrome_trace, events
 from iris_core.tracing import plot as _plot
 from iris_jax import _runtime as runtime_lib
+from iris_jax._runtime.tracer import RuntimeTracer
 
 __all__ = ["DEFAULT_MAX_EVENTS", "RankTrace", "RuntimeTracer", "chrome_trace", "disable", "enable", "events",
            "export", "is_enabled", "plot", "read", "reset"]
-
-
-class RuntimeTracer(Tracer):
-    """The runtime's Tracer (`runtime().tracing`): waits for this process's device work
-    before touching the buffers, and recompiles everything when the state changes."""
-
-    def __init__(self, rt):
-        super().__init__(rt.heap)
-        self._rt = rt
-
-    def enable(self, max_events: int = DEFAULT_MAX_EVENTS) -> None:
-        self._sync()
-        super().enable(max_events)
-        jax.clear_caches()
-
-    def disable(self) -> None:
-        self._sync()
-        if self.enabled:
-            super().disable()
-            jax.clear_caches()
-
-    def reset(self) -> None:
-        self._sync()
-        super().reset()
-
-    def read(self, ranks=None) -> list[RankTrace]:
-        self._sync()
-        return super().read(ranks)
-
-    def _sync(self) -> None:
-        """Waits for the device work of this process (not for other processes')."""
-        jax.effects_barrier()
-        self._rt.backend.wait_for_devices(self._rt.devices)
 
 
 def _tracer() -> RuntimeTracer:

@@ -1,7 +1,7 @@
 """`Group`: the members of a collective call as one program sees them, and their flags.
 
 The kernel's group row is [my index, member ranks..., workspace offset low, high]
-(iris_jax.operands.group_table). A program signals and waits on its own line of flags in each
+(iris_core.collectives.group_layout). A program signals and waits on its own line of flags in each
 member's workspace: the flag that member i raises for program `pid` sits at line
 MAX_PROGRAMS + pid * WORLD + i (iris_core.collectives.workspace), so program k waits only
 for program k of its peers. Stamps: STEPS flag rounds per call epoch (iris_core.device.flags).
@@ -16,13 +16,15 @@ my epoch + 1), so two calls that differ fail on both ranks (RankMismatchError) i
 import triton
 import triton.language as tl
 
+from iris_core.collectives import group_layout
 from iris_core.compat import aggregate
 from iris_core.device import Context, flags, global_timer
-from iris_core.device.flags import LINE
 from iris_core.device.faults import MISMATCH, PEER_FAILED, TIMEOUT, fail
+from iris_core.device.flags import LINE
 from iris_core.device.tracing import EVENT_WAIT
 
 STEPS: tl.constexpr = tl.constexpr(64)  # flag rounds per chunk
+MEMBERS: tl.constexpr = tl.constexpr(group_layout.MEMBERS)  # the group row's word of member 0
 RING_MAX_MEMBERS = STEPS.value // 2  # a ring takes 2G - 1 rounds per chunk
 DONE: tl.constexpr = tl.constexpr(63)  # the last round of the last chunk: zero-copy readers are done
 
@@ -30,14 +32,14 @@ DONE: tl.constexpr = tl.constexpr(63)  # the last round of the last chunk: zero-
 @triton.jit
 def member_rank(group_ptr, member):
     """Global rank of group member `member`."""
-    return tl.load(group_ptr + 1 + member)
+    return tl.load(group_ptr + MEMBERS + member)
 
 
 @triton.jit
 def workspace_offset(group_ptr, G: tl.constexpr):
-    """Heap offset of this group's workspace (see iris_jax.workspace)."""
-    low = tl.load(group_ptr + 1 + G).to(tl.uint32).to(tl.uint64)
-    high = tl.load(group_ptr + 2 + G).to(tl.uint32).to(tl.uint64)
+    """Heap offset of this group's workspace (see iris_jax._runtime.workspace)."""
+    low = tl.load(group_ptr + MEMBERS + G).to(tl.uint32).to(tl.uint64)
+    high = tl.load(group_ptr + (MEMBERS + 1) + G).to(tl.uint32).to(tl.uint64)
     return low | (high << 32)
 
 

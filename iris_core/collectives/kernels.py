@@ -36,7 +36,7 @@ flag and a CTA barrier (iris_core.device.flags), which order it after the peer's
 the much slower `.cg` loads (L2 only) are not needed.
 
 Adding a collective: a row in kinds.py's table, its step in tiles.output_tile (what a member
-contributes and where it goes), and its wrapper in iris_jax.lowering.
+contributes and where it goes), and its wrapper in iris_jax.collectives.lowering.
 """
 
 import triton

@@ -33,8 +33,8 @@ import triton.language as tl
 from iris_core.collectives.group import STEPS
 from iris_core.collectives.tiles import output_tile, push_tile
 from iris_core.device import flags, global_timer
-from iris_core.device.flags import LINE
 from iris_core.device.faults import MISMATCH, PEER_FAILED, TIMEOUT, fail
+from iris_core.device.flags import LINE
 from iris_core.device.tracing import EVENT_TRANSFER, EVENT_WAIT
 
 

@@ -87,7 +87,7 @@ def vec(base, offsets, VEC: tl.constexpr):
     """base + offsets (a tile), declared as runs of VEC elements that start on 16-byte
     boundaries, so accesses become 16-byte vectors. True for every tile here when VEC > 1:
     bases are 16-byte aligned and the column count is a multiple of VEC (see
-    iris_jax.lowering.launch). (The hint must sit where the pointers are computed: Triton
+    iris_jax.collectives.lowering.launch). (The hint must sit where the pointers are computed: Triton
     drops it on a function's argument.)"""
     ptrs = base + offsets
     if VEC > 1:

@@ -1,5 +1,5 @@
 """Layouts of the workspaces that every rank keeps at one heap offset per partition of the
-ranks (iris_jax.workspace): the collectives' (`WorkspaceLayout`) and the fused GEMM ops'
+ranks (iris_jax._runtime.workspace): the collectives' (`WorkspaceLayout`) and the fused GEMM ops'
 (`FusedLayout`, at the end of this docstring).
 
 Collectives:

@@ -5,7 +5,7 @@ moved to the ranks that need them while the remaining tiles are still being comp
     matmul_reduce_kernel(SCATTER=1)   reduce-scatter: out = rows block `me` of that sum
     all_gather_matmul_kernel          all-gather:     out = [A_0; ...; A_{G-1}] @ B_me
 
-Workspace: the fused part of the group's partition workspace (iris_jax.workspace; its heap
+Workspace: the fused part of the group's partition workspace (iris_jax._runtime.workspace; its heap
 offset is in the group row, the layout is iris_core.collectives.workspace.FusedLayout):
 
     epochs  [MAX_PROGRAMS] int32, one 128-byte line each: calls this program has made

@@ -27,8 +27,8 @@ from jax.interpreters import mlir
 from iris_core.errors import IrisError
 from iris_core.heap.context_layout import context_words
 from iris_jax import _runtime as runtime_lib
-from iris_jax.call import _check_symmetric, _like, _manual_axes, iris_kernel_effect, vary
-from iris_jax.operands import context_operand
+from iris_jax.calls.operands import context_operand
+from iris_jax.calls.triton_call import _check_symmetric, _like, _manual_axes, iris_kernel_effect, vary
 from iris_jax.pallas.context import PallasContext
 
 iris_pallas_call_p = Primitive("iris_pallas_call")
@@ -149,8 +149,8 @@ iris_pallas_call_p.def_impl(lambda *args, **params: jax.jit(
 
 def _lowering(ctx, device_index, *args, inner, symmetric, interpreted, row_words, out_shapes):
     del device_index, out_shapes  # the index carries the outputs' varying axes only
-    from iris_jax import cpu_lowering
-    from iris_jax.operands import context_aval
+    from iris_jax.calls import cpu_lowering
+    from iris_jax.calls.operands import context_aval
 
     row = context_operand(ctx)
     avals = list(ctx.avals_in[1:])

@@ -100,7 +100,7 @@ def address_target(count: int, chained: bool, row_words: int) -> str:
     addresses of `count` symmetric operands, checked to lie on the calling rank's heap.
     Operands: the context row, the arrays, then (`chained`) one ignored operand that
     orders the call after the previous iris kernel."""
-    from iris_jax._ffi import register_cpu_target
+    from iris_jax.calls._ffi import register_cpu_target
 
     with _targets_lock:
         key = (count, chained, row_words)

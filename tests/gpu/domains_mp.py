@@ -28,7 +28,7 @@ def main():
 
     import iris_jax
     from iris_core.collectives import kernels as K
-    from iris_jax import lowering
+    from iris_jax.collectives import lowering
 
     rt = iris_jax.init(heap_size=64 << 20)
     split = os.environ.get("IRIS_DOMAIN_SIZE") == "1"

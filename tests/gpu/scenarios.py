@@ -257,7 +257,7 @@ def all_reduce_and_collectives(world: World) -> None:
 @contextlib.contextmanager
 def _launches():
     """The keyword arguments of every collective kernel launch traced inside (what really ran)."""
-    from iris_jax import lowering
+    from iris_jax.collectives import lowering
 
     seen, real = [], lowering.triton_call
 

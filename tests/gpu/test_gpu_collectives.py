@@ -70,7 +70,7 @@ def test_other_collectives(mesh, monkeypatch, n, mode):
 
     import iris_jax
     from iris_core.collectives import kernels as K
-    from iris_jax import lowering
+    from iris_jax.collectives import lowering
     from tests.gpu.cases import collective_cases
 
     config = iris_jax.default_config()

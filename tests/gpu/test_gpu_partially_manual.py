@@ -3,7 +3,7 @@ XLA) as dp=2 x tp=2 from 4 processes sharing GPU 0 (pytest -m gpu).
 
 The `tp_fsdp` scenario of tests/gpu/scenarios.py: the block's output and its input's gradient
 with every tp collective an iris kernel, lowered in the nested per-shard regions of
-iris_jax.primitive, each rank checking its shards against the block on its own device. The
+iris_jax.collectives.primitive, each rank checking its shards against the block on its own device. The
 weights are replicated over dp there (NCCL refuses ranks that share a GPU, so the program
 must need no XLA collective; the scenario checks that it has none).
 

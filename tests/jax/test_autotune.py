@@ -1,6 +1,6 @@
 """@triton.autotune / @triton.heuristics kernels through jax_triton.triton_call on the CPU simulator.
 
-The CPU path takes the first config that survives pruning (iris_jax.autotune); each kernel
+The CPU path takes the first config that survives pruning (iris_jax.calls.autotune); each kernel
 reports the BLOCK_SIZE it ran with, so the tests check the choice as well as the values.
 """
 

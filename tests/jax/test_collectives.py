@@ -35,8 +35,8 @@ from jax.sharding import PartitionSpec as P
 
 import iris_jax
 from iris_jax import compat
-from iris_jax.call import vary, varying_axes
-from iris_jax.workspace import workspaces
+from iris_jax._runtime.workspace import workspaces
+from iris_jax.calls.triton_call import vary, varying_axes
 from tests.jax.helpers import use_runtime
 
 F32, BF16, F16, I32 = jnp.float32, jnp.bfloat16, jnp.float16, jnp.int32
@@ -83,7 +83,7 @@ def poison():
     data buffers (streamed ones too) of every collective workspace with POISON_BYTE; flags and epochs are left
     alone. A kernel must neither leave an output element unwritten nor rely on a zeroed
     workspace (accumulators and locks are its own to reset)."""
-    from iris_jax.cpu_execution import StagingAreas
+    from iris_jax.calls.cpu_execution import StagingAreas
 
     rt = iris_jax.runtime()
     pool = workspaces(rt)

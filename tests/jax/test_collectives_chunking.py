@@ -12,9 +12,9 @@ import pytest
 
 import iris_jax
 from iris_core.collectives import kernels as K
-from iris_jax import lowering
+from iris_jax._runtime.workspace import workspaces
+from iris_jax.collectives import lowering
 from iris_jax.config import CollectiveConfig
-from iris_jax.workspace import workspaces
 from tests.jax.test_collectives import BF16, F32, I32, Case, _pbroadcast_ref, _reduce_tol, mesh_of, run_cases, variants
 
 WORKSPACE_BYTES = 8192

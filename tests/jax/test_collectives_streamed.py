@@ -8,7 +8,8 @@ from jax import lax
 
 import iris_jax
 from iris_core.collectives import kernels as K
-from iris_jax import backends, lowering
+from iris_jax._runtime import backends
+from iris_jax.collectives import lowering
 from iris_jax.config import CollectiveConfig
 from tests.jax.test_collectives import BF16, F32, I32, Case, _reduce_tol, mesh_of, run_cases
 
@@ -91,7 +92,7 @@ def test_streamed_buffers_sized_apart(small_workspace_big_stream_buffers, launch
     buffers (as 64 MiB calls on 2 GPUs with IRIS_STREAM_BYTES = 128 MiB)."""
     run_cases(mesh_of((3,), ("i",)), _cases(3, F32), F32, rng)
     assert launched == [True] * 6 + [False]
-    from iris_jax.workspace import workspaces
+    from iris_jax._runtime.workspace import workspaces
 
     layout = workspaces().layout
     assert (layout.data_bytes, layout.stream_capacity) == (8192, 256 << 10)

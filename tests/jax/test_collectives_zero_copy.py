@@ -15,7 +15,7 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 import iris_jax
-from iris_jax.workspace import workspaces
+from iris_jax._runtime.workspace import workspaces
 from tests.jax.helpers import smap
 from tests.jax.test_collectives import F32, POISON_BYTE, mesh_of, poison, rand, run_cases, shard
 from tests.jax.test_collectives_chunking import N, _cases, small_workspace  # noqa: F401 (fixture)

@@ -1,5 +1,5 @@
 """Domains on the simulator: ranks split by `init(domain_size=...)`, collectives over axes
-that span domains composed from iris inside them and XLA across (iris_jax.domains): psum,
+that span domains composed from iris inside them and XLA across (iris_jax.collectives.domains): psum,
 pmean, pmax, all_gather, psum_scatter, all_to_all and pbroadcast against lax, under jit,
 grad, vmap and jvp.
 
@@ -20,7 +20,8 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import iris_jax
-from iris_jax import CollectiveConfig, operands
+from iris_jax import CollectiveConfig
+from iris_jax.calls import operands
 from tests.jax.helpers import use_runtime
 from tests.jax.test_replace_lax import kernels, xla_collectives
 
@@ -226,7 +227,7 @@ def test_one_axis_over_two_domains_runs_on_xla(groups):
 def test_kernel_over_a_spanning_group_is_refused():
     """The low-level path: a collective kernel launched over both axes fails at lowering."""
     from iris_core.collectives import kernels as K
-    from iris_jax import lowering
+    from iris_jax.collectives import lowering
 
     mesh = domain_mesh((2, 2), "node", 2)
     x = sharded(mesh, np.random.default_rng(5), (16, 8))

@@ -1,4 +1,4 @@
-"""The host side of GPU faults (iris_jax.faults): the watchdog and the checks at iris's entry points.
+"""The host side of GPU faults (iris_jax._runtime.faults): the watchdog and the checks at iris's entry points.
 
 On the simulator kernels raise their faults themselves and heaps have no fault page, so these
 tests give the watch a heap whose pages are plain host arrays, written as a GPU kernel writes
@@ -21,7 +21,7 @@ import iris_jax
 from iris_core import faults
 from iris_core.errors import IrisError, NotOnHeapError, PeerFailedError, PeerTimeoutError
 from iris_core.heap import status
-from iris_jax import faults as watch_lib
+from iris_jax._runtime import faults as watch_lib
 
 from .helpers import use_runtime
 

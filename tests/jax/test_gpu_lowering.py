@@ -1,4 +1,4 @@
-"""iris's GPU lowering (iris_jax.gpu_lowering) checked without a GPU: programs lowered for "cuda"
+"""iris's GPU lowering (iris_jax.calls.gpu_lowering) checked without a GPU: programs lowered for "cuda"
 here, every kernel compiled for sm_90 by Triton, jaxlib's kernel-call objects recorded by a
 stand-in (jaxlib's Triton launcher comes with JAX's CUDA plugin, which CPU machines lack)."""
 
@@ -15,7 +15,8 @@ import triton.language as tl
 from jax.sharding import PartitionSpec as P
 
 import iris_jax
-from iris_jax import compat, gpu_lowering, kernel_cache
+from iris_jax import compat
+from iris_jax.calls import gpu_lowering, kernel_cache
 from tests.jax.helpers import use_runtime
 
 
@@ -117,7 +118,7 @@ def test_the_launch_target_and_its_opaque_kernel(jaxlib):
 
 def test_a_collective_in_a_partially_manual_shard_map_lowers_for_cuda(jaxlib):
     """Over the manual axis of a partially manual shard_map: the kernel inside the nested,
-    fully manual region (iris_jax.primitive), lowered for "cuda" with its context and group rows."""
+    fully manual region (iris_jax.collectives.primitive), lowered for "cuda" with its context and group rows."""
     use_runtime(4)
     mesh = jax.make_mesh((2, 2), ("dp", "tp"), axis_types=(jax.sharding.AxisType.Auto,) * 2,
                          devices=jax.devices()[:4])

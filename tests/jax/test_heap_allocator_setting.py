@@ -3,7 +3,7 @@
 import pytest
 
 import iris_jax
-from iris_jax import backends
+from iris_jax._runtime import backends
 
 
 def test_unknown_heap_allocator_fails_before_anything_starts():

@@ -1,11 +1,11 @@
-"""iris_jax.kernel_cache: GPU kernel compiles kept on disk (compiled here for sm_90; no GPU needed)."""
+"""iris_jax.calls.kernel_cache: GPU kernel compiles kept on disk (compiled here for sm_90; no GPU needed)."""
 
 import os
 
 import triton
 import triton.language as tl
 
-from iris_jax import kernel_cache
+from iris_jax.calls import kernel_cache
 
 
 @triton.jit

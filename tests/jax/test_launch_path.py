@@ -1,4 +1,4 @@
-"""The GPU launch target of iris kernels (iris_jax.gpu_lowering): jaxlib's Triton FFI handler,
+"""The GPU launch target of iris kernels (iris_jax.calls.gpu_lowering): jaxlib's Triton FFI handler,
 registered once more as command-buffer compatible, or jaxlib's own where that is refused.
 Checked without a GPU (the lowering itself: test_gpu_lowering.py)."""
 
@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from iris_core.errors import IrisError
-from iris_jax import gpu_lowering
+from iris_jax.calls import gpu_lowering
 
 
 @pytest.fixture

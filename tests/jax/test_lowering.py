@@ -1,4 +1,4 @@
-"""The simulator's launch geometry (iris_jax.lowering.launch_config): large tiles by default,
+"""The simulator's launch geometry (iris_jax.collectives.lowering.launch_config): large tiles by default,
 small ones by configuration (tests of the tiling pass `CollectiveConfig(block=256)`)."""
 
 from types import SimpleNamespace
@@ -10,9 +10,10 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 import iris_jax
-from iris_jax import backends, lowering
+from iris_jax._runtime import backends
+from iris_jax._runtime.workspace import workspaces
+from iris_jax.collectives import lowering
 from iris_jax.config import CollectiveConfig
-from iris_jax.workspace import workspaces
 from tests.jax.test_collectives import mesh_of
 
 SIM = SimpleNamespace(backend=backends.SimulatorWorkers(), devices=[])
@@ -29,7 +30,7 @@ def test_simulator_defaults_and_overrides():
 def test_simulator_workspace_scales_with_the_heap(monkeypatch):
     """Heaps of 64 MiB and more get 1 MiB collective buffers, smaller ones (the tests' 16 MiB)
     256 KiB; the streamed buffers stay 1 MiB; IRIS_WORKSPACE_BYTES still decides when set."""
-    from iris_jax.workspace import GroupWorkspaces
+    from iris_jax._runtime.workspace import GroupWorkspaces
 
     for name in ("IRIS_WORKSPACE_BYTES", "IRIS_STREAM_BYTES"):
         monkeypatch.delenv(name, raising=False)

@@ -19,8 +19,8 @@ from jax.sharding import PartitionSpec as P
 import iris_jax
 from iris_core.errors import IrisError
 from iris_jax import ops
-from iris_jax.call import vary
-from iris_jax.workspace import workspaces
+from iris_jax._runtime.workspace import workspaces
+from iris_jax.calls.triton_call import vary
 from tests.jax.helpers import use_runtime
 
 F32, BF16, F16 = jnp.float32, jnp.bfloat16, jnp.float16
@@ -304,7 +304,7 @@ def test_auto_on_gpus_runs_fused_where_it_was_measured_faster(monkeypatch, what)
     op itself (per-rank shapes as benchmarks/fused.py); tracing stops at the choice."""
     from types import SimpleNamespace
 
-    from iris_jax import backends
+    from iris_jax._runtime import backends
 
     mesh = _mesh(2)
     monkeypatch.setattr(ops.runtime_lib, "runtime", lambda: SimpleNamespace(backend=backends.GpuSingleProcess()))
@@ -333,7 +333,7 @@ def test_auto_on_gpus_runs_fused_where_it_was_measured_faster(monkeypatch, what)
 def test_impl_argument(monkeypatch):
     from types import SimpleNamespace
 
-    from iris_jax import backends
+    from iris_jax._runtime import backends
 
     monkeypatch.setattr(ops.runtime_lib, "runtime", lambda: SimpleNamespace(backend=backends.GpuSingleProcess()))
     assert ops._impl("fused", "matmul_all_reduce", 2 ** 50, 2 ** 49, 1) == "fused"  # forced, whatever auto says

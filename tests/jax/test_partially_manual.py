@@ -2,7 +2,7 @@
 
 `jax.shard_map(f, mesh=mesh, ..., axis_names={"tp"})` leaves the other mesh axes to the
 compiler; collectives over the manual axes run as iris kernels, lowered in a nested shard_map
-over the automatic axes (iris_jax.primitive), and collectives over an automatic axis stay on
+over the automatic axes (iris_jax.collectives.primitive), and collectives over an automatic axis stay on
 XLA. Checked against the same program with jax.lax: every op, on 2 x 2 and 2 x 4 meshes with
 the manual axis first or second; the transformations; Auto, Explicit and mixed axis types; the
 mesh contexts users make (jax.set_mesh, the legacy `with mesh:`, none); and in the compiled

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import iris_jax
-from iris_jax import backends
+from iris_jax._runtime import backends
 from tests.jax import kernels
 from tests.jax.helpers import TEST_HEAP, run_python, use_runtime
 
@@ -46,8 +46,7 @@ def test_the_backend_owns_what_the_model_decides():
         rt.mode = backends.GPU_SINGLE  # a name for display: the backend decides
     gpu = backends.GpuMultiProcess()  # its defaults need no GPU
     assert gpu.process_per_rank and not gpu.interprets_kernels and gpu.collective_warps(8) == 8
-    with pytest.raises(iris_jax.IrisError, match="run on GPUs"):
-        gpu.execute(rt, 0, None, 0, None, [], [])
+    assert gpu.host_kernels is None and backend.host_kernels == "worker"  # GPU kernels never run on the host
 
 
 def test_conflicting_init_raises_and_names_shutdown():

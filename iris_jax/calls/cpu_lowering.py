@@ -6,7 +6,7 @@ custom call (see _ffi) that XLA invokes on the device's thread with buffer point
 first operand is the device's context row, which names the rank. What a call site needs at
 run time is a KernelSpec (the kernel resolved from its autotuners, its grid, scalars, sizes,
 and for group kernels the signature and call path the simulator's call records compare);
-iris_jax.cpu_execution runs it. Calls are chained in program order (see below).
+iris_jax.calls.cpu_execution runs it. Calls are chained in program order (see below).
 """
 
 from __future__ import annotations
@@ -25,11 +25,12 @@ from jax.interpreters import mlir
 
 from iris_core.sim import call_table
 from iris_jax import _runtime as runtime_lib
-from iris_jax import compat, cpu_execution
-from iris_jax._ffi import register_cpu_target
-from iris_jax.autotune import resolve_call
-from iris_jax.call import aval_nbytes, iris_triton_call_p, normalize_grid
-from iris_jax.operands import extra_operands
+from iris_jax import compat
+from iris_jax.calls import cpu_execution
+from iris_jax.calls._ffi import register_cpu_target
+from iris_jax.calls.autotune import resolve_call
+from iris_jax.calls.operands import extra_operands
+from iris_jax.calls.triton_call import aval_nbytes, iris_triton_call_p, normalize_grid
 
 _CALL_PARAMS = {"name", "custom_call_target_name", "num_warps", "num_stages", "num_ctas",
                 "compute_capability", "enable_fp_fusion", "debug", "serialized_metadata", "out_shapes"}

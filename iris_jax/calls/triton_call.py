@@ -13,9 +13,9 @@ mesh order) becomes a constant and the row is selected in-graph. The primitive c
 effect, so a kernel whose only output is a remote write is not removed, and its outputs
 vary over the same mesh axes as that index, so `check_vma=True` programs type-check.
 
-Lowering: on GPUs, iris_jax.gpu_lowering (jax-triton's custom call, pointed at XLA's CUDA
-graphs); on the simulator, iris_jax.cpu_lowering. Both prepend the operands of
-iris_jax.operands (the device's context row, and its group's row for collectives).
+Lowering: on GPUs, iris_jax.calls.gpu_lowering (jax-triton's custom call, pointed at XLA's CUDA
+graphs); on the simulator, iris_jax.calls.cpu_lowering. Both prepend the operands of
+iris_jax.calls.operands (the device's context row, and its group's row for collectives).
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ def triton_call(*args: Any, kernel, out_shape, grid, name: str = "",
       group_axes: mesh axes forming a communication group; the kernel then receives, right
         after the context, an int32 array [my index in the group, global rank of member 0,
         ..., member G-1, workspace offset low, high] (members in the order of
-        `lax.axis_index(group_axes)`; the workspace: see iris_jax.workspace).
+        `lax.axis_index(group_axes)`; the workspace: see iris_jax._runtime.workspace).
       axis_index_groups: with `group_axes`, equal-sized groups of their axis indices that
         partition them (as lax's collectives take them): the group is then this device's
         group, its members in the group's order.
@@ -189,7 +189,7 @@ def vary(x, axes):
 
 
 def _check_symmetric(flat_args, symmetric):
-    from iris_jax.arrays import require_symmetric
+    from iris_jax._runtime.arrays import require_symmetric
 
     for i in symmetric:
         if not 0 <= i < len(flat_args):

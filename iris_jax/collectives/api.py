@@ -1,11 +1,11 @@
 """JAX's collectives on the symmetric heap: drop-in replacements for jax.lax's.
 
 Inside `jax.shard_map`, `iris_jax.psum(x, "i")` returns what `lax.psum(x, "i")` returns, and
-is exactly that: lax.psum traced and run with iris kernels (iris_jax.rewrite), so lax's
+is exactly that: lax.psum traced and run with iris kernels (iris_jax.collectives.rewrite), so lax's
 argument conventions, errors, dtype handling (bool sums as int32), pytrees and varying-axes
 types hold, and every transformation (jit, grad, jvp, vmap, remat, scan, ...) works through
-the `iris_collective` primitive's rules (iris_jax.primitive). How the kernels run:
-iris_jax.lowering.
+the `iris_collective` primitive's rules (iris_jax.collectives.primitive). How the kernels run:
+iris_jax.collectives.lowering.
 
 Each function takes `config=` (an iris_jax.CollectiveConfig; default: the environment's).
 The explicit API never falls back to XLA silently: a call iris cannot run (float64,
@@ -15,7 +15,7 @@ no kernel, as with lax. `axis_index_groups` (where lax takes them: pmax, pmin, a
 psum_scatter, all_to_all, and psum / pmean under `check_vma=False`) run on iris, each group
 as a mesh axis's group would. Over axes that span
 domains (ranks whose heaps cannot map each other), iris runs inside each domain and XLA across
-(iris_jax.domains).
+(iris_jax.collectives.domains).
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ import jax.numpy as jnp
 from jax import tree_util
 
 from iris_core.collectives.group import RING_MAX_MEMBERS
-from iris_jax.call import vary
+from iris_jax.calls.triton_call import vary
+from iris_jax.collectives.lowering import group_size
+from iris_jax.collectives.rewrite import SUPPORTED_DTYPES, UnsupportedCollectiveError, run_on_iris
 from iris_jax.compat import lax_parallel
 from iris_jax.config import VARIANTS, CollectiveConfig, default_config
-from iris_jax.lowering import group_size
-from iris_jax.rewrite import SUPPORTED_DTYPES, UnsupportedCollectiveError, run_on_iris
 
 OPS = ("sum", "max", "min")
 

@@ -1,6 +1,6 @@
 """Triton kernels compiled for GPUs, kept on disk between processes.
 
-iris_jax.gpu_lowering compiles every kernel it lowers (iris_core.compat.compile_ptx), and a new
+iris_jax.calls.gpu_lowering compiles every kernel it lowers (iris_core.compat.compile_ptx), and a new
 process would compile each one again: most of a process's first iris collective. Compiles are
 stored under a key of everything the PTX depends on:
 

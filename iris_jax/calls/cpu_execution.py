@@ -1,4 +1,4 @@
-"""Running the simulator's kernel calls (lowered by iris_jax.cpu_lowering) under Triton's interpreter.
+"""Running the simulator's kernel calls (lowered by iris_jax.calls.cpu_lowering) under Triton's interpreter.
 
 * one process, N CPU devices (SimulatorWorkers): the kernel runs in its rank's worker
   process. Heap buffers travel as (rank, offset), since the worker maps the heaps at other
@@ -24,16 +24,17 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from iris_core.errors import NotOnHeapError, PeerTimeoutError, RankDivergenceWarning, RankMismatchError
+from iris_core.collectives import group_layout
+from iris_core.errors import IrisError, NotOnHeapError, PeerTimeoutError, RankDivergenceWarning, RankMismatchError
 from iris_core.heap.context_layout import TRACE_WORDS, context_words, trace_offset
 from iris_core.heap.shared_memory import SHM_DIR
 from iris_core.sim import call_table
 from iris_core.sim.interpreter import Pointer, run_kernel
 from iris_jax import _runtime as runtime_lib
-from iris_jax.call import kernel_arguments
+from iris_jax.calls.triton_call import kernel_arguments
 
 if TYPE_CHECKING:
-    from iris_jax.cpu_lowering import KernelSpec
+    from iris_jax.calls.cpu_lowering import KernelSpec
 
 _interpreter_lock = threading.Lock()
 _ALIGN = 256
@@ -43,6 +44,8 @@ def execute(spec: KernelSpec, ins: list[int], outs: list[int]) -> None:
     rt = spec.runtime()
     if rt is None:
         raise runtime_lib.stale_program_error(f"kernel {spec.kernel_name}")
+    if rt.backend.host_kernels is None:
+        raise IrisError(f"kernels of the {rt.mode} model run on GPUs, not on the host (internal error)")
     with rt.running_call(f"kernel {spec.kernel_name}"):
         _execute(rt, spec, ins, outs)
 
@@ -62,10 +65,14 @@ def _execute(rt, spec: KernelSpec, ins: list[int], outs: list[int]) -> None:
     call = members = None
     if spec.group and rt.call_table is not None:
         row = np.frombuffer(ctypes.string_at(group_ptr, spec.group_nbytes), np.int32)
-        members = [int(m) for m in row[1:-2]]  # row: [my index, members..., workspace offset (2 words)]
-        call = rt.call_table.begin(rank, call_table.digest(row[1:].tolist()), spec.signature, spec.what, spec.site)
+        members = group_layout.members(row)
+        call = rt.call_table.begin(rank, call_table.digest(list(group_layout.group_key(row))), spec.signature,
+                                   spec.what, spec.site)
     try:
-        rt.backend.execute(rt, rank, spec, row_ptr, group_ptr, operand_ptrs, outs)  # here or in rank's worker
+        if rt.backend.host_kernels == "worker":
+            execute_in_worker(rt, rank, spec, row_ptr, group_ptr, operand_ptrs, outs)
+        else:
+            execute_here(spec, row_ptr, group_ptr, operand_ptrs, outs)
     except PeerTimeoutError as e:  # a mismatch can also make the kernels wait for each other
         problem = call and rt.call_table.mismatch(call, members)
         if problem:

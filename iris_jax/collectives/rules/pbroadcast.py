@@ -11,9 +11,9 @@ import dataclasses
 import jax.numpy as jnp
 
 from iris_core.collectives import kernels as K
-from iris_jax import lowering
+from iris_jax.collectives import lowering
+from iris_jax.collectives.rules import Rule, register, rule_of
 from iris_jax.compat import lax_parallel
-from iris_jax.rules import Rule, register, rule_of
 
 
 def _lower(collective, params, config, axes, G, xs):
@@ -25,7 +25,7 @@ def _lower(collective, params, config, axes, G, xs):
 
 
 def _transpose(collective, ct, params, config):
-    from iris_jax.rewrite import run_on_iris
+    from iris_jax.collectives.rewrite import run_on_iris
 
     def transposed(ct):
         total = lax_parallel.psum(ct, params["axis_name"])
@@ -42,7 +42,7 @@ def _plan(params, nbytes, sizes, inside, across, config):
 
 
 def _lower_across(collective, params, config, inside, across, xs):
-    from iris_jax import rules
+    from iris_jax.collectives import rules
 
     axes = tuple(params["axis_name"])
     source = lax_parallel.axis_index(axes) == params["source"]

@@ -25,9 +25,9 @@ stays in the domain). An iris collective equation then runs as:
 
 One mesh axis over two domains (a "gpu" axis of 8 over two hosts of 4) is across: lay the
 mesh out with one axis per level, e.g. ("node", "gpu"), so that iris runs within the node.
-The decision is made where the devices are known, at lowering (iris_jax.rules.lower_across);
-iris_jax.rules.plan states the same parts for `iris_jax.explain`. Each collective's rule
-(iris_jax.rules) names its composition; the compositions are here.
+The decision is made where the devices are known, at lowering (iris_jax.collectives.rules.lower_across);
+iris_jax.collectives.rules.plan states the same parts for `iris_jax.explain`. Each collective's rule
+(iris_jax.collectives.rules) names its composition; the compositions are here.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax._src.lax import parallel as lax_parallel
 
-from iris_jax import lowering
+from iris_jax.collectives import lowering
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,7 +79,7 @@ def scatters_hierarchically(nbytes: int, config) -> bool:
     return nbytes >= config.scatter_hierarchy_from
 
 
-# -- the compositions: each collective's rule (iris_jax.rules) picks one ------------------------
+# -- the compositions: each collective's rule (iris_jax.collectives.rules) picks one -----
 # plan_*: the steps for `explain`; lower_*: the program, at lowering, inside the manual mesh.
 def plan_on_xla(name: str, axes: tuple, nbytes: int, inside: tuple) -> list[Part]:
     """No composition: XLA runs the whole call."""
@@ -110,7 +110,7 @@ def plan_reduction(name: str, axes: tuple, nbytes: int, sizes: dict, inside: tup
 
 
 def lower_reduction(collective, params, config, inside, across, xs, hierarchical: bool) -> list:
-    from iris_jax import rules
+    from iris_jax.collectives import rules
 
     if not inside:
         return lower_on_xla(collective, params, xs)
@@ -185,7 +185,7 @@ def lower_all_to_all_by_runs(collective, params, config, inside, xs) -> list:
 
 def _psum_scattered(collective, params, config, inside, across, xs) -> list:
     """iris psum_scatter inside, XLA psum across on each rank's share, iris all_gather inside."""
-    from iris_jax import rules
+    from iris_jax.collectives import rules
 
     G = math.prod(_sizes(inside))
     rows = [jnp.pad(x.reshape(-1), (0, -x.size % G)).reshape(G, -1) for x in xs]
@@ -198,7 +198,7 @@ def _psum_scattered(collective, params, config, inside, across, xs) -> list:
 
 
 def _run(collective, params, config, on_iris, xs) -> list:
-    from iris_jax import rules
+    from iris_jax.collectives import rules
 
     if on_iris:
         return rules.lower(collective, params, config, *xs)

@@ -95,7 +95,7 @@ class Backend:
       tile_fits_data: tiles no larger than the data (the power of two above it) where the
         data is smaller than a tile.
       workspace_bytes, fused_workspace_bytes, fused_flags: default workspace sizes per
-        partition (iris_jax.workspace).
+        partition (iris_jax._runtime.workspace).
       large_heap_bytes, large_workspace_bytes: heaps of at least large_heap_bytes get
         collective workspace buffers of large_workspace_bytes (None: no such heaps).
       fused_comm_programs, fused_reduce_programs, fused_poll_ns: defaults of FusedSettings.
@@ -104,6 +104,9 @@ class Backend:
     mode: str
     process_per_rank: bool
     interprets_kernels: bool
+    # where a kernel call lowered for the host runs (iris_jax.calls.cpu_execution): "worker" (the
+    # rank's worker process), "here" (this process); None: kernels run on GPUs, never on the host
+    host_kernels: str | None = None
     speed_guides_auto: bool
     collective_block: int
     tile_fits_data: bool = False
@@ -154,10 +157,6 @@ class Backend:
         """A jax.Array on `device` whose buffer is `shape`/`dtype` at `owner.offset` of rank's
         heap, holding `value` (None: as it is); the buffer keeps `owner` alive."""
         raise NotImplementedError
-
-    def execute(self, rt, rank: int, spec, row_ptr: int, group_ptr: int | None, operand_ptrs, outs) -> None:
-        """Runs a kernel call on the host (iris_jax.cpu_execution)."""
-        raise IrisError(f"kernels of the {self.mode} model run on GPUs, not on the host (internal error)")
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
@@ -297,7 +296,7 @@ class _SimulatorBackend(Backend):
 class SimulatorWorkers(_SimulatorBackend):
     """One process, one simulated rank per CPU device; each rank's kernels run in its worker."""
 
-    mode, process_per_rank = SIM_WORKERS, False
+    mode, process_per_rank, host_kernels = SIM_WORKERS, False, "worker"
 
     def start(self, heap_size, devices, domain_size, heap_allocator):
         from iris_core.sim.world import get_world
@@ -309,16 +308,12 @@ class SimulatorWorkers(_SimulatorBackend):
         return Started(len(local), domains, heap, {d: r for r, d in enumerate(local)},
                        call_table=_call_table(heap), sim_world=world)
 
-    def execute(self, rt, rank, spec, row_ptr, group_ptr, operand_ptrs, outs):
-        from iris_jax import cpu_execution
-
-        cpu_execution.execute_in_worker(rt, rank, spec, row_ptr, group_ptr, operand_ptrs, outs)
 
 
 class SimulatorLaunched(_SimulatorBackend):
     """A rank launched by `python -m iris_core.sim`: kernels run in this process, heaps in shared memory."""
 
-    mode, process_per_rank = SIM_LAUNCHED, True
+    mode, process_per_rank, host_kernels = SIM_LAUNCHED, True, "here"
 
     def start(self, heap_size, devices, domain_size, heap_allocator):
         from iris_core.heap.rendezvous import FileStore
@@ -349,10 +344,6 @@ class SimulatorLaunched(_SimulatorBackend):
         return Started(world_size, domains, heap, {local[0]: rank}, store, session, call_table=_call_table(heap),
                        **seen)
 
-    def execute(self, rt, rank, spec, row_ptr, group_ptr, operand_ptrs, outs):
-        from iris_jax import cpu_execution
-
-        cpu_execution.execute_here(spec, row_ptr, group_ptr, operand_ptrs, outs)
 
 
 class _HostBytes:

@@ -7,8 +7,8 @@ one dimension per run of axes, one all_to_all per run."""
 from __future__ import annotations
 
 from iris_core.collectives import kernels as K
-from iris_jax import domains, lowering
-from iris_jax.rules import Rule, register
+from iris_jax.collectives import domains, lowering
+from iris_jax.collectives.rules import Rule, register
 
 
 def _lower(collective, params, config, axes, G, xs):
@@ -21,7 +21,7 @@ def _lower(collective, params, config, axes, G, xs):
 
 def _transpose(collective, ct, params, config):
     """The primitive with its axes swapped (in its own, already reshaped, layout)."""
-    from iris_jax.rewrite import run_on_iris
+    from iris_jax.collectives.rewrite import run_on_iris
 
     swapped = {**params, "split_axis": params["concat_axis"], "concat_axis": params["split_axis"]}
     return run_on_iris(lambda c: collective.bind(c, **swapped), (ct,), config, merge=False)

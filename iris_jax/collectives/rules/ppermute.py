@@ -6,8 +6,9 @@ Linear (lax's transpose). Across domains: XLA (no composition here)."""
 from __future__ import annotations
 
 from iris_core.collectives import kernels as K
-from iris_jax import compat, domains, lowering
-from iris_jax.rules import Rule, register
+from iris_jax import compat
+from iris_jax.collectives import domains, lowering
+from iris_jax.collectives.rules import Rule, register
 
 
 def _lower(collective, params, config, axes, G, xs):

@@ -19,9 +19,9 @@ import jax.numpy as jnp
 
 from iris_core.collectives import ragged
 from iris_core.collectives.workspace import MAX_PROGRAMS
-from iris_jax import domains, lowering
+from iris_jax.collectives import domains, lowering
+from iris_jax.collectives.rules import Rule, register
 from iris_jax.compat import lax_parallel
-from iris_jax.rules import Rule, register
 
 _TABLE_ENTRY = 3 * 8  # a slice's (input offset, size, output offset), int64
 
@@ -57,9 +57,9 @@ def _lower(collective, params, config, axes, G, xs):
 def launch(x, output, input_offsets, send_sizes, output_offsets, slices: int, axes, G: int, config):
     """The ragged kernel on x [N, R] into output [M, R] (aliased)."""
     from iris_jax import _runtime as runtime_lib
-    from iris_jax.call import triton_call
-    from iris_jax.call import varying_axes as vma
-    from iris_jax.workspace import workspaces
+    from iris_jax._runtime.workspace import workspaces
+    from iris_jax.calls.triton_call import triton_call
+    from iris_jax.calls.triton_call import varying_axes as vma
 
     rt = runtime_lib.runtime()
     layout = workspaces(rt).layout

@@ -7,8 +7,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from iris_core.collectives import kernels as K
-from iris_jax import domains, lowering
-from iris_jax.rules import Rule, register
+from iris_jax.collectives import domains, lowering
+from iris_jax.collectives.rules import Rule, register
 
 
 def _lower(collective, params, config, axes, G, xs):

@@ -7,7 +7,7 @@ mesh order) become constants and each device selects its row in-graph by partiti
   them (Runtime.context);
 * for collectives and fused ops, the group row: the device's index in its group over the
   collective's axes (or in its group of `axis_index_groups` over them), the group's global
-  ranks, and the heap offset of the group's workspace (iris_jax.workspace; one workspace per
+  ranks, and the heap offset of the group's workspace (iris_jax._runtime.workspace; one workspace per
   partition of the ranks).
 """
 
@@ -19,9 +19,10 @@ import numpy as np
 from jax._src import core
 from jax.interpreters import mlir
 
+from iris_core.collectives import group_layout
 from iris_core.errors import IrisError
 from iris_jax import _runtime as runtime_lib
-from iris_jax.workspace import workspaces
+from iris_jax._runtime.workspace import workspaces
 
 
 def devices_of(ctx) -> list:
@@ -108,7 +109,7 @@ def group_table(ctx, group_axes: tuple[str, ...], workspace: str = "collective",
     sizes = [devices.shape[i] for i in order]
     groups = axis_index_groups or (tuple(range(int(np.prod(sizes)))),)  # default: one group, the axes
     group_of = {index: group for group in groups for index in group}
-    rows = []
+    groups_of = []  # per device: (its index in its group, the group's ranks)
     for position in np.ndindex(devices.shape):
         mine = int(np.ravel_multi_index([position[i] for i in order], sizes))  # lax.axis_index(group_axes)
         members = []
@@ -117,12 +118,12 @@ def group_table(ctx, group_axes: tuple[str, ...], workspace: str = "collective",
             for axis, coord in zip(order, np.unravel_index(member, sizes)):
                 p[axis] = coord
             members.append(rt.rank_of(devices[tuple(p)]))
-        index = group_of[mine].index(mine)
-        rows.append([index, *members])
-    for group in {tuple(row[1:]) for row in rows}:  # heaps map only within a domain
+        groups_of.append((group_of[mine].index(mine), members))
+    for group in {tuple(members) for _, members in groups_of}:  # heaps map only within a domain
         rt.check_one_domain(group, f"an iris kernel over mesh axes {tuple(group_axes)}")
-    offset = workspaces(rt).offset_for((row[1:] for row in rows), workspace)
-    return np.asarray([[*row, offset & 0xFFFFFFFF, offset >> 32] for row in rows], np.int64).astype(np.int32)
+    offset = workspaces(rt).offset_for((members for _, members in groups_of), workspace)
+    rows = [group_layout.encode(index, members, offset) for index, members in groups_of]
+    return np.asarray(rows, np.int64).astype(np.int32)
 
 
 def extra_operands(ctx, group_axes, workspace="collective", axis_index_groups=None):

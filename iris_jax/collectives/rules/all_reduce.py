@@ -12,8 +12,8 @@ from __future__ import annotations
 from functools import partial
 
 from iris_core.collectives import kernels as K
-from iris_jax import domains, lowering
-from iris_jax.rules import Rule, register
+from iris_jax.collectives import domains, lowering
+from iris_jax.collectives.rules import Rule, register
 
 _OPS = {"sum": K.SUM, "max": K.MAX, "min": K.MIN}
 
@@ -41,8 +41,8 @@ def _extremum_jvp(primals, outs, tangents, params, config):
     from jax._src import config as jax_config
     from jax._src.interpreters import ad
 
+    from iris_jax.collectives.rewrite import run_on_iris
     from iris_jax.compat import lax_parallel as lax
-    from iris_jax.rewrite import run_on_iris
 
     axes, groups = params["axes"], params.get("axis_index_groups")
     if groups is not None and jax_config._check_vma.value:

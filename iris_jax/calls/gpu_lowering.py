@@ -3,10 +3,10 @@
 A chain of small steps, as jax-triton's own lowering, but iris's (so that it works on every
 jax-triton release, and whether or not jax-triton's lowering does):
 
-1. the kernel's arguments: iris's operands (iris_jax.operands: the context row, the group row),
+1. the kernel's arguments: iris's operands (iris_jax.calls.operands: the context row, the group row),
    the call's arrays with its scalars at their positions, then the outputs;
 2. the kernel: @triton.autotune / @triton.heuristics resolved to one config, the same on every
-   rank (iris_jax.autotune), compiled to PTX through the disk cache (iris_jax.kernel_cache);
+   rank (iris_jax.calls.autotune), compiled to PTX through the disk cache (iris_jax.calls.kernel_cache);
 3. jaxlib's kernel call (TritonKernel, TritonKernelCall; iris_jax.compat) serialized into a
    typed-FFI custom call with side effects (a kernel whose only effect is a remote write stays
    in the program), pointed at the capturable launcher (see "launch path").
@@ -24,10 +24,11 @@ import numpy as np
 from jax.interpreters import mlir
 
 from iris_core.errors import IrisError
-from iris_jax import compat, kernel_cache
-from iris_jax.autotune import resolve_call
-from iris_jax.call import aval_nbytes, iris_triton_call_p, kernel_arguments, normalize_grid
-from iris_jax.operands import extra_operands
+from iris_jax import compat
+from iris_jax.calls import kernel_cache
+from iris_jax.calls.autotune import resolve_call
+from iris_jax.calls.operands import extra_operands
+from iris_jax.calls.triton_call import aval_nbytes, iris_triton_call_p, kernel_arguments, normalize_grid
 
 _DEFAULTS = {"num_warps": 4, "num_stages": 3, "num_ctas": 1, "enable_fp_fusion": True, "debug": False}
 

@@ -1,6 +1,6 @@
 """The iris runtime: one symmetric heap per participating device, in every execution model.
 
-`init()` picks the model from what it finds, without the user choosing (iris_jax.backends
+`init()` picks the model from what it finds, without the user choosing (iris_jax._runtime.backends
 has one class per model, which sets up its heaps and ranks):
 
 * launched by `python -m iris_core.sim`: a simulated rank; kernels run in this process
@@ -18,7 +18,7 @@ Domains: the ranks whose heaps can map each other (one NVLink domain). One proce
 devices; one process per GPU: the processes of one host; `init(domain_size=n)` (environment
 IRIS_DOMAIN_SIZE) instead makes ranks r // n a domain, in every model (the simulator's way to
 split its ranks). No kernel group spans two domains (operands.group_table checks);
-collectives over axes that do are hierarchical (iris_jax.domains).
+collectives over axes that do are hierarchical (iris_jax.collectives.domains).
 """
 
 from __future__ import annotations
@@ -37,8 +37,9 @@ import numpy as np
 from iris_core.errors import CrossDomainError, IrisError, RankMismatchError
 from iris_core.heap.allocator import format_bytes
 from iris_core.heap.context_layout import encode_context
-from iris_jax import backends, faults
-from iris_jax.backends import RENDEZVOUS_TIMEOUT_S
+from iris_jax._runtime import backends, faults
+from iris_jax._runtime.backends import RENDEZVOUS_TIMEOUT_S
+from iris_jax._runtime.tracer import RuntimeTracer
 
 # ranks r // n form a domain (environment IRIS_DOMAIN_SIZE; unset: by process and host, see Runtime)
 DEFAULT_DOMAIN_SIZE = int(os.environ["IRIS_DOMAIN_SIZE"]) if os.environ.get("IRIS_DOMAIN_SIZE") else None
@@ -50,7 +51,7 @@ class Runtime:
     """Heaps, ranks and contexts of the participating devices.
 
     Attributes:
-      backend: what depends on the execution model (iris_jax.backends).
+      backend: what depends on the execution model (iris_jax._runtime.backends).
       mode: the model's name (`backend.mode`), for display.
       devices: the JAX devices of this process that own a heap, in rank order.
       world_size: ranks in total (all processes).
@@ -79,8 +80,6 @@ class Runtime:
         self._pages_seen_by = started.pages_seen_by
         self.heap_size = self.heap.heap_size
         self.heap_allocator = getattr(self.heap, "heap_allocator", None)
-        from iris_jax.tracing import RuntimeTracer
-
         self.tracing = RuntimeTracer(self)  # device event tracing (iris_jax.tracing)
         self._rank_of = {d.id: r for d, r in self._device_ranks.items()}
         if self._bases_seen_by is not None:  # every process's device, for the context tables of global meshes
@@ -173,7 +172,7 @@ class Runtime:
             return self._services[name]
 
     def raise_faults(self, cause: BaseException | None = None) -> None:
-        """Raises the faults this process's kernels recorded since the last call (iris_jax.faults),
+        """Raises the faults this process's kernels recorded since the last call (iris_jax._runtime.faults),
         chained to `cause`."""
         faults.raise_first(self._faults.take(), cause)
 
@@ -269,7 +268,7 @@ def init(heap_size: int | None = None, devices: Sequence[jax.Device] | None = No
         virtual memory, POSIX-fd handles within a host), "fabric" (fabric handles, multi-node
         NVLink) or "auto" (see iris_core.heap.cuda). Every process must choose the same; the
         simulator ignores it.
-      on_fault: what a GPU kernel does after it recorded why it gives up (iris_jax.faults;
+      on_fault: what a GPU kernel does after it recorded why it gives up (iris_jax._runtime.faults;
         default: environment IRIS_ON_FAULT, else "exit"): "exit" ends the kernel and keeps the
         CUDA context (shutdown() and init() then work in the same process), "trap" fails the
         launch and the context with it. The simulator raises in the kernel either way.

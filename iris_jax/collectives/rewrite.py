@@ -1,7 +1,7 @@
 """lax collectives on iris: the jaxpr rewrite behind every iris collective.
 
 `run_on_iris(fn, args, config)` traces `fn` to a jaxpr, turns each lax collective equation
-that iris can run into an `iris_collective` equation (iris_jax.primitive), at any depth
+that iris can run into an `iris_collective` equation (iris_jax.collectives.primitive), at any depth
 (shard_map, jit, scan, cond, while, remat, custom_jvp/custom_vjp bodies), and evaluates the
 result. The public collectives (`iris_jax.psum` = lax.psum run this way, ...) and
 `replace_lax_collectives` are this one mechanism; `explain` shows its decisions.
@@ -14,7 +14,7 @@ XLA removes. The explicit API raises for the first two and for such groups (lax'
 type where lax refuses them too; `strict`); replace_lax_collectives leaves them to XLA.
 Equal-sized groups that partition the members run on iris, each group as a mesh axis's would.
 An iris equation over axes that span domains is split at lowering, where the devices are
-known: iris inside each domain, XLA across (iris_jax.domains; `explain` shows the steps where
+known: iris inside each domain, XLA across (iris_jax.collectives.domains; `explain` shows the steps where
 the shard_map names its mesh).
 """
 
@@ -31,10 +31,11 @@ from jax import tree_util
 from jax._src import core, source_info_util
 from jax._src.lib import xla_client
 
-from iris_jax import rules
+from iris_jax.collectives import rules
+from iris_jax.collectives.primitive import freeze, iris_collective_p
+from iris_jax.collectives.rules import axes_of
 from iris_jax.compat import ClosedJaxpr, closed_jaxpr, is_jaxpr
 from iris_jax.config import CollectiveConfig, default_config
-from iris_jax.primitive import freeze, iris_collective_p
 from iris_jax.sync import guarded_call
 
 SUPPORTED_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16, jnp.int32)
@@ -67,11 +68,6 @@ class Scope:
         newly = frozenset(newly) if newly is not None else frozenset(mesh.axis_names)
         concrete = mesh if isinstance(mesh, jax.sharding.Mesh) else self.mesh
         return Scope(tuple(mesh.shape.items()), self.manual | newly, concrete)
-
-
-def axes_of(params: dict) -> tuple:
-    axes = params.get("axes", params.get("axis_name"))
-    return tuple(axes) if isinstance(axes, (tuple, list)) else (axes,)
 
 
 def placement(name: str, params: dict, aval, scope: Scope) -> tuple[str | None, type[Exception] | None]:
@@ -122,18 +118,6 @@ def groups_problem(op: str, groups: tuple, members: int) -> tuple[str, type[Exce
             return f"axis_index_groups {groups} of unequal sizes (lax's {op} needs equal ones)", ValueError
         return f"axis_index_groups {groups} of unequal sizes (iris runs equal-sized groups)", UnsupportedCollectiveError
     return None
-
-
-def lowers_on_iris(ctx, axes: tuple) -> bool:
-    """At lowering: GPUs or the simulator, inside a shard_map in which every one of `axes` is
-    manual (other axes of the mesh may be automatic: iris_jax.primitive lowers the kernels in
-    a nested region that makes them manual)."""
-    from jax._src.sharding_impls import SPMDAxisContext
-
-    axis_context = ctx.module_context.axis_context
-    platforms = set(ctx.module_context.platforms)
-    return (platforms <= {"cuda", "cpu"} and isinstance(axis_context, SPMDAxisContext)
-            and set(axes) <= set(axis_context.manual_axes))
 
 
 # -- the rewrite ------------------------------------------------------------------------
@@ -260,7 +244,7 @@ def replace_lax_collectives(f: Callable, *, config: CollectiveConfig | None = No
 
     The result is jitted (arguments are arrays or pytrees of arrays, as for jax.jit) and
     composes with every JAX transformation; `f` itself is unchanged. Each call first raises a
-    fault that an iris kernel recorded since (iris_jax.faults), and the error of a call whose
+    fault that an iris kernel recorded since (iris_jax._runtime.faults), and the error of a call whose
     kernel trapped comes as the fault it stands for.
     """
     config = config or default_config()
@@ -320,7 +304,8 @@ def explain(f: Callable, *args, config: CollectiveConfig | None = None, **kwargs
             continue
         nbytes = int(aval.size) * aval.dtype.itemsize
         if reason is None and scope.mesh is not None:  # where the axes span domains: a row per step
-            from iris_jax import _runtime, domains
+            from iris_jax import _runtime
+            from iris_jax.collectives import domains
 
             inside, across = domains.split_axes(scope.mesh, axes_of(params), _runtime.runtime())
             for part in rules.plan(name, params, nbytes, dict(scope.sizes), inside, across, used):

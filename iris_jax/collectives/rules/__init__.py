@@ -5,9 +5,9 @@ here describes one collective (or a family sharing a kernel kind): the lax primi
 the name users know it by, how its operands become the collective kernel's [blocks, m] rows and
 back (`lower`), its autodiff where lax's own rule does not serve (`jvp`, `transpose`), its steps
 where its axes span domains (`plan` for `explain`, `lower_across` for the program), and what
-`explain` says when it runs on iris. The rewrite (iris_jax.rewrite), the primitive's rules
-(iris_jax.primitive) and the compositions across domains (iris_jax.domains) read these rules
-and hold no branch on a collective's name; the kernel launch itself is iris_jax.lowering's.
+`explain` says when it runs on iris. The rewrite (iris_jax.collectives.rewrite), the primitive's rules
+(iris_jax.collectives.primitive) and the compositions across domains (iris_jax.collectives.domains) read these rules
+and hold no branch on a collective's name; the kernel launch itself is iris_jax.collectives.lowering's.
 
 A new collective is a module here and its `register(...)` line below.
 """
@@ -17,7 +17,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
+from iris_jax.collectives.lowering import group_size
 from iris_jax.config import CollectiveConfig
+
+
+def axes_of(params: dict) -> tuple:
+    axes = params.get("axes", params.get("axis_name"))
+    return tuple(axes) if isinstance(axes, (tuple, list)) else (axes,)
 
 
 def _no_detail(params: dict, config: CollectiveConfig) -> str:
@@ -36,7 +42,7 @@ class Rule:
     `lower(collective, params, config, axes, G, xs)` returns the outputs for the operands `xs`
     of one equation (None: a type cast without a kernel, outputs = inputs);
     `plan(params, nbytes, sizes, inside, across, config)` the steps of a call whose axes span
-    domains (iris_jax.domains.Part), `lower_across(collective, params, config, inside, across, xs)`
+    domains (iris_jax.collectives.domains.Part), `lower_across(collective, params, config, inside, across, xs)`
     their outputs; `jvp(primals, outs, tangents, params, config)` the tangents where the
     collective is not linear; `transpose(collective, ct, params, config)` a cotangent where lax's
     rule does not serve; `detail(params, config)` what `explain` says of a call on iris;
@@ -85,9 +91,6 @@ def rule_of(primitive_name: str) -> Rule | None:
 def lower(collective, params: dict, config: CollectiveConfig, *xs) -> list:
     """The outputs of the lax `collective` with `params` over the operands `xs` (one launch),
     at lowering time, inside the manual mesh of the shard_map."""
-    from iris_jax.lowering import group_size
-    from iris_jax.rewrite import axes_of
-
     rule = RULES[collective.name]
     if not rule.has_kernel:
         return list(xs)
@@ -96,8 +99,8 @@ def lower(collective, params: dict, config: CollectiveConfig, *xs) -> list:
 
 
 def lower_across(collective, params: dict, config: CollectiveConfig, inside: tuple, across: tuple, *xs) -> list:
-    """The outputs of `collective` over operands whose axes span domains (iris_jax.domains)."""
-    from iris_jax import domains
+    """The outputs of `collective` over operands whose axes span domains (iris_jax.collectives.domains)."""
+    from iris_jax.collectives import domains
 
     rule = RULES[collective.name]
     if not rule.has_kernel:
@@ -111,8 +114,7 @@ def plan(primitive_name: str, params: dict, nbytes: int, sizes: dict, inside: tu
          config: CollectiveConfig) -> list:
     """The steps of a call of `primitive_name` over axes split into `inside` and `across`
     (`sizes`: the mesh's axis sizes; `nbytes`: per rank), for `explain`."""
-    from iris_jax.domains import Part
-    from iris_jax.rewrite import axes_of
+    from iris_jax.collectives.domains import Part
 
     rule = RULES[primitive_name]
     if not across:
@@ -123,7 +125,7 @@ def plan(primitive_name: str, params: dict, nbytes: int, sizes: dict, inside: tu
 
 
 # every collective iris runs, in the order of lax's documentation
-from iris_jax.rules import (  # noqa: E402  (each module registers its rule)
+from iris_jax.collectives.rules import (  # noqa: E402  (each module registers its rule)
     all_gather,
     all_reduce,
     all_to_all,

@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from triton.runtime.autotuner import Autotuner, Config, Heuristics
 from triton.runtime.errors import AutotunerError
 
-from iris_jax.call import kernel_arguments
+from iris_jax.calls.triton_call import kernel_arguments
 
 
 @dataclasses.dataclass(frozen=True)

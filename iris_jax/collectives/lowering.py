@@ -1,7 +1,7 @@
 """How an iris collective becomes one launch of the collective kernel.
 
 At lowering time (inside the manual mesh of the shard_map), each collective's rule
-(iris_jax.rules) views the operands of an `iris_collective` equation as [blocks, m] matrices
+(iris_jax.collectives.rules) views the operands of an `iris_collective` equation as [blocks, m] matrices
 (the layout iris_core.collectives.kernels works on); `launch_many` puts them side by side and
 launches the kernel once, and the rule reshapes its output to what lax returns.
 
@@ -30,15 +30,15 @@ from iris_core.collectives.group import RING_MAX_MEMBERS
 from iris_core.collectives.workspace import MAX_PROGRAMS
 from iris_jax import _runtime as runtime_lib
 from iris_jax import compat
-from iris_jax.call import triton_call
-from iris_jax.call import varying_axes as _vma
+from iris_jax._runtime.workspace import workspaces
+from iris_jax.calls.triton_call import triton_call
+from iris_jax.calls.triton_call import varying_axes as _vma
 from iris_jax.config import CollectiveConfig
-from iris_jax.workspace import workspaces
 
 _VARIANTS = {"one_shot": K.ONE_SHOT, "two_shot": K.TWO_SHOT, "ring": K.RING, "atomic": K.ATOMIC,
              "spinlock": K.SPINLOCK}
 # launch defaults: the configuration benchmarks/tune_collectives.py found best over its sizes
-# (the tile's elements per backend: iris_jax.backends)
+# (the tile's elements per backend: iris_jax._runtime.backends)
 DEFAULT_PROGRAMS_PER_SM, DEFAULT_WARPS = 1, 8
 # streamed calls of more tiles than half the SMs: every SM both sends and receives
 DEFAULT_STREAM_PROGRAMS_PER_SM, DEFAULT_STREAM_WARPS = 2, 4
@@ -52,6 +52,18 @@ def group_size(axes, groups=None) -> int:
         return len(groups[0])
     mesh = jax.sharding.get_abstract_mesh()
     return math.prod(mesh.shape[a] for a in axes)
+
+
+def lowers_on_iris(ctx, axes: tuple) -> bool:
+    """At lowering: GPUs or the simulator, inside a shard_map in which every one of `axes` is
+    manual (other axes of the mesh may be automatic: iris_jax.collectives.primitive lowers the kernels in
+    a nested region that makes them manual)."""
+    from jax._src.sharding_impls import SPMDAxisContext
+
+    axis_context = ctx.module_context.axis_context
+    platforms = set(ctx.module_context.platforms)
+    return (platforms <= {"cuda", "cpu"} and isinstance(axis_context, SPMDAxisContext)
+            and set(axes) <= set(axis_context.manual_axes))
 
 
 def group_positions(axes) -> list[int]:
@@ -78,7 +90,7 @@ def out_of_mesh_order(axes) -> bool:
     return sized != sorted(sized, key=list(mesh.axis_names).index)
 
 
-# -- from lax's parameters to kernel launches (each collective's own step: iris_jax.rules) ---------
+# -- from lax's parameters to kernel launches (each collective's own step: its rule) ------
 def effective_variant(variant: str, op: str, dtype, nbytes: int, G: int, config: CollectiveConfig) -> int:
     """The all-reduce algorithm that runs: `variant`, or one-shot where it cannot run this call
     (atomic and spinlock only sum, atomic only float32/int32, ring up to RING_MAX_MEMBERS ranks);

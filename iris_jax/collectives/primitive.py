@@ -7,12 +7,12 @@ but the lowering is lax's own, applied through iris:
 * abstract eval: the lax primitive's, so shapes, varying axes, effects and errors are lax's;
 * jvp: the linear collectives map tangents through themselves; pmax/pmin (which lax cannot
   differentiate) give the tangent of the members holding the extremum, averaged over ties;
-* transpose and batching: lax's rule, run by `iris_jax.rewrite.run_on_iris`, so the
+* transpose and batching: lax's rule, run by `iris_jax.collectives.rewrite.run_on_iris`, so the
   collectives that lax's rule emits (psum_scatter for all_gather, psum for pvary, ...) are
   iris collectives too;
-* lowering: iris kernels (each collective's rule, iris_jax.rules) on GPUs and on the simulator; XLA's own
-  lowering where iris has nothing to do (see iris_jax.rewrite.placement); over axes that
-  span domains, iris inside them and XLA across (iris_jax.domains); in a partially manual
+* lowering: iris kernels (each collective's rule, iris_jax.collectives.rules) on GPUs and on the simulator; XLA's own
+  lowering where iris has nothing to do (see iris_jax.collectives.rewrite.placement); over axes that
+  span domains, iris inside them and XLA across (iris_jax.collectives.domains); in a partially manual
   shard_map, inside a nested region that makes the automatic axes manual too (`_lower_per_shard`).
 
 One equation may carry several operands of one dtype with the same parameters (a pytree):
@@ -32,7 +32,7 @@ from jax._src.interpreters import partial_eval as pe
 from jax.extend.core import Primitive
 from jax.interpreters import mlir
 
-from iris_jax import rules
+from iris_jax.collectives import rules
 
 iris_collective_p = Primitive("iris_collective")
 iris_collective_p.multiple_results = True
@@ -44,7 +44,7 @@ def freeze(params: dict) -> tuple:
 
 
 def calls(collective, xs) -> list[list]:
-    """An equation's operands cut into the lax calls they stand for (iris_jax.rules: Rule.operands)."""
+    """An equation's operands cut into the lax calls they stand for (iris_jax.collectives.rules: Rule.operands)."""
     n = rules.rule_of(collective.name).operands
     return [list(xs[i:i + n]) for i in range(0, len(xs), n)]
 
@@ -64,7 +64,7 @@ def _abstract_eval(*avals, collective, params, config):
     """lax's shapes and effects, plus the iris kernel effect: programs with iris kernels then
     carry JAX's runtime tokens, so jax.effects_barrier() waits for every device's kernels
     (a replicated result is ready when its first device's copy is)."""
-    from iris_jax.call import iris_kernel_effect
+    from iris_jax.calls.triton_call import iris_kernel_effect
 
     del config
     outs, effects = [], {iris_kernel_effect}
@@ -116,7 +116,7 @@ def _jvp(primals, tangents, *, collective, params, config):
 
 def _lax_jvp(primals, tangents, collective, kwargs, config):
     """lax's jvp rule, its collectives on iris (the tangents of integer operands are zeros)."""
-    from iris_jax.rewrite import run_on_iris
+    from iris_jax.collectives.rewrite import run_on_iris
 
     outs = iris_collective_p.bind(*primals, collective=collective, params=freeze(kwargs), config=config)
     live = [i for i, t in enumerate(tangents) if type(t) is not ad.Zero]
@@ -136,7 +136,7 @@ def _lax_jvp(primals, tangents, collective, kwargs, config):
 def _lax_transpose(cts, args, collective, kwargs, config):
     """lax's transpose rule of the whole call (or the collective's rule's, which has lax's
     signature), its collectives on iris."""
-    from iris_jax.rewrite import run_on_iris
+    from iris_jax.collectives.rewrite import run_on_iris
 
     undefined = [ad.is_undefined_primal(a) for a in args]
     if all(type(ct) is ad.Zero for ct in cts):
@@ -154,7 +154,7 @@ def _lax_transpose(cts, args, collective, kwargs, config):
 
 
 def _transpose(cts, *args, collective, params, config):
-    from iris_jax.rewrite import run_on_iris
+    from iris_jax.collectives.rewrite import run_on_iris
 
     if _whole_call(collective):
         return _lax_transpose(cts, args, collective, dict(params), config)
@@ -165,7 +165,7 @@ def _transpose(cts, *args, collective, params, config):
     def one(ct, arg):
         if type(ct) is ad.Zero:
             return ad.Zero(arg.aval.to_ct_aval()) if hasattr(arg.aval, "to_ct_aval") else ad.Zero(arg.aval)
-        if override is not None:  # where lax's rule does not serve (iris_jax.rules)
+        if override is not None:  # where lax's rule does not serve (iris_jax.collectives.rules)
             return override(collective, ct, kwargs, config)
         if collective.multiple_results:
             return run_on_iris(lambda c: rule([c], arg, **kwargs)[0], (ct,), config, merge=False)
@@ -180,7 +180,7 @@ ad.primitive_transposes[iris_collective_p] = _transpose
 
 # -- vmap -------------------------------------------------------------------------------
 def _batch(axis_data, vals, dims, *, collective, params, config):
-    from iris_jax.rewrite import run_on_iris
+    from iris_jax.collectives.rewrite import run_on_iris
 
     rule = batching.fancy_primitive_batchers[collective]
     kwargs = dict(params)
@@ -233,9 +233,12 @@ pe.partial_eval_jaxpr_custom_rules[iris_collective_p] = _remat
 
 # -- lowering ---------------------------------------------------------------------------
 def _lowering(ctx, *xs, collective, params, config):
-    from iris_jax import _runtime, cpu_lowering, domains
-    from iris_jax.operands import concrete
-    from iris_jax.rewrite import axes_of, lowers_on_iris
+    from iris_jax import _runtime
+    from iris_jax.calls import cpu_lowering
+    from iris_jax.calls.operands import concrete
+    from iris_jax.collectives import domains
+    from iris_jax.collectives.lowering import lowers_on_iris
+    from iris_jax.collectives.rules import axes_of
 
     kwargs = dict(params)
     if not lowers_on_iris(ctx, axes_of(kwargs)):
@@ -262,10 +265,10 @@ def _lower_per_shard(ctx, xs, manual_mesh, automatic, collective, params, config
     shard, as every iris kernel needs (XLA's partitioner can neither replicate a kernel with
     side effects nor shard a custom call it has no rule for). The region's specs follow the
     operands' sharding (`shard_specs`): where they match XLA's choice it costs nothing."""
-    from iris_jax import compat
-    from iris_jax.operands import concrete
-
     from jax.sharding import PartitionSpec
+
+    from iris_jax import compat
+    from iris_jax.calls.operands import concrete
 
     rule = rules.rule_of(collective.name)
     if rule.operands > 1:  # (ragged_all_to_all) operands and results do not pair up: replicated over them
@@ -360,5 +363,5 @@ def _explicit_only(entry, explicit):
 
 
 # not cacheable: a cached lowering is emitted as a function of its own, and the CPU lowering
-# chains kernel calls in program order only within one block (iris_jax.cpu_lowering)
+# chains kernel calls in program order only within one block (iris_jax.calls.cpu_lowering)
 mlir.register_lowering(iris_collective_p, _lowering, cacheable=False)

@@ -1,0 +1,135 @@
+"""The packages' imports go down only: iris_core never imports iris_jax, and iris_jax's
+subpackages import only the layers below them (function-local imports included), except for
+the recursions listed in ALLOWED_CYCLES, which the collectives package's docstring explains."""
+
+import ast
+import pathlib
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+# iris_jax's layers, bottom first: a module may import its own layer's modules and lower layers'
+LAYERS = [
+    ("iris_jax.compat", "iris_jax.config", "iris_jax.reference"),  # leaves: versions, settings, references
+    ("iris_jax._runtime",),  # ranks, heaps, execution models, heap arrays, workspaces, the fault watch
+    ("iris_jax.calls", "iris_jax.tracing"),  # a Triton kernel as a JAX primitive, to its launch
+    ("iris_jax.sync",),  # barriers and the entry points that raise faults
+    ("iris_jax.collectives",),  # lax's collectives on iris
+    ("iris_jax.ops", "iris_jax.pallas"),  # fused GEMM + collective ops; Pallas kernels with a context
+]
+
+# the one set of modules that import each other (a strongly connected component), inherent
+# (see iris_jax/collectives/__init__.py): the primitive's transformation rules and the rules'
+# jvps re-enter the rewrite, which binds the primitive; the compositions across domains run
+# their steps through the rules again. The rule modules count as their package.
+ALLOWED_CYCLES = [
+    {"iris_jax.collectives.domains", "iris_jax.collectives.primitive", "iris_jax.collectives.rewrite",
+     "iris_jax.collectives.rules"},
+]
+
+
+def _modules(package: str) -> dict[str, pathlib.Path]:
+    found = {}
+    for path in sorted((ROOT / package).rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def _imports(module: str, path: pathlib.Path) -> set[str]:
+    """Every module `module` imports at run time (TYPE_CHECKING blocks left out)."""
+    tree = ast.parse(path.read_text())
+    skipped = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+               for n in ast.walk(node)}
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    names = set()
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            names |= {f"{base}.{a.name}" for a in node.names}  # a name resolves to its module below
+    return names
+
+
+def _graph(package: str) -> dict[str, set[str]]:
+    modules = _modules(package)
+
+    def resolve(name):
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name
+
+    graph = {}
+    for module, path in modules.items():
+        targets = {resolve(n) for n in _imports(module, path) if n.startswith(package)}
+        graph[module] = {t for t in targets if t and t != module}
+    return graph
+
+
+def _layer(module: str) -> int:
+    for k, members in enumerate(LAYERS):
+        if any(module == m or module.startswith(m + ".") for m in members):
+            return k
+    return len(LAYERS)  # iris_jax itself, the public API, sits on top
+
+
+def test_iris_core_never_imports_jax_or_iris_jax():
+    for module, path in _modules("iris_core").items():
+        imported = _imports(module, path)
+        assert not {n for n in imported if n.split(".")[0] in ("iris_jax", "jax", "jaxlib", "jax_triton")}, module
+
+
+def test_every_iris_jax_module_has_a_layer():
+    unplaced = [m for m in _graph("iris_jax") if m != "iris_jax" and _layer(m) == len(LAYERS)]
+    assert not unplaced, f"give these a layer in LAYERS: {unplaced}"
+
+
+def test_iris_jax_imports_go_down_only():
+    graph = _graph("iris_jax")
+    upward = sorted(f"{m} -> {t}" for m, targets in graph.items() for t in targets if _layer(t) > _layer(m))
+    assert not upward, "imports of a higher layer:\n" + "\n".join(upward)
+
+
+def _components(graph: dict[str, set[str]]) -> list[set[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = set()
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.add(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(component)
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_cycles_but_the_inherent_ones():
+    rules = "iris_jax.collectives.rules"
+    family = lambda m: rules if m.startswith(rules + ".") else m  # noqa: E731
+    graph = {}
+    for m, targets in _graph("iris_jax").items():
+        graph.setdefault(family(m), set()).update(family(t) for t in targets if family(t) != family(m))
+    cycles = [c for c in _components(graph) if c not in ALLOWED_CYCLES]
+    assert not cycles, cycles
