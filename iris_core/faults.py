@@ -31,6 +31,7 @@ import dataclasses
 
 import triton
 
+from iris_core.collectives.kinds import KIND_NAMES, OP_NAMES, VARIANT_NAMES
 from iris_core.errors import PeerFailedError, PeerTimeoutError, RankMismatchError
 
 TRAP, EXIT = 0, 1  # what a kernel does after writing its record: trap (the CUDA context is lost) or exit
@@ -47,10 +48,6 @@ ERRORS = {TIMEOUT: PeerTimeoutError, PEER_FAILED: PeerFailedError, MISMATCH: Ran
 
 # signatures: bits 0-31 the column count, 32-39 input blocks, 40-44 dtype, 45-49 kind, 50-53 op,
 # 54-57 algorithm, 58 always set (a written signature is never 0)
-KIND_NAMES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "ppermute", "broadcast",
-              "ragged_all_to_all")
-OP_NAMES = ("sum", "max", "min")
-VARIANT_NAMES = ("one_shot", "two_shot", "atomic", "spinlock", "ring")
 DTYPES = ("fp32", "bf16", "fp16", "fp64", "int32", "int64", "int16", "int8", "uint8", "uint16", "uint32",
           "uint64", "fp8e4nv", "fp8e5", "int1")
 _NUMPY_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "fp64": "float64", "int1": "bool",

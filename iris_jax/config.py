@@ -21,9 +21,10 @@ from collections.abc import Iterator, Mapping
 
 import jax
 
+from iris_core.collectives.algorithms import ALGORITHMS
 from iris_core.device.flags import DEFAULT_TIMEOUT_S
 
-VARIANTS = ("auto", "one_shot", "two_shot", "ring", "atomic", "spinlock")
+VARIANTS = ("auto", *ALGORITHMS)  # "auto": two-shot from `two_shot_from` bytes, else one-shot
 _LAUNCH_WARPS = (1, 2, 4, 8, 16, 32)
 
 

@@ -1,15 +1,7 @@
-"""Whole-array collective kernels on the symmetric heap (device code, framework-neutral)."""
+"""Whole-array collective kernels on the symmetric heap (device code, framework-neutral).
 
-from iris_core.collectives.kernels import (
-    ALL_GATHER,
-    ALL_REDUCE,
-    ALL_TO_ALL,
-    BROADCAST,
-    PPERMUTE,
-    REDUCE_SCATTER,
-    collective_kernel,
-)
-from iris_core.collectives.workspace import WorkspaceLayout
-
-__all__ = ["ALL_GATHER", "ALL_REDUCE", "ALL_TO_ALL", "BROADCAST", "PPERMUTE", "REDUCE_SCATTER",
-           "WorkspaceLayout", "collective_kernel"]
+kernels.py is the kernel (`collective_kernel`); kinds.py names what a launch asks for (kind,
+op, all-reduce algorithm) and algorithms.py what each algorithm runs; the other modules are its
+parts (see the README's Layout). The package imports nothing itself, so that host code can read
+kinds.py, algorithms.py and the layouts without building the kernels.
+"""

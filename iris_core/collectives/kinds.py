@@ -16,10 +16,16 @@ same way.
 
 import triton
 
-ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL, PPERMUTE, BROADCAST = range(6)
-RAGGED_ALL_TO_ALL = 6  # iris_core.collectives.ragged's kernel (not a KIND of the collective kernel): signatures only
-SUM, MAX, MIN = range(3)
-ONE_SHOT, TWO_SHOT, ATOMIC, SPINLOCK, RING = range(5)
+# each name's position is its constexpr; the names are what fault records and signatures say
+KIND_NAMES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "ppermute", "broadcast",
+              "ragged_all_to_all")
+ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL, PPERMUTE, BROADCAST, RAGGED_ALL_TO_ALL = range(len(KIND_NAMES))
+# (RAGGED_ALL_TO_ALL is iris_core.collectives.ragged's kernel, not a KIND of the collective kernel: signatures only)
+OP_NAMES = ("sum", "max", "min")
+SUM, MAX, MIN = range(len(OP_NAMES))
+# the all-reduce algorithms (what each runs: iris_core.collectives.algorithms)
+VARIANT_NAMES = ("one_shot", "two_shot", "atomic", "spinlock", "ring")
+ONE_SHOT, TWO_SHOT, ATOMIC, SPINLOCK, RING = range(len(VARIANT_NAMES))
 
 
 @triton.constexpr_function

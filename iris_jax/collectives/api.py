@@ -25,7 +25,7 @@ from collections.abc import Sequence
 import jax.numpy as jnp
 from jax import tree_util
 
-from iris_core.collectives.group import RING_MAX_MEMBERS
+from iris_core.collectives.algorithms import ALGORITHMS
 from iris_jax.calls.triton_call import vary
 from iris_jax.collectives.lowering import group_size
 from iris_jax.collectives.rewrite import SUPPORTED_DTYPES, UnsupportedCollectiveError, run_on_iris
@@ -74,7 +74,8 @@ def all_reduce(x, axis_name, op: str = "sum", variant: str = "auto", *, timeout_
       variant: "one_shot" (every rank reads every peer's input), "two_shot" (reduce-scatter
         then all-gather), "ring" (2(G-1) neighbour steps, up to 32 ranks), "atomic" (remote
         atomic adds into every rank's accumulator; float32/int32 sums), "spinlock"
-        (read-add-write under a per-tile lock on every rank; sums), or "auto" (by size).
+        (read-add-write under a per-tile lock on every rank; sums), or "auto" (by size);
+        what each runs: iris_core.collectives.algorithms.
       timeout_s: how long to wait for a peer before failing (default: the config's).
     Raises:
       ValueError / TypeError: an unknown op or variant, or a variant that cannot run `op` or
@@ -84,16 +85,15 @@ def all_reduce(x, axis_name, op: str = "sum", variant: str = "auto", *, timeout_
         raise ValueError(f"unknown reduction {op!r}; choose one of {OPS}")
     if variant not in VARIANTS:
         raise ValueError(f"unknown all_reduce variant {variant!r}; choose one of {VARIANTS}")
-    if variant in ("atomic", "spinlock") and op != "sum":
-        raise ValueError(f"all_reduce variant {variant!r} only sums; use one_shot, two_shot or ring for op={op!r}")
+    named = ALGORITHMS.get(variant)  # None: auto, which chooses among those that run the call
+    if named:
+        named.check(op)
     for leaf in tree_util.tree_leaves(x):
         _check_dtype(leaf, "all_reduce")
-        if variant == "atomic" and leaf.dtype not in (jnp.float32, jnp.int32):
-            raise TypeError(f"all_reduce variant 'atomic' needs float32 or int32 (got {leaf.dtype}); use "
-                            "'spinlock' or another variant")
-    if variant == "ring" and _axes_size(axis_name) > RING_MAX_MEMBERS:
-        raise ValueError(f"all_reduce variant 'ring' supports groups of up to {RING_MAX_MEMBERS} ranks "
-                         f"(got {_axes_size(axis_name)})")
+        if named:
+            named.check(op, jnp.dtype(leaf.dtype).name)
+    if named:
+        named.check(op, members=_axes_size(axis_name))
     reduce = {"sum": lax_parallel.psum, "max": lax_parallel.pmax, "min": lax_parallel.pmin}[op]
     return run_on_iris(lambda v: reduce(v, axis_name), (x,), _config(config, variant=variant, timeout_s=timeout_s))
 

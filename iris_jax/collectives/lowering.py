@@ -26,7 +26,7 @@ import numpy as np
 
 from iris_core.collectives import kernels as K
 from iris_core.collectives import kinds
-from iris_core.collectives.group import RING_MAX_MEMBERS
+from iris_core.collectives.algorithms import ALGORITHMS, BY_VARIANT
 from iris_core.collectives.workspace import MAX_PROGRAMS
 from iris_jax import _runtime as runtime_lib
 from iris_jax import compat
@@ -35,8 +35,6 @@ from iris_jax.calls.triton_call import triton_call
 from iris_jax.calls.triton_call import varying_axes as _vma
 from iris_jax.config import CollectiveConfig
 
-_VARIANTS = {"one_shot": K.ONE_SHOT, "two_shot": K.TWO_SHOT, "ring": K.RING, "atomic": K.ATOMIC,
-             "spinlock": K.SPINLOCK}
 # launch defaults: the configuration benchmarks/tune_collectives.py found best over its sizes
 # (the tile's elements per backend: iris_jax._runtime.backends)
 DEFAULT_PROGRAMS_PER_SM, DEFAULT_WARPS = 1, 8
@@ -93,17 +91,12 @@ def out_of_mesh_order(axes) -> bool:
 # -- from lax's parameters to kernel launches (each collective's own step: its rule) ------
 def effective_variant(variant: str, op: str, dtype, nbytes: int, G: int, config: CollectiveConfig) -> int:
     """The all-reduce algorithm that runs: `variant`, or one-shot where it cannot run this call
-    (atomic and spinlock only sum, atomic only float32/int32, ring up to RING_MAX_MEMBERS ranks);
-    `auto` chooses two-shot from `config.two_shot_from` bytes per rank."""
+    (iris_core.collectives.algorithms: its ops, dtypes and group sizes); `auto` chooses two-shot
+    from `config.two_shot_from` bytes per rank."""
     if variant == "auto":
         return K.TWO_SHOT if nbytes >= config.two_shot_from and G > 1 else K.ONE_SHOT
-    if variant in ("atomic", "spinlock") and op != "sum":
-        return K.ONE_SHOT
-    if variant == "atomic" and jnp.dtype(dtype) not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.int32)):
-        return K.ONE_SHOT
-    if variant == "ring" and not 1 < G <= RING_MAX_MEMBERS:
-        return K.ONE_SHOT
-    return _VARIANTS[variant]
+    algorithm = ALGORITHMS[variant]
+    return algorithm.variant if algorithm.runs(op, jnp.dtype(dtype).name, G) else K.ONE_SHOT
 
 
 def split_chunks(x, s, G):
@@ -213,7 +206,7 @@ def launch(kind: int, x2d, axes, out_blocks: int, config: CollectiveConfig, *, o
 
 def zero_copy(kind: int, variant: int, nbytes: int, config: CollectiveConfig) -> bool:
     """Whether inputs on the heap are read in place (the pulling algorithms, large arrays)."""
-    pulls = kind != K.ALL_REDUCE or variant in (K.ONE_SHOT, K.TWO_SHOT)
+    pulls = kind != K.ALL_REDUCE or BY_VARIANT[variant].pulls
     return pulls and nbytes >= config.zero_copy_from
 
 
