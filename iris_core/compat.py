@@ -73,12 +73,14 @@ class CompiledPtx:
     global_scratch: tuple[int, int] | None = None  # (bytes, alignment) the kernel needs, if any
 
 
-def cuda_backend(compute_capability: int):
-    """Triton's CUDA backend for `compute_capability` (e.g. 90), made without a GPU."""
-    from triton.backends.compiler import GPUTarget
+def gpu_backend(compute_capability: int):
+    """Triton's backend of the GPU platform (iris_core.platform) for `compute_capability` (e.g.
+    90), made without a GPU."""
     from triton.compiler.compiler import make_backend
 
-    return make_backend(GPUTarget("cuda", compute_capability, 32))
+    from iris_core.platform import GPU
+
+    return make_backend(GPU.triton_target(compute_capability))
 
 
 def compile_ptx(fn, signature: dict, constexprs: dict, attrs: dict, compute_capability: int,
@@ -94,7 +96,7 @@ def compile_ptx(fn, signature: dict, constexprs: dict, attrs: dict, compute_capa
     from triton._C import libtriton
     from triton.compiler.compiler import ASTSource
 
-    backend = cuda_backend(compute_capability)
+    backend = gpu_backend(compute_capability)
     parsed = backend.parse_options(options)
     context = libtriton.ir.context()
     libtriton.ir.load_dialects(context)

@@ -1,19 +1,65 @@
-"""Whether this machine has NVIDIA GPUs, decided without importing JAX or CUDA libraries.
+"""The GPU platforms iris runs on: what differs between vendors, one record each.
 
-Scripts that fall back to the CPU simulator must choose before JAX is imported.
+A vendor is the command that lists its GPUs, Triton's compile target (backend and warp size),
+its symmetric heap (allocation, peer mapping, export between processes), its device
+intrinsics (timer, SM id, acquiring loads, host stores, how a thread stops), and JAX's names
+for it (the lowering platform, XLA's custom-call platform, jaxlib's Triton launcher). Code that
+needs one of these asks the record (`GPU`); nothing else spells a vendor's names. One vendor
+today, NVIDIA; a second (ROCm) would be a record here with its heap module. Device code
+imports its intrinsics from iris_core.device.nvidia (Triton resolves them when it compiles),
+so a second vendor also needs that import chosen by the compile target: not done yet.
+
+The simulator is the other platform: JAX's "cpu" devices, heaps in host shared memory
+(iris_core.heap.shared_memory), the intrinsics' interpreter branches.
+
+Nothing here imports JAX or a CUDA library: scripts that fall back to the simulator choose
+before JAX is imported (`gpus_present`).
 """
 
+from __future__ import annotations
+
+import dataclasses
+import importlib
 import shutil
 import subprocess
 
 
-def gpus_present() -> bool:
-    """True when `nvidia-smi -L` lists at least one GPU."""
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
+@dataclasses.dataclass(frozen=True)
+class GpuPlatform:
+    vendor: str
+    list_gpus: tuple[str, ...]  # a command whose output names every GPU ("GPU" in each line)
+    triton_backend: str  # Triton's GPUTarget backend
+    warp_size: int
+    heap: str  # "module:class" of its SymmetricHeap
+    jax_platform: str  # JAX's platform name: lowering rules register for it
+    xla_platform: str  # XLA's custom-call (FFI) platform
+    jaxlib_triton: str  # the attribute of jaxlib's gpu_triton that holds its Triton launcher
+
+    def heap_class(self) -> type:
+        module, name = self.heap.split(":")
+        return getattr(importlib.import_module(module), name)
+
+    def triton_target(self, arch: int):
+        """Triton's target for `arch` (NVIDIA: the compute capability, e.g. 90), made without a GPU."""
+        from triton.backends.compiler import GPUTarget
+
+        return GPUTarget(self.triton_backend, arch, self.warp_size)
+
+
+NVIDIA = GpuPlatform(vendor="nvidia", list_gpus=("nvidia-smi", "-L"), triton_backend="cuda", warp_size=32,
+                     heap="iris_core.heap.cuda:CudaHeap", jax_platform="cuda", xla_platform="CUDA",
+                     jaxlib_triton="_cuda_triton")
+PLATFORMS = (NVIDIA,)
+GPU = NVIDIA  # the platform iris's GPU paths use
+
+
+def gpus_present(platform: GpuPlatform = GPU) -> bool:
+    """True when `platform`'s tool lists at least one GPU."""
+    tool = shutil.which(platform.list_gpus[0])
+    if tool is None:
         return False
     try:
-        result = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=30)
+        result = subprocess.run([tool, *platform.list_gpus[1:]], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.SubprocessError):
         return False
     return result.returncode == 0 and "GPU" in result.stdout

@@ -56,6 +56,8 @@ from jax._src.interpreters import partial_eval as pe
 from jax._src.lax import parallel as lax_parallel  # lax's collectives, where they are defined
 from jax.extend.core import ClosedJaxpr
 
+from iris_core.platform import PLATFORMS
+
 __all__ = ["ClosedJaxpr", "JAX_TRITON_VERSION", "JAXLIB_VERSION", "closed_jaxpr", "gpu_plugin_present",
            "concrete_mesh", "gpu_triton", "is_jaxpr", "jax_triton", "jax_triton_call", "lax_parallel", "triton_kernel",
            "triton_kernel_call_p", "triton_type"]
@@ -205,9 +207,9 @@ def _no_gpu_plugin(*args, **kwargs):
 
 
 def gpu_plugin_present() -> bool:
-    """Whether JAX's CUDA (or ROCm) plugin, with jaxlib's Triton launcher, is installed."""
+    """Whether JAX's GPU plugin, with jaxlib's Triton launcher, is installed (iris_core.platform)."""
     lib = gpu_triton()
-    return getattr(lib, "_cuda_triton", None) is not None or getattr(lib, "_hip_triton", None) is not None
+    return any(getattr(lib, platform.jaxlib_triton, None) is not None for platform in PLATFORMS)
 
 
 def jax_triton():

@@ -207,9 +207,10 @@ class CudaHeap(SymmetricHeap):
         return raw.view(dtype).view(tuple(shape))
 
     def read_words(self, rank: int, offset: int, count: int) -> np.ndarray:
+        # a peer's heap (mapped here) through a local GPU: unified addressing finds it
         rt = _cudart()
         out = np.zeros(count, np.int64)
-        _check(rt.cudaSetDevice(self.devices[rank]), "cudaSetDevice")
+        _check(rt.cudaSetDevice(self.devices.get(rank, next(iter(self.devices.values())))), "cudaSetDevice")
         _check(rt.cudaDeviceSynchronize(), "cudaDeviceSynchronize")
         _check(rt.cudaMemcpy(out.ctypes.data, self.heap_bases[rank] + offset, out.nbytes,
                              rt.cudaMemcpyKind.cudaMemcpyDefault), "cudaMemcpy")

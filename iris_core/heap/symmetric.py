@@ -69,7 +69,7 @@ class SymmetricHeap(abc.ABC):
 
     def read_words(self, rank: int, offset: int, count: int) -> np.ndarray:
         """`count` int64 words of rank's heap at `offset`, copied to the host (after the
-        device work that wrote them finished)."""
+        device work that wrote them finished); a peer's heap too where this process maps it."""
         raise NotImplementedError
 
     def take_errors(self) -> list[tuple[int, int]]:

@@ -12,7 +12,7 @@ process (the simulator's workers map the heaps at other addresses than the host)
 device adds its own heap base (see iris_core.device.tracing).
 
 Any process can read every rank's area: simulated heaps are shared memory, and GPU heaps
-are device memory reachable from here (peers' through peer access or CUDA IPC).
+are device memory reachable from here (peers' mapped); the heap copies it (read_words).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from iris_core.errors import HeapExhaustedError, IrisError
+from iris_core.errors import HeapExhaustedError
 from iris_core.heap.context_layout import TRACE_FIELDS
 
 LINE = 128
@@ -105,25 +105,6 @@ class TraceBuffers:
         self.freed = True
 
 
-# -- heap memory from the host: shared memory (simulator) or device memory (GPU) ------------
 def _read(heap, rank: int, offset: int, count: int) -> np.ndarray:
-    if count == 0:
-        return np.zeros(0, np.int64)
-    if hasattr(heap, "host_view"):
-        return heap.host_view(rank, offset, (count,), np.int64).copy()
-    out = np.empty(count, np.int64)
-    _cuda_copy(heap, rank, out.ctypes.data, heap.heap_bases[rank] + offset, out.nbytes)
-    return out
-
-
-def _cuda_copy(heap, rank: int, dst: int, src: int, nbytes: int) -> None:
-    """Synchronous copy between host and a heap (cudaMemcpyDefault: unified addressing)."""
-    from iris_core.heap.cuda import _check, _cudart
-
-    rt = _cudart()
-    devices = getattr(heap, "devices", {})
-    device = devices.get(rank, next(iter(devices.values()), None))
-    if device is None:
-        raise IrisError(f"no local GPU to reach rank {rank}'s heap from")
-    _check(rt.cudaSetDevice(device), f"cudaSetDevice({device})")
-    _check(rt.cudaMemcpy(dst, src, nbytes, rt.cudaMemcpyKind.cudaMemcpyDefault), "cudaMemcpy (trace buffers)")
+    """`count` words of rank's heap at `offset` (the heap copies them: shared memory or device memory)."""
+    return heap.read_words(rank, offset, count) if count else np.zeros(0, np.int64)

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from iris_core.errors import IrisError, PeerTimeoutError, RankMismatchError
+from iris_core.platform import GPU
 
 SIM_LAUNCHED = "sim-launched"
 SIM_WORKERS = "sim-workers"
@@ -208,12 +209,10 @@ class GpuSingleProcess(_GpuBackend):
     mode, process_per_rank = GPU_SINGLE, False
 
     def start(self, heap_size, devices, domain_size, heap_allocator):
-        from iris_core.heap.cuda import CudaHeap
-
         local = _local(devices)
         domains = _domains(len(local), domain_size)
-        heap = CudaHeap(len(local), heap_size or self.default_heap_size, list(range(len(local))),
-                        [d.local_hardware_id for d in local], heap_allocator=heap_allocator)
+        heap = GPU.heap_class()(len(local), heap_size or self.default_heap_size, list(range(len(local))),
+                                [d.local_hardware_id for d in local], heap_allocator=heap_allocator)
         return Started(len(local), domains, heap, {d: r for r, d in enumerate(local)})
 
 
@@ -224,8 +223,6 @@ class GpuMultiProcess(_GpuBackend):
 
     def start(self, heap_size, devices, domain_size, heap_allocator):
         from jax._src import distributed
-
-        from iris_core.heap.cuda import CudaHeap
 
         local = _local(devices)
         if len(local) != 1:
@@ -240,9 +237,9 @@ class GpuMultiProcess(_GpuBackend):
         domains = _domains(world_size, domain_size) if domain_size else _domains_by_host(hosts)
         # a heap's handles are valid in its domain only: map the peers of this rank's domain
         domain = next(d for d in domains if rank in d)
-        heap = CudaHeap(world_size, heap_size or self.default_heap_size, [rank], [local[0].local_hardware_id],
-                        store=store, session=session, timeout_s=RENDEZVOUS_TIMEOUT_S, reachable=domain,
-                        heap_allocator=heap_allocator, across_hosts=len({hosts[r] for r in domain}) > 1)
+        heap = GPU.heap_class()(world_size, heap_size or self.default_heap_size, [rank], [local[0].local_hardware_id],
+                                store=store, session=session, timeout_s=RENDEZVOUS_TIMEOUT_S, reachable=domain,
+                                heap_allocator=heap_allocator, across_hosts=len({hosts[r] for r in domain}) > 1)
         return Started(world_size, domains, heap, {local[0]: rank}, store, session,
                        **_seen_by(store, session, rank, world_size, heap))
 

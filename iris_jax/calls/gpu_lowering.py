@@ -24,6 +24,7 @@ import numpy as np
 from jax.interpreters import mlir
 
 from iris_core.errors import IrisError
+from iris_core.platform import GPU
 from iris_jax import compat
 from iris_jax.calls import kernel_cache
 from iris_jax.calls.autotune import resolve_call
@@ -139,12 +140,12 @@ def graph_target() -> str | None:
 def _register() -> str | None:
     from jax._src.lib import gpu_triton, xla_client
 
-    plugin = getattr(gpu_triton, "_cuda_triton", None)
+    plugin = getattr(gpu_triton, GPU.jaxlib_triton, None)
     handler = plugin.registrations().get("triton_kernel_call_ffi") if plugin else None
     if handler is None:
         return None
     try:
-        jax.ffi.register_ffi_target(GRAPH_TARGET, handler, platform="CUDA",
+        jax.ffi.register_ffi_target(GRAPH_TARGET, handler, platform=GPU.xla_platform,
                                     traits=xla_client.CustomCallTargetTraits.COMMAND_BUFFER_COMPATIBLE)
     except Exception as e:  # any refusal means: keep the host-launched call
         warnings.warn(f"iris kernels fall back to jaxlib's host-launched call (outside XLA's CUDA graphs, "
@@ -154,4 +155,4 @@ def _register() -> str | None:
 
 
 def register() -> None:
-    mlir.register_lowering(iris_triton_call_p, _lowering, platform="cuda")
+    mlir.register_lowering(iris_triton_call_p, _lowering, platform=GPU.jax_platform)

@@ -31,7 +31,7 @@ import zlib
 
 import numpy as np
 
-from iris_core.compat import CompiledPtx, compile_ptx, cuda_backend
+from iris_core.compat import CompiledPtx, compile_ptx, gpu_backend
 
 _FORMAT = 3  # bump when what an entry holds changes
 
@@ -111,7 +111,7 @@ def kernel_key(fn, signature: dict, constants: dict, attrs: dict, options: dict,
         return None
     parts = [_FORMAT, triton.__version__, fn.cache_key, fn.__name__, sorted(signature.items()), constants_text,
              sorted(attrs.items()), sorted(options.items()), compute_capability,
-             cuda_backend(compute_capability).hash(), sorted(get_cache_invalidating_env_vars().items())]
+             gpu_backend(compute_capability).hash(), sorted(get_cache_invalidating_env_vars().items())]
     return hashlib.sha256(repr(parts).encode()).hexdigest()
 
 
@@ -129,7 +129,7 @@ def compile_kernel(cache: KernelCache, fn, arg_types: list[str], scalar_args, *,
       16-byte aligned: iris and jax-triton keep every array so; scalars carry none).
     """
     scalar_at = {i for i, _, _ in scalar_args}
-    backend = cuda_backend(compute_capability)
+    backend = gpu_backend(compute_capability)
     attrs = {(i,): backend.parse_attr("" if i in scalar_at else "D") for i in range(len(arg_types))}
     signature = {fn.arg_names[i]: "i1" if t == "B" else t for i, t in enumerate(arg_types)}
     constants = {p.name: p.default for p in fn.params if p.is_constexpr and p.default is not inspect.Parameter.empty}

@@ -26,6 +26,7 @@ from jax.interpreters import mlir
 
 from iris_core.errors import IrisError
 from iris_core.heap.context_layout import context_words
+from iris_core.platform import GPU
 from iris_jax import _runtime as runtime_lib
 from iris_jax.calls.operands import context_operand
 from iris_jax.calls.triton_call import _check_symmetric, _like, _manual_axes, iris_kernel_effect, vary
@@ -211,7 +212,7 @@ def _mark_side_effect(operations) -> int:
 
 
 def _register() -> None:
-    mlir.register_lowering(iris_pallas_call_p, _lowering, platform="cuda")
+    mlir.register_lowering(iris_pallas_call_p, _lowering, platform=GPU.jax_platform)
     mlir.register_lowering(iris_pallas_call_p, _lowering, platform="cpu", cacheable=False)
 
 
