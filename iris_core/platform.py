@@ -5,9 +5,9 @@ its symmetric heap (allocation, peer mapping, export between processes), its dev
 intrinsics (timer, SM id, acquiring loads, host stores, how a thread stops), and JAX's names
 for it (the lowering platform, XLA's custom-call platform, jaxlib's Triton launcher). Code that
 needs one of these asks the record (`GPU`); nothing else spells a vendor's names. One vendor
-today, NVIDIA; a second (ROCm) would be a record here with its heap module. Device code
-imports its intrinsics from iris_core.device.nvidia (Triton resolves them when it compiles),
-so a second vendor also needs that import chosen by the compile target: not done yet.
+today, NVIDIA; a second (ROCm) would be a record here with its heap module and its intrinsics
+module (device code takes them from iris_core.device.intrinsics, which loads the record's).
+Still PTX by name: the compile path (iris_core.compat.compile_ptx and its users).
 
 The simulator is the other platform: JAX's "cpu" devices, heaps in host shared memory
 (iris_core.heap.shared_memory), the intrinsics' interpreter branches.
@@ -31,6 +31,7 @@ class GpuPlatform:
     triton_backend: str  # Triton's GPUTarget backend
     warp_size: int
     heap: str  # "module:class" of its SymmetricHeap
+    intrinsics: str  # the module of its device intrinsics (iris_core.device.intrinsics)
     jax_platform: str  # JAX's platform name: lowering rules register for it
     xla_platform: str  # XLA's custom-call (FFI) platform
     jaxlib_triton: str  # the attribute of jaxlib's gpu_triton that holds its Triton launcher
@@ -47,8 +48,8 @@ class GpuPlatform:
 
 
 NVIDIA = GpuPlatform(vendor="nvidia", list_gpus=("nvidia-smi", "-L"), triton_backend="cuda", warp_size=32,
-                     heap="iris_core.heap.cuda:CudaHeap", jax_platform="cuda", xla_platform="CUDA",
-                     jaxlib_triton="_cuda_triton")
+                     heap="iris_core.heap.cuda:CudaHeap", intrinsics="iris_core.device.nvidia",
+                     jax_platform="cuda", xla_platform="CUDA", jaxlib_triton="_cuda_triton")
 PLATFORMS = (NVIDIA,)
 GPU = NVIDIA  # the platform iris's GPU paths use
 

@@ -3,7 +3,7 @@
 from iris_core.compat import aggregate, interpreting
 from iris_core.device import rma
 from iris_core.device.context import Context, DeviceContext
-from iris_core.device.nvidia import global_timer, load_acquire, nanosleep, sm_id
+from iris_core.device.intrinsics import global_timer, load_acquire, nanosleep, sm_id
 from iris_core.device.rma import (
     atomic_add,
     atomic_and,

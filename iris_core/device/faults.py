@@ -50,7 +50,7 @@ if interpreting():
                                                  int(group), int(mine), int(theirs)))
 
 else:
-    from iris_core.device.nvidia import fence_system, global_timer, load_from_host, stop, store_to_host
+    from iris_core.device.intrinsics import fence_system, global_timer, load_from_host, stop, store_to_host
 
     @triton.jit
     def _program():

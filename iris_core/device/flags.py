@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from iris_core.device.faults import TIMEOUT, fail
-from iris_core.device.nvidia import global_timer, load_acquire, nanosleep
+from iris_core.device.intrinsics import global_timer, load_acquire, nanosleep
 
 DEFAULT_TIMEOUT_S = 60.0  # how long a kernel waits for a peer unless told otherwise
 DEFAULT_TIMEOUT_NS: tl.constexpr = tl.constexpr(int(DEFAULT_TIMEOUT_S * 10**9))

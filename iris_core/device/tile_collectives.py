@@ -20,7 +20,7 @@ import triton.language as tl
 from iris_core import faults
 from iris_core.device import flags
 from iris_core.device.faults import TIMEOUT, fail
-from iris_core.device.nvidia import global_timer
+from iris_core.device.intrinsics import global_timer
 
 _FLAG: tl.constexpr = tl.constexpr(faults.named("tile collective (flag)"))  # what their fault records name
 _LOCK: tl.constexpr = tl.constexpr(faults.named("tile collective (lock)"))

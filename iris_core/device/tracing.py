@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 
 from iris_core.compat import aggregate
-from iris_core.device.nvidia import global_timer, sm_id
+from iris_core.device.intrinsics import global_timer, sm_id
 from iris_core.heap.context_layout import TRACE_FIELDS
 from iris_core.tracing import events
 

@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 
 from iris_core.device import Context
-from iris_core.device.nvidia import global_timer, nanosleep
+from iris_core.device.intrinsics import global_timer, nanosleep
 
 
 @triton.jit
