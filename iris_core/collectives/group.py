@@ -186,7 +186,8 @@ class Group:
         for i in tl.static_range(self.G):
             seen = tl.load(self.flag(i), volatile=True)
             sig = tl.load(self.signature_slot(i, stamp), volatile=True)
-            this_epoch = tl.where(flags.poisoned(seen), flags.poisoned_at(seen) // STEPS == epoch, seen // STEPS >= epoch)
+            this_epoch = tl.where(flags.poisoned(seen), flags.poisoned_at(seen) // STEPS == epoch,
+                                  seen // STEPS >= epoch)
             hit = this_epoch & (sig != self.sig) & (culprit < 0)
             culprit = tl.where(hit, self.rank(i), culprit)
             theirs = tl.where(hit, sig, theirs)

@@ -75,7 +75,8 @@ class WorkspaceLayout:
     @property
     def total_bytes(self) -> int:
         tile_words = -(-3 * 4 * (self.stream_capacity // 256) // 8) * 8
-        return self.stream + LINE_BYTES + 2 * self.stream_capacity + tile_words + 2 * 8 * self.world_size + 4 * MAX_PROGRAMS
+        return (self.stream + LINE_BYTES + 2 * self.stream_capacity + tile_words + 2 * 8 * self.world_size
+                + 4 * MAX_PROGRAMS)
 
 
 @dataclass(frozen=True)

@@ -94,7 +94,7 @@ class SymmetricHeap(abc.ABC):
         with self._requested_lock:
             return sorted(self._requested.items())
 
-    def _allocations_changed(self) -> None:
+    def _allocations_changed(self) -> None:  # noqa: B027  (a hook: most heaps need nothing here)
         """Called (under the lock) after every allocation and free; the simulator's heaps
         publish the table to their workers (checked mode)."""
 

@@ -119,7 +119,7 @@ def run_kernel(kernel, grid: Sequence[int], args: Sequence, constexprs: dict | N
                         ti.interpreter_builder.set_grid_idx(x, y, z)
                         fn(**call_args)
     except Exception as e:
-        raise _iris_cause(e) or e
+        raise _iris_cause(e) or e  # noqa: B904  (the iris error itself, as the kernel raised it)
     finally:
         _LAUNCH.patched = None
         ti.interpreter_builder.options = options

@@ -126,8 +126,8 @@ def _discharge_rule(in_avals, out_avals, *args_flat, args_tree, op, slot, sem, s
     cmp = None if a.cmp is None else full(jnp.asarray(a.cmp, ref_aval.dtype))
     mask = jnp.ones(shape, bool) if a.mask is None else full(jnp.asarray(a.mask, bool))
     other = jnp.zeros(shape, ref_aval.dtype) if a.other is None else full(jnp.asarray(a.other, ref_aval.dtype))
-    new_ctx, result = simulator.rma(op, np.dtype(ref_aval.dtype), slot, sem, a.ctx, index, jnp.asarray(a.rank, np.int32),
-                                    value, cmp, mask, other)
+    dtype, rank = np.dtype(ref_aval.dtype), jnp.asarray(a.rank, np.int32)
+    new_ctx, result = simulator.rma(op, dtype, slot, sem, a.ctx, index, rank, value, cmp, mask, other)
     new_invals = [None] * len(in_avals)
     new_invals[0] = new_ctx
     return new_invals, ([] if op == "store" else [result])
