@@ -1,6 +1,7 @@
 """The packages' imports go down only: iris_core never imports iris_jax, and iris_jax's
 subpackages import only the layers below them (function-local imports included), except for
-the recursions listed in ALLOWED_CYCLES, which the collectives package's docstring explains."""
+the recursions listed in ALLOWED_CYCLES, which the collectives package's docstring explains;
+a GPU vendor's modules are reached only through its record in iris_core.platform."""
 
 import ast
 import pathlib
@@ -133,3 +134,15 @@ def test_no_cycles_but_the_inherent_ones():
         graph.setdefault(family(m), set()).update(family(t) for t in targets if family(t) != family(m))
     cycles = [c for c in _components(graph) if c not in ALLOWED_CYCLES]
     assert not cycles, cycles
+
+
+# a GPU vendor's own modules, reached only through its record in iris_core.platform (and by
+# each other: the CUDA heap maps memory through the VMM module)
+VENDOR_MODULES = {"iris_core.heap.cuda", "iris_core.heap.vmm", "iris_core.device.nvidia"}
+
+
+def test_vendor_modules_only_through_the_platform_record():
+    importers = sorted(f"{m} -> {name}" for package in ("iris_core", "iris_jax")
+                       for m, path in _modules(package).items() if m not in VENDOR_MODULES
+                       for name in _imports(m, path) if any(name == v or name.startswith(v + ".") for v in VENDOR_MODULES))
+    assert not importers, "reach these through iris_core.platform.GPU:\n" + "\n".join(importers)

@@ -68,6 +68,8 @@ class CudaHeap(SymmetricHeap):
       IrisError: the chosen allocator is not available, or a CUDA call failed (named).
     """
 
+    ALLOCATORS = HEAP_ALLOCATORS  # what `heap_allocator` may name
+
     def __init__(self, world_size: int, heap_size: int, local_ranks: Sequence[int],
                  devices: Sequence[int], store: KeyValueStore | None = None,
                  session: str = "iris", timeout_s: float = 300.0, reachable: Sequence[int] | None = None,

@@ -37,6 +37,7 @@ import numpy as np
 from iris_core.errors import CrossDomainError, IrisError, RankMismatchError
 from iris_core.heap.allocator import format_bytes
 from iris_core.heap.context_layout import encode_context
+from iris_core.platform import GPU
 from iris_jax._runtime import backends, faults
 from iris_jax._runtime.backends import RENDEZVOUS_TIMEOUT_S
 from iris_jax._runtime.tracer import RuntimeTracer
@@ -243,11 +244,10 @@ _generations = itertools.count(1)
 
 def _check_heap_allocator(name: str) -> None:
     """A misspelt setting fails in every model, also where it does not apply (the simulator)."""
-    from iris_core.heap.cuda import HEAP_ALLOCATORS
-
-    if name not in HEAP_ALLOCATORS:
+    allocators = GPU.heap_class().ALLOCATORS
+    if name not in allocators:
         raise ValueError(f"unknown heap allocator {name!r} (init(heap_allocator=...) or IRIS_HEAP_ALLOCATOR); "
-                         f"choose one of {HEAP_ALLOCATORS}")
+                         f"choose one of {allocators}")
 
 
 _runtime_lock = threading.Lock()
