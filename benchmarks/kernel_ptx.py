@@ -1,4 +1,5 @@
-"""The collective kernel's sm_90 PTX for a matrix of its configurations, compiled on any machine (no GPU).
+"""The sm_90 PTX of iris's kernels, compiled on any machine (no GPU): the collective kernel over a
+matrix of its configurations, the fused GEMM ops, the device barrier and ragged_all_to_all.
 
     python benchmarks/kernel_ptx.py > before.json   # then change the kernel
     python benchmarks/kernel_ptx.py --compare before.json
@@ -65,6 +66,48 @@ def cases() -> dict:
     return out
 
 
+def other_kernels() -> dict:
+    """name -> (kernel, signature, constexprs, options) of the kernels besides the collective
+    kernel, with the constexprs their launch sites pass (iris_jax.ops, iris_jax.sync, the
+    ragged_all_to_all rule): the fused GEMM ops, the device barrier, ragged_all_to_all."""
+    from iris_core.collectives import ragged
+    from iris_core.collectives.workspace import MAX_PROGRAMS, FusedLayout, WorkspaceLayout
+    from iris_core.kernels import fused as F
+    from iris_jax.sync import _device_barrier
+
+    out = {}
+    fused = FusedLayout(64 << 20, 1 << 12)
+    gemm = dict(stride_ak=1, stride_bn=1, BM=128, BN=256, BK=64, GROUP_M=8, PREC="tf32", FLAGS=fused.flags,
+                DATA=fused.data, DATA_BYTES=fused.data_bytes, POLL_NS=500, TIMEOUT_NS=10**9)
+    pointers = {"context_ptr": "*i32", "group_ptr": "*i32", "a_ptr": "*bf16", "b_ptr": "*bf16", "out_ptr": "*bf16"}
+    M, N, K = 1024, 4096, 2048
+    for G in (2, 4):
+        for scatter in (0, 1):
+            name = f"fused matmul_{'reduce_scatter' if scatter else 'all_reduce'} G{G} bf16"
+            out[name] = (F.matmul_reduce_kernel, pointers,
+                         dict(gemm, M=M, N=N, K=K, stride_am=K, stride_bk=N, SCATTER=scatter, G=G, WORLD=G,
+                              GEMM_PROGRAMS=116, WHAT=name), dict(num_warps=8, num_stages=3))
+        name = f"fused all_gather_matmul G{G} bf16"
+        out[name] = (F.all_gather_matmul_kernel, pointers,
+                     dict(gemm, M=M, N=N, K=K, stride_am=K, stride_bk=N, G=G, WORLD=G, BKC=256, COMM=8, WHAT=name),
+                     dict(num_warps=8, num_stages=3))
+    for W in (2, 8):
+        for tracing in (False, True):
+            out[f"device_barrier W{W}{' traced' if tracing else ''}"] = (
+                _device_barrier, {"context_ptr": "*i32", "after_ptr": "*i32", "status_ptr": "*i32"},
+                dict(AREA_OFFSET=1 << 20, TIMEOUT_NS=10**9, W=W, TRACING=tracing), dict(num_warps=4))
+    layout = WorkspaceLayout(4, 1 << 20)
+    ints = {n: "*i32" for n in ("context_ptr", "group_ptr", "in_offsets", "sizes", "out_offsets")}
+    for G, slices in ((2, 1), (4, 2)):
+        out[f"ragged_all_to_all G{G} slices {slices} bf16"] = (
+            ragged.ragged_kernel, dict(ints, x_ptr="*bf16", output_ptr="*bf16", out_ptr="*bf16", N="i32", M="i32",
+                                       R="i32", ROWS="i32"),
+            dict(G=G, WORLD=G, SLICES=slices, SLICES_P2=slices, TABLE=G * slices, BLOCK=4096, DATA=layout.data,
+                 DATA2=layout.data2, DATA_BYTES=layout.data_bytes, MAX_PROGRAMS=MAX_PROGRAMS, TIMEOUT_NS=10**9,
+                 WHAT="ragged_all_to_all", VEC=8), dict(num_warps=8))
+    return out
+
+
 def measure(only: str | None = None) -> dict:
     import triton.language as tl
 
@@ -72,6 +115,10 @@ def measure(only: str | None = None) -> dict:
     from iris_core.collectives.workspace import MAX_PROGRAMS, WorkspaceLayout
 
     results = {}
+    for name, (kernel, signature, constexprs, options) in other_kernels().items():
+        if not only or only in name:
+            ptx = _ptx(kernel, signature, constexprs, **options)
+            results[name] = dict(_count(ptx), fingerprint=_fingerprint(ptx), memory=_memory(ptx))
     for name, case in cases().items():
         if only and only not in name:
             continue
