@@ -46,14 +46,15 @@ sys.path.insert(0, ROOT)
 
 def _ptx(fn, signature, constexprs, **options) -> str:
     import triton
-    from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
+
+    from iris_core.platform import GPU
 
     names = fn.arg_names
     sig = {n: signature.get(n, "constexpr") for n in names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if sig[n].startswith("*")}
     source = ASTSource(fn, sig, constexprs={(names.index(k),): v for k, v in constexprs.items()}, attrs=attrs)
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
+    return triton.compile(source, target=GPU.triton_target(90), options=options).asm["ptx"]
 
 
 def _count(ptx: str) -> dict:
