@@ -68,12 +68,12 @@ def cases() -> dict:
 
 def other_kernels() -> dict:
     """name -> (kernel, signature, constexprs, options) of the kernels besides the collective
-    kernel, with the constexprs their launch sites pass (iris_jax.ops, iris_jax.sync, the
+    kernel, with the constexprs their launch sites pass (iris_jax.ops, iris_jax.device_barrier, the
     ragged_all_to_all rule): the fused GEMM ops, the device barrier, ragged_all_to_all."""
     from iris_core.collectives import ragged
     from iris_core.collectives.workspace import MAX_PROGRAMS, FusedLayout, WorkspaceLayout
+    from iris_core.device.barrier import barrier_kernel
     from iris_core.kernels import fused as F
-    from iris_jax.sync import _device_barrier
 
     out = {}
     fused = FusedLayout(64 << 20, 1 << 12)
@@ -94,7 +94,7 @@ def other_kernels() -> dict:
     for W in (2, 8):
         for tracing in (False, True):
             out[f"device_barrier W{W}{' traced' if tracing else ''}"] = (
-                _device_barrier, {"context_ptr": "*i32", "after_ptr": "*i32", "status_ptr": "*i32"},
+                barrier_kernel, {"context_ptr": "*i32", "after_ptr": "*i32", "status_ptr": "*i32"},
                 dict(AREA_OFFSET=1 << 20, TIMEOUT_NS=10**9, W=W, TRACING=tracing), dict(num_warps=4))
     layout = WorkspaceLayout(4, 1 << 20)
     ints = {n: "*i32" for n in ("context_ptr", "group_ptr", "in_offsets", "sizes", "out_offsets")}

@@ -1,12 +1,8 @@
 """Synchronization: `barrier()` on the host, `device_barrier(...)` inside jit.
 
-The device barrier uses a small block of every heap (W + 1 int64 slots, one cache line
-each): slot p on my heap holds the last epoch rank p announced to me; slot W my own
-epoch. A call bumps my epoch, signals it to every peer (release), then waits until every
-peer's slot on my heap reached it (acquire): the flag protocol of iris_core.device.flags.
-Epochs only grow, so back-to-back barriers need no reset and no host sync. The wait is
-bounded: past the timeout the kernel stops waiting and reports the missing rank. With tracing on (iris_jax.tracing),
-the barrier records an EVENT_BARRIER span and its signalling atomics.
+The device barrier is one launch of iris_core.device.barrier's kernel over a small area of
+every heap (its protocol is described there): bounded, it reports the rank that did not
+arrive in its status. With tracing on (iris_jax.tracing) it records an EVENT_BARRIER span.
 """
 
 from __future__ import annotations
@@ -14,43 +10,18 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-import triton
-import triton.language as tl
 
-from iris_core.device import Context, flags, global_timer
-from iris_core.device.tracing import EVENT_BARRIER
+from iris_core.device import barrier as device_barrier_lib
+from iris_core.device import flags
 from iris_core.errors import PeerTimeoutError
 from iris_core.heap.status import error_from_word
 from iris_jax import _runtime as runtime_lib
 from iris_jax.calls.triton_call import triton_call
 
-SLOT_WORDS = flags.LINE_BYTES // 8  # int64 words per slot: one line each
-SLOT = tl.constexpr(SLOT_WORDS)
-
 
 class _BarrierArea:
     def __init__(self, rt):
-        self.offset = rt.allocate_shared((rt.world_size + 1) * SLOT_WORDS * 8)
-
-
-@triton.jit
-def _device_barrier(context_ptr, after_ptr, status_ptr, AREA_OFFSET: tl.constexpr, TIMEOUT_NS: tl.constexpr,
-                    W: tl.constexpr, TRACING: tl.constexpr = False):
-    ctx = Context.initialize(context_ptr, W, tracing=TRACING)
-    base = tl.load(ctx.heap_bases + ctx.rank)
-    slots = tl.cast(base + AREA_OFFSET, tl.pointer_type(tl.int64))
-    event = ctx.tracing.record_event_start(EVENT_BARRIER, ctx.rank, slots + W * SLOT)
-    epoch = flags.read_epoch(slots + W * SLOT) + 1
-    flags.write_epoch(slots + W * SLOT, epoch)
-    for peer in range(W):
-        flags.signal(ctx, slots + ctx.rank * SLOT, epoch, peer)
-    start = global_timer()
-    missing = tl.full((), -1, tl.int32)
-    for peer in range(W):  # past the timeout, every later wait returns at once
-        if flags.timed_out(flags.wait(slots + peer * SLOT, epoch, start, TIMEOUT_NS)) & (missing < 0):
-            missing = peer
-    tl.store(status_ptr, missing)
-    ctx.tracing.record_event_end(event)
+        self.offset = rt.allocate_shared(device_barrier_lib.area_bytes(rt.world_size))
 
 
 def device_barrier(*arrays, timeout_s: float = flags.DEFAULT_TIMEOUT_S):
@@ -73,9 +44,9 @@ def device_barrier(*arrays, timeout_s: float = flags.DEFAULT_TIMEOUT_S):
     area = rt.service("device_barrier", _BarrierArea)
     # `after` becomes available only once every input is computed: the barrier runs after them
     after, *arrays = jax.lax.optimization_barrier((jnp.zeros((1,), jnp.int32), *arrays))
-    status = triton_call(after, kernel=_device_barrier, out_shape=jax.ShapeDtypeStruct((1,), jnp.int32),
-                         grid=(1,), AREA_OFFSET=area.offset, TIMEOUT_NS=int(timeout_s * 1e9), W=rt.world_size,
-                         TRACING=rt.tracing.enabled)
+    status = triton_call(after, kernel=device_barrier_lib.barrier_kernel,
+                         out_shape=jax.ShapeDtypeStruct((1,), jnp.int32), grid=(1,), AREA_OFFSET=area.offset,
+                         TIMEOUT_NS=int(timeout_s * 1e9), W=rt.world_size, TRACING=rt.tracing.enabled)
     return jax.lax.optimization_barrier((status, *arrays))
 
 

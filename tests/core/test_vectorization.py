@@ -170,10 +170,10 @@ def test_fused_kernels_flag_tiles_with_release_exchanges_and_no_fence(kernel):
 
 def test_device_barrier_signals_by_release_and_waits_by_acquire_without_printing():
     pytest.importorskip("triton.backends.nvidia")
-    from iris_jax import sync
+    from iris_core.device.barrier import barrier_kernel
 
     signature = {"context_ptr": "*i32", "after_ptr": "*i32", "status_ptr": "*i32"}
-    ptx = _ptx(sync._device_barrier, signature, dict(AREA_OFFSET=1 << 16, TIMEOUT_NS=10**9, W=2), num_warps=4)
+    ptx = _ptx(barrier_kernel, signature, dict(AREA_OFFSET=1 << 16, TIMEOUT_NS=10**9, W=2), num_warps=4)
     assert _atomics(ptx) == {SIGNAL}
     assert "ld.acquire.sys.global.b64" in _accesses(ptx), _accesses(ptx)
     assert not _fences(ptx), _fences(ptx)
