@@ -17,7 +17,6 @@ from iris_core.collectives.group import RING_MAX_MEMBERS
 @dataclasses.dataclass(frozen=True)
 class Algorithm:
     name: str
-    summary: str  # for the API's documentation and errors
     ops: tuple[str, ...] = kinds.OP_NAMES  # the reductions it runs
     dtypes: tuple[str, ...] | None = None  # numpy names of the dtypes it runs (None: every one iris runs)
     min_members: int = 1  # the smallest group it runs (a group of one emits no kernel at all)
@@ -58,11 +57,11 @@ class Algorithm:
 
 
 ALGORITHMS = {a.name: a for a in (
-    Algorithm("one_shot", "every rank reads every peer's input", pulls=True),
-    Algorithm("two_shot", "reduce-scatter then all-gather", pulls=True),
-    Algorithm("atomic", "remote atomic adds into every rank's accumulator", ops=("sum",), dtypes=("float32", "int32")),
-    Algorithm("spinlock", "read-add-write under a per-tile lock on every rank", ops=("sum",)),
-    Algorithm("ring", "2(G-1) neighbour steps", min_members=2, max_members=RING_MAX_MEMBERS),
+    Algorithm("one_shot", pulls=True),  # every rank reads every peer's input
+    Algorithm("two_shot", pulls=True),  # reduce-scatter, then all-gather
+    Algorithm("atomic", ops=("sum",), dtypes=("float32", "int32")),  # remote atomic adds into every accumulator
+    Algorithm("spinlock", ops=("sum",)),  # read-add-write under a per-tile lock on every rank
+    Algorithm("ring", min_members=2, max_members=RING_MAX_MEMBERS),  # 2(G-1) neighbour steps
 )}
 assert set(ALGORITHMS) == set(kinds.VARIANT_NAMES), "every algorithm has its row"
 BY_VARIANT = {a.variant: a for a in ALGORITHMS.values()}
