@@ -1,5 +1,6 @@
 """The sm_90 PTX of iris's kernels, compiled on any machine (no GPU): the collective kernel over a
-matrix of its configurations, the fused GEMM ops, the device barrier and ragged_all_to_all.
+matrix of its configurations, the fused GEMM ops, the device barrier, ragged_all_to_all and the
+tile-level collectives.
 
     python benchmarks/kernel_ptx.py > before.json   # then change the kernel
     python benchmarks/kernel_ptx.py --compare before.json
@@ -66,10 +67,51 @@ def cases() -> dict:
     return out
 
 
+def _tile_kernel():
+    """A kernel of one tile-level collective (iris_core.device.tile_collectives), OP choosing which."""
+    import triton
+    import triton.language as tl
+
+    from iris_core.device import Context, TensorView, Tile
+
+    @triton.jit
+    def tile_collective(context_ptr, x_ptr, src_ptr, dst_ptr, locks_ptr, M, N, OP: tl.constexpr, W: tl.constexpr,
+                        BM: tl.constexpr, BN: tl.constexpr):
+        ctx = Context.initialize(context_ptr, W)
+        x = TensorView(x_ptr, M, N, N, 1)
+        ptrs, mask = x.tile_ptr(Tile(tl.program_id(0), tl.program_id(1), BM, BN, tl.zeros((BM, BN), tl.float32)))
+        tile = Tile(tl.program_id(0), tl.program_id(1), BM, BN, tl.load(ptrs, mask=mask, other=0))
+        src, dst = TensorView(src_ptr, M, N, N, 1), TensorView(dst_ptr, M, N, N, 1)
+        if OP == 0:
+            ctx.all_reduce_atomic(tile, dst)
+        elif OP == 1:
+            ctx.all_reduce_spinlock(tile, dst, locks_ptr)
+        elif OP == 2:
+            ctx.all_reduce_one_shot(tile, src, dst, locks_ptr)
+        elif OP == 3:
+            ctx.all_reduce_two_shot(tile, src, dst, locks_ptr)
+        elif OP == 4:
+            ctx.reduce_scatter(tile, src, dst, locks_ptr)
+        elif OP == 5:
+            ctx.all_gather(tile, TensorView(dst_ptr, W * M, N, N, 1), 0)
+        elif OP == 6:
+            out_ptrs, out_mask = dst.tile_ptr(tile)
+            tl.store(out_ptrs, ctx.gather(tile, x, (ctx.rank + 1) % W), mask=out_mask)
+        else:
+            ctx.all_to_all(tile, x, dst, N // W)
+
+    return tile_collective
+
+
+TILE_OPS = ("all_reduce_atomic", "all_reduce_spinlock", "all_reduce_one_shot", "all_reduce_two_shot",
+            "reduce_scatter", "all_gather", "gather", "all_to_all")
+
+
 def other_kernels() -> dict:
     """name -> (kernel, signature, constexprs, options) of the kernels besides the collective
     kernel, with the constexprs their launch sites pass (iris_jax.ops, iris_jax.device_barrier, the
-    ragged_all_to_all rule): the fused GEMM ops, the device barrier, ragged_all_to_all."""
+    ragged_all_to_all rule): the fused GEMM ops, the device barrier, ragged_all_to_all; and the
+    tile-level collectives, each in a kernel of one tile as a user would write it."""
     from iris_core.collectives import ragged
     from iris_core.collectives.workspace import MAX_PROGRAMS, FusedLayout, WorkspaceLayout
     from iris_core.device.barrier import barrier_kernel
@@ -105,6 +147,11 @@ def other_kernels() -> dict:
             dict(G=G, WORLD=G, SLICES=slices, SLICES_P2=slices, TABLE=G * slices, BLOCK=4096, DATA=layout.data,
                  DATA2=layout.data2, DATA_BYTES=layout.data_bytes, MAX_PROGRAMS=MAX_PROGRAMS, TIMEOUT_NS=10**9,
                  WHAT="ragged_all_to_all", VEC=8), dict(num_warps=8))
+    tile = _tile_kernel()
+    signature = {"context_ptr": "*i32", "x_ptr": "*fp32", "src_ptr": "*fp32", "dst_ptr": "*fp32",
+                 "locks_ptr": "*i32", "M": "i32", "N": "i32"}
+    for op, name in enumerate(TILE_OPS):
+        out[f"tile {name} W4"] = (tile, signature, dict(OP=op, W=4, BM=64, BN=64), dict(num_warps=4))
     return out
 
 
