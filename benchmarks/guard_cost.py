@@ -86,10 +86,8 @@ def _measure() -> dict:
     layout = WorkspaceLayout(2, 1 << 20)
     signature = {"context_ptr": "*i32", "group_ptr": "*i32", "x_ptr": "*fp32", "m": "i32", "out_ptr": "*fp32"}
     common = dict(KIND=C.ALL_REDUCE, OP=C.SUM, G=2, WORLD=2, XB=1, OB=1, SOURCES=(1, 0), ACC=tl.float32,
-                  BLOCK=8192, CHUNK=(1 << 20) // 8, DATA=layout.data, DATA2=layout.data2,
-                  DATA_BYTES=layout.data_bytes, MAX_PROGRAMS=MAX_PROGRAMS, TIMEOUT_NS=10**9, WHAT="psum",
-                  HEAP_BYTES=1 << 30, VEC=4, STREAM_AT=layout.stream, STREAM_BYTES=layout.stream_capacity,
-                  SENDERS=4)
+                  BLOCK=8192, CHUNK=(1 << 20) // 8, REGIONS=layout.regions, MAX_PROGRAMS=MAX_PROGRAMS,
+                  TIMEOUT_NS=10**9, WHAT="psum", HEAP_BYTES=1 << 30, VEC=4, SENDERS=4)
     cases = {
         "psum one-shot (pull, zero-copy)": dict(VARIANT=C.ONE_SHOT, ZERO_COPY=True),
         "psum one-shot (push)": dict(VARIANT=C.ONE_SHOT, PUSH=True),

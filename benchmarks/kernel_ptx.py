@@ -178,10 +178,9 @@ def measure(only: str | None = None) -> dict:
         dtype = "*bf16" if bf16 else "*fp32"
         signature = {"context_ptr": "*i32", "group_ptr": "*i32", "x_ptr": dtype, "m": "i32", "out_ptr": dtype}
         constexprs = dict(OP=C.SUM, G=G, WORLD=G, XB=blocks, OB=out_blocks, SOURCES=tuple((i + 1) % G for i in range(G)),
-                          ACC=tl.float32, BLOCK=4096, CHUNK=(1 << 20) // (4 * blocks), DATA=layout.data,
-                          DATA2=layout.data2, DATA_BYTES=layout.data_bytes, MAX_PROGRAMS=MAX_PROGRAMS,
-                          TIMEOUT_NS=10**9, WHAT="collective", HEAP_BYTES=1 << 30, VEC=8 if bf16 else 4,
-                          STREAM_AT=layout.stream, STREAM_BYTES=layout.stream_capacity, SENDERS=4)
+                          ACC=tl.float32, BLOCK=4096, CHUNK=(1 << 20) // (4 * blocks), REGIONS=layout.regions,
+                          MAX_PROGRAMS=MAX_PROGRAMS, TIMEOUT_NS=10**9, WHAT="collective", HEAP_BYTES=1 << 30,
+                          VEC=8 if bf16 else 4, SENDERS=4)
         constexprs.update(ZERO_COPY=False, TRACING=False, PUSH=False, STREAM=False)  # every one named: Triton's
         constexprs.update(case)  # cache key joins the values alone, so two sparse sets could collide
         ptx = _ptx(C.collective_kernel, signature, constexprs, num_warps=8)

@@ -97,18 +97,22 @@ def _one_chunk_at_a_time(g, c, epoch, in_place, VARIANT: tl.constexpr, DATA: tl.
 def collective_kernel(context_ptr, group_ptr, x_ptr, m, out_ptr,
                       KIND: tl.constexpr, OP: tl.constexpr, VARIANT: tl.constexpr, G: tl.constexpr,
                       WORLD: tl.constexpr, XB: tl.constexpr, OB: tl.constexpr, SOURCES: tl.constexpr,
-                      ACC: tl.constexpr, BLOCK: tl.constexpr, CHUNK: tl.constexpr, DATA: tl.constexpr,
-                      DATA2: tl.constexpr, DATA_BYTES: tl.constexpr,
+                      ACC: tl.constexpr, BLOCK: tl.constexpr, CHUNK: tl.constexpr, REGIONS: tl.constexpr,
                       MAX_PROGRAMS: tl.constexpr, TIMEOUT_NS: tl.constexpr, WHAT: tl.constexpr,
                       ZERO_COPY: tl.constexpr = False, HEAP_BYTES: tl.constexpr = 0, VEC: tl.constexpr = 1,
                       TRACING: tl.constexpr = False, PUSH: tl.constexpr = False, STREAM: tl.constexpr = False,
-                      STREAM_AT: tl.constexpr = 0, STREAM_BYTES: tl.constexpr = 0, SENDERS: tl.constexpr = 1):
+                      SENDERS: tl.constexpr = 1):
     """See the module docstring. `m` is the column count; SOURCES[i] is member i's source
     (PPERMUTE/BROADCAST; -1: none, output zeros); STREAM: the streamed push of a one-chunk
-    call (STREAM_AT, STREAM_BYTES: the workspace's streamed region and its buffer size,
+    call (REGIONS.stream, .stream_bytes: the workspace's streamed region and its buffer size,
     SENDERS: its sending programs); VEC > 1: m is a multiple of VEC, the elements of 16
     bytes (tiles are then accessed in 16-byte vectors). With TRACING, each chunk's exchange is
     a `transfer` span (pid_m: the chunk) holding `wait` spans and the Context's own RMA events."""
+    DATA: tl.constexpr = REGIONS.data  # the workspace's buffers (iris_core.collectives.workspace.Regions)
+    DATA2: tl.constexpr = REGIONS.data2
+    DATA_BYTES: tl.constexpr = REGIONS.data_bytes
+    STREAM_AT: tl.constexpr = REGIONS.stream
+    STREAM_BYTES: tl.constexpr = REGIONS.stream_bytes
     ctx = Context.initialize(context_ptr, WORLD, tracing=TRACING)
     sig = signature(KIND, OP, VARIANT, x_ptr.dtype.element_ty, XB, m)
     g = Group.initialize(ctx, group_ptr, sig, G, MAX_PROGRAMS, TIMEOUT_NS, WHAT)

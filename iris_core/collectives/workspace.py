@@ -36,12 +36,17 @@ Fused ops (iris_core.kernels.fused):
 
 from __future__ import annotations
 
+from collections import namedtuple
 from dataclasses import dataclass
 from math import ceil
 
 from iris_core.device.flags import LINE_BYTES
 
 MAX_PROGRAMS = 256
+
+# where the collective kernel finds its buffers (heap offsets from the workspace's base; bytes
+# per buffer), passed to it as one constexpr, REGIONS
+Regions = namedtuple("Regions", "data data2 data_bytes stream stream_bytes")
 
 
 @dataclass(frozen=True)
@@ -71,6 +76,10 @@ class WorkspaceLayout:
     def stream(self) -> int:
         """Offset of the streamed region (its layout: iris_core.collectives.streamed)."""
         return self.data2 + 2 * self.data_bytes
+
+    @property
+    def regions(self) -> Regions:
+        return Regions(self.data, self.data2, self.data_bytes, self.stream, self.stream_capacity)
 
     @property
     def total_bytes(self) -> int:

@@ -198,11 +198,11 @@ def launch(kind: int, x2d, axes, out_blocks: int, config: CollectiveConfig, *, o
         KIND=kind, OP=op, VARIANT=variant, G=G, WORLD=rt.world_size, XB=XB, OB=out_blocks,
         SOURCES=tuple(sources) if sources is not None else tuple([-1] * G),
         ACC=tl.float32 if floating else tl.int32, BLOCK=block, CHUNK=chunk,
-        DATA=ws.layout.data, DATA2=ws.layout.data2, DATA_BYTES=ws.layout.data_bytes,
+        REGIONS=ws.layout.regions,
         MAX_PROGRAMS=MAX_PROGRAMS, TIMEOUT_NS=int(config.timeout_s * 1e9), WHAT=what,
         ZERO_COPY=not push and zero_copy(kind, variant, nbytes, config), HEAP_BYTES=rt.heap_size,
         VEC=16 // itemsize if m % (16 // itemsize) == 0 else 1, TRACING=rt.tracing.enabled, PUSH=push,
-        STREAM=stream, STREAM_AT=ws.layout.stream, STREAM_BYTES=ws.layout.stream_capacity, SENDERS=senders)
+        STREAM=stream, SENDERS=senders)
 
 
 def zero_copy(kind: int, variant: int, nbytes: int, config: CollectiveConfig) -> bool:

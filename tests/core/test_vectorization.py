@@ -51,10 +51,9 @@ def _collective_ptx(kind, variant, push=False, stream=False, zero_copy=False) ->
     consts = dict(KIND=kind, OP=C.SUM, VARIANT=variant, G=2, WORLD=2,
                   XB=2 if kind in (C.REDUCE_SCATTER, C.ALL_TO_ALL) else 1,
                   OB=2 if kind in (C.ALL_GATHER, C.ALL_TO_ALL) else 1,
-                  SOURCES=(1, 0), ACC=tl.float32, BLOCK=2048, CHUNK=(1 << 20) // 8, DATA=layout.data,
-                  DATA2=layout.data2, DATA_BYTES=layout.data_bytes, MAX_PROGRAMS=MAX_PROGRAMS, TIMEOUT_NS=10**9,
-                  WHAT="test", ZERO_COPY=zero_copy, HEAP_BYTES=1 << 30, VEC=4, PUSH=push, STREAM=stream,
-                  STREAM_AT=layout.stream, STREAM_BYTES=layout.stream_capacity, SENDERS=4)
+                  SOURCES=(1, 0), ACC=tl.float32, BLOCK=2048, CHUNK=(1 << 20) // 8, REGIONS=layout.regions,
+                  MAX_PROGRAMS=MAX_PROGRAMS, TIMEOUT_NS=10**9, WHAT="test", ZERO_COPY=zero_copy,
+                  HEAP_BYTES=1 << 30, VEC=4, PUSH=push, STREAM=stream, SENDERS=4)
     signature = {"context_ptr": "*i32", "group_ptr": "*i32", "x_ptr": "*fp32", "m": "i32", "out_ptr": "*fp32"}
     return _ptx(C.collective_kernel, signature, consts, num_warps=8)
 
