@@ -4,10 +4,11 @@ A vendor is the command that lists its GPUs, Triton's compile target (backend an
 its symmetric heap (allocation, peer mapping, export between processes), its device
 intrinsics (timer, SM id, acquiring loads, host stores, how a thread stops), and JAX's names
 for it (the lowering platform, XLA's custom-call platform, jaxlib's Triton launcher). Code that
-needs one of these asks the record (`GPU`); nothing else spells a vendor's names. One vendor
-today, NVIDIA; a second (ROCm) would be a record here with its heap module and its intrinsics
+needs one of these asks the record (`GPU`) instead of spelling it, and reaches a vendor's own
+modules only through it (tests/test_layers.py checks). One vendor today, NVIDIA; a second (ROCm) would be a record here with its heap module and its intrinsics
 module (device code takes them from iris_core.device.intrinsics, which loads the record's).
-Still PTX by name: the compile path (iris_core.compat.compile_ptx and its users).
+Still NVIDIA's by name: the compile path's PTX (iris_core.compat.compile_ptx and its users) and
+the GPU backends' torch.cuda calls (iris_jax._runtime.backends).
 
 The simulator is the other platform: JAX's "cpu" devices, heaps in host shared memory
 (iris_core.heap.shared_memory), the intrinsics' interpreter branches.
