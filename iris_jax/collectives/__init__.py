@@ -8,8 +8,11 @@ NVLink domains with XLA across them; lowering.py launches the collective kernel
 (iris_core.collectives) through iris_jax.calls.
 
 Layer: above iris_jax._runtime, iris_jax.calls and iris_jax.sync; below iris_jax.ops.
-Inside it, one recursion is inherent: the primitive's transformation rules (and a rule's jvp)
-apply lax's rule and run the result through the rewrite, which binds the primitive again.
+Inside it, rewrite, primitive, rules and domains import each other, and inherently so: the
+primitive's transformation rules (and a rule's jvp) apply lax's rule and run the result through
+the rewrite, which binds the primitive again; a composition across domains (domains.py) runs
+each of its steps through the rules again. Nothing else in iris_jax forms a cycle
+(tests/test_layers.py).
 """
 
 from iris_jax.collectives.api import (
