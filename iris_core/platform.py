@@ -5,8 +5,9 @@ its symmetric heap (allocation, peer mapping, export between processes), its dev
 intrinsics (timer, SM id, acquiring loads, host stores, how a thread stops), and JAX's names
 for it (the lowering platform, XLA's custom-call platform, jaxlib's Triton launcher). Code that
 needs one of these asks the record (`GPU`) instead of spelling it, and reaches a vendor's own
-modules only through it (tests/test_layers.py checks). One vendor today, NVIDIA; a second (ROCm) would be a record here with its heap module and its intrinsics
-module (device code takes them from iris_core.device.intrinsics, which loads the record's).
+modules only through it (tests/test_layers.py checks). One vendor today, NVIDIA; a second
+(ROCm) would be a record here with its heap module and its intrinsics module (device code takes
+them from iris_core.device.intrinsics, which loads the record's).
 Still NVIDIA's by name: the compile path's PTX (iris_core.compat.compile_ptx and its users) and
 the GPU backends' torch.cuda calls (iris_jax._runtime.backends).
 
