@@ -28,6 +28,6 @@ def members(row: Sequence[int]) -> list[int]:
     return [int(m) for m in row[MEMBERS:len(row) - OFFSET_WORDS]]
 
 
-def group_key(row: Sequence[int]) -> tuple[int, ...]:
+def group_key(row: Sequence[int]) -> list[int]:
     """What every member's row shares (members and workspace): the same for one group's calls."""
-    return tuple(int(w) for w in row[MEMBERS:])
+    return [int(w) for w in row[MEMBERS:]]

@@ -66,7 +66,7 @@ def _execute(rt, spec: KernelSpec, ins: list[int], outs: list[int]) -> None:
     if spec.group and rt.call_table is not None:
         row = np.frombuffer(ctypes.string_at(group_ptr, spec.group_nbytes), np.int32)
         members = group_layout.members(row)
-        call = rt.call_table.begin(rank, call_table.digest(list(group_layout.group_key(row))), spec.signature,
+        call = rt.call_table.begin(rank, call_table.digest(group_layout.group_key(row)), spec.signature,
                                    spec.what, spec.site)
     try:
         if rt.backend.host_kernels == "worker":
