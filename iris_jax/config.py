@@ -22,7 +22,7 @@ from collections.abc import Iterator, Mapping
 import jax
 
 from iris_core.collectives.algorithms import ALGORITHMS
-from iris_core.device.flags import DEFAULT_TIMEOUT_S
+from iris_core.flag_protocol import DEFAULT_TIMEOUT_S
 
 VARIANTS = ("auto", *ALGORITHMS)  # "auto": two-shot from `two_shot_from` bytes, else one-shot
 _LAUNCH_WARPS = (1, 2, 4, 8, 16, 32)

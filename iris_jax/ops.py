@@ -47,6 +47,7 @@ import os
 import jax
 import jax.numpy as jnp
 
+from iris_core import flag_protocol
 from iris_core.errors import IrisError
 from iris_core.kernels import fused as F
 from iris_core.kernels import gemm as Gm
@@ -185,7 +186,7 @@ def _dot(a, b):
 
 
 def _timeout_ns(timeout_s):
-    return int((timeout_s or default_timeout_s()) * 1e9)
+    return flag_protocol.timeout_ns(timeout_s or default_timeout_s())
 
 
 def _chunks(total, step):

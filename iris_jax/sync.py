@@ -11,8 +11,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from iris_core import flag_protocol
 from iris_core.device import barrier as device_barrier_lib
-from iris_core.device import flags
 from iris_core.errors import PeerTimeoutError
 from iris_core.heap.status import error_from_word
 from iris_jax import _runtime as runtime_lib
@@ -24,7 +24,7 @@ class _BarrierArea:
         self.offset = rt.allocate_shared(device_barrier_lib.area_bytes(rt.world_size))
 
 
-def device_barrier(*arrays, timeout_s: float = flags.DEFAULT_TIMEOUT_S):
+def device_barrier(*arrays, timeout_s: float = flag_protocol.DEFAULT_TIMEOUT_S):
     """Waits, on the devices, until every rank reached this point; returns `arrays` unchanged.
 
     Use inside `jax.jit(jax.shard_map(...))` between kernels. The barrier runs after the
@@ -46,7 +46,7 @@ def device_barrier(*arrays, timeout_s: float = flags.DEFAULT_TIMEOUT_S):
     after, *arrays = jax.lax.optimization_barrier((jnp.zeros((1,), jnp.int32), *arrays))
     status = triton_call(after, kernel=device_barrier_lib.barrier_kernel,
                          out_shape=jax.ShapeDtypeStruct((1,), jnp.int32), grid=(1,), AREA_OFFSET=area.offset,
-                         TIMEOUT_NS=int(timeout_s * 1e9), W=rt.world_size, TRACING=rt.tracing.enabled)
+                         TIMEOUT_NS=flag_protocol.timeout_ns(timeout_s), W=rt.world_size, TRACING=rt.tracing.enabled)
     return jax.lax.optimization_barrier((status, *arrays))
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 from iris_core.collectives import kinds
-from iris_core.collectives.group import RING_MAX_MEMBERS
+from iris_core.flag_protocol import RING_MAX_MEMBERS
 
 
 @dataclasses.dataclass(frozen=True)

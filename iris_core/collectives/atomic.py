@@ -5,7 +5,7 @@ per-tile lock (SPINLOCK, for what has no atomic add), then reads its own."""
 import triton
 import triton.language as tl
 
-from iris_core.device import flags, global_timer
+from iris_core.device import global_timer
 
 
 @triton.jit
@@ -24,13 +24,13 @@ def all_reduce(g, c, ws, locks, c0, width, tiles, stamp, LOCKED: tl.constexpr):
         value = tl.load(c.x_ptr + (c0 + cols).to(tl.int64), mask=mask)
         for i in tl.static_range(g.G):
             if LOCKED:
-                if flags.lock(g.ctx, locks + t, g.rank(i), global_timer(), g.TIMEOUT_NS) != 0:
+                if g.flags.lock(locks + t, g.rank(i), global_timer()) != 0:
                     g.give_up(g.rank(i), stamp)
                 current = g.ctx.load(ws + cols, from_rank=g.rank(i), mask=mask, cache_modifier=".cg")
                 total = (current.to(c.ACC) + value.to(c.ACC)).to(ws.dtype.element_ty)
                 g.ctx.store(ws + cols, total, to_rank=g.rank(i), mask=mask)
                 tl.debug_barrier()
-                flags.unlock(g.ctx, locks + t, g.rank(i))
+                g.flags.unlock(locks + t, g.rank(i))
             else:
                 g.ctx.atomic_add(ws + cols, value, to_rank=g.rank(i), mask=mask, sem="relaxed", scope="sys")
     g.signal(stamp + 1)

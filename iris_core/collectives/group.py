@@ -4,7 +4,8 @@ The kernel's group row is [my index, member ranks..., workspace offset low, high
 (iris_core.collectives.group_layout). A program signals and waits on its own line of flags in each
 member's workspace: the flag that member i raises for program `pid` sits at line
 MAX_PROGRAMS + pid * WORLD + i (iris_core.collectives.workspace), so program k waits only
-for program k of its peers. Stamps: STEPS flag rounds per call epoch (iris_core.device.flags).
+for program k of its peers. Stamps: STEPS flag rounds per call epoch, signalled, awaited and
+poisoned through the group's Flags (the flag protocol: iris_core.device.flags).
 
 Each flag line holds [stamp, published input offset, signature of even epochs, of odd epochs]:
 a member writes its call's signature (iris_core.device.faults.signature) into the slot of the
@@ -20,13 +21,10 @@ from iris_core.collectives import group_layout
 from iris_core.compat import aggregate
 from iris_core.device import Context, flags, global_timer
 from iris_core.device.faults import MISMATCH, PEER_FAILED, TIMEOUT, fail
-from iris_core.device.flags import LINE
+from iris_core.device.flags import LINE, STEPS, Flags
 from iris_core.device.tracing import EVENT_WAIT
 
-STEPS: tl.constexpr = tl.constexpr(64)  # flag rounds per chunk
 MEMBERS: tl.constexpr = tl.constexpr(group_layout.MEMBERS)  # the group row's word of member 0
-RING_MAX_MEMBERS = STEPS.value // 2  # a ring takes 2G - 1 rounds per chunk
-DONE: tl.constexpr = tl.constexpr(63)  # the last round of the last chunk: zero-copy readers are done
 
 
 @triton.jit
@@ -46,9 +44,10 @@ def workspace_offset(group_ptr, G: tl.constexpr):
 @aggregate
 class Group:
     """My index `me` among the G members, my program `pid` of `programs`, the workspace base on
-    my heap, my call's signature `sig`, and how to wait (TIMEOUT_NS) and what to name on a
-    fault (WHAT)."""
+    my heap, my call's signature `sig`, and the flag protocol as this call speaks it (`flags`:
+    how long to wait, what a fault names)."""
     ctx: Context
+    flags: Flags
     row: tl.tensor
     me: tl.tensor
     pid: tl.tensor
@@ -57,12 +56,11 @@ class Group:
     sig: tl.tensor
     G: tl.constexpr
     MAX_PROGRAMS: tl.constexpr
-    TIMEOUT_NS: tl.constexpr
-    WHAT: tl.constexpr
 
     @triton.constexpr_function
-    def __init__(self, ctx, row, me, pid, programs, ws_base, sig, G, MAX_PROGRAMS, TIMEOUT_NS, WHAT):
-        self.ctx = ctx
+    def __init__(self, flags, row, me, pid, programs, ws_base, sig, G, MAX_PROGRAMS):
+        self.ctx = flags.ctx
+        self.flags = flags
         self.row = row
         self.me = me
         self.pid = pid
@@ -71,8 +69,6 @@ class Group:
         self.sig = sig
         self.G = tl.constexpr(G)
         self.MAX_PROGRAMS = tl.constexpr(MAX_PROGRAMS)
-        self.TIMEOUT_NS = tl.constexpr(TIMEOUT_NS)
-        self.WHAT = tl.constexpr(WHAT)
 
     @staticmethod
     @triton.jit
@@ -80,8 +76,8 @@ class Group:
                    WHAT: tl.constexpr):
         """Decodes the group row for this program, whose call has signature `sig`."""
         ws_base = tl.load(ctx.heap_bases + ctx.rank) + workspace_offset(group_ptr, G)
-        return Group(ctx, group_ptr, tl.load(group_ptr), tl.program_id(0), tl.num_programs(0), ws_base, sig, G,
-                     MAX_PROGRAMS, TIMEOUT_NS, WHAT)
+        return Group(Flags(ctx, TIMEOUT_NS, 0, WHAT), group_ptr, tl.load(group_ptr), tl.program_id(0),
+                     tl.num_programs(0), ws_base, sig, G, MAX_PROGRAMS)
 
     @triton.jit
     def rank(self, member):
@@ -127,7 +123,7 @@ class Group:
 
     @triton.jit
     def signal(self, stamp):
-        """Raises my flag to `stamp` on every member (flags.signal: my earlier writes first),
+        """Raises my flag to `stamp` on every member (Flags.signal: my earlier writes first),
         my call's signature beside it."""
         flag = self.flag(self.me)
         sig = self.signature_slot(self.me, stamp)
@@ -135,7 +131,7 @@ class Group:
             self.ctx.store(sig, self.sig, to_rank=self.rank(i))
         tl.debug_barrier()  # every thread's stores precede the release
         for i in tl.static_range(self.G):
-            flags.signal(self.ctx, flag, stamp, self.rank(i))
+            self.flags.signal(flag, stamp, self.rank(i))
 
     @triton.jit
     def workspace(self):
@@ -150,8 +146,8 @@ class Group:
         times."""
         flag = self.flag(self.me)
         for i in tl.static_range(self.G):
-            flags.poison(self.ctx, flag, self.rank(i), stamp)
-        fail(self.ctx, CODE, self.WHAT, rank, stamp // STEPS, self.workspace(), self.sig, theirs)
+            self.flags.poison(flag, self.rank(i), stamp)
+        fail(self.ctx, CODE, self.flags.WHAT, rank, stamp // STEPS, self.workspace(), self.sig, theirs)
 
     @triton.jit
     def give_up(self, rank, stamp):
@@ -160,10 +156,10 @@ class Group:
 
     @triton.jit
     def wait_member(self, member, stamp, start):
-        """Waits until `member`'s flag reached `stamp` (flags.wait); gives up after the timeout,
+        """Waits until `member`'s flag reached `stamp` (Flags.wait); gives up after the timeout,
         fails at once when the member gave up on an earlier call (its flag is POISON) or made
         another call (its signature differs)."""
-        seen = flags.wait(self.flag(member), stamp, start, self.TIMEOUT_NS)
+        seen = self.flags.wait(self.flag(member), stamp, start)
         if flags.timed_out(seen):
             self.give_up(self.rank(member), stamp)
         theirs = tl.load(self.signature_slot(member, stamp), volatile=True)

@@ -43,7 +43,7 @@ import triton
 import triton.language as tl
 
 from iris_core.collectives import atomic, kinds, pipelined, ring, streamed, two_shot
-from iris_core.collectives.group import DONE, STEPS, Group
+from iris_core.collectives.group import Group
 from iris_core.collectives.kinds import (  # noqa: F401 - the host's names for the launch parameters
     ALL_GATHER,
     ALL_REDUCE,
@@ -63,6 +63,7 @@ from iris_core.collectives.kinds import (  # noqa: F401 - the host's names for t
 from iris_core.collectives.tiles import Call, buffer, stage
 from iris_core.device import Context, flags
 from iris_core.device.faults import signature
+from iris_core.device.flags import DONE, STEPS
 from iris_core.device.tracing import EVENT_TRANSFER
 
 

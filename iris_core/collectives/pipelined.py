@@ -14,8 +14,8 @@ parity) chunk c + 2 is written into (mine in pull mode, the member's in push mod
 import triton
 import triton.language as tl
 
-from iris_core.collectives.group import STEPS
 from iris_core.collectives.tiles import buffer, output_tile, push_tile, stage, stage_tile
+from iris_core.device.flags import STEPS
 from iris_core.device.tracing import EVENT_TRANSFER
 
 

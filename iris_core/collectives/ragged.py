@@ -27,10 +27,11 @@ import triton
 import triton.language as tl
 
 from iris_core.collectives import kinds
-from iris_core.collectives.group import STEPS, Group
+from iris_core.collectives.group import Group
 from iris_core.collectives.tiles import get, vec
 from iris_core.device import Context, flags
 from iris_core.device.faults import signature
+from iris_core.device.flags import STEPS
 
 
 @triton.jit

@@ -30,11 +30,10 @@ int64 `sigs` [2][WORLD] at the next multiple of 8 bytes, then int32 `calls` [MAX
 import triton
 import triton.language as tl
 
-from iris_core.collectives.group import STEPS
 from iris_core.collectives.tiles import output_tile, push_tile
 from iris_core.device import flags, global_timer
 from iris_core.device.faults import MISMATCH, PEER_FAILED, TIMEOUT, fail
-from iris_core.device.flags import LINE
+from iris_core.device.flags import LINE, STEPS
 from iris_core.device.tracing import EVENT_TRANSFER, EVENT_WAIT
 
 
@@ -44,7 +43,7 @@ def _give_up(g, failed, calls, call, CODE: tl.constexpr, member, theirs):
     at once: `failed` on every member, my group flags POISON, and my program's call count moves
     on (a later call on this rank is then known to be a later one)."""
     for j in tl.static_range(g.G):
-        g.ctx.store(failed, (g.me + 1).to(tl.int64) | (CODE << 12) | (call.to(tl.int64) << 16), to_rank=g.rank(j))
+        g.ctx.store(failed, flags.failed_word(g.me, CODE, call), to_rank=g.rank(j))
     tl.store(calls + g.pid, call)
     g.fail(CODE, g.rank(member), call * STEPS, theirs)
 
@@ -54,9 +53,8 @@ def _failed_before(g, gave_up, call, tile_flags, sigs):
     """Fails this call, found `failed` (`gave_up`) set: with RankMismatchError naming a member
     whose call differs from mine when a member saw calls differ in this very call (a member's
     signature slot is this call's once its tile 0 flag reached it), else with PeerFailedError."""
-    member = (gave_up & 0xFFF).to(tl.int32) - 1
-    at = (gave_up >> 16).to(tl.int32)
-    if ((gave_up >> 12) & 0xF == MISMATCH) & (at == call):
+    member, code, at = flags.parse_failed_word(gave_up)
+    if (code == MISMATCH) & (at == call):
         culprit = tl.full((), -1, tl.int32)
         theirs = tl.full((), 0, tl.int64)
         for i in tl.static_range(g.G):
@@ -65,8 +63,8 @@ def _failed_before(g, gave_up, call, tile_flags, sigs):
             culprit = tl.where(hit, g.rank(i), culprit)
             theirs = tl.where(hit, sig, theirs)
         if culprit >= 0:
-            fail(g.ctx, MISMATCH, g.WHAT, culprit, at, g.workspace(), g.sig, theirs)
-    fail(g.ctx, PEER_FAILED, g.WHAT, g.rank(member), at, g.workspace(), g.sig)
+            fail(g.ctx, MISMATCH, g.flags.WHAT, culprit, at, g.workspace(), g.sig, theirs)
+    fail(g.ctx, PEER_FAILED, g.flags.WHAT, g.rank(member), at, g.workspace(), g.sig)
 
 
 @triton.jit
@@ -100,7 +98,7 @@ def run(g, c, STREAM_BYTES: tl.constexpr, STREAM_AT: tl.constexpr, SENDERS: tl.c
             tl.debug_barrier()  # every thread's stores precede the release
             for i in tl.static_range(g.G):
                 if i != g.me:
-                    flags.set_flag(ctx, tile_flags + t * g.G + g.me, k, g.rank(i))
+                    g.flags.set(tile_flags + t * g.G + g.me, k, g.rank(i))
             tl.store(sent + t, k)
     else:
         start = global_timer()
@@ -109,7 +107,7 @@ def run(g, c, STREAM_BYTES: tl.constexpr, STREAM_AT: tl.constexpr, SENDERS: tl.c
             wait = ctx.tracing.record_event_start(EVENT_WAIT, ctx.rank, None, t, 0)  # pid_m: the tile
             for i in tl.static_range(g.G):
                 if i != g.me:
-                    if flags.timed_out(flags.wait(tile_flags + t * g.G + i, k, start, g.TIMEOUT_NS)):
+                    if flags.timed_out(g.flags.wait(tile_flags + t * g.G + i, k, start)):
                         _give_up(g, failed, calls, call, TIMEOUT, i, 0)
                     if t == 0:
                         theirs = tl.load(sigs + (call % 2) * ctx.world_size + i, volatile=True)

@@ -22,10 +22,10 @@ Collectives:
       bytes: a buffer holds G - 1 slots); stream_bytes 0 means data_bytes (iris_jax's
       workspaces default to 4 x data_bytes)
 
-Every flag sits on its own 128-byte line. A call's flags carry stamps epoch * STEPS + round,
-so they only grow; buffers alternate with the epoch's parity, so back-to-back calls need no
-reset and no host synchronization: a rank overwrites a buffer only after every peer that
-reads it has signalled a later round.
+Every flag sits on its own 128-byte line. A call's flags carry stamps epoch * STEPS + round
+(the flag protocol: iris_core.flag_protocol), so they only grow; buffers alternate with the
+epoch's parity, so back-to-back calls need no reset and no host synchronization: a rank
+overwrites a buffer only after every peer that reads it has signalled a later round.
 
 Fused ops (iris_core.kernels.fused):
 
@@ -40,7 +40,7 @@ from collections import namedtuple
 from dataclasses import dataclass
 from math import ceil
 
-from iris_core.device.flags import LINE_BYTES
+from iris_core.flag_protocol import LINE_BYTES
 
 MAX_PROGRAMS = 256
 

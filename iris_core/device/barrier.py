@@ -3,7 +3,7 @@
 It uses a small area of every heap (`area_bytes`: W + 1 int64 slots, one cache line each):
 slot p on my heap holds the last epoch rank p announced to me; slot W my own epoch. A call
 bumps my epoch, signals it to every peer (release), then waits until every peer's slot on my
-heap reached it (acquire): the flag protocol of iris_core.device.flags. Epochs only grow, so
+heap reached it (acquire): the flag protocol (iris_core.device.flags.Flags). Epochs only grow, so
 back-to-back barriers need no reset and no host sync. The wait is bounded: past the timeout
 the kernel stops waiting and stores the missing rank (or -1) into its status output. With
 TRACING, it records an EVENT_BARRIER span and its signalling atomics.
@@ -14,13 +14,15 @@ Launched by iris_jax.device_barrier (iris_jax/sync.py).
 import triton
 import triton.language as tl
 
+from iris_core import faults, flag_protocol
 from iris_core.device import flags
 from iris_core.device.context import Context
 from iris_core.device.intrinsics import global_timer
 from iris_core.device.tracing import EVENT_BARRIER
 
-SLOT_WORDS = flags.LINE_BYTES // 8  # int64 words per slot: one line each
+SLOT_WORDS = flag_protocol.LINE_BYTES // 8  # int64 words per slot: one line each
 SLOT = tl.constexpr(SLOT_WORDS)
+_WHAT = tl.constexpr(faults.named("device_barrier"))  # (its waits report the missing rank, not a fault record)
 
 
 def area_bytes(world_size: int) -> int:
@@ -32,17 +34,18 @@ def area_bytes(world_size: int) -> int:
 def barrier_kernel(context_ptr, after_ptr, status_ptr, AREA_OFFSET: tl.constexpr, TIMEOUT_NS: tl.constexpr,
                    W: tl.constexpr, TRACING: tl.constexpr = False):
     ctx = Context.initialize(context_ptr, W, tracing=TRACING)
+    f = flags.Flags(ctx, TIMEOUT_NS, 0, _WHAT)
     base = tl.load(ctx.heap_bases + ctx.rank)
     slots = tl.cast(base + AREA_OFFSET, tl.pointer_type(tl.int64))
     event = ctx.tracing.record_event_start(EVENT_BARRIER, ctx.rank, slots + W * SLOT)
     epoch = flags.read_epoch(slots + W * SLOT) + 1
     flags.write_epoch(slots + W * SLOT, epoch)
     for peer in range(W):
-        flags.signal(ctx, slots + ctx.rank * SLOT, epoch, peer)
+        f.signal(slots + ctx.rank * SLOT, epoch, peer)
     start = global_timer()
     missing = tl.full((), -1, tl.int32)
     for peer in range(W):  # past the timeout, every later wait returns at once
-        if flags.timed_out(flags.wait(slots + peer * SLOT, epoch, start, TIMEOUT_NS)) & (missing < 0):
+        if flags.timed_out(f.wait(slots + peer * SLOT, epoch, start)) & (missing < 0):
             missing = peer
     tl.store(status_ptr, missing)
     ctx.tracing.record_event_end(event)

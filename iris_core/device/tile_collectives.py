@@ -7,9 +7,10 @@ ready flags: a producer sets its entry to 1 after writing its tile, consumers wa
 Flags are single-use: reset them (e.g. zero the array) before the next round.
 Completion on *other* ranks needs a barrier (or flags) before their data is read.
 
-Flags and locks follow iris_core.device.flags. Waits give up after flags.DEFAULT_TIMEOUT_NS
-with a fault record naming the rank (iris_core.device.faults; no print, which inside a GEMM
-kernel would make ptxas serialize every wgmma); the simulator raises PeerTimeoutError.
+Flags and locks follow the flag protocol (iris_core.device.flags.Flags). Waits give up after
+flags.DEFAULT_TIMEOUT_NS (these functions take no timeout: they run inside the caller's
+kernel) with a fault record naming the rank (iris_core.device.faults; no print, which inside a
+GEMM kernel would make ptxas serialize every wgmma); the simulator raises PeerTimeoutError.
 Peers' data is read with plain loads after the flag's acquire and a CTA barrier: `.cg` loads
 of peer memory (L2 only) are much slower (benchmarks/rma.py times both).
 """
@@ -19,8 +20,6 @@ import triton.language as tl
 
 from iris_core import faults
 from iris_core.device import flags
-from iris_core.device.faults import TIMEOUT, fail
-from iris_core.device.intrinsics import global_timer
 
 _FLAG: tl.constexpr = tl.constexpr(faults.named("tile collective (flag)"))  # what their fault records name
 _LOCK: tl.constexpr = tl.constexpr(faults.named("tile collective (lock)"))
@@ -33,17 +32,15 @@ def tile_id(tile, view):
 
 
 @triton.jit
-def _wait_flag(ctx, flag_ptr, rank, value):
-    """Waits until `rank`'s flag reaches `value`, then a CTA barrier: every thread's later
-    reads see what the flag's writer wrote before raising it."""
-    flags.wait_or_fail(ctx, flag_ptr, value, rank, _FLAG, flags.DEFAULT_TIMEOUT_NS, rank=rank)
+def _flags(ctx, WHAT: tl.constexpr = _FLAG):
+    return flags.Flags(ctx, flags.DEFAULT_TIMEOUT_NS, 0, WHAT)
 
 
 @triton.jit
-def _lock(ctx, lock, rank):
-    if flags.lock(ctx, lock, rank, global_timer(), flags.DEFAULT_TIMEOUT_NS) != 0:
-        fail(ctx, TIMEOUT, _LOCK, rank)
-    tl.debug_barrier()
+def _wait_flag(ctx, flag_ptr, rank, value):
+    """Waits until `rank`'s flag reaches `value`, then a CTA barrier: every thread's later
+    reads see what the flag's writer wrote before raising it."""
+    _flags(ctx).wait_or_fail(flag_ptr, value, rank, rank=rank)
 
 
 @triton.jit
@@ -60,11 +57,11 @@ def all_reduce_spinlock(ctx, tile, dst_view, locks):
     ptrs, mask = dst_view.tile_ptr(tile)
     lock = locks + tile_id(tile, dst_view)
     for r in range(ctx.world_size):
-        _lock(ctx, lock, r)
+        _flags(ctx, _LOCK).lock_or_fail(lock, r)
         current = ctx.load(ptrs, from_rank=r, mask=mask)
         ctx.store(ptrs, current + tile.data, to_rank=r, mask=mask)
         tl.debug_barrier()  # every thread's store precedes the release
-        flags.unlock(ctx, lock, r)
+        _flags(ctx, _LOCK).unlock(lock, r)
 
 
 @triton.jit
@@ -73,7 +70,7 @@ def _publish(ctx, tile, src_view, locks):
     ptrs, mask = src_view.tile_ptr(tile)
     tl.store(ptrs, tile.data, mask=mask)
     tl.debug_barrier()
-    flags.set_flag(ctx, locks + tile_id(tile, src_view), 1)
+    _flags(ctx).set(locks + tile_id(tile, src_view), 1)
     return ptrs, mask
 
 

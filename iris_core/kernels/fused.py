@@ -53,7 +53,7 @@ import triton.language as tl
 
 from iris_core.collectives.group import member_rank, workspace_offset
 from iris_core.device import Context, flags
-from iris_core.device.flags import LINE
+from iris_core.device.flags import LINE, Flags
 from iris_core.kernels.gemm import aligned_rows, store_tile, tile_coords, tile_gemm
 
 
@@ -64,13 +64,6 @@ def _prologue(ctx, group_ptr, G: tl.constexpr):
     ws_base = tl.load(ctx.heap_bases + ctx.rank) + workspace_offset(group_ptr, G)
     epoch_ptr = tl.cast(ws_base + pid * LINE, tl.pointer_type(tl.int32))
     return ws_base, epoch_ptr, flags.read_epoch(epoch_ptr) + 1
-
-
-@triton.jit
-def _wait(ctx, flag_ptr, epoch, who, POLL_NS: tl.constexpr, TIMEOUT_NS: tl.constexpr, WHAT: tl.constexpr):
-    """Waits until my local flag reaches `epoch` (raised by rank `who`), reading it every
-    POLL_NS: the reducers wait beside the GEMM programs, so they need not spin flat out."""
-    flags.wait_or_fail(ctx, flag_ptr, epoch, who, WHAT, TIMEOUT_NS, POLL_NS)
 
 
 @triton.jit
@@ -103,15 +96,15 @@ def _pull(ctx, ptrs, rank, ROW_BYTES: tl.constexpr):
 
 
 @triton.jit
-def _reduce_tile(ctx, group_ptr, data, tile_flags, t, epoch, offs, out_ptr, pid_m, pid_n, M: tl.constexpr,
-                 N: tl.constexpr, G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, POLL_NS: tl.constexpr,
-                 TIMEOUT_NS: tl.constexpr, WHAT: tl.constexpr):
+def _reduce_tile(f, group_ptr, data, tile_flags, t, epoch, offs, out_ptr, pid_m, pid_n, M: tl.constexpr,
+                 N: tl.constexpr, G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
     """Out tile (pid_m, pid_n) = the sum of every member's published tile `t`, each pulled
     from that member's heap once its flag (in my heap) is up (members in order: every rank
     reducing a tile gets bit-identical results). All flags first, then all loads back to
     back, so the members' transfers overlap; full tiles are stored in 16-byte vectors."""
+    ctx = f.ctx
     for i in tl.static_range(G):
-        _wait(ctx, tile_flags + t * G + i, epoch, member_rank(group_ptr, i), POLL_NS, TIMEOUT_NS, WHAT)
+        f.wait_or_fail(tile_flags + t * G + i, epoch, member_rank(group_ptr, i))
     out_dtype = out_ptr.dtype.element_ty
     item: tl.constexpr = out_dtype.primitive_bitwidth // 8
     total = tl.zeros((BM, BN), dtype=tl.float32)
@@ -148,6 +141,7 @@ def matmul_reduce_kernel(context_ptr, group_ptr, a_ptr, b_ptr, out_ptr,
     pulling each member's slot t once its flag is up: the communication runs on its own SMs
     while the GEMM goes on."""
     ctx = Context.initialize(context_ptr, WORLD)
+    f = Flags(ctx, TIMEOUT_NS, POLL_NS, WHAT)  # the reducers poll beside the GEMM programs: POLL_NS between reads
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
     me = tl.load(group_ptr)
@@ -174,22 +168,22 @@ def matmul_reduce_kernel(context_ptr, group_ptr, a_ptr, b_ptr, out_ptr,
             tl.store(_slot(data, t, offs, BN), acc.to(out_dtype))
             tl.debug_barrier()
             if SCATTER:  # tile t is there: tell the member that reduces it
-                flags.set_flag(ctx, tile_flags + t * G + me, epoch, member_rank(group_ptr, block))
+                f.set(tile_flags + t * G + me, epoch, member_rank(group_ptr, block))
             else:
                 for i in tl.static_range(G):
-                    flags.set_flag(ctx, tile_flags + t * G + me, epoch, member_rank(group_ptr, i))
+                    f.set(tile_flags + t * G + me, epoch, member_rank(group_ptr, i))
             owner = block if SCATTER else me  # the member that outputs tile t
             if (t >= tail) & (owner == me):
-                _reduce_tile(ctx, group_ptr, data, tile_flags, t, epoch, offs, out_ptr, pid_m, pid_n, M, N,
-                             G, BM, BN, POLL_NS, TIMEOUT_NS, WHAT)
+                _reduce_tile(f, group_ptr, data, tile_flags, t, epoch, offs, out_ptr, pid_m, pid_n, M, N,
+                             G, BM, BN)
     else:
         C = programs - PG
         for l in range(pid - PG, TB, C):
             t = l * NB + me * SCATTER
             if t < tail:
                 pid_m, pid_n = tile_coords(l, tiles_m, tiles_n, GROUP_M)
-                _reduce_tile(ctx, group_ptr, data, tile_flags, t, epoch, offs, out_ptr, pid_m, pid_n, M, N,
-                             G, BM, BN, POLL_NS, TIMEOUT_NS, WHAT)
+                _reduce_tile(f, group_ptr, data, tile_flags, t, epoch, offs, out_ptr, pid_m, pid_n, M, N,
+                             G, BM, BN)
     flags.write_epoch(epoch_ptr, epoch)
 
 
@@ -208,6 +202,7 @@ def all_gather_matmul_kernel(context_ptr, group_ptr, a_ptr, b_ptr, out_ptr,
     Every rank's data buffer holds the gathered A ((G * M) x K, row-major); flag
     [source member][row tile] says that row tile of that member has arrived."""
     ctx = Context.initialize(context_ptr, WORLD)
+    f = Flags(ctx, TIMEOUT_NS, POLL_NS, WHAT)  # the compute programs poll beside the GEMM: POLL_NS between reads
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
     me = tl.load(group_ptr)
@@ -236,7 +231,7 @@ def all_gather_matmul_kernel(context_ptr, group_ptr, a_ptr, b_ptr, out_ptr,
                 tl.debug_barrier()
                 for j in tl.static_range(G):
                     if j != me:
-                        flags.set_flag(ctx, tile_flags + me * tiles_m + i, epoch, member_rank(group_ptr, j))
+                        f.set(tile_flags + me * tiles_m + i, epoch, member_rank(group_ptr, j))
     # 2. my own block, from my A directly: every program, no waiting
     for l in range(pid, TB, programs):
         pid_m, pid_n = tile_coords(l, tiles_m, tiles_n, GROUP_M)
@@ -252,7 +247,7 @@ def all_gather_matmul_kernel(context_ptr, group_ptr, a_ptr, b_ptr, out_ptr,
                 a_s = gathered + s * M * K
                 for l in range(pid - COMM, TB, programs - COMM):
                     pid_m, pid_n = tile_coords(l, tiles_m, tiles_n, GROUP_M)
-                    _wait(ctx, tile_flags + s * tiles_m + pid_m, epoch, source, POLL_NS, TIMEOUT_NS, WHAT)
+                    f.wait_or_fail(tile_flags + s * tiles_m + pid_m, epoch, source)
                     acc = tile_gemm(a_s, b_ptr, pid_m, pid_n, M, N, K, K, 1, stride_bk, stride_bn,
                                     BM, BN, BK, K % BK == 0, PREC, True)
                     store_tile(out_ptr + s * M * N, acc.to(out_dtype), pid_m, pid_n, M, N, N, 1, BM, BN)

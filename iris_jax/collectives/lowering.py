@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from iris_core import flag_protocol
 from iris_core.collectives import kernels as K
 from iris_core.collectives import kinds
 from iris_core.collectives.algorithms import ALGORITHMS, BY_VARIANT
@@ -199,7 +200,7 @@ def launch(kind: int, x2d, axes, out_blocks: int, config: CollectiveConfig, *, o
         SOURCES=tuple(sources) if sources is not None else tuple([-1] * G),
         ACC=tl.float32 if floating else tl.int32, BLOCK=block, CHUNK=chunk,
         REGIONS=ws.layout.regions,
-        MAX_PROGRAMS=MAX_PROGRAMS, TIMEOUT_NS=int(config.timeout_s * 1e9), WHAT=what,
+        MAX_PROGRAMS=MAX_PROGRAMS, TIMEOUT_NS=flag_protocol.timeout_ns(config.timeout_s), WHAT=what,
         ZERO_COPY=not push and zero_copy(kind, variant, nbytes, config), HEAP_BYTES=rt.heap_size,
         VEC=16 // itemsize if m % (16 // itemsize) == 0 else 1, TRACING=rt.tracing.enabled, PUSH=push,
         STREAM=stream, SENDERS=senders)

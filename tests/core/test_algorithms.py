@@ -5,7 +5,7 @@ import pytest
 
 from iris_core.collectives import kinds
 from iris_core.collectives.algorithms import ALGORITHMS, BY_VARIANT
-from iris_core.collectives.group import RING_MAX_MEMBERS
+from iris_core.flag_protocol import RING_MAX_MEMBERS
 
 
 def test_every_algorithm_has_one_row_and_its_constexpr():

@@ -126,9 +126,9 @@ def test_tuple_hints_through_a_constexpr_parameter_compile_and_vectorize(rows, h
         assert ptx == _ptx(_hinted_put, signature, dict(consts, HINT=same_as), num_warps=4)
 
 
-SIGNAL = "atom.global.sys.release.max.s64"  # flags.signal: a stamp raised on a member
-POISON = "atom.global.sys.relaxed.max.s64"  # flags.poison: a program that gave up
-EXCHANGE = "atom.global.sys.release.exch.b32"  # flags.set_flag (a tile flag), flags.unlock
+SIGNAL = "atom.global.sys.release.max.s64"  # Flags.signal: a stamp raised on a member
+POISON = "atom.global.sys.relaxed.max.s64"  # Flags.poison: a program that gave up
+EXCHANGE = "atom.global.sys.release.exch.b32"  # Flags.set (a tile flag), Flags.unlock
 FAULT_FENCES = {"fence.sc.sys"}  # faults.fail, on the path of a program that gives up only
 
 

@@ -17,6 +17,7 @@ import math
 import jax
 import jax.numpy as jnp
 
+from iris_core import flag_protocol
 from iris_core.collectives import ragged
 from iris_core.collectives.workspace import MAX_PROGRAMS
 from iris_jax.collectives import domains, lowering
@@ -81,7 +82,7 @@ def launch(x, output, input_offsets, send_sizes, output_offsets, slices: int, ax
         num_warps=num_warps, group_axes=axes, input_output_aliases={1: 0}, out_varying=tuple(varying),
         G=G, WORLD=rt.world_size, SLICES=slices, SLICES_P2=_pow2(slices), TABLE=_pow2(G * slices), BLOCK=block,
         DATA=layout.data, DATA2=layout.data2, DATA_BYTES=layout.data_bytes, MAX_PROGRAMS=MAX_PROGRAMS,
-        TIMEOUT_NS=int(config.timeout_s * 1e9), WHAT="ragged_all_to_all", VEC=vec)
+        TIMEOUT_NS=flag_protocol.timeout_ns(config.timeout_s), WHAT="ragged_all_to_all", VEC=vec)
 
 
 def _pow2(n: int) -> int:
