@@ -7,7 +7,7 @@ call (median of 5, benchmarks/collectives.gpu_time; `busy` = time some kernel ru
 busiest GPU): XLA's dot and the iris GEMM core (every GPU on its own), the collective alone
 (iris and lax on the [M, N] result), the fused kernel over a group of one (the same kernel
 and programs, no link traffic) and over both GPUs, for each count of reducing programs and flag polling interval
-(IRIS_FUSED_REDUCE_PROGRAMS, IRIS_FUSED_POLL_NS).
+(CollectiveConfig.fused_reduce_programs, .fused_poll_ns).
 GPUs only.
 """
 
@@ -82,16 +82,16 @@ def main():
                                              out=P("i")), a, b)
     for count in opts.reduce_programs.split(","):
         for poll in opts.poll_ns.split(","):
-            os.environ["IRIS_FUSED_REDUCE_PROGRAMS"] = count
-            os.environ["IRIS_FUSED_POLL_NS"] = poll
+            cfg = iris_jax.CollectiveConfig(fused_reduce_programs=int(count), fused_poll_ns=int(poll))
             how = f"{count} reducing programs, polling every {poll} ns"
             timed(f"fused matmul_all_reduce, group of one, {how}",
-                  smap(lambda a, b: ops.matmul_all_reduce(a, b, "one", impl="fused"), m=mesh1,
+                  smap(lambda a, b: ops.matmul_all_reduce(a, b, "one", impl="fused", config=cfg), m=mesh1,
                        out=P("i", None)), a1, b1)
-            timed(f"fused matmul_all_reduce, {how}", smap(lambda a, b: ops.matmul_all_reduce(a, b, "i", impl="fused")),
-                  a, b)
+            timed(f"fused matmul_all_reduce, {how}",
+                  smap(lambda a, b: ops.matmul_all_reduce(a, b, "i", impl="fused", config=cfg)), a, b)
             timed(f"fused matmul_reduce_scatter, {how}",
-                  smap(lambda a, b: ops.matmul_reduce_scatter(a, b, "i", impl="fused"), out=P("i")), a, b)
+                  smap(lambda a, b: ops.matmul_reduce_scatter(a, b, "i", impl="fused", config=cfg), out=P("i")),
+                  a, b)
 
 
 if __name__ == "__main__":

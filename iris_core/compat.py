@@ -5,8 +5,9 @@ compiler and its interpreter, in one place (JAX's differences: iris_jax.compat).
   so under TRITON_INTERPRET=1 (where `@triton.jit` yields InterpretedFunction) every method
   would be lost. Under the interpreter an aggregate is just a Python object, so there we keep
   the class and make each interpreted function bind `self` like a method.
-* `compile_ptx`: a kernel compiled to PTX through the backend's own stages (the same calls on
-  3.6 and 3.9), for jaxlib's launcher, which assembles the PTX itself.
+* `compile_for_launcher`: a kernel compiled through the GPU platform's own stages (the same
+  calls on 3.6 and 3.9) down to what jaxlib's launcher takes (NVIDIA: PTX, which jaxlib
+  assembles itself).
 * The interpreter's builder (3.9 merged `cache_modifier`/`eviction_policy` into `cache_policy`
   and refuses masks whose data is not bool) is patched in iris_core.sim.interpreter, whose
   wrappers pass the cache arguments through whatever their form.
@@ -63,12 +64,12 @@ def aggregate(cls):
 
 
 @dataclasses.dataclass(frozen=True)
-class CompiledPtx:
-    """A kernel compiled for an NVIDIA GPU, as jaxlib's TritonKernel is built from it."""
+class CompiledKernel:
+    """A kernel compiled for the GPU platform, as jaxlib's TritonKernel is built from it."""
 
     name: str
     shared_mem_bytes: int
-    ptx: str
+    asm: str  # what jaxlib's launcher assembles and loads (iris_core.platform: launcher_stages; NVIDIA: PTX)
     ttir: str
     global_scratch: tuple[int, int] | None = None  # (bytes, alignment) the kernel needs, if any
 
@@ -83,9 +84,10 @@ def gpu_backend(compute_capability: int):
     return make_backend(GPU.triton_target(compute_capability))
 
 
-def compile_ptx(fn, signature: dict, constexprs: dict, attrs: dict, compute_capability: int,
-                options: dict) -> CompiledPtx:
-    """Compiles the @triton.jit `fn` to PTX for `compute_capability` (no GPU needed).
+def compile_for_launcher(fn, signature: dict, constexprs: dict, attrs: dict, compute_capability: int,
+                         options: dict) -> CompiledKernel:
+    """Compiles the @triton.jit `fn` for `compute_capability` down to the GPU platform's
+    launcher stage (NVIDIA: PTX), no GPU needed.
 
     Args:
       signature: parameter name -> Triton type ("*fp32", "i32", "constexpr").
@@ -95,6 +97,8 @@ def compile_ptx(fn, signature: dict, constexprs: dict, attrs: dict, compute_capa
     """
     from triton._C import libtriton
     from triton.compiler.compiler import ASTSource
+
+    from iris_core.platform import GPU
 
     backend = gpu_backend(compute_capability)
     parsed = backend.parse_options(options)
@@ -108,8 +112,8 @@ def compile_ptx(fn, signature: dict, constexprs: dict, attrs: dict, compute_capa
     stages: dict = {}
     backend.add_stages(stages, parsed, source.language)
     metadata: dict = {}
-    for stage in ("ttir", "ttgir", "llir", "ptx"):
+    for stage in GPU.launcher_stages:
         module = stages[stage](module, metadata)
     scratch = metadata.get("global_scratch_size") or 0
-    return CompiledPtx(metadata["name"], metadata["shared"], module, ttir,
+    return CompiledKernel(metadata["name"], metadata["shared"], module, ttir,
                        (scratch, metadata.get("global_scratch_align", 1)) if scratch else None)

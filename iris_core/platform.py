@@ -7,9 +7,9 @@ for it (the lowering platform, XLA's custom-call platform, jaxlib's Triton launc
 needs one of these asks the record (`GPU`) instead of spelling it, and reaches a vendor's own
 modules only through it (tests/test_layers.py checks). One vendor today, NVIDIA; a second
 (ROCm) would be a record here with its heap module and its intrinsics module (device code takes
-them from iris_core.device.intrinsics, which loads the record's).
-Still NVIDIA's by name: the compile path's PTX (iris_core.compat.compile_ptx and its users) and
-the GPU backends' torch.cuda calls (iris_jax._runtime.backends).
+them from iris_core.device.intrinsics, which loads the record's). torch's device API is
+`torch.cuda` on both vendors' builds of torch, so the GPU backends' calls of it
+(iris_jax._runtime.backends) are no vendor's.
 
 The simulator is the other platform: JAX's "cpu" devices, heaps in host shared memory
 (iris_core.heap.shared_memory), the intrinsics' interpreter branches.
@@ -32,6 +32,7 @@ class GpuPlatform:
     list_gpus: tuple[str, ...]  # a command whose output names every GPU ("GPU" in each line)
     triton_backend: str  # Triton's GPUTarget backend
     warp_size: int
+    launcher_stages: tuple[str, ...]  # Triton's stages down to what jaxlib's launcher takes (iris_core.compat)
     heap: str  # "module:class" of its SymmetricHeap
     intrinsics: str  # the module of its device intrinsics (iris_core.device.intrinsics)
     jax_platform: str  # JAX's platform name: lowering rules register for it
@@ -50,6 +51,7 @@ class GpuPlatform:
 
 
 NVIDIA = GpuPlatform(vendor="nvidia", list_gpus=("nvidia-smi", "-L"), triton_backend="cuda", warp_size=32,
+                     launcher_stages=("ttir", "ttgir", "llir", "ptx"),  # jaxlib assembles the PTX
                      heap="iris_core.heap.cuda:CudaHeap", intrinsics="iris_core.device.nvidia",
                      jax_platform="cuda", xla_platform="CUDA", jaxlib_triton="_cuda_triton")
 PLATFORMS = (NVIDIA,)

@@ -49,6 +49,9 @@ class CollectiveConfig:
       scatter_hierarchy_from: a psum over axes that span domains runs as psum_scatter /
         psum / all_gather (iris, XLA, iris) from this size, as psum / psum below it
         (iris_jax.collectives.domains).
+      fused_reduce_programs, fused_poll_ns: the fused GEMM ops' programs that pull and reduce
+        while the others compute, and the ns a waiting program sleeps between two reads of a
+        flag (None: the platform's default; iris_jax.ops).
     """
 
     variant: str = "auto"
@@ -66,6 +69,8 @@ class CollectiveConfig:
     stream_programs_per_sm: int | None = None
     stream_warps: int | None = None
     scatter_hierarchy_from: int = 1 << 20
+    fused_reduce_programs: int | None = None
+    fused_poll_ns: int | None = None
 
     def __post_init__(self):
         if self.variant not in VARIANTS:
@@ -88,6 +93,10 @@ class CollectiveConfig:
         for name in ("warps", "stream_warps"):
             if getattr(self, name) is not None and getattr(self, name) not in _LAUNCH_WARPS:
                 raise ValueError(f"{name} must be one of {_LAUNCH_WARPS}, got {getattr(self, name)}")
+        if self.fused_reduce_programs is not None and self.fused_reduce_programs < 0:
+            raise ValueError(f"fused_reduce_programs must be >= 0, got {self.fused_reduce_programs}")
+        if self.fused_poll_ns is not None and not 0 <= self.fused_poll_ns <= 1_000_000:
+            raise ValueError(f"fused_poll_ns must be in [0, 1000000] ns, got {self.fused_poll_ns}")
 
     def replace(self, **changes) -> CollectiveConfig:
         """A copy with `changes` (validated like the constructor)."""
@@ -125,6 +134,8 @@ _ENVIRONMENT = {  # field: (variable, parse, what it expects)
     "stream_programs_per_sm": ("IRIS_COLLECTIVE_STREAM_PROGRAMS_PER_SM", int, "an integer"),
     "stream_warps": ("IRIS_COLLECTIVE_STREAM_WARPS", int, "an integer"),
     "scatter_hierarchy_from": ("IRIS_COLLECTIVE_SCATTER_HIERARCHY_FROM", *_BYTES),
+    "fused_reduce_programs": ("IRIS_FUSED_REDUCE_PROGRAMS", int, "an integer"),
+    "fused_poll_ns": ("IRIS_FUSED_POLL_NS", int, "nanoseconds"),
 }
 
 
@@ -135,12 +146,6 @@ _scoped = jax.make_user_context(default_value=None)
 @functools.cache
 def _from_environment() -> CollectiveConfig:
     return CollectiveConfig.from_env()
-
-
-def default_timeout_s() -> float:
-    """How long a call that passes no timeout waits for a peer (the fused ops' default): the
-    timeout of `default_config()`, so `use_config`'s inside its block."""
-    return default_config().timeout_s
 
 
 def default_config() -> CollectiveConfig:

@@ -32,6 +32,10 @@ link (the few reducing programs pull below its rate) or by a last round of tiles
 overlaps. The simulator has no speed to choose by; there `auto` runs the fused kernels, so
 that code built on the simulator exercises them.
 
+Settings: `config` (an iris_jax.CollectiveConfig, as the collectives take: `timeout_s`,
+`fused_reduce_programs`, `fused_poll_ns`; default `default_config()`, so a `use_config`
+block's), `timeout_s=` for the timeout alone.
+
 Workspace: the kernels exchange tiles through the fused part of their partition's workspace
 (iris_jax._runtime.workspace: one per partition of the ranks into groups, so calls over different
 axes of a mesh never share flags or buffers; 2 x IRIS_FUSED_WORKSPACE_BYTES, default 128 MiB
@@ -57,7 +61,7 @@ from iris_jax._runtime.workspace import workspaces
 from iris_jax.calls.triton_call import triton_call, vary, varying_axes
 from iris_jax.collectives.lowering import group_size
 from iris_jax.compat import lax_parallel
-from iris_jax.config import default_timeout_s
+from iris_jax.config import CollectiveConfig, default_config
 
 SUPPORTED_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
 IMPLS = ("auto", "fused", "xla")
@@ -78,24 +82,23 @@ class FusedSettings:
         self.programs = self.backend.fused_programs(rt.devices)
         self.comm_programs = self.backend.fused_comm_programs  # all_gather_matmul's pushing programs
 
-    @property
-    def reduce_programs(self) -> int:
+    def reduce_programs(self, config: CollectiveConfig) -> int:
         """matmul_all_reduce / matmul_reduce_scatter: programs that pull and reduce while the
-        others compute (IRIS_FUSED_REDUCE_PROGRAMS overrides, read when a call is traced)."""
-        count = int(os.environ.get("IRIS_FUSED_REDUCE_PROGRAMS", self.backend.fused_reduce_programs))
-        if not 0 <= count < self.programs:
-            raise IrisError(f"IRIS_FUSED_REDUCE_PROGRAMS={count}: must be in [0, {self.programs})")
+        others compute (config.fused_reduce_programs, IRIS_FUSED_REDUCE_PROGRAMS; else the
+        backend's)."""
+        count = config.fused_reduce_programs
+        if count is None:
+            return self.backend.fused_reduce_programs
+        if count >= self.programs:
+            raise IrisError(f"fused_reduce_programs={count} (IRIS_FUSED_REDUCE_PROGRAMS): must be below this "
+                            f"runtime's {self.programs} fused programs")
         return count
 
-    @property
-    def poll_ns(self) -> int:
+    def poll_ns(self, config: CollectiveConfig) -> int:
         """How long a waiting program sleeps between two reads of a flag, in ns: the reducing
         programs poll beside the computing ones, and the period made no measurable difference
-        on H200. IRIS_FUSED_POLL_NS overrides (read at trace time)."""
-        ns = int(os.environ.get("IRIS_FUSED_POLL_NS", self.backend.fused_poll_ns))
-        if not 0 <= ns <= 1_000_000:
-            raise IrisError(f"IRIS_FUSED_POLL_NS={ns}: must be in [0, 1000000]")
-        return ns
+        on H200 (config.fused_poll_ns, IRIS_FUSED_POLL_NS; else the backend's)."""
+        return self.backend.fused_poll_ns if config.fused_poll_ns is None else config.fused_poll_ns
 
     def config(self, dtype):
         """(BM, BN, BK, GROUP_M, PREC, num_warps, num_stages) for `dtype`. For tuning
@@ -185,8 +188,16 @@ def _dot(a, b):
     return jnp.dot(a, b, preferred_element_type=jnp.float32).astype(a.dtype)
 
 
-def _timeout_ns(timeout_s):
-    return flag_protocol.timeout_ns(timeout_s or default_timeout_s())
+def _config(config, timeout_s) -> CollectiveConfig:
+    """The config of a fused op's call: `config` (else the default, use_config's inside its
+    block), with `timeout_s` when given."""
+    config = config or default_config()
+    return config if timeout_s is None else config.replace(timeout_s=timeout_s)
+
+
+def _flag_constants(fs, config) -> dict:
+    """The kernel's POLL_NS and TIMEOUT_NS (the flag protocol's waits)."""
+    return dict(POLL_NS=fs.poll_ns(config), TIMEOUT_NS=flag_protocol.timeout_ns(config.timeout_s))
 
 
 def _chunks(total, step):
@@ -215,7 +226,7 @@ def matmul(a, b):
 
 
 # -- matmul + all-reduce / reduce-scatter ------------------------------------------------------
-def _launch_reduce(a, b, axes, scatter: bool, what, timeout_s):
+def _launch_reduce(a, b, axes, scatter: bool, what, config):
     """Kernel launches (row chunks) of matmul_reduce_kernel. a: (NB*M) x K, NB = G if scatter."""
     rt = runtime_lib.runtime()
     fs = settings()
@@ -244,39 +255,41 @@ def _launch_reduce(a, b, axes, scatter: bool, what, timeout_s):
         tiles = NB * math.ceil((r1 - r0) / BM) * tiles_n
         # one round of tiles: every program computes (and reduces its own tile); more: some
         # programs reduce while the others compute
-        gemm_programs = fs.programs if tiles <= fs.programs else fs.programs - fs.reduce_programs
+        gemm_programs = fs.programs if tiles <= fs.programs else fs.programs - fs.reduce_programs(config)
         outs.append(triton_call(
             part, b, kernel=F.matmul_reduce_kernel, out_shape=jax.ShapeDtypeStruct((r1 - r0, N), a.dtype),
             grid=(fs.programs,), group_axes=axes, workspace="fused", out_varying=out_varying,
             M=r1 - r0, N=N, K=K, stride_am=K, stride_ak=1, stride_bk=N, stride_bn=1, SCATTER=int(scatter), G=G,
             WORLD=rt.world_size, GEMM_PROGRAMS=gemm_programs, FLAGS=layout.flags, DATA=layout.data,
-            DATA_BYTES=layout.data_bytes, POLL_NS=fs.poll_ns, TIMEOUT_NS=_timeout_ns(timeout_s), WHAT=what,
-            **meta, **launch))
+            DATA_BYTES=layout.data_bytes, WHAT=what, **_flag_constants(fs, config), **meta, **launch))
     return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=0)
 
 
-def _mar_fwd_impl(a, b, axes, impl, timeout_s):
+def _mar_fwd_impl(a, b, axes, impl, config):
     if impl == "xla":
         return lax_parallel.psum(_dot(a, b), axes)
     M, K = a.shape
     N = b.shape[1]
     if M == 0 or N == 0 or K == 0:
         return _empty((M, N), a.dtype, (varying_axes(a) | varying_axes(b)) - set(axes))
-    return _launch_reduce(a, b, axes, False, "matmul_all_reduce", timeout_s)
+    return _launch_reduce(a, b, axes, False, "matmul_all_reduce", config)
 
 
-def matmul_all_reduce(a, b, axis_name, *, impl: str = "auto", timeout_s: float | None = None):
+def matmul_all_reduce(a, b, axis_name, *, impl: str = "auto", timeout_s: float | None = None,
+                      config: CollectiveConfig | None = None):
     """`lax.psum(a @ b, axis_name)` in one kernel (row-parallel linear layer: each rank holds
     a column block of the activations `a` [M, K_local] and a row block of the weight `b`
-    [K_local, N]); the result [M, N] is the same on every member."""
+    [K_local, N]); the result [M, N] is the same on every member. `config`: the timeout and
+    the fused_* launch settings (iris_jax.CollectiveConfig; default: default_config())."""
     axes = _axes(axis_name)
+    config = _config(config, timeout_s)
     _check(a, b, "matmul_all_reduce")
     (M, K), N, G = a.shape, b.shape[1], group_size(axes)
     chosen = _impl(impl, "matmul_all_reduce", 2 * M * K * N, (G - 1) * M * N * a.dtype.itemsize, M * N)
 
     @jax.custom_vjp
     def f(a, b):
-        return _mar_fwd_impl(a, b, axes, chosen, timeout_s)
+        return _mar_fwd_impl(a, b, axes, chosen, config)
 
     def fwd(a, b):
         return f(a, b), (a, b)
@@ -293,24 +306,26 @@ def matmul_all_reduce(a, b, axis_name, *, impl: str = "auto", timeout_s: float |
     return f(a, b)
 
 
-def _mrs_fwd_impl(a, b, axes, scatter_dimension, impl, timeout_s):
+def _mrs_fwd_impl(a, b, axes, scatter_dimension, impl, config):
     G = group_size(axes)
     if impl == "xla":
         return lax_parallel.psum_scatter(_dot(a, b), axes, scatter_dimension=scatter_dimension, tiled=True)
     if scatter_dimension == 1:  # C^T = b^T a^T, scattered by rows, transposed back
-        return _mrs_fwd_impl(b.T, a.T, axes, 0, impl, timeout_s).T
+        return _mrs_fwd_impl(b.T, a.T, axes, 0, impl, config).T
     M, K = a.shape
     N = b.shape[1]
     if M == 0 or N == 0 or K == 0:
         return _empty((M // G, N), a.dtype, varying_axes(a) | varying_axes(b) | set(axes))
-    return _launch_reduce(a, b, axes, True, "matmul_reduce_scatter", timeout_s)
+    return _launch_reduce(a, b, axes, True, "matmul_reduce_scatter", config)
 
 
 def matmul_reduce_scatter(a, b, axis_name, scatter_dimension: int = 0, *, impl: str = "auto",
-                          timeout_s: float | None = None):
+                          timeout_s: float | None = None, config: CollectiveConfig | None = None):
     """`lax.psum_scatter(a @ b, axis_name, scatter_dimension=..., tiled=True)` in one kernel:
-    member i keeps block i (rows if scatter_dimension == 0, columns if 1) of the sum."""
+    member i keeps block i (rows if scatter_dimension == 0, columns if 1) of the sum.
+    `config` as matmul_all_reduce's."""
     axes = _axes(axis_name)
+    config = _config(config, timeout_s)
     _check(a, b, "matmul_reduce_scatter")
     G = group_size(axes)
     d = scatter_dimension % 2
@@ -323,7 +338,7 @@ def matmul_reduce_scatter(a, b, axis_name, scatter_dimension: int = 0, *, impl: 
 
     @jax.custom_vjp
     def f(a, b):
-        return _mrs_fwd_impl(a, b, axes, d, chosen, timeout_s)
+        return _mrs_fwd_impl(a, b, axes, d, chosen, config)
 
     def fwd(a, b):
         return f(a, b), (a, b)
@@ -332,7 +347,7 @@ def matmul_reduce_scatter(a, b, axis_name, scatter_dimension: int = 0, *, impl: 
         a, b = res
         full = C.all_gather(ct, axes, axis=d, tiled=True)  # d(a @ b)
         if d == 0:
-            da = all_gather_matmul(ct, b.T, axes, impl=chosen, timeout_s=timeout_s)
+            da = all_gather_matmul(ct, b.T, axes, impl=chosen, config=config)
         else:
             da = _dot(full, b.T)
         db = _dot(a.T, full)
@@ -343,7 +358,7 @@ def matmul_reduce_scatter(a, b, axis_name, scatter_dimension: int = 0, *, impl: 
 
 
 # -- all-gather + matmul -------------------------------------------------------------------------
-def _launch_gather(a, b, axes, timeout_s):
+def _launch_gather(a, b, axes, config):
     rt = runtime_lib.runtime()
     fs = settings()
     layout = workspaces(rt).fused_layout
@@ -368,13 +383,13 @@ def _launch_gather(a, b, axes, timeout_s):
             workspace="fused", out_varying=out_varying, M=r1 - r0, N=N, K=K, stride_am=K, stride_ak=1,
             stride_bk=N, stride_bn=1, G=G, WORLD=rt.world_size, BKC=min(256, max(16, 1 << (K - 1).bit_length())),
             COMM=fs.comm_programs, FLAGS=layout.flags, DATA=layout.data, DATA_BYTES=layout.data_bytes,
-            POLL_NS=fs.poll_ns, TIMEOUT_NS=_timeout_ns(timeout_s), WHAT="all_gather_matmul", **meta, **launch)
+            WHAT="all_gather_matmul", **_flag_constants(fs, config), **meta, **launch)
         outs.append(out.reshape(G, r1 - r0, N))
     out = outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=1)
     return out.reshape(G * M, N)
 
 
-def _agm_fwd_impl(a, b, axes, gather_axis, impl, timeout_s):
+def _agm_fwd_impl(a, b, axes, gather_axis, impl, config):
     G = group_size(axes)
     if impl == "xla":
         return _dot(lax_parallel.all_gather(a, axes, axis=gather_axis, tiled=True), b)
@@ -384,16 +399,18 @@ def _agm_fwd_impl(a, b, axes, gather_axis, impl, timeout_s):
     N = b.shape[1]
     if M == 0 or N == 0 or K == 0:
         return _empty((G * M, N), a.dtype, varying_axes(a) | varying_axes(b) | set(axes))
-    return _launch_gather(a, b, axes, timeout_s)
+    return _launch_gather(a, b, axes, config)
 
 
 def all_gather_matmul(a, b, axis_name, gather_axis: int = 0, *, impl: str = "auto",
-                      timeout_s: float | None = None):
+                      timeout_s: float | None = None, config: CollectiveConfig | None = None):
     """`lax.all_gather(a, axis_name, axis=gather_axis, tiled=True) @ b` (column-parallel
     linear layer: `a` [M_local, K] sharded by rows, `b` [K, N_local] this rank's columns);
     with gather_axis=0 the gather is fused into the GEMM. gather_axis=1 (a's columns, the
-    contraction dimension) runs unfused: iris all_gather, then the GEMM."""
+    contraction dimension) runs unfused: iris all_gather, then the GEMM. `config` as
+    matmul_all_reduce's."""
     axes = _axes(axis_name)
+    config = _config(config, timeout_s)
     G = group_size(axes)
     ga = gather_axis % 2
     if ga == 1:
@@ -408,7 +425,7 @@ def all_gather_matmul(a, b, axis_name, gather_axis: int = 0, *, impl: str = "aut
 
     @jax.custom_vjp
     def f(a, b):
-        return _agm_fwd_impl(a, b, axes, ga, chosen, timeout_s)
+        return _agm_fwd_impl(a, b, axes, ga, chosen, config)
 
     def fwd(a, b):
         return f(a, b), (a, b)
@@ -416,7 +433,7 @@ def all_gather_matmul(a, b, axis_name, gather_axis: int = 0, *, impl: str = "aut
     def bwd(res, ct):
         a, b = res
         if ga == 0:
-            da = matmul_reduce_scatter(ct, b.T, axes, 0, impl=chosen, timeout_s=timeout_s)
+            da = matmul_reduce_scatter(ct, b.T, axes, 0, impl=chosen, config=config)
         else:
             da = C.psum_scatter(_dot(ct, b.T), axes, scatter_dimension=1, tiled=True)
         gathered = C.all_gather(a, axes, axis=ga, tiled=True)

@@ -102,7 +102,7 @@ def _triton_kernel(compiled, num_warps: int, num_ctas: int, cc: int):
     with _kernels_lock:
         if key not in _kernels:
             _kernels[key] = compat.triton_kernel(compiled.name, num_warps, num_ctas, compiled.shared_mem_bytes,
-                                                 compiled.ptx, compiled.ttir, cc, compiled.global_scratch)
+                                                 compiled.asm, compiled.ttir, cc, compiled.global_scratch)
         return _kernels[key]
 
 

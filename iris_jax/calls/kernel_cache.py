@@ -1,8 +1,8 @@
 """Triton kernels compiled for GPUs, kept on disk between processes.
 
-iris_jax.calls.gpu_lowering compiles every kernel it lowers (iris_core.compat.compile_ptx), and a new
-process would compile each one again: most of a process's first iris collective. Compiles are
-stored under a key of everything the PTX depends on:
+iris_jax.calls.gpu_lowering compiles every kernel it lowers (iris_core.compat.compile_for_launcher),
+and a new process would compile each one again: most of a process's first iris collective.
+Compiles are stored under a key of everything the compiled kernel (NVIDIA: its PTX) depends on:
 
 * the kernel: Triton's cache key of its source and every @triton.jit function and constexpr
   global it reaches (what Triton's own disk cache uses), its name;
@@ -31,9 +31,9 @@ import zlib
 
 import numpy as np
 
-from iris_core.compat import CompiledPtx, compile_ptx, gpu_backend
+from iris_core.compat import CompiledKernel, compile_for_launcher, gpu_backend
 
-_FORMAT = 3  # bump when what an entry holds changes
+_FORMAT = 4  # bump when what an entry holds changes
 
 
 def cache_dir() -> str | None:
@@ -51,11 +51,11 @@ class KernelCache:
 
     def __init__(self, directory: str | None):
         self.directory = directory
-        self._memory: dict[str, CompiledPtx] = {}
+        self._memory: dict[str, CompiledKernel] = {}
         self._lock = threading.Lock()
         self.compiled = self.loaded = 0  # counts, for tests and benchmarks/startup.py
 
-    def get(self, key: str, compile_fn) -> CompiledPtx:
+    def get(self, key: str, compile_fn) -> CompiledKernel:
         with self._lock:
             found = self._memory.get(key)
         if found is None:
@@ -73,7 +73,7 @@ class KernelCache:
     def _path(self, key: str) -> str:
         return os.path.join(self.directory, key[:2], key + ".json.z")
 
-    def _read(self, key: str) -> CompiledPtx | None:
+    def _read(self, key: str) -> CompiledKernel | None:
         if self.directory is None:
             return None
         try:
@@ -82,11 +82,11 @@ class KernelCache:
             if entry.pop("format") != _FORMAT:
                 return None
             scratch = entry.pop("global_scratch")
-            return CompiledPtx(**entry, global_scratch=tuple(scratch) if scratch else None)
+            return CompiledKernel(**entry, global_scratch=tuple(scratch) if scratch else None)
         except (OSError, ValueError, TypeError, KeyError, zlib.error):
             return None  # absent, damaged, or of another format: compile again
 
-    def _write(self, key: str, compiled: CompiledPtx) -> None:
+    def _write(self, key: str, compiled: CompiledKernel) -> None:
         if self.directory is None:
             return
         path = self._path(key)
@@ -116,7 +116,7 @@ def kernel_key(fn, signature: dict, constants: dict, attrs: dict, options: dict,
 
 
 def compile_kernel(cache: KernelCache, fn, arg_types: list[str], scalar_args, *, options: dict,
-                   compute_capability: int, metaparams: dict) -> tuple[CompiledPtx, dict]:
+                   compute_capability: int, metaparams: dict) -> tuple[CompiledKernel, dict]:
     """Compiles `fn` for `compute_capability` through `cache`.
 
     Args:
@@ -137,8 +137,8 @@ def compile_kernel(cache: KernelCache, fn, arg_types: list[str], scalar_args, *,
     constants.update({fn.arg_names[i]: 1 for i, _, v in scalar_args if is_one(v)})
     signature.update({name: "constexpr" for name in constants})
 
-    def compile_now() -> CompiledPtx:
-        return compile_ptx(fn, signature, constants, attrs, compute_capability, options)
+    def compile_now() -> CompiledKernel:
+        return compile_for_launcher(fn, signature, constants, attrs, compute_capability, options)
 
     key = kernel_key(fn, signature, constants, attrs, options, compute_capability)
     if key is None:

@@ -36,7 +36,7 @@ def test_a_second_process_loads_what_the_first_compiled(tmp_path):
     first = kernel_cache.KernelCache(str(tmp_path))
     compiled, attrs = _compile(first)
     assert (first.compiled, first.loaded) == (1, 0)
-    assert ".visible .entry _scale" in compiled.ptx and "tt.func" in compiled.ttir
+    assert ".visible .entry _scale" in compiled.asm and "tt.func" in compiled.ttir
     # what iris's GPU lowering reads: pointers 16-byte aligned, scalars not
     assert attrs == {(0,): [["tt.divisibility", 16]], (1,): [["tt.divisibility", 16]], (2,): []}
     assert _compile(first)[0] is compiled and first.compiled == 1  # memory
@@ -51,7 +51,7 @@ def test_every_input_of_the_ptx_is_in_the_key(tmp_path):
     base = _compile(cache)[0]
     variants = [_compile(cache, BLOCK=256)[0], _compile(cache, NEGATE=True)[0], _compile(cache, FACTOR=3)[0],
                 _compile(cache, fn=_scale_other)[0]]
-    assert cache.compiled == 5 and len({v.ptx for v in [base, *variants]}) == 5
+    assert cache.compiled == 5 and len({v.asm for v in [base, *variants]}) == 5
     # constexprs by name (Triton's own source key joins their values without names)
     keys = {kernel_cache.kernel_key(_scale, {"n": "i32"}, constants, {}, _OPTIONS, 90)
             for constants in ({"BLOCK": 1}, {"NEGATE": 1})}
@@ -68,8 +68,8 @@ def test_a_scalar_equal_to_one_is_compiled_in(tmp_path):
         cache, _scale, ["*fp32", "*fp32", "i32"], [(2, "i32", 1)], options=_OPTIONS, compute_capability=90,
         metaparams={"FACTOR": 2})
     other = _compile(cache)[0]
-    assert ".param .u32 _scale_param_2" in other.ptx
-    assert ".param .u32" not in one.ptx  # n is the constant 1: no parameter
+    assert ".param .u32 _scale_param_2" in other.asm
+    assert ".param .u32" not in one.asm  # n is the constant 1: no parameter
     assert kernel_cache.is_one(1) and not kernel_cache.is_one(True) and not kernel_cache.is_one(1.0)
 
 
@@ -90,7 +90,7 @@ def test_an_unwritable_directory_only_costs_compiles(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
     cache = kernel_cache.KernelCache(str(blocker / "below"))  # a directory under a file: cannot exist
-    assert _compile(cache)[0].ptx and cache.compiled == 1
+    assert _compile(cache)[0].asm and cache.compiled == 1
 
 
 def test_the_setting(monkeypatch, tmp_path):

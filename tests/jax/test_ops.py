@@ -121,15 +121,16 @@ def test_fused_ops(rng, W, dtype):
 
 
 @pytest.mark.parametrize("W,reducers", [(2, "1"), (3, "1"), (2, "0"), (3, "2")])
-def test_reduce_whole_tiles(rng, monkeypatch, W, reducers):
+def test_reduce_whole_tiles(rng, W, reducers):
     """Products made of whole 16 x 16 tiles: the reducing programs store unmasked vectors.
     Of the simulator's 3 programs, 0, 1 or 2 reduce (0: every producer reduces its own)."""
-    monkeypatch.setenv("IRIS_FUSED_REDUCE_PROGRAMS", reducers)
+    cfg = iris_jax.CollectiveConfig(fused_reduce_programs=int(reducers))
     mesh = _mesh(W)
     a = _put(mesh, _rand(rng, (16 * W * 3, W * 16), BF16), P(None, "i"))   # [48W, 16] per rank
     b = _put(mesh, _rand(rng, (W * 16, 32), BF16), P("i", None))          # [16, 32] per rank
     specs = (P(), P("i"))
-    got = _jit(lambda a, b: (ops.matmul_all_reduce(a, b, "i"), ops.matmul_reduce_scatter(a, b, "i")), mesh,
+    got = _jit(lambda a, b: (ops.matmul_all_reduce(a, b, "i", config=cfg),
+                             ops.matmul_reduce_scatter(a, b, "i", config=cfg)), mesh,
                (P(None, "i"), P("i", None)), specs)(a, b)
     want = _jit(lambda a, b: (lax.psum(_ref_dot(a, b), "i"), lax.psum_scatter(_ref_dot(a, b), "i", tiled=True)),
                 mesh, (P(None, "i"), P("i", None)), specs)(a, b)
@@ -274,15 +275,20 @@ def test_errors():
                       out_specs=P())(a)
 
 
-def test_reduce_programs_setting(monkeypatch):
-    """IRIS_FUSED_REDUCE_PROGRAMS is read when a call is traced; out of range is an error."""
+def test_reduce_programs_setting():
+    """fused_reduce_programs and fused_poll_ns are the config's (IRIS_FUSED_REDUCE_PROGRAMS,
+    IRIS_FUSED_POLL_NS), the backend's where unset; out of range is an error."""
     _mesh(2)
     ws = ops.settings()
-    monkeypatch.setenv("IRIS_FUSED_REDUCE_PROGRAMS", "2")
-    assert ws.reduce_programs == 2
-    monkeypatch.setenv("IRIS_FUSED_REDUCE_PROGRAMS", str(ws.programs))
+    cfg = iris_jax.CollectiveConfig.from_env({"IRIS_FUSED_REDUCE_PROGRAMS": "2", "IRIS_FUSED_POLL_NS": "700"})
+    assert (ws.reduce_programs(cfg), ws.poll_ns(cfg)) == (2, 700)
+    default = iris_jax.CollectiveConfig()
+    assert (ws.reduce_programs(default), ws.poll_ns(default)) == (ws.backend.fused_reduce_programs,
+                                                                  ws.backend.fused_poll_ns)
     with pytest.raises(IrisError, match="IRIS_FUSED_REDUCE_PROGRAMS"):
-        _ = ws.reduce_programs
+        ws.reduce_programs(cfg.replace(fused_reduce_programs=ws.programs))
+    with pytest.raises(ValueError, match="fused_poll_ns"):
+        cfg.replace(fused_poll_ns=-1)
 
 
 # benchmarks/fused.py's shapes (global M, N = K; bf16, 2 GPUs) with what fused measured against
@@ -343,17 +349,22 @@ def test_impl_argument(monkeypatch):
 
 
 def test_fused_ops_wait_as_long_as_the_active_config_says(monkeypatch):
-    """A fused op given no timeout_s waits `use_config`'s timeout inside its block, else the
-    environment's (IRIS_COLLECTIVE_TIMEOUT)."""
+    """A fused op given no timeout_s or config waits `use_config`'s timeout inside its block,
+    else the environment's (IRIS_COLLECTIVE_TIMEOUT); its own config or timeout_s wins."""
+    from iris_core import flag_protocol
     from iris_jax import config, ops
+
+    def wait_ns(cfg=None, timeout_s=None):  # the kernel's TIMEOUT_NS
+        return flag_protocol.timeout_ns(ops._config(cfg, timeout_s).timeout_s)
 
     monkeypatch.setenv("IRIS_COLLECTIVE_TIMEOUT", "7")
     config._from_environment.cache_clear()
     try:
-        assert ops._timeout_ns(None) == 7 * 10**9
+        assert wait_ns() == 7 * 10**9
         with iris_jax.use_config(iris_jax.CollectiveConfig(timeout_s=2.5)):
-            assert ops._timeout_ns(None) == int(2.5e9)
-            assert ops._timeout_ns(4.0) == 4 * 10**9  # an explicit timeout_s still wins
-        assert ops._timeout_ns(None) == 7 * 10**9
+            assert wait_ns() == int(2.5e9)
+            assert wait_ns(timeout_s=4.0) == 4 * 10**9  # an explicit timeout_s still wins
+            assert wait_ns(iris_jax.CollectiveConfig(timeout_s=3.0)) == 3 * 10**9  # and the call's config
+        assert wait_ns() == 7 * 10**9
     finally:
         config._from_environment.cache_clear()
