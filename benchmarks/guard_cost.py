@@ -72,7 +72,7 @@ def _measure() -> dict:
     import triton.language as tl
 
     from iris_core.collectives import kernels as C
-    from iris_core.collectives.workspace import MAX_PROGRAMS, WorkspaceLayout
+    from iris_core.collectives.workspace import WorkspaceLayout
     from iris_core.device import Context
 
     @triton.jit
@@ -86,15 +86,15 @@ def _measure() -> dict:
     layout = WorkspaceLayout(2, 1 << 20)
     signature = {"context_ptr": "*i32", "group_ptr": "*i32", "x_ptr": "*fp32", "m": "i32", "out_ptr": "*fp32"}
     common = dict(KIND=C.ALL_REDUCE, OP=C.SUM, G=2, WORLD=2, XB=1, OB=1, SOURCES=(1, 0), ACC=tl.float32,
-                  BLOCK=8192, CHUNK=(1 << 20) // 8, REGIONS=layout.regions, MAX_PROGRAMS=MAX_PROGRAMS,
-                  TIMEOUT_NS=10**9, WHAT="psum", HEAP_BYTES=1 << 30, VEC=4, SENDERS=4)
+                  BLOCK=8192, CHUNK=(1 << 20) // 8, REGIONS=layout.regions, TIMEOUT_NS=10**9, WHAT="psum",
+                  HEAP_BYTES=1 << 30, VEC=4, SENDERS=4)
     cases = {
         "psum one-shot (pull, zero-copy)": dict(VARIANT=C.ONE_SHOT, ZERO_COPY=True),
         "psum one-shot (push)": dict(VARIANT=C.ONE_SHOT, PUSH=True),
         "psum streamed": dict(VARIANT=C.ONE_SHOT, PUSH=True, STREAM=True),
         "psum ring": dict(VARIANT=C.RING),
     }
-    counts = {name: _count(_ptx(C.collective_kernel, signature, dict(common, **extra), num_warps=8))
+    counts = {name: _count(_ptx(C.collective_kernel, signature, C.launch_constants(**common, **extra), num_warps=8))
               for name, extra in cases.items()}
     counts["rma tile (load + store)"] = _count(_ptx(
         rma_kernel, {"context_ptr": "*i32", "x_ptr": "*fp32", "n": "i32", "out_ptr": "*fp32"},

@@ -159,7 +159,7 @@ def measure(only: str | None = None) -> dict:
     import triton.language as tl
 
     from iris_core.collectives import kernels as C
-    from iris_core.collectives.workspace import MAX_PROGRAMS, WorkspaceLayout
+    from iris_core.collectives.workspace import WorkspaceLayout
 
     results = {}
     for name, (kernel, signature, constexprs, options) in other_kernels().items():
@@ -177,12 +177,10 @@ def measure(only: str | None = None) -> dict:
         layout = WorkspaceLayout(G, 1 << 20)
         dtype = "*bf16" if bf16 else "*fp32"
         signature = {"context_ptr": "*i32", "group_ptr": "*i32", "x_ptr": dtype, "m": "i32", "out_ptr": dtype}
-        constexprs = dict(OP=C.SUM, G=G, WORLD=G, XB=blocks, OB=out_blocks, SOURCES=tuple((i + 1) % G for i in range(G)),
-                          ACC=tl.float32, BLOCK=4096, CHUNK=(1 << 20) // (4 * blocks), REGIONS=layout.regions,
-                          MAX_PROGRAMS=MAX_PROGRAMS, TIMEOUT_NS=10**9, WHAT="collective", HEAP_BYTES=1 << 30,
-                          VEC=8 if bf16 else 4, SENDERS=4)
-        constexprs.update(ZERO_COPY=False, TRACING=False, PUSH=False, STREAM=False)  # every one named: Triton's
-        constexprs.update(case)  # cache key joins the values alone, so two sparse sets could collide
+        constexprs = C.launch_constants(**dict(dict(
+            OP=C.SUM, G=G, WORLD=G, XB=blocks, OB=out_blocks, SOURCES=tuple((i + 1) % G for i in range(G)),
+            ACC=tl.float32, BLOCK=4096, CHUNK=(1 << 20) // (4 * blocks), REGIONS=layout.regions, TIMEOUT_NS=10**9,
+            WHAT="collective", HEAP_BYTES=1 << 30, VEC=8 if bf16 else 4, SENDERS=4), **case))
         ptx = _ptx(C.collective_kernel, signature, constexprs, num_warps=8)
         results[name] = dict(_count(ptx), fingerprint=_fingerprint(ptx), memory=_memory(ptx))
     return results

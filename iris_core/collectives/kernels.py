@@ -39,10 +39,12 @@ Adding a collective: a row in kinds.py's table, its step in tiles.output_tile (w
 contributes and where it goes), and its wrapper in iris_jax.collectives.lowering.
 """
 
+import inspect
+
 import triton
 import triton.language as tl
 
-from iris_core.collectives import atomic, kinds, pipelined, ring, streamed, two_shot
+from iris_core.collectives import atomic, kinds, pipelined, ring, streamed, two_shot, workspace
 from iris_core.collectives.group import Group
 from iris_core.collectives.kinds import (  # noqa: F401 - the host's names for the launch parameters
     ALL_GATHER,
@@ -144,3 +146,18 @@ def collective_kernel(context_ptr, group_ptr, x_ptr, m, out_ptr,
         g.signal(epoch * STEPS + DONE)
         g.wait(epoch * STEPS + DONE)
     g.end_call(epoch)
+
+
+def launch_constants(**given) -> dict:
+    """collective_kernel's constexprs, every one by name (Triton's cache key joins their values
+    alone): `given`, MAX_PROGRAMS, and the kernel's own default for each other one. The launch
+    (iris_jax.collectives.lowering) and the PTX benchmarks and tests build theirs here."""
+    params = inspect.signature(collective_kernel.fn).parameters.values()
+    constexprs = [p for p in params if p.annotation is tl.constexpr]
+    constants = {p.name: p.default for p in constexprs if p.default is not inspect.Parameter.empty}
+    constants.update(MAX_PROGRAMS=workspace.MAX_PROGRAMS, **given)
+    unknown = sorted(set(given) - {p.name for p in constexprs})
+    missing = [p.name for p in constexprs if p.name not in constants]
+    if unknown or missing:
+        raise TypeError(f"collective_kernel's constexprs: unknown {unknown}, missing {missing}")
+    return constants

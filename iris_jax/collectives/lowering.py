@@ -196,14 +196,14 @@ def launch(kind: int, x2d, axes, out_blocks: int, config: CollectiveConfig, *, o
         x2d, m, kernel=K.collective_kernel, out_shape=jax.ShapeDtypeStruct((out_blocks, m), x2d.dtype),
         grid=(programs,), num_warps=num_warps, group_axes=axes, axis_index_groups=groups,
         out_varying=tuple(a for a in _vma(x2d) | set(axes) if not (out_invariant and a in axes)),
-        KIND=kind, OP=op, VARIANT=variant, G=G, WORLD=rt.world_size, XB=XB, OB=out_blocks,
-        SOURCES=tuple(sources) if sources is not None else tuple([-1] * G),
-        ACC=tl.float32 if floating else tl.int32, BLOCK=block, CHUNK=chunk,
-        REGIONS=ws.layout.regions,
-        MAX_PROGRAMS=MAX_PROGRAMS, TIMEOUT_NS=flag_protocol.timeout_ns(config.timeout_s), WHAT=what,
-        ZERO_COPY=not push and zero_copy(kind, variant, nbytes, config), HEAP_BYTES=rt.heap_size,
-        VEC=16 // itemsize if m % (16 // itemsize) == 0 else 1, TRACING=rt.tracing.enabled, PUSH=push,
-        STREAM=stream, SENDERS=senders)
+        **K.launch_constants(
+            KIND=kind, OP=op, VARIANT=variant, G=G, WORLD=rt.world_size, XB=XB, OB=out_blocks,
+            SOURCES=tuple(sources) if sources is not None else tuple([-1] * G),
+            ACC=tl.float32 if floating else tl.int32, BLOCK=block, CHUNK=chunk, REGIONS=ws.layout.regions,
+            TIMEOUT_NS=flag_protocol.timeout_ns(config.timeout_s), WHAT=what,
+            ZERO_COPY=not push and zero_copy(kind, variant, nbytes, config), HEAP_BYTES=rt.heap_size,
+            VEC=16 // itemsize if m % (16 // itemsize) == 0 else 1, TRACING=rt.tracing.enabled, PUSH=push,
+            STREAM=stream, SENDERS=senders))
 
 
 def zero_copy(kind: int, variant: int, nbytes: int, config: CollectiveConfig) -> bool:

@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from iris_core.collectives import kernels as C
-from iris_core.collectives.workspace import MAX_PROGRAMS, WorkspaceLayout
+from iris_core.collectives.workspace import WorkspaceLayout
 from iris_core.device import Context
 from iris_core.kernels import fused as F
 
@@ -48,12 +48,12 @@ def _fences(ptx: str) -> set:
 
 def _collective_ptx(kind, variant, push=False, stream=False, zero_copy=False) -> str:
     layout = WorkspaceLayout(2, 1 << 20)
-    consts = dict(KIND=kind, OP=C.SUM, VARIANT=variant, G=2, WORLD=2,
-                  XB=2 if kind in (C.REDUCE_SCATTER, C.ALL_TO_ALL) else 1,
-                  OB=2 if kind in (C.ALL_GATHER, C.ALL_TO_ALL) else 1,
-                  SOURCES=(1, 0), ACC=tl.float32, BLOCK=2048, CHUNK=(1 << 20) // 8, REGIONS=layout.regions,
-                  MAX_PROGRAMS=MAX_PROGRAMS, TIMEOUT_NS=10**9, WHAT="test", ZERO_COPY=zero_copy,
-                  HEAP_BYTES=1 << 30, VEC=4, PUSH=push, STREAM=stream, SENDERS=4)
+    consts = C.launch_constants(KIND=kind, OP=C.SUM, VARIANT=variant, G=2, WORLD=2,
+                                XB=2 if kind in (C.REDUCE_SCATTER, C.ALL_TO_ALL) else 1,
+                                OB=2 if kind in (C.ALL_GATHER, C.ALL_TO_ALL) else 1,
+                                SOURCES=(1, 0), ACC=tl.float32, BLOCK=2048, CHUNK=(1 << 20) // 8,
+                                REGIONS=layout.regions, TIMEOUT_NS=10**9, WHAT="test", ZERO_COPY=zero_copy,
+                                HEAP_BYTES=1 << 30, VEC=4, PUSH=push, STREAM=stream, SENDERS=4)
     signature = {"context_ptr": "*i32", "group_ptr": "*i32", "x_ptr": "*fp32", "m": "i32", "out_ptr": "*fp32"}
     return _ptx(C.collective_kernel, signature, consts, num_warps=8)
 
