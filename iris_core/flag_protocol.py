@@ -31,6 +31,7 @@ STEPS = 64  # flag rounds per epoch of a group call
 DONE = STEPS - 1  # the last round of a call's last epoch: zero-copy readers are done
 RING_MAX_MEMBERS = STEPS // 2  # a ring all-reduce takes 2G - 1 rounds per chunk
 DEFAULT_TIMEOUT_S = 60.0  # how long a kernel waits for a peer unless told otherwise
+assert STEPS >= 3, "two-shot and atomic take rounds 0 and 1 of an epoch, and DONE is its last"
 
 # the streamed region's `failed` word: 1 + the member index of the rank that gave up, its
 # fault code and the streamed call it gave up in, in fields of these widths

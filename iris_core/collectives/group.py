@@ -139,7 +139,7 @@ class Group:
         return (self.ws_base - tl.load(self.ctx.heap_bases + self.ctx.rank)).to(tl.int64)
 
     @triton.jit
-    def fail(self, CODE: tl.constexpr, rank, stamp, theirs=0):
+    def fail(self, CODE, rank, stamp, theirs=0):
         """Gives up on this call because of `rank` (faults.fail). My flag on every member becomes
         POISON first: this call's epoch is lost on my side, so a member's later wait on me must
         fail, not pass on a stale flag. No CTA barrier here: threads may get here at different
@@ -155,21 +155,29 @@ class Group:
         self.fail(TIMEOUT, rank, stamp)
 
     @triton.jit
+    def _wait_for(self, member, stamp, start, bad, bad_seen, bad_theirs):
+        """Waits until `member`'s flag reached `stamp` (Flags.wait), unless an earlier member of
+        this wait went wrong (`bad` >= 0). Returns (bad, bad_seen, bad_theirs), `member`'s own
+        when its wait timed out, its flag is POISON (it gave up on an earlier call) or its
+        signature differs from mine (it made another call)."""
+        if bad < 0:
+            seen = self.flags.wait(self.flag(member), stamp, start)
+            theirs = tl.load(self.signature_slot(member, stamp), volatile=True)
+            wrong = flags.timed_out(seen) | flags.poisoned(seen) | (theirs != self.sig)
+            bad = tl.where(wrong, member, bad)
+            bad_seen = tl.where(wrong, seen, bad_seen)
+            bad_theirs = tl.where(wrong, theirs, bad_theirs)
+        return bad, bad_seen, bad_theirs
+
+    @triton.jit
     def wait_member(self, member, stamp, start):
         """Waits until `member`'s flag reached `stamp` (Flags.wait); gives up after the timeout,
         fails at once when the member gave up on an earlier call (its flag is POISON) or made
         another call (its signature differs)."""
-        seen = self.flags.wait(self.flag(member), stamp, start)
-        if flags.timed_out(seen):
-            self.give_up(self.rank(member), stamp)
-        theirs = tl.load(self.signature_slot(member, stamp), volatile=True)
-        if flags.poisoned(seen):  # a member that saw calls differ in this epoch: my call may be one of them
-            culprit, other = self.differing(stamp)
-            if culprit >= 0:
-                self.fail(MISMATCH, culprit, stamp, other)
-            self.fail(PEER_FAILED, self.rank(member), stamp, theirs)
-        if theirs != self.sig:
-            self.fail(MISMATCH, self.rank(member), stamp, theirs)
+        bad, seen, theirs = self._wait_for(member, stamp, start, tl.full((), -1, tl.int32), tl.full((), 0, tl.int64),
+                                           tl.full((), 0, tl.int64))
+        if bad >= 0:
+            give_up_on(self, bad, stamp, seen, theirs)
 
     @triton.jit
     def differing(self, stamp):
@@ -194,7 +202,30 @@ class Group:
         """Waits until every member's flag reached `stamp` (traced as a `wait` span)."""
         event = self.ctx.tracing.record_event_start(EVENT_WAIT, self.ctx.rank, None)
         start = global_timer()
+        bad = tl.full((), -1, tl.int32)
+        seen = tl.full((), 0, tl.int64)
+        theirs = tl.full((), 0, tl.int64)
         for i in tl.static_range(self.G):
-            self.wait_member(i, stamp, start)
+            bad, seen, theirs = self._wait_for(i, stamp, start, bad, seen, theirs)
+        if bad >= 0:
+            give_up_on(self, bad, stamp, seen, theirs)
         tl.debug_barrier()
         self.ctx.tracing.record_event_end(event)
+
+
+# not inlined: one copy of the give-up path per kernel, called from every wait, instead of one per
+# wait site and member (at G = 8 a ring's kernel was three times its size, and as slow to compile)
+@triton.jit(noinline=True)
+def give_up_on(g, member, stamp, seen, theirs):
+    """Fails `g`'s call because of `member`, whose flag read `seen` and signature `theirs`: a
+    timeout, a member that gave up earlier (PeerFailedError, or RankMismatchError when a member's
+    call in this epoch differs from mine), or a member that made another call."""
+    code = tl.where(flags.timed_out(seen), TIMEOUT, tl.where(flags.poisoned(seen), PEER_FAILED, MISMATCH))
+    rank = g.rank(member)
+    theirs = tl.where(code == TIMEOUT, 0, theirs)
+    if code == PEER_FAILED:  # a member that saw calls differ in this epoch: my call may be one of them
+        culprit, other = g.differing(stamp)
+        code = tl.where(culprit >= 0, MISMATCH, code)
+        rank = tl.where(culprit >= 0, culprit, rank)
+        theirs = tl.where(culprit >= 0, other, theirs)
+    g.fail(code, rank, stamp, theirs)

@@ -91,6 +91,7 @@ def _one_chunk_at_a_time(g, c, epoch, in_place, VARIANT: tl.constexpr, DATA: tl.
             if VARIANT == kinds.RING:
                 ring.all_reduce(g, c, ws, ws2, c0, width, tiles, stamp)
             else:
+                tl.static_assert(VARIANT == kinds.TWO_SHOT, "an all-reduce algorithm without its branch here")
                 two_shot.all_reduce(g, c, ws, ws2, c0, width, tiles, stamp)
         g.ctx.tracing.record_event_end(transfer)
     return epoch

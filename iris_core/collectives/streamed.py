@@ -38,7 +38,7 @@ from iris_core.device.tracing import EVENT_TRANSFER, EVENT_WAIT
 
 
 @triton.jit
-def _give_up(g, failed, calls, call, CODE: tl.constexpr, member, theirs):
+def _give_up(g, failed, calls, call, CODE, member, theirs):
     """Fails streamed call number `call` because of `member`. Every later call of this group fails
     at once: `failed` on every member, my group flags POISON, and my program's call count moves
     on (a later call on this rank is then known to be a later one)."""
@@ -105,14 +105,20 @@ def run(g, c, STREAM_BYTES: tl.constexpr, STREAM_AT: tl.constexpr, SENDERS: tl.c
         for t in range(g.pid - SENDERS, tiles, g.programs - SENDERS):
             k = tl.load(got + t) + 1
             wait = ctx.tracing.record_event_start(EVENT_WAIT, ctx.rank, None, t, 0)  # pid_m: the tile
+            bad = tl.full((), -1, tl.int32)  # the first member that timed out or (tile 0) made another call
+            code = tl.full((), TIMEOUT, tl.int32)
+            theirs = tl.full((), 0, tl.int64)
             for i in tl.static_range(g.G):
-                if i != g.me:
+                if (i != g.me) & (bad < 0):
                     if flags.timed_out(g.flags.wait(tile_flags + t * g.G + i, k, start)):
-                        _give_up(g, failed, calls, call, TIMEOUT, i, 0)
-                    if t == 0:
-                        theirs = tl.load(sigs + (call % 2) * ctx.world_size + i, volatile=True)
-                        if theirs != g.sig:
-                            _give_up(g, failed, calls, call, MISMATCH, i, theirs)
+                        bad = i
+                    elif t == 0:
+                        sig = tl.load(sigs + (call % 2) * ctx.world_size + i, volatile=True)
+                        bad = tl.where(sig != g.sig, i, bad)
+                        code = tl.where(sig != g.sig, MISMATCH, code)
+                        theirs = tl.where(sig != g.sig, sig, theirs)
+            if bad >= 0:  # one give-up site per tile loop, whatever the group's size
+                _give_up(g, failed, calls, call, code, bad, theirs)
             tl.debug_barrier()  # every thread's reads follow the acquires
             ctx.tracing.record_event_end(wait)
             ws = tl.cast(sdata + (k % 2).to(tl.uint64) * STREAM_BYTES, c.x_ptr.dtype)

@@ -57,10 +57,11 @@ else:
         return tl.program_id(0) + tl.num_programs(0) * (tl.program_id(1) + tl.num_programs(1) * tl.program_id(2))
 
     @triton.jit
-    def fail(ctx, CODE: tl.constexpr, WHAT: tl.constexpr, peer, epoch=0, group=-1, mine=0, theirs=0):
-        """Records why this program gives up (code, op, the peer, the flag epoch, the group's
-        workspace offset, the signatures that differed), then stops (see the module docstring).
-        Every thread that gets here writes the same record into its program's slot."""
+    def fail(ctx, CODE, WHAT: tl.constexpr, peer, epoch=0, group=-1, mine=0, theirs=0):
+        """Records why this program gives up (CODE: a constant or a value; op, the peer, the flag
+        epoch, the group's workspace offset, the signatures that differed), then stops (see the
+        module docstring). Every thread that gets here writes the same record into its program's
+        slot."""
         page = tl.load(ctx.heap_bases + ctx.world_size + _FAULT_WORD).to(tl.int64)
         leave = page < 0  # False, typed like the value read below
         if page != 0:
@@ -73,7 +74,7 @@ else:
             store_to_host(slot + 48, theirs)
             store_to_host(slot + 56, global_timer())
             fence_system()  # the fields before the code: the host reads a record once its code is set
-            store_to_host(slot, tl.full((), CODE, tl.int64))
+            store_to_host(slot, tl.full((), 0, tl.int64) + CODE)
             fence_system()
             leave = load_from_host(page) == _EXIT
         stop(leave)

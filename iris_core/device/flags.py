@@ -78,15 +78,11 @@ def write_epoch(epoch_ptr, epoch):
     tl.store(epoch_ptr, epoch)
 
 
-@triton.constexpr_function
-def _code_field(code):
-    return code << flag_protocol.FAILED_MEMBER_BITS
-
-
 @triton.jit
-def failed_word(member, CODE: tl.constexpr, call):
-    """The streamed region's `failed` word (flag_protocol.failed_word)."""
-    return (member + 1).to(tl.int64) | _code_field(CODE) | (call.to(tl.int64) << _CALL_SHIFT)
+def failed_word(member, code, call):
+    """The streamed region's `failed` word (flag_protocol.failed_word); `code` a constant or a value."""
+    code = tl.full((), 0, tl.int64) + code
+    return (member + 1).to(tl.int64) | (code << _CODE_SHIFT) | (call.to(tl.int64) << _CALL_SHIFT)
 
 
 @triton.jit

@@ -800,8 +800,9 @@ def pallas(world: World) -> None:
 # -- a peer that never arrives (its own run: the collective's trap ends the CUDA context) -----------
 def timeouts(world: World) -> None:
     """The last rank never calls: a device barrier with timeout_s=3 reports it (PeerTimeoutError
-    from check_barrier), then an all_reduce with timeout_s=3 fails on every other rank (on GPUs
-    the kernel traps after printing `iris: timed out waiting for a peer rank`). No rank hangs."""
+    from check_barrier), then an all_reduce with timeout_s=3 fails on every other rank with
+    PeerTimeoutError naming it (on GPUs raised by iris_jax.block_until_ready from the fault record
+    the kernel left). No rank hangs."""
     import jax
     import jax.numpy as jnp
     from jax import lax
@@ -839,16 +840,18 @@ def timeouts(world: World) -> None:
                         P("i"), P("i"), check_vma=False).lower(x).compile()  # compiled before any turn
     with _one_trap_at_a_time(world):
         start = time.monotonic()
-        try:
-            jax.block_until_ready(reduce(x))
+        try:  # iris's block_until_ready: a kernel that gave up and exited (on_fault="exit") raises its fault
+            iris_jax.block_until_ready(reduce(x))
             raised = None
-        except Exception as e:  # noqa: BLE001 - on GPUs a JaxRuntimeError from the kernel's trap
+        except Exception as e:  # noqa: BLE001 - PeerTimeoutError (chained to the CUDA error with on_fault="trap")
             raised = f"{type(e).__name__}: {e}"
         seconds = time.monotonic() - start
     if world.ranks == [missing]:
         world.require("the absent rank's own call", raised is None, raised)
     else:  # (on the simulator, one process holds the absent rank and the others: its call fails too)
         world.require("all_reduce fails without the absent rank", raised is not None, f"returned after {seconds:.1f} s")
+        world.require("all_reduce names the absent rank", raised is not None and f"waiting for rank {missing}" in raised,
+                      raised)
         world.require("all_reduce failed promptly", seconds < 30, f"{seconds:.1f} s")
     world.say(f"all_reduce without rank {missing}: {seconds:.1f} s, {(raised or 'returned')[:300]!r}")
 

@@ -246,7 +246,7 @@ def _pbroadcast_ref(v, axes, root):
 
 
 def movement_cases(axes, G, full):
-    """all_gather, psum_scatter, all_to_all, ppermute, broadcast (psum_scatter reduces)."""
+    """all_gather, psum_scatter, all_to_all, ppermute, pshuffle, broadcast (psum_scatter reduces)."""
     ax = axes
     shift = [(i, (i + 1) % G) for i in range(G)]
     partial = [(i, i + 1) for i in range(G - 1)]  # member 0 receives nothing: zeros
@@ -270,6 +270,11 @@ def movement_cases(axes, G, full):
         return Case(f"ppermute({shape}, {label})", shape, lambda v: iris_jax.ppermute(v, ax, perm),
                     lambda v: lax.ppermute(v, ax, perm))
 
+    def shuffle(shape):  # member i receives member i + 1's value: source and destination not confused
+        perm = [(i + 1) % G for i in range(G)]
+        return Case(f"pshuffle({shape}, rotate)", shape, lambda v: iris_jax.pshuffle(v, ax, perm),
+                    lambda v: lax.pshuffle(v, ax, perm))
+
     def bc(shape, root):
         # iris_jax.broadcast is lax.pbroadcast: the root's value, varying like the input
         return Case(f"broadcast({shape}, root={root})", shape, lambda v: iris_jax.broadcast(v, ax, root),
@@ -280,6 +285,7 @@ def movement_cases(axes, G, full):
         ps((3, 2 * G), 1, True),
         a2a((2 * G, 3), 0, 1, True), a2a((2, G, 3), 1, 2, False),
         pp((3, 5), partial, "partial: member 0 receives nothing"),
+        shuffle((3, 5)),
         bc((37,), G - 1),
     ]
     if full:
