@@ -10,7 +10,8 @@
 # A script that sources this sets `what` (the names asked for), defines a function holding its
 # `group=...` and `step NAME SECONDS COMMAND...` lines, and ends with `run_steps THAT_FUNCTION`.
 # A step runs when its name, its group or `all` was asked for (groups listed in `not_in_all`
-# only by name); steps run in the function's order whatever the order of the names.
+# only by name); steps run in the function's order whatever the order of the names. The script
+# exits 1 when a step failed (each step's own exit status is printed after its tail).
 
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -21,6 +22,7 @@ not_in_all=${not_in_all:-}
 unknown_hint=${unknown_hint:-}
 _known=" all "
 _dry=
+_failed=  # the steps that exited non-zero: run_steps's exit status says whether there were any
 
 gpu_setup() {  # once, before the first step: jax-triton from .whl/, the topology, the versions
   if [ -d .whl ]; then
@@ -44,6 +46,7 @@ step() {  # step NAME SECONDS COMMAND...: run with a limit, keep the log, print 
   timeout "$limit" "$@" > "$OUT/$name.log" 2>&1; local rc=$?
   grep -v "^E1129\|Source Location\|cuda_status.cc\|^$" "$OUT/$name.log" | tail -25
   echo "=== $name exit $rc"
+  [ "$rc" -eq 0 ] || _failed="$_failed $name"
 }
 
 step_names() {  # step_names FUNCTION: the names and groups of FUNCTION's steps, one line
@@ -64,4 +67,8 @@ run_steps() {  # run_steps FUNCTION: refuse names FUNCTION has no step or group 
   fi
   gpu_setup
   "$1"
+  if [ -n "$_failed" ]; then
+    echo "=== failed:$_failed"
+    return 1
+  fi
 }
