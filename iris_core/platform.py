@@ -11,8 +11,9 @@ them from iris_core.device.intrinsics, which loads the record's). torch's device
 `torch.cuda` on both vendors' builds of torch, so the GPU backends' calls of it
 (iris_jax._runtime.backends) are no vendor's.
 
-The simulator is the other platform: JAX's "cpu" devices, heaps in host shared memory
-(iris_core.heap.shared_memory), the intrinsics' interpreter branches.
+The simulator is the other platform (`SIMULATOR`): JAX's "cpu" devices, heaps in host shared
+memory (iris_core.heap.shared_memory), host equivalents of the intrinsics (iris_core.sim.intrinsics)
+for device code that Triton interprets.
 
 Nothing here imports JAX or a CUDA library: scripts that fall back to the simulator choose
 before JAX is imported (`gpus_present`).
@@ -40,8 +41,7 @@ class GpuPlatform:
     jaxlib_triton: str  # the attribute of jaxlib's gpu_triton that holds its Triton launcher
 
     def heap_class(self) -> type:
-        module, name = self.heap.split(":")
-        return getattr(importlib.import_module(module), name)
+        return _load(self.heap)
 
     def triton_target(self, arch: int):
         """Triton's target for `arch` (NVIDIA: the compute capability, e.g. 90), made without a GPU."""
@@ -56,6 +56,26 @@ NVIDIA = GpuPlatform(vendor="nvidia", list_gpus=("nvidia-smi", "-L"), triton_bac
                      jax_platform="cuda", xla_platform="CUDA", jaxlib_triton="_cuda_triton")
 PLATFORMS = (NVIDIA,)
 GPU = NVIDIA  # the platform iris's GPU paths use
+
+
+@dataclasses.dataclass(frozen=True)
+class SimulatorPlatform:
+    heap: str  # "module:class" of its SymmetricHeap
+    intrinsics: str  # the module of its device intrinsics (iris_core.device.intrinsics, under the interpreter)
+    jax_platform: str  # JAX's platform name of its devices
+
+    def heap_class(self) -> type:
+        return _load(self.heap)
+
+
+SIMULATOR = SimulatorPlatform(heap="iris_core.heap.shared_memory:SharedMemoryHeap",
+                              intrinsics="iris_core.sim.intrinsics", jax_platform="cpu")
+
+
+def _load(spec: str):
+    """The object a "module:name" string names."""
+    module, name = spec.split(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def gpus_present(platform: GpuPlatform = GPU) -> bool:

@@ -136,13 +136,13 @@ def test_no_cycles_but_the_inherent_ones():
     assert not cycles, cycles
 
 
-# a GPU vendor's own modules, reached only through its record in iris_core.platform (and by
-# each other: the CUDA heap maps memory through the VMM module)
-VENDOR_MODULES = {"iris_core.heap.cuda", "iris_core.heap.vmm", "iris_core.device.nvidia"}
+# a platform's own modules, reached only through its record in iris_core.platform (and by each
+# other: the CUDA heap maps memory through the VMM module)
+VENDOR_MODULES = {"iris_core.heap.cuda", "iris_core.heap.vmm", "iris_core.device.nvidia", "iris_core.sim.intrinsics"}
 
 
 def test_vendor_modules_only_through_the_platform_record():
     importers = sorted(f"{m} -> {name}" for package in ("iris_core", "iris_jax")
                        for m, path in _modules(package).items() if m not in VENDOR_MODULES
                        for name in _imports(m, path) if any(name == v or name.startswith(v + ".") for v in VENDOR_MODULES))
-    assert not importers, "reach these through iris_core.platform.GPU:\n" + "\n".join(importers)
+    assert not importers, "reach these through iris_core.platform (GPU, SIMULATOR):\n" + "\n".join(importers)

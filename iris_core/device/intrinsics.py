@@ -1,5 +1,6 @@
-"""The device intrinsics of the GPU platform, from its vendor's module (iris_core.platform:
-`GPU.intrinsics`; NVIDIA's: iris_core.device.nvidia).
+"""The device intrinsics of the platform that runs device code, from its module
+(iris_core.platform: `GPU.intrinsics`, NVIDIA's iris_core.device.nvidia; under Triton's
+interpreter `SIMULATOR.intrinsics`, iris_core.sim.intrinsics).
 
     sm_id, global_timer        hardware registers: the SM a program runs on, the global clock (ns)
     load_acquire, nanosleep    an acquiring flag load; a sleep between two polls
@@ -8,15 +9,16 @@
                                of host memory, a system-scope fence, how a thread stops
 
 Device code imports them from here, so a second vendor is its own module and its record, not
-edits in every importer. Under the interpreter (the simulator) the vendor's module gives host
-equivalents of the first four; the fault path's are GPU-only there (None).
+edits in every importer. The simulator's module has host equivalents of the first four; the
+fault path's are GPU-only (None there).
 """
 
 import importlib
 
-from iris_core.platform import GPU
+from iris_core.compat import interpreting
+from iris_core.platform import GPU, SIMULATOR
 
-_vendor = importlib.import_module(GPU.intrinsics)
+_vendor = importlib.import_module((SIMULATOR if interpreting() else GPU).intrinsics)
 
 sm_id = _vendor.sm_id
 global_timer = _vendor.global_timer

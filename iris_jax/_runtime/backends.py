@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from iris_core.errors import IrisError, PeerTimeoutError, RankMismatchError
-from iris_core.platform import GPU
+from iris_core.platform import GPU, SIMULATOR
 
 SIM_LAUNCHED = "sim-launched"
 SIM_WORKERS = "sim-workers"
@@ -81,7 +81,7 @@ def select(devices: Sequence[jax.Device] | None) -> Backend:
     platforms = {d.platform for d in _local(devices)}
     if len(platforms) != 1:
         raise RankMismatchError(f"devices span several platforms {platforms}; pass devices of one kind")
-    return SimulatorWorkers() if platforms == {"cpu"} else GpuSingleProcess()
+    return SimulatorWorkers() if platforms == {SIMULATOR.jax_platform} else GpuSingleProcess()
 
 
 class Backend:
@@ -314,7 +314,6 @@ class SimulatorLaunched(_SimulatorBackend):
 
     def start(self, heap_size, devices, domain_size, heap_allocator):
         from iris_core.heap.rendezvous import FileStore
-        from iris_core.heap.shared_memory import SharedMemoryHeap
         from iris_core.sim.env import launched_rank
 
         launched = launched_rank()
@@ -334,8 +333,8 @@ class SimulatorLaunched(_SimulatorBackend):
                     "(the launcher's environment names the run)")
         domains = _domains(world_size, domain_size)
         store = FileStore(launched.store_path)
-        heap = SharedMemoryHeap(world_size, heap_size or self.default_heap_size, [rank], launched.session, store,
-                                timeout_s=RENDEZVOUS_TIMEOUT_S)
+        heap = SIMULATOR.heap_class()(world_size, heap_size or self.default_heap_size, [rank], launched.session,
+                                      store, timeout_s=RENDEZVOUS_TIMEOUT_S)
         session = next_session()
         seen = _seen_by(store, session, rank, world_size, heap) if joined else {}
         return Started(world_size, domains, heap, {local[0]: rank}, store, session, call_table=_call_table(heap),

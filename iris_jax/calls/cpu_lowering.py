@@ -23,6 +23,7 @@ import numpy as np
 from jax._src import source_info_util
 from jax.interpreters import mlir
 
+from iris_core.platform import SIMULATOR
 from iris_core.sim import call_table
 from iris_jax import _runtime as runtime_lib
 from iris_jax import compat
@@ -197,5 +198,6 @@ def _jax_triton_lowering(ctx, *args, **params):
 def register() -> None:
     """Registers the CPU lowerings (idempotent; done on import of iris_jax)."""
     # not cacheable: every call site is lowered on its own, so it can be chained to the previous one
-    mlir.register_lowering(iris_triton_call_p, _iris_lowering, platform="cpu", cacheable=False)
-    mlir.register_lowering(compat.triton_kernel_call_p(), _jax_triton_lowering, platform="cpu", cacheable=False)
+    mlir.register_lowering(iris_triton_call_p, _iris_lowering, platform=SIMULATOR.jax_platform, cacheable=False)
+    mlir.register_lowering(compat.triton_kernel_call_p(), _jax_triton_lowering, platform=SIMULATOR.jax_platform,
+                           cacheable=False)

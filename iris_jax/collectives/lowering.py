@@ -29,7 +29,7 @@ from iris_core.collectives import kernels as K
 from iris_core.collectives import kinds
 from iris_core.collectives.algorithms import ALGORITHMS, BY_VARIANT
 from iris_core.collectives.workspace import MAX_PROGRAMS
-from iris_core.platform import GPU
+from iris_core.platform import GPU, SIMULATOR
 from iris_jax import _runtime as runtime_lib
 from iris_jax import compat
 from iris_jax._runtime.workspace import workspaces
@@ -62,7 +62,7 @@ def lowers_on_iris(ctx, axes: tuple) -> bool:
 
     axis_context = ctx.module_context.axis_context
     platforms = set(ctx.module_context.platforms)
-    return (platforms <= {GPU.jax_platform, "cpu"} and isinstance(axis_context, SPMDAxisContext)
+    return (platforms <= {GPU.jax_platform, SIMULATOR.jax_platform} and isinstance(axis_context, SPMDAxisContext)
             and set(axes) <= set(axis_context.manual_axes))
 
 

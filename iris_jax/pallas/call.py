@@ -26,7 +26,7 @@ from jax.interpreters import mlir
 
 from iris_core.errors import IrisError
 from iris_core.heap.context_layout import context_words
-from iris_core.platform import GPU
+from iris_core.platform import GPU, SIMULATOR
 from iris_jax import _runtime as runtime_lib
 from iris_jax.calls.operands import context_operand
 from iris_jax.calls.triton_call import _check_symmetric, _like, _manual_axes, iris_kernel_effect, vary
@@ -156,7 +156,7 @@ def _lowering(ctx, device_index, *args, inner, symmetric, interpreted, row_words
     row = context_operand(ctx)
     avals = list(ctx.avals_in[1:])
     tail, tail_avals = [], []
-    on_cpu = "cpu" in (ctx.module_context.platforms or ())
+    on_cpu = SIMULATOR.jax_platform in (ctx.module_context.platforms or ())
     if on_cpu:  # run in program order with the other iris kernels (see cpu_lowering)
         previous = cpu_lowering._previous_call(ctx)
         if previous is not None:
@@ -213,7 +213,7 @@ def _mark_side_effect(operations) -> int:
 
 def _register() -> None:
     mlir.register_lowering(iris_pallas_call_p, _lowering, platform=GPU.jax_platform)
-    mlir.register_lowering(iris_pallas_call_p, _lowering, platform="cpu", cacheable=False)
+    mlir.register_lowering(iris_pallas_call_p, _lowering, platform=SIMULATOR.jax_platform, cacheable=False)
 
 
 _register()

@@ -34,6 +34,8 @@ from jax._src import state
 from jax._src.state import discharge as state_discharge
 from jax.interpreters import mlir
 
+from iris_core.platform import SIMULATOR
+
 LOADS = ("load", "load_acquire")
 RMW_OPS = ("add", "sub", "xchg", "and", "or", "xor", "min", "max")
 ATOMICS = (*RMW_OPS, "cas")
@@ -171,4 +173,4 @@ def _sync_abstract_eval():
 
 
 iris_sync_threads_p.def_impl(lambda: [])  # interpret mode: a program is one thread already
-mlir.register_lowering(iris_sync_threads_p, lambda ctx: [], platform="cpu")
+mlir.register_lowering(iris_sync_threads_p, lambda ctx: [], platform=SIMULATOR.jax_platform)
