@@ -247,7 +247,7 @@ def test_swapping_by_assignment(monkeypatch):
 
 
 @pytest.mark.parametrize("name", ["psum", "pmean", "pmax", "pmin", "all_gather", "psum_scatter", "all_to_all",
-                                  "ppermute", "pbroadcast"])
+                                  "ppermute", "pshuffle", "pswapaxes", "pbroadcast"])
 def test_signatures_are_lax_s(name):
     """Each iris collective takes lax's parameters on this JAX, by the same names, kinds and
     defaults, in the same order (iris's own, such as config=, keyword-only after them)."""
