@@ -12,7 +12,8 @@ workspace layouts, configuration, launchers and tests need to know of it.
   exchange, for a flag one writer owns) after its data; a reader spins on acquiring reads
   until the flag reaches the stamp it waits for. Nothing is reset between calls.
 * Epochs: a program counts its calls in a word of its own heap. A group call's stamps are
-  epoch * STEPS + round, STEPS rounds per epoch (the last, DONE, ends a zero-copy call), so
+  epoch * STEPS + round (device code: flags.stamp, flags.epoch_of), STEPS rounds per epoch (the
+  last, DONE, ends a zero-copy call), so
   an algorithm has at most STEPS - 1 rounds per chunk: a ring's 2G - 1 bound its group size
   (RING_MAX_MEMBERS). A streamed tile's stamp is its delivery count instead; the fused ops'
   is the epoch itself.

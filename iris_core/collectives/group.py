@@ -21,7 +21,7 @@ from iris_core.collectives import group_layout
 from iris_core.compat import aggregate
 from iris_core.device import Context, flags, global_timer
 from iris_core.device.faults import MISMATCH, PEER_FAILED, TIMEOUT, fail
-from iris_core.device.flags import LINE, STEPS, Flags
+from iris_core.device.flags import LINE, Flags
 from iris_core.device.tracing import EVENT_WAIT
 
 MEMBERS: tl.constexpr = tl.constexpr(group_layout.MEMBERS)  # the group row's word of member 0
@@ -119,7 +119,7 @@ class Group:
     @triton.jit
     def signature_slot(self, member, stamp):
         """Where `member`'s signature for the epoch of `stamp` lies, next to its flag (in my heap)."""
-        return self.flag(member) + 2 + (stamp // STEPS) % 2
+        return self.flag(member) + 2 + flags.epoch_of(stamp) % 2
 
     @triton.jit
     def signal(self, stamp):
@@ -147,7 +147,7 @@ class Group:
         flag = self.flag(self.me)
         for i in tl.static_range(self.G):
             self.flags.poison(flag, self.rank(i), stamp)
-        fail(self.ctx, CODE, self.flags.WHAT, rank, stamp // STEPS, self.workspace(), self.sig, theirs)
+        fail(self.ctx, CODE, self.flags.WHAT, rank, flags.epoch_of(stamp), self.workspace(), self.sig, theirs)
 
     @triton.jit
     def give_up(self, rank, stamp):
@@ -184,14 +184,14 @@ class Group:
         """(rank, signature) of a member whose call in the epoch of `stamp` differs from mine,
         else (-1, 0). A member's slot holds that epoch's signature once its flag reached the
         epoch, or was poisoned in it (a member signals in an epoch before it waits in it)."""
-        epoch = stamp // STEPS
+        epoch = flags.epoch_of(stamp)
         culprit = tl.full((), -1, tl.int32)
         theirs = tl.full((), 0, tl.int64)
         for i in tl.static_range(self.G):
             seen = tl.load(self.flag(i), volatile=True)
             sig = tl.load(self.signature_slot(i, stamp), volatile=True)
-            this_epoch = tl.where(flags.poisoned(seen), flags.poisoned_at(seen) // STEPS == epoch,
-                                  seen // STEPS >= epoch)
+            this_epoch = tl.where(flags.poisoned(seen), flags.epoch_of(flags.poisoned_at(seen)) == epoch,
+                                  flags.epoch_of(seen) >= epoch)
             hit = this_epoch & (sig != self.sig) & (culprit < 0)
             culprit = tl.where(hit, self.rank(i), culprit)
             theirs = tl.where(hit, sig, theirs)

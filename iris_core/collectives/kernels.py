@@ -65,7 +65,7 @@ from iris_core.collectives.kinds import (  # noqa: F401 - the host's names for t
 from iris_core.collectives.tiles import Call, buffer, stage
 from iris_core.device import Context, flags
 from iris_core.device.faults import signature
-from iris_core.device.flags import DONE, STEPS
+from iris_core.device.flags import DONE
 from iris_core.device.tracing import EVENT_TRANSFER
 
 
@@ -77,7 +77,7 @@ def _one_chunk_at_a_time(g, c, epoch, in_place, VARIANT: tl.constexpr, DATA: tl.
         width = c.width(c0)
         tiles = tl.cdiv(width, c.BLOCK)
         epoch += 1
-        stamp = epoch * STEPS  # flag values: STEPS slots per chunk, one per round trip
+        stamp = flags.stamp(epoch)  # the chunk's rounds: stamp, stamp + 1, ...
         ws = buffer(g.ws_base, epoch, DATA, DATA_BYTES, c.x_ptr.dtype)
         ws2 = buffer(g.ws_base, epoch, DATA2, DATA_BYTES, c.x_ptr.dtype)
         transfer = g.ctx.tracing.record_event_start(EVENT_TRANSFER, g.ctx.rank, None, c0 // c.CHUNK, 0)
@@ -144,8 +144,8 @@ def collective_kernel(context_ptr, group_ptr, x_ptr, m, out_ptr,
     else:
         epoch = _one_chunk_at_a_time(g, c, epoch, in_place, VARIANT, DATA, DATA2, DATA_BYTES)
     if ZERO_COPY:  # nobody returns (and lets its input change) while a member may still read it
-        g.signal(epoch * STEPS + DONE)
-        g.wait(epoch * STEPS + DONE)
+        g.signal(flags.stamp(epoch, DONE))
+        g.wait(flags.stamp(epoch, DONE))
     g.end_call(epoch)
 
 

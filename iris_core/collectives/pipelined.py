@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from iris_core.collectives.tiles import buffer, output_tile, push_tile, stage, stage_tile
-from iris_core.device.flags import STEPS
+from iris_core.device import flags
 from iris_core.device.tracing import EVENT_TRANSFER
 
 
@@ -33,7 +33,7 @@ def run(g, c, epoch, in_place, DATA: tl.constexpr, DATA_BYTES: tl.constexpr, PUS
             push_tile(g, c, ws_first, 0, first, t)
     elif not in_place:
         stage(g, c, ws_first, 0, first, tl.cdiv(first, c.BLOCK))
-    g.signal((epoch + 1) * STEPS)
+    g.signal(flags.stamp(epoch + 1))
     for k in range(0, chunks):
         e = epoch + 1 + k
         c0 = k * c.CHUNK
@@ -46,7 +46,7 @@ def run(g, c, epoch, in_place, DATA: tl.constexpr, DATA_BYTES: tl.constexpr, PUS
         ws_next = buffer(g.ws_base, e + 1, DATA, DATA_BYTES, c.x_ptr.dtype)
         if k > 0:  # chunk k's span: its wait, its reads (alongside sending k + 1), the next signal
             transfer = ctx.tracing.record_event_start(EVENT_TRANSFER, ctx.rank, None, k, 0)
-        g.wait(e * STEPS)
+        g.wait(flags.stamp(e))
         for t in range(g.pid, tl.maximum(tiles, next_tiles), g.programs):
             if t < next_tiles:
                 if PUSH:
@@ -56,6 +56,6 @@ def run(g, c, epoch, in_place, DATA: tl.constexpr, DATA_BYTES: tl.constexpr, PUS
             if t < tiles:
                 output_tile(g, c, ws, c0, width, t, PUSH)
         if more:
-            g.signal((e + 1) * STEPS)
+            g.signal(flags.stamp(e + 1))
         ctx.tracing.record_event_end(transfer)
     return epoch + chunks

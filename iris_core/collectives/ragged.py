@@ -31,7 +31,6 @@ from iris_core.collectives.group import Group
 from iris_core.collectives.tiles import get, vec
 from iris_core.device import Context, flags
 from iris_core.device.faults import signature
-from iris_core.device.flags import STEPS
 
 
 @triton.jit
@@ -107,8 +106,8 @@ def ragged_kernel(context_ptr, group_ptr, x_ptr, output_ptr, in_offsets, sizes, 
                 mask = cols < R
                 src = vec(x_ptr, (r0 + r) * R64 + cols, VEC)
                 tl.store(vec(ws, r * R64 + cols, VEC), tl.load(src, mask=mask), mask=mask)
-        g.signal(e * STEPS)
-        g.wait(e * STEPS)
+        g.signal(flags.stamp(e))
+        g.wait(flags.stamp(e))
         if w == 0:  # the members' slices for me, written before their first signal
             starts = tl.load(table, mask=real, other=0)
             counts = tl.load(table + 1, mask=real, other=0)

@@ -33,7 +33,7 @@ import triton.language as tl
 from iris_core.collectives.tiles import output_tile, push_tile
 from iris_core.device import flags, global_timer
 from iris_core.device.faults import MISMATCH, PEER_FAILED, TIMEOUT, fail
-from iris_core.device.flags import LINE, STEPS
+from iris_core.device.flags import LINE
 from iris_core.device.tracing import EVENT_TRANSFER, EVENT_WAIT
 
 
@@ -45,7 +45,7 @@ def _give_up(g, failed, calls, call, CODE, member, theirs):
     for j in tl.static_range(g.G):
         g.ctx.store(failed, flags.failed_word(g.me, CODE, call), to_rank=g.rank(j))
     tl.store(calls + g.pid, call)
-    g.fail(CODE, g.rank(member), call * STEPS, theirs)
+    g.fail(CODE, g.rank(member), flags.stamp(call), theirs)
 
 
 @triton.jit

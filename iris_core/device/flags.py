@@ -65,6 +65,18 @@ def poisoned_at(seen):
 
 
 @triton.jit
+def stamp(epoch, round=0):
+    """The flag value of round `round` (< STEPS; DONE the last) of a group call's epoch `epoch`."""
+    return epoch * STEPS + round
+
+
+@triton.jit
+def epoch_of(stamp):
+    """The epoch of a group flag's stamp (not poisoned; see poisoned_at)."""
+    return stamp // STEPS
+
+
+@triton.jit
 def read_epoch(epoch_ptr):
     """This program's call count, read once per call and kept in a register: a re-read
     through the (incoherent) L1 could give threads of one program different epochs."""
