@@ -12,11 +12,10 @@ workspace layouts, configuration, launchers and tests need to know of it.
   exchange, for a flag one writer owns) after its data; a reader spins on acquiring reads
   until the flag reaches the stamp it waits for. Nothing is reset between calls.
 * Epochs: a program counts its calls in a word of its own heap. A group call's stamps are
-  epoch * STEPS + round (device code: flags.stamp, flags.epoch_of), STEPS rounds per epoch (the
-  last, DONE, ends a zero-copy call), so
-  an algorithm has at most STEPS - 1 rounds per chunk: a ring's 2G - 1 bound its group size
-  (RING_MAX_MEMBERS). A streamed tile's stamp is its delivery count instead; the fused ops'
-  is the epoch itself.
+  epoch * STEPS + round (device code: flags.stamp, flags.epoch_of), STEPS rounds per epoch
+  (the last, DONE, ends a zero-copy call), so an algorithm has at most STEPS - 1 rounds per
+  chunk: a ring's 2G - 1 bound its group size (RING_MAX_MEMBERS). A streamed tile's stamp is
+  its delivery count instead; the fused ops' is the epoch itself.
 * Poison: a program that gives up raises its flags on every member to POISON + the stamp it
   waited for. POISON lies above every stamp, so a later wait on such a flag passes at once,
   and the waiter fails (PeerFailedError) rather than trust a flag of a lost call. The
