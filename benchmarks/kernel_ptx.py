@@ -177,10 +177,10 @@ def measure(only: str | None = None) -> dict:
         layout = WorkspaceLayout(G, 1 << 20)
         dtype = "*bf16" if bf16 else "*fp32"
         signature = {"context_ptr": "*i32", "group_ptr": "*i32", "x_ptr": dtype, "m": "i32", "out_ptr": dtype}
-        constexprs = C.launch_constants(**dict(dict(
-            OP=C.SUM, G=G, WORLD=G, XB=blocks, OB=out_blocks, SOURCES=tuple((i + 1) % G for i in range(G)),
-            ACC=tl.float32, BLOCK=4096, CHUNK=(1 << 20) // (4 * blocks), REGIONS=layout.regions, TIMEOUT_NS=10**9,
-            WHAT="collective", HEAP_BYTES=1 << 30, VEC=8 if bf16 else 4, SENDERS=4), **case))
+        common = dict(OP=C.SUM, G=G, WORLD=G, XB=blocks, OB=out_blocks, SOURCES=tuple((i + 1) % G for i in range(G)),
+                      ACC=tl.float32, BLOCK=4096, CHUNK=(1 << 20) // (4 * blocks), REGIONS=layout.regions,
+                      TIMEOUT_NS=10**9, WHAT="collective", HEAP_BYTES=1 << 30, VEC=8 if bf16 else 4, SENDERS=4)
+        constexprs = C.launch_constants(**(common | case))
         ptx = _ptx(C.collective_kernel, signature, constexprs, num_warps=8)
         results[name] = dict(_count(ptx), fingerprint=_fingerprint(ptx), memory=_memory(ptx))
     return results

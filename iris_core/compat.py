@@ -22,6 +22,8 @@ import os
 import triton
 from triton.language import core as tl_core
 
+from iris_core.platform import GPU
+
 
 def interpreting() -> bool:
     """True when Triton runs kernels under its interpreter (the CPU simulator)."""
@@ -79,8 +81,6 @@ def gpu_backend(compute_capability: int):
     90), made without a GPU."""
     from triton.compiler.compiler import make_backend
 
-    from iris_core.platform import GPU
-
     return make_backend(GPU.triton_target(compute_capability))
 
 
@@ -98,8 +98,6 @@ def compile_for_launcher(fn, signature: dict, constexprs: dict, attrs: dict, com
     from triton._C import libtriton
     from triton.compiler.compiler import ASTSource
 
-    from iris_core.platform import GPU
-
     backend = gpu_backend(compute_capability)
     parsed = backend.parse_options(options)
     context = libtriton.ir.context()
@@ -116,4 +114,4 @@ def compile_for_launcher(fn, signature: dict, constexprs: dict, attrs: dict, com
         module = stages[stage](module, metadata)
     scratch = metadata.get("global_scratch_size") or 0
     return CompiledKernel(metadata["name"], metadata["shared"], module, ttir,
-                       (scratch, metadata.get("global_scratch_align", 1)) if scratch else None)
+                          (scratch, metadata.get("global_scratch_align", 1)) if scratch else None)

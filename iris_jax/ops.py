@@ -88,7 +88,7 @@ class FusedSettings:
         backend's)."""
         count = config.fused_reduce_programs
         if count is None:
-            return self.backend.fused_reduce_programs
+            count = self.backend.fused_reduce_programs
         if count >= self.programs:
             raise IrisError(f"fused_reduce_programs={count} (IRIS_FUSED_REDUCE_PROGRAMS): must be below this "
                             f"runtime's {self.programs} fused programs")
