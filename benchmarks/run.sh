@@ -19,6 +19,8 @@ experiments() {
   # world of one: correctness and the kernels' local path only)
   step moe_dispatch 300 python3 benchmarks/moe_dispatch.py --out "$OUT/moe"
   group=probe
+  # what the fault gate costs a jitted step (modes off / step / call, 0-32 iris calls per step; one GPU)
+  step fault_gate 200 python3 benchmarks/fault_gate.py
   # the README's collectives table but its 1 GiB column (that is `large` for psum and ppermute)
   step headline 420 python3 benchmarks/collectives.py --out "$OUT/headline" --plot \
     --sizes 1K,4K,16K,64K,256K,1M,4M,16M,64M,256M --ops psum,all_gather,psum_scatter,all_to_all,ppermute

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import struct
 from collections.abc import Sequence
@@ -25,7 +26,7 @@ from iris_core import faults
 from iris_core.errors import IrisError, RankMismatchError
 from iris_core.heap import fd_exchange, vmm
 from iris_core.heap.rendezvous import KeyValueStore
-from iris_core.heap.status import STATUS_OFFSET
+from iris_core.heap.status import STATUS_OFFSET, error_from_word
 from iris_core.heap.symmetric import SymmetricHeap
 
 
@@ -40,6 +41,18 @@ def _cudart():
 
 
 HEAP_ALLOCATORS = ("auto", "malloc", "vmm", "fabric")
+
+
+@functools.cache
+def _driver():
+    """The CUDA driver library (ctypes: the fault gate calls it on XLA's thread, per execution)."""
+    return ctypes.CDLL("libcuda.so.1")
+
+
+def _check_driver(status: int, what: str) -> None:
+    if status != 0:
+        raise IrisError(f"{what} failed: CUresult {status}")
+
 
 
 def _check(result, what: str):
@@ -136,6 +149,34 @@ class CudaHeap(SymmetricHeap):
         except IrisError:
             return 0
         return int(words[faults.STATUS_COPY])
+
+    def outcome(self, stream: int | None) -> Exception | None:
+        """What the kernels enqueued so far on `stream` (a CUDA stream of the current device; None:
+        every stream of its context) left behind, once they finished: the oldest fault its rank
+        recorded, or the access the heap guard refused, as the error it stands for; None when there
+        is none.
+
+        Waits for the stream (one copy of the status word onto the fault page, then one
+        synchronize); reads host memory after that. Records stay for check_faults() to take.
+        The fault gate calls it from XLA's thread (iris_jax.calls.fault_gate).
+        """
+        driver = _driver()
+        if stream is None:
+            _check_driver(driver.cuCtxSynchronize(), "cuCtxSynchronize")
+            stream = 0
+        device = ctypes.c_int()
+        _check_driver(driver.cuCtxGetDevice(ctypes.byref(device)), "cuCtxGetDevice")
+        rank = next((r for r, d in self.devices.items() if d == device.value), None)
+        if rank not in self._pages:
+            return None
+        page, words = self._pages[rank]
+        _check_driver(driver.cuMemcpyDtoHAsync_v2(ctypes.c_void_p(page + 8 * faults.STATUS_COPY),
+                                                  ctypes.c_uint64(self.heap_bases[rank] + STATUS_OFFSET),
+                                                  ctypes.c_size_t(8), ctypes.c_void_p(stream)), "cuMemcpyDtoHAsync")
+        _check_driver(driver.cuStreamSynchronize(ctypes.c_void_p(stream)), "cuStreamSynchronize")
+        if words[faults.SLOTS_AT::faults.SLOT].any():  # a record's first word, its code, is set last
+            return faults.read_records(words)[0].error(rank)
+        return error_from_word(int(words[faults.STATUS_COPY]), rank, self.heap_size)
 
     def clear_status(self, rank: int) -> None:
         """Zeroes local rank's status word on peek_status's stream."""

@@ -64,9 +64,12 @@ class Runtime:
     """
 
     def __init__(self, heap_size: int | None = None, devices: Sequence[jax.Device] | None = None,
-                 domain_size: int | None = None, heap_allocator: str | None = None, on_fault: str | None = None):
+                 domain_size: int | None = None, heap_allocator: str | None = None, on_fault: str | None = None,
+                 fault_gate: str | None = None):
         self.on_fault = on_fault or faults.DEFAULT_ON_FAULT
         faults.check_mode(self.on_fault)
+        self.fault_gate = fault_gate or faults.DEFAULT_FAULT_GATE
+        faults.check_gate(self.fault_gate)
         self.domain_size = domain_size if domain_size is not None else DEFAULT_DOMAIN_SIZE
         allocator = heap_allocator or DEFAULT_HEAP_ALLOCATOR
         _check_heap_allocator(allocator)
@@ -254,7 +257,8 @@ _runtime_lock = threading.Lock()
 
 
 def init(heap_size: int | None = None, devices: Sequence[jax.Device] | None = None,
-         domain_size: int | None = None, heap_allocator: str | None = None, on_fault: str | None = None) -> Runtime:
+         domain_size: int | None = None, heap_allocator: str | None = None, on_fault: str | None = None,
+         fault_gate: str | None = None) -> Runtime:
     """Sets up one symmetric heap per participating device and returns the runtime.
 
     Args:
@@ -272,6 +276,11 @@ def init(heap_size: int | None = None, devices: Sequence[jax.Device] | None = No
         default: environment IRIS_ON_FAULT, else "exit"): "exit" ends the kernel and keeps the
         CUDA context (shutdown() and init() then work in the same process), "trap" fails the
         launch and the context with it. The simulator raises in the kernel either way.
+      fault_gate: on GPUs, which of the host steps that fail a program whose iris kernel gave up
+        wait for the kernels (iris_jax.calls.fault_gate; default: environment IRIS_FAULT_GATE,
+        else "step"): "step" the last of each execution, "call" every one, "off" none is lowered
+        (a failed call's outputs then read as numbers until an iris entry point raises). Programs
+        are lowered with the setting of their first trace.
 
     Raises:
       IrisError: when a runtime with different settings already exists (call shutdown()).
@@ -296,12 +305,15 @@ def init(heap_size: int | None = None, devices: Sequence[jax.Device] | None = No
             if on_fault is not None and on_fault != _runtime.on_fault:
                 raise IrisError(f"iris is already initialized with on_fault={_runtime.on_fault!r}; init(on_fault="
                                 f"{on_fault!r}) conflicts. Call iris_jax.shutdown() first.")
+            if fault_gate is not None and fault_gate != _runtime.fault_gate:
+                raise IrisError(f"iris is already initialized with fault_gate={_runtime.fault_gate!r}; init("
+                                f"fault_gate={fault_gate!r}) conflicts. Call iris_jax.shutdown() first.")
             if heap_allocator not in (None, "auto", _runtime.heap_allocator) and _runtime.heap_allocator:
                 raise IrisError(
                     f"iris is already initialized with heap_allocator={_runtime.heap_allocator!r}; init("
                     f"heap_allocator={heap_allocator!r}) conflicts. Call iris_jax.shutdown() first.")
             return _runtime
-        _runtime = Runtime(heap_size, devices, domain_size, heap_allocator, on_fault)
+        _runtime = Runtime(heap_size, devices, domain_size, heap_allocator, on_fault, fault_gate)
         _generation.set_global(next(_generations))
         return _runtime
 
@@ -313,6 +325,11 @@ def runtime() -> Runtime:
 
 def is_initialized() -> bool:
     return _runtime is not None
+
+
+def current() -> Runtime | None:
+    """The current runtime, or None (never creates one: for code on XLA's threads)."""
+    return _runtime
 
 
 @atexit.register

@@ -34,6 +34,9 @@ from iris_core.heap.status import error_from_word
 WATCH_S = 0.2  # how often the watchdog reads the fault pages
 # what a kernel does once its record is written (environment IRIS_ON_FAULT; init(on_fault=...))
 DEFAULT_ON_FAULT = os.environ.get("IRIS_ON_FAULT") or "exit"
+# which fault gates wait on GPUs (iris_jax.calls.fault_gate; environment IRIS_FAULT_GATE; init(fault_gate=...))
+GATE_MODES = ("step", "call", "off")
+DEFAULT_FAULT_GATE = os.environ.get("IRIS_FAULT_GATE") or "step"
 
 
 def check_mode(on_fault: str) -> int:
@@ -41,6 +44,12 @@ def check_mode(on_fault: str) -> int:
         raise ValueError(f"unknown on_fault={on_fault!r} (init(on_fault=...) or IRIS_ON_FAULT); choose one of "
                          f"{tuple(faults.MODES)}")
     return faults.MODES[on_fault]
+
+
+def check_gate(fault_gate: str) -> None:
+    if fault_gate not in GATE_MODES:
+        raise ValueError(f"unknown fault_gate={fault_gate!r} (init(fault_gate=...) or IRIS_FAULT_GATE); choose one "
+                         f"of {GATE_MODES}")
 
 
 class FaultWatch:

@@ -1,8 +1,10 @@
-"""A Python function as an XLA:CPU FFI custom-call target (ctypes, no compiled code).
+"""Python functions as XLA FFI custom-call targets (ctypes, no compiled code).
 
-XLA calls the handler with an `XLA_FFI_CallFrame` (xla/ffi/api/c_api.h); we read the
-buffer pointers of the operands and results and hand them to a Python callable. Runs
-on the device's own thread, so the devices of one program call concurrently.
+XLA calls a handler with an `XLA_FFI_CallFrame` (xla/ffi/api/c_api.h). `register_cpu_target`
+reads the buffer pointers of the operands and results and hands them to a Python callable;
+it runs on the device's own thread, so the devices of one program call concurrently.
+`register_staged_target` (the GPU fault gate) is called at the prepare and execute stages
+of every execution with the call's stream.
 """
 
 from __future__ import annotations
@@ -60,11 +62,22 @@ class _ErrorCreateArgs(ctypes.Structure):
 _HANDLER = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.POINTER(_CallFrame))
 _ERROR_CREATE = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.POINTER(_ErrorCreateArgs))
 _METADATA_EXTENSION = 1
-_EXECUTE = 3
+PREPARE, EXECUTE = 1, 3  # XLA_FFI_ExecutionStage
+_EXECUTE = EXECUTE
 _UNKNOWN_ERROR = 2
 # Offset of XLA_FFI_Error_Create in XLA_FFI_Api: struct_size, extension_start,
 # XLA_FFI_Api_Version (24 bytes), internal_api.
 _ERROR_CREATE_OFFSET = 8 + 8 + ctypes.sizeof(_ApiVersion) + 8
+# XLA_FFI_Api's functions after Error_Create, by position: Stream_Get, RunId_Get
+_STREAM_GET, _RUN_ID_GET = 4, 16
+
+
+class _QueryArgs(ctypes.Structure):  # XLA_FFI_Stream_Get_Args and XLA_FFI_RunId_Get_Args
+    _fields_ = [("struct_size", ctypes.c_size_t), ("extension_start", ctypes.c_void_p),
+                ("ctx", ctypes.c_void_p), ("value", ctypes.c_void_p)]
+
+
+_QUERY = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.POINTER(_QueryArgs))
 
 _keepalive: list = []
 _counter = itertools.count()
@@ -91,11 +104,7 @@ def register_cpu_target(prefix: str, fn: Callable[[list[int], list[int]], None])
 
     def handler(frame_ptr):
         frame = frame_ptr.contents
-        if frame.extension_start and frame.extension_start.contents.type == _METADATA_EXTENSION:
-            ext = ctypes.cast(frame.extension_start, ctypes.POINTER(_MetadataExtension)).contents
-            ext.metadata.contents.api_version.major = 0
-            ext.metadata.contents.api_version.minor = 1
-            ext.metadata.contents.traits = 0
+        if _answered_metadata(frame):
             return None
         if frame.stage != _EXECUTE:
             return None
@@ -106,14 +115,63 @@ def register_cpu_target(prefix: str, fn: Callable[[list[int], list[int]], None])
             detail = "".join(traceback.format_exception(e))
             return _error(frame.api, f"{type(e).__name__}: {e}\n{detail}")
 
-    c_handler = _HANDLER(handler)
-    capsule = ctypes.pythonapi.PyCapsule_New
-    capsule.restype = ctypes.py_object
-    capsule.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
     with _lock:
         name = f"{prefix}_{next(_counter)}"
-        _keepalive.append(c_handler)
-    jax.ffi.register_ffi_target(
-        name, capsule(ctypes.cast(c_handler, ctypes.c_void_p).value, b"xla._CUSTOM_CALL_TARGET", None),
-        platform="cpu")
+    jax.ffi.register_ffi_target(name, _capsule(handler), platform="cpu")
     return name
+
+
+def register_staged_target(name: str, platform: str, fn: Callable[[int, int | None, int], str | None]) -> None:
+    """Registers `fn(stage, run_id, stream)` as the FFI target `name` of `platform` (an XLA platform
+    name), called at the PREPARE and EXECUTE stages of every execution with the execution's run id
+    (None where XLA cannot say) and, at EXECUTE, the call's stream; at EXECUTE a message it returns
+    fails the execution. Not capturable into command buffers: it
+    runs on the host every time. Its results must alias its operands (no copy is made)."""
+
+    def handler(frame_ptr):
+        frame = frame_ptr.contents
+        if _answered_metadata(frame):
+            return None
+        try:
+            message = fn(frame.stage, _query(frame, _RUN_ID_GET), _query(frame, _STREAM_GET) if frame.stage == EXECUTE else 0)
+        except BaseException as e:  # never let an exception cross into XLA
+            message = f"{type(e).__name__}: {e}\n{''.join(traceback.format_exception(e))}"
+        return _error(frame.api, message) if message else None
+
+    capsule = _capsule(handler)
+    jax.ffi.register_ffi_target(name, {"prepare": capsule, "execute": capsule}, platform=platform)
+
+
+def _answered_metadata(frame) -> bool:
+    """Answers XLA's metadata query (API version, no traits) when that is what `frame` is."""
+    if not (frame.extension_start and frame.extension_start.contents.type == _METADATA_EXTENSION):
+        return False
+    ext = ctypes.cast(frame.extension_start, ctypes.POINTER(_MetadataExtension)).contents
+    ext.metadata.contents.api_version.major = 0
+    ext.metadata.contents.api_version.minor = 1
+    ext.metadata.contents.traits = 0
+    return True
+
+
+def _query(frame, function: int) -> int | None:
+    """What XLA_FFI_Api's query `function` (_STREAM_GET: the platform stream, a CUstream on CUDA;
+    _RUN_ID_GET: the execution's run id) says of the call; None where this XLA lacks it."""
+    offset = _ERROR_CREATE_OFFSET + 8 * function
+    if ctypes.c_size_t.from_address(frame.api).value < offset + 8:
+        return None
+    query = _QUERY(ctypes.c_void_p.from_address(frame.api + offset).value)
+    args = _QueryArgs(ctypes.sizeof(_QueryArgs), None, frame.ctx, None)
+    if query(ctypes.byref(args)):
+        return None
+    return args.value or 0
+
+
+def _capsule(handler):
+    """A PyCapsule holding a C pointer to `handler` (kept alive for the process)."""
+    c_handler = _HANDLER(handler)
+    new = ctypes.pythonapi.PyCapsule_New
+    new.restype = ctypes.py_object
+    new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+    with _lock:
+        _keepalive.append(c_handler)
+    return new(ctypes.cast(c_handler, ctypes.c_void_p).value, b"xla._CUSTOM_CALL_TARGET", None)

@@ -9,7 +9,9 @@ jax-triton release, and whether or not jax-triton's lowering does):
    rank (iris_jax.calls.autotune), compiled to PTX through the disk cache (iris_jax.calls.kernel_cache);
 3. jaxlib's kernel call (TritonKernel, TritonKernelCall; iris_jax.compat) serialized into a
    typed-FFI custom call with side effects (a kernel whose only effect is a remote write stays
-   in the program), pointed at the capturable launcher (see "launch path").
+   in the program), pointed at the capturable launcher (see "launch path");
+4. its outputs passed through the fault gate (iris_jax.calls.fault_gate), so that a kernel that
+   gave up fails the execution instead of handing back numbers.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from jax.interpreters import mlir
 from iris_core.errors import IrisError
 from iris_core.platform import GPU
 from iris_jax import compat
-from iris_jax.calls import kernel_cache
+from iris_jax.calls import fault_gate, kernel_cache
 from iris_jax.calls.autotune import resolve_call
 from iris_jax.calls.operands import extra_operands
 from iris_jax.calls.triton_call import aval_nbytes, iris_triton_call_p, kernel_arguments, normalize_grid
@@ -51,8 +53,9 @@ def _lowering(ctx, device_index, *args, fn, symmetric, group_axes, workspace, sc
                   compute_capability=compute_capability)
     proto = call.to_proto(name, serialized_metadata)
     target = graph_target() or "triton_kernel_call_ffi"
-    return jax.ffi.ffi_lowering(target, api_version=4, operand_output_aliases=aliases, has_side_effect=True)(
+    results = jax.ffi.ffi_lowering(target, api_version=4, operand_output_aliases=aliases, has_side_effect=True)(
         ctx.replace(avals_in=operand_avals), *operands, opaque=zlib.compress(proto))
+    return fault_gate.gated(ctx, results)  # a kernel that gave up fails the execution, not hands back numbers
 
 
 def launch(ctx, operand_avals, *, fn, scalars, aliases, metaparams, options, grid, zeroed_outputs,

@@ -8,15 +8,17 @@ survivors' next step (a new runtime, or the next call failing at once), and prin
 `fault CASE process P: {json}` with what it saw. Cases:
 
     missing       the last rank never calls an all_reduce (timeout_s=TIMEOUT_S); the others
-                  get PeerTimeoutError from iris_jax.block_until_ready; then shutdown() +
+                  get PeerTimeoutError from JAX's own reads of the result (the fault gate)
+                  and from iris_jax.block_until_ready; then shutdown() +
                   init() in every process, and an all_reduce that works
     killed        the last rank SIGKILLs itself in a loop of all_reduces; the others get
                   PeerTimeoutError, and their next call fails at once (PeerFailedError)
     mismatch      rank 0 sums 64 elements where the others sum 65 (lax.cond on axis_index):
                   every rank gets RankMismatchError naming both calls; then a new runtime
-    guard         a kernel stores through an array that is not on the heap: check_faults()
-                  raises NotOnHeapError (the watchdog reads host memory only, so it cannot
-                  see the guard's status word); nothing was written; the runtime goes on
+    guard         a kernel stores through an array that is not on the heap: JAX's reads of its
+                  result, then check_faults(), raise NotOnHeapError (the watchdog reads host
+                  memory only, so it cannot see the guard's status word); nothing was
+                  written; the runtime goes on
     exhausted     an allocation larger than the heap: HeapExhaustedError before anything runs
     missing_trap  as missing with on_fault="trap", through replace_lax_collectives: the CUDA
                   error of the trapped kernel comes as PeerTimeoutError (chained)
@@ -129,19 +131,43 @@ def _skips(n, absent):
     return _put((np.arange(n) == absent).reshape(n, 1))
 
 
+def _reads(out) -> dict:
+    """What each of JAX's own ways to read a result gives for this process's block of `out`: the
+    error's type and the first line of its message, or "a value" (the fault gate's work)."""
+    import jax
+    import numpy as np
+
+    block = out.addressable_shards[0].data
+    reads = {
+        "jax.block_until_ready": lambda: jax.block_until_ready(out),
+        "np.asarray": lambda: np.asarray(block),
+        "float": lambda: float(block.reshape(-1)[0]),
+        ".item()": lambda: block[0, 0].item(),
+        "jax.device_get": lambda: jax.device_get(block),
+        "a later program": lambda: np.asarray(jax.jit(lambda b: b * 2 + 1)(block)),
+    }
+    seen = {}
+    for name, read in reads.items():
+        error, message, _, _ = _named(read)
+        seen[name] = f"{error}: {message.splitlines()[0] if message else ''}"[:400] if error else "a value"
+    return seen
+
+
 def _calls_then_check(rt, call, me, n, absent, sync=True):
-    """Runs `call` (compiled and run once before; after a host barrier), waits for the
-    watchdog, then blocks on the result through iris: the named error and the times."""
+    """Runs `call` (compiled and run once before; after a host barrier), reads its result as JAX
+    users do (each read must raise the named error), waits for the watchdog, then blocks on the
+    result through iris: the named error and the times."""
     import iris_jax
 
     if sync:
         rt.sync_processes()
     start = time.monotonic()
     out = call()
+    reads = _reads(out)
     watchdog = None if me == absent else _watchdog_s(rt, start, TIMEOUT_S + 5)
     error, message, _, cause = _named(lambda: iris_jax.block_until_ready(out))
     return {"error": error, "message": message, "seconds": time.monotonic() - start, "watchdog_s": watchdog,
-            "cause": cause}
+            "cause": cause, "reads": reads}
 
 
 # -- the cases -------------------------------------------------------------------------------------
@@ -210,9 +236,10 @@ def guard(me, n, rt):
     f = _smap(store).lower(off_heap, x).compile()
     rt.sync_processes()
     start = time.monotonic()
-    jax.block_until_ready(f(off_heap, x))  # returns: nothing was accessed
+    reads = _reads(f(off_heap, x))  # the call's own outputs name the refusal: nothing was accessed
     error, message, _, _ = _named(iris_jax.check_faults)
-    result = {"error": error, "message": message, "seconds": time.monotonic() - start, "watchdog_s": None}
+    result = {"error": error, "message": message, "seconds": time.monotonic() - start, "watchdog_s": None,
+              "reads": reads}
     left = np.asarray(off_heap.addressable_shards[0].data)
     result["untouched"] = bool((left == -7.0).all())
     got = _smap(_reduce)(x)

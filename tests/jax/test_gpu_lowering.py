@@ -16,7 +16,7 @@ from jax.sharding import PartitionSpec as P
 
 import iris_jax
 from iris_jax import compat
-from iris_jax.calls import gpu_lowering, kernel_cache
+from iris_jax.calls import fault_gate, gpu_lowering, kernel_cache
 from tests.jax.helpers import use_runtime
 
 
@@ -66,7 +66,41 @@ def _scale_into(context_ptr, x_ptr, n, one, factor, out_ptr, BLOCK: tl.constexpr
 
 
 def _hlo_calls(text: str) -> list[str]:
-    return [line for line in text.splitlines() if "stablehlo.custom_call" in line]
+    """The kernel calls of a lowered program (its fault gates left out)."""
+    return [line for line in text.splitlines()
+            if "stablehlo.custom_call" in line and f"@{fault_gate.TARGET}" not in line]
+
+
+def _gates(text: str) -> list[str]:
+    return [line for line in text.splitlines() if f"@{fault_gate.TARGET}" in line]
+
+
+def test_every_kernel_is_followed_by_a_fault_gate_that_aliases_its_outputs(jaxlib):
+    use_runtime(2)
+    mesh = jax.sharding.Mesh(jax.devices()[:2], ("x",))
+    step = lambda v: iris_jax.all_gather(iris_jax.psum(v, "x") * 2, "x")
+    f = jax.jit(jax.shard_map(step, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
+    text = f.trace(jax.ShapeDtypeStruct((2 * 64,), jnp.float32)).lower(lowering_platforms=("cuda",)).as_text()
+    lines = [line for line in text.splitlines() if "stablehlo.custom_call" in line]
+    kernels, gates = _hlo_calls(text), _gates(text)
+    assert len(kernels) == len(gates) >= 2
+    for kernel, gate in zip(kernels, gates):
+        assert lines.index(gate) == lines.index(kernel) + 1  # each kernel's outputs go through its gate
+        result = kernel.split("=")[0].strip()
+        assert f"({result})" in gate or f"({result}#0" in gate
+        assert "has_side_effect = true" in gate and "output_operand_aliases" in gate
+
+
+def test_no_fault_gate_is_lowered_when_it_is_off(jaxlib):
+    rt = use_runtime(2)
+    mesh = jax.sharding.Mesh(jax.devices()[:2], ("x",))
+    f = jax.jit(jax.shard_map(lambda v: iris_jax.psum(v, "x"), mesh=mesh, in_specs=P("x"), out_specs=P()))
+    gate, rt.fault_gate = rt.fault_gate, "off"
+    try:
+        text = f.trace(jax.ShapeDtypeStruct((128,), jnp.float32)).lower(lowering_platforms=("cuda",)).as_text()
+    finally:
+        rt.fault_gate = gate
+    assert _hlo_calls(text) and not _gates(text)
 
 
 def test_a_kernel_call_lowers_to_jaxlibs_launcher(jaxlib):
@@ -109,8 +143,10 @@ def test_the_launch_target_and_its_opaque_kernel(jaxlib):
     module = lowered.compiler_ir("stablehlo")
     ops = [op for op in module.body.operations[0].regions[0].blocks[0].operations
            if op.operation.name == "stablehlo.custom_call"]
-    (op,) = ops
     from jax._src.lib.mlir import ir
+
+    op, gate = ops
+    assert ir.StringAttr(gate.attributes["call_target_name"]).value == fault_gate.TARGET
 
     opaque = ir.StringAttr(ir.DictAttr(op.attributes["mhlo.backend_config"])["opaque"]).value_bytes
     assert zlib.decompress(opaque) == repr((0, "", b"")).encode()  # jaxlib's proto of the one call, compressed
