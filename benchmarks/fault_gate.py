@@ -65,9 +65,9 @@ def measure(mode: str, calls: int, steps: int) -> dict:
     f = jax.jit(jax.shard_map(step, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
     x = jnp.linspace(0, 1, 1024, dtype=jnp.float32)
     pipelined = _time_steps(f, x, steps, sync=False)
-    before = dict(fault_gate.waits)
+    before = fault_gate.waits()
     synced = _time_steps(f, x, steps, sync=True)
-    waited = (fault_gate.waits["waited"] - before["waited"]) / (steps + 1)
+    waited = (fault_gate.waits()["waited"] - before["waited"]) / (steps + 2)
     return {"mode": mode, "calls": calls, "pipelined_us": pipelined, "synced_us": synced, "waits": waited}
 
 

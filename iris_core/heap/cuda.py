@@ -169,14 +169,24 @@ class CudaHeap(SymmetricHeap):
         rank = next((r for r, d in self.devices.items() if d == device.value), None)
         if rank not in self._pages:
             return None
-        page, words = self._pages[rank]
+        page = self._pages[rank][0]
         _check_driver(driver.cuMemcpyDtoHAsync_v2(ctypes.c_void_p(page + 8 * faults.STATUS_COPY),
-                                                  ctypes.c_uint64(self.heap_bases[rank] + STATUS_OFFSET),
+                                                  ctypes.c_uint64(self.status_address(rank)),
                                                   ctypes.c_size_t(8), ctypes.c_void_p(stream)), "cuMemcpyDtoHAsync")
         _check_driver(driver.cuStreamSynchronize(ctypes.c_void_p(stream)), "cuStreamSynchronize")
+        return self.recorded(rank)
+
+    def recorded(self, rank: int) -> Exception | None:
+        """The oldest fault local `rank` recorded, or the refused access last copied onto its page, as
+        the error it stands for (None: neither); reads host memory only."""
+        words = self._pages[rank][1]
         if words[faults.SLOTS_AT::faults.SLOT].any():  # a record's first word, its code, is set last
             return faults.read_records(words)[0].error(rank)
         return error_from_word(int(words[faults.STATUS_COPY]), rank, self.heap_size)
+
+    def status_address(self, rank: int) -> int:
+        """The device address of local rank's status word (iris_core.heap.status)."""
+        return self.heap_bases[rank] + STATUS_OFFSET
 
     def clear_status(self, rank: int) -> None:
         """Zeroes local rank's status word on peek_status's stream."""

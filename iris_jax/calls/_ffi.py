@@ -133,9 +133,10 @@ def register_staged_target(name: str, platform: str, fn: Callable[[int, int | No
         if _answered_metadata(frame):
             return None
         try:
-            message = fn(frame.stage, _query(frame, _RUN_ID_GET), _query(frame, _STREAM_GET) if frame.stage == EXECUTE else 0)
+            stream = _query(frame, _STREAM_GET) if frame.stage == EXECUTE else None
+            message = fn(frame.stage, _query(frame, _RUN_ID_GET), stream)
         except BaseException as e:  # never let an exception cross into XLA
-            message = f"{type(e).__name__}: {e}\n{''.join(traceback.format_exception(e))}"
+            message = f"{type(e).__name__}: {e}\n" + "".join(traceback.format_exception(e))
         return _error(frame.api, message) if message else None
 
     capsule = _capsule(handler)
@@ -169,9 +170,14 @@ def _query(frame, function: int) -> int | None:
 def _capsule(handler):
     """A PyCapsule holding a C pointer to `handler` (kept alive for the process)."""
     c_handler = _HANDLER(handler)
+    with _lock:
+        _keepalive.append(c_handler)
+    return capsule_at(ctypes.cast(c_handler, ctypes.c_void_p).value)
+
+
+def capsule_at(address: int):
+    """A PyCapsule holding the C function pointer `address`, as register_ffi_target takes it."""
     new = ctypes.pythonapi.PyCapsule_New
     new.restype = ctypes.py_object
     new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
-    with _lock:
-        _keepalive.append(c_handler)
-    return new(ctypes.cast(c_handler, ctypes.c_void_p).value, b"xla._CUSTOM_CALL_TARGET", None)
+    return new(address, b"xla._CUSTOM_CALL_TARGET", None)

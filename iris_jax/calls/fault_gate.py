@@ -27,42 +27,136 @@ Which gates wait (`init(fault_gate=...)`, environment IRIS_FAULT_GATE):
 * "off": no gate is lowered; faults are named only by the watchdog and iris's entry points
   (`iris_jax.block_until_ready`, `check_faults`, the next iris call).
 
+The host step is C (fault_gate.c, built with the system's C compiler on first use, as Triton
+builds its launchers): XLA runs it on its own threads while the Python thread that dispatches
+programs holds the GIL, so a Python handler would wait for the GIL at every call. Without a
+compiler a Python handler does the same, slower (a warning says so).
+
 The simulator needs no gate: its kernels raise, which fails the execution in the same way.
 """
 
 from __future__ import annotations
 
+import ctypes
 import functools
+import hashlib
+import os
+import shutil
+import subprocess
 import sys
+import tempfile
 import threading
+import warnings
 
 import jax
 
+from iris_core import faults
 from iris_core.platform import GPU
 from iris_jax import _runtime as runtime_lib
-from iris_jax.calls import _ffi
+from iris_jax.calls import _ffi, kernel_cache
 
 TARGET = "iris_fault_gate"  # an anchor: lowered where it runs once per execution
-NESTED_TARGET = "iris_fault_gate_nested"  # inside control flow or a nested function
+NESTED_TARGET = "iris_fault_gate_nested"  # inside control flow
+_MODE_CODES = {"off": 0, "step": 1, "call": 2}  # fault_gate.c's
 # JAX's lowering rules of regions that may run zero or many times per execution (cond, switch,
 # while, scan, fori_loop, map): a gate lowered beneath one of them is nested.
 _CONTROL_FLOW_MODULES = ("/lax/control_flow/",)
+_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fault_gate.c")
 
 
+@functools.cache
+def _library() -> ctypes.CDLL | None:
+    """fault_gate.c, built on first use into the kernel cache's directory (or a temporary one);
+    None where no C compiler is found or the build fails."""
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        return None
+    layout = [f"-DSTATUS_COPY={faults.STATUS_COPY}", f"-DSLOTS_AT={faults.SLOTS_AT}", f"-DSLOT={faults.SLOT}",
+              f"-DSLOTS={faults.SLOTS}"]
+    with open(_SOURCE, "rb") as f:
+        key = hashlib.sha256(f.read() + " ".join(layout).encode()).hexdigest()[:16]
+    directory = kernel_cache.cache_dir() or tempfile.gettempdir()
+    path = os.path.join(directory, f"iris_fault_gate_{key}.so")
+    if not os.path.exists(path):
+        os.makedirs(directory, exist_ok=True)
+        partial = f"{path}.{os.getpid()}"
+        build = subprocess.run([compiler, "-O2", "-shared", "-fPIC", *layout, _SOURCE, "-o", partial, "-ldl"],
+                               capture_output=True, text=True)
+        if build.returncode != 0:
+            warnings.warn(f"the fault gate's C step did not build ({compiler}: {build.stderr.strip()[:500]}); "
+                          "a Python step, slower, takes its place", stacklevel=3)
+            return None
+        os.replace(partial, path)
+    lib = ctypes.CDLL(path)
+    lib.iris_gate_start.argtypes = [_FORMATTER]
+    lib.iris_gate_set_device.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64]
+    if lib.iris_gate_start(_format_for_c):
+        return None
+    return lib
+
+
+@ctypes.CFUNCTYPE(ctypes.c_char_p, ctypes.c_int)
+def _format_for_c(device: int):
+    """The error a device's rank recorded, worded (fault_gate.c calls it on a fault only)."""
+    error = _recorded(device)
+    message = f"{type(error).__name__}: {error}" if error else "iris: a kernel gave up (its record was taken)"
+    _messages[device] = message.encode()  # alive until the device's next fault
+    return _messages[device]
+
+
+_FORMATTER = type(_format_for_c)
+_messages: dict[int, bytes] = {}
+
+
+def _recorded(device: int) -> Exception | None:
+    rt = runtime_lib.current()
+    rank = None if rt is None else next((r for r, d in getattr(rt.heap, "devices", {}).items() if d == device), None)
+    return None if rank is None else rt.heap.recorded(rank)
+
+
+def waits() -> dict[str, int]:
+    """How many gates waited and how many left the wait to a later gate, in this process (benchmarks)."""
+    lib = _library()
+    if lib is None:
+        return dict(_python_waits)
+    return {"waited": ctypes.c_int64.in_dll(lib, "iris_gate_waited").value,
+            "passed": ctypes.c_int64.in_dll(lib, "iris_gate_passed").value}
+
+
+class _Attachment:
+    """The runtime's fault pages and mode, handed to the C step (a runtime service: closed with
+    the runtime, so that no gate reads a freed page)."""
+
+    def __init__(self, rt):
+        self._lib, self._devices = _library(), dict(getattr(rt.heap, "devices", {}))
+        if self._lib is None:
+            return
+        self._lib.iris_gate_set_mode(_MODE_CODES[rt.fault_gate])
+        for rank, device in self._devices.items():
+            words = rt.heap.fault_words(rank)
+            if words is not None:
+                self._lib.iris_gate_set_device(device, words.ctypes.data, rt.heap.status_address(rank))
+
+    def close(self) -> None:
+        if self._lib is not None:
+            for device in self._devices.values():
+                self._lib.iris_gate_set_device(device, None, 0)
+
+
+# -- the Python step (no C compiler) ----------------------------------------------------------------
 class _Execution(threading.local):
-    """This thread's execution as the gates see it: its run id and the gates not yet executed."""
+    """This thread's execution as the gates see it: its run id and the anchors still to run."""
 
     run_id: int | None = None
     pending: int = 0
 
 
 _execution = _Execution()
-waits = {"waited": 0, "passed": 0}  # gates that waited / that left the wait to a later gate (benchmarks read it)
+_python_waits = {"waited": 0, "passed": 0}
 
 
-def _gate(anchor: bool, stage: int, run_id: int | None, stream: int) -> str | None:
-    """A gate's host step (iris_jax.calls._ffi.register_staged_target): an anchor counts itself
-    at PREPARE; at EXECUTE a gate waits unless an anchor is still to run (or in "call" mode)."""
+def _python_gate(anchor: bool, stage: int, run_id: int | None, stream: int | None) -> str | None:
+    """fault_gate.c's step in Python (iris_jax.calls._ffi.register_staged_target)."""
     ex = _execution
     if run_id is not None and run_id != ex.run_id:  # a new execution: an aborted one leaves no count behind
         ex.run_id, ex.pending = run_id, 0
@@ -73,9 +167,9 @@ def _gate(anchor: bool, stage: int, run_id: int | None, stream: int) -> str | No
         ex.pending = max(ex.pending - 1, 0)
     rt = runtime_lib.current()
     if rt is None or (ex.pending and rt.fault_gate == "step"):
-        waits["passed"] += 1
+        _python_waits["passed"] += 1
         return None
-    waits["waited"] += 1
+    _python_waits["waited"] += 1
     error = rt.heap.outcome(stream)
     if error is None:
         return None
@@ -83,15 +177,23 @@ def _gate(anchor: bool, stage: int, run_id: int | None, stream: int) -> str | No
     return f"{type(error).__name__}: {error}"
 
 
+# -- lowering --------------------------------------------------------------------------------------
 _registered: dict = {"lock": threading.Lock()}
 
 
 def _register() -> None:
     with _registered["lock"]:
-        if "done" not in _registered:
-            _ffi.register_staged_target(TARGET, GPU.xla_platform, functools.partial(_gate, True))
-            _ffi.register_staged_target(NESTED_TARGET, GPU.xla_platform, functools.partial(_gate, False))
-            _registered["done"] = True
+        if "done" in _registered:
+            return
+        lib = _library()
+        for target, anchor in ((TARGET, True), (NESTED_TARGET, False)):
+            if lib is not None:
+                capsule = _ffi.capsule_at(ctypes.cast(getattr(lib, target), ctypes.c_void_p).value)
+                jax.ffi.register_ffi_target(target, {"prepare": capsule, "execute": capsule},
+                                            platform=GPU.xla_platform)
+            else:
+                _ffi.register_staged_target(target, GPU.xla_platform, functools.partial(_python_gate, anchor))
+        _registered["done"] = True
 
 
 def _runs_once() -> bool:
@@ -109,9 +211,11 @@ def _runs_once() -> bool:
 def gated(ctx, results):
     """`results` (the ir values of an iris kernel's outputs, typed ctx.avals_out) passed through a
     gate, when the runtime's mode lowers one; else `results` unchanged."""
-    if runtime_lib.runtime().fault_gate == "off":
+    rt = runtime_lib.runtime()
+    if rt.fault_gate == "off":
         return results
     _register()
+    rt.service("fault_gate", _Attachment)
     aliases = {i: i for i in range(len(results))}
     target = TARGET if _runs_once() else NESTED_TARGET
     return jax.ffi.ffi_lowering(target, operand_output_aliases=aliases, has_side_effect=True)(

@@ -1,0 +1,138 @@
+/* The fault gate's host step in C (iris_jax/calls/fault_gate.py says what the gate does and why).
+ *
+ * XLA calls it at the PREPARE and EXECUTE stages of every execution, on its own threads, while the
+ * Python thread that dispatches programs usually holds the GIL: a handler that needed the GIL
+ * would wait for it at every call. This one touches Python only to word an error.
+ *
+ * The XLA FFI structures below are the prefixes of xla/ffi/api/c_api.h that the gate reads.
+ * The fault page's layout comes from iris_core.faults (-D flags at build time).
+ */
+#include <dlfcn.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct Extension { size_t struct_size; int type; struct Extension *next; } Extension;
+typedef struct { size_t struct_size; void *extension_start; int major; int minor; } ApiVersion;
+typedef struct { size_t struct_size; ApiVersion api_version; uint32_t traits; int64_t state_type_id; } Metadata;
+typedef struct { Extension base; Metadata *metadata; } MetadataExtension;
+typedef struct { size_t struct_size; void *extension_start; ApiVersion api_version; void *internal_api;
+                 void *functions[]; } Api;
+typedef struct { size_t struct_size; Extension *extension_start; const Api *api; void *ctx; int stage; } CallFrame;
+typedef struct { size_t struct_size; void *extension_start; const char *message; int errc; } ErrorCreateArgs;
+typedef struct { size_t struct_size; void *extension_start; void *ctx; void *value; } QueryArgs;
+typedef void *(*ErrorCreate)(ErrorCreateArgs *);
+typedef void *(*Query)(QueryArgs *);
+
+enum { METADATA_EXTENSION = 1, PREPARE = 1, EXECUTE = 3, UNKNOWN_ERROR = 2 };
+enum { ERROR_CREATE = 0, STREAM_GET = 4, RUN_ID_GET = 16 };  /* positions in Api.functions */
+enum { OFF = 0, STEP = 1, CALL = 2 };
+#define MAX_DEVICES 64
+
+typedef int (*CtxGetDevice)(int *);
+typedef int (*MemcpyDtoHAsync)(void *, uint64_t, size_t, void *);
+typedef int (*StreamSynchronize)(void *);
+typedef int (*CtxSynchronize)(void);
+typedef const char *(*Formatter)(int device);
+
+static CtxGetDevice ctx_get_device;
+static MemcpyDtoHAsync memcpy_dtoh_async;
+static StreamSynchronize stream_synchronize;
+static CtxSynchronize ctx_synchronize;
+static Formatter formatter;
+static volatile int mode = STEP;
+static int64_t *volatile pages[MAX_DEVICES];      /* a device's rank's fault page (host memory) */
+static volatile uint64_t status_words[MAX_DEVICES]; /* the device address of its heap's status word */
+
+int64_t iris_gate_waited, iris_gate_passed;  /* gates that waited / passed (benchmarks read them) */
+
+static __thread int64_t run_seen = -1;  /* this thread's execution, and its anchors still to run */
+static __thread int64_t anchors_pending;
+
+int iris_gate_start(Formatter format) {
+    void *driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+    if (!driver) return 1;
+    ctx_get_device = (CtxGetDevice)dlsym(driver, "cuCtxGetDevice");
+    memcpy_dtoh_async = (MemcpyDtoHAsync)dlsym(driver, "cuMemcpyDtoHAsync_v2");
+    stream_synchronize = (StreamSynchronize)dlsym(driver, "cuStreamSynchronize");
+    ctx_synchronize = (CtxSynchronize)dlsym(driver, "cuCtxSynchronize");
+    formatter = format;
+    return !(ctx_get_device && memcpy_dtoh_async && stream_synchronize && ctx_synchronize);
+}
+
+void iris_gate_set_mode(int m) { mode = m; }
+
+/* A device's rank (page NULL: none, e.g. after shutdown). */
+void iris_gate_set_device(int device, int64_t *page, uint64_t status_word) {
+    if (device < 0 || device >= MAX_DEVICES) return;
+    status_words[device] = status_word;
+    pages[device] = page;
+}
+
+static int answered_metadata(CallFrame *frame) {
+    Extension *ext = frame->extension_start;
+    if (!ext || ext->type != METADATA_EXTENSION) return 0;
+    Metadata *metadata = ((MetadataExtension *)ext)->metadata;
+    metadata->api_version.major = 0;
+    metadata->api_version.minor = 1;
+    metadata->traits = 0;  /* not capturable: it runs on the host at every execution */
+    return 1;
+}
+
+static int query(CallFrame *frame, int function, void **value) {
+    size_t offset = offsetof(Api, functions) + sizeof(void *) * (function + 1);
+    if (frame->api->struct_size < offset) return 0;
+    QueryArgs args = {sizeof(QueryArgs), NULL, frame->ctx, NULL};
+    if (((Query)frame->api->functions[function])(&args)) return 0;
+    *value = args.value;
+    return 1;
+}
+
+static void *error(CallFrame *frame, const char *message) {
+    ErrorCreateArgs args = {sizeof(ErrorCreateArgs), NULL, message, UNKNOWN_ERROR};
+    return ((ErrorCreate)frame->api->functions[ERROR_CREATE])(&args);
+}
+
+/* Whether the device's rank recorded a fault or a refused access, once `stream`'s work is done. */
+static int faulted(int device, void *stream, int have_stream) {
+    int64_t *page = pages[device];
+    if (!have_stream) {
+        ctx_synchronize();
+        stream = NULL;
+    }
+    memcpy_dtoh_async(page + STATUS_COPY, status_words[device], 8, stream);
+    stream_synchronize(stream);
+    if (page[STATUS_COPY]) return 1;
+    for (int p = 0; p < SLOTS; p++)
+        if (page[SLOTS_AT + p * SLOT]) return 1;
+    return 0;
+}
+
+static void *gate(CallFrame *frame, int anchor) {
+    if (answered_metadata(frame)) return NULL;
+    void *run = NULL;
+    if (query(frame, RUN_ID_GET, &run) && (int64_t)run != run_seen) {
+        run_seen = (int64_t)run;  /* a new execution: an aborted one leaves no count behind */
+        anchors_pending = 0;
+    }
+    if (frame->stage == PREPARE) {
+        anchors_pending += anchor;
+        return NULL;
+    }
+    if (frame->stage != EXECUTE) return NULL;
+    if (anchor && anchors_pending > 0) anchors_pending--;
+    int device = -1;
+    if (mode == OFF || (mode == STEP && anchors_pending > 0) || ctx_get_device(&device) || device < 0 ||
+        device >= MAX_DEVICES || !pages[device]) {
+        __atomic_add_fetch(&iris_gate_passed, 1, __ATOMIC_RELAXED);
+        return NULL;
+    }
+    __atomic_add_fetch(&iris_gate_waited, 1, __ATOMIC_RELAXED);
+    void *stream = NULL;
+    int have_stream = query(frame, STREAM_GET, &stream);
+    if (!faulted(device, stream, have_stream)) return NULL;
+    anchors_pending = 0;  /* XLA runs nothing more of this execution */
+    return error(frame, formatter(device));
+}
+
+void *iris_fault_gate(CallFrame *frame) { return gate(frame, 1); }
+void *iris_fault_gate_nested(CallFrame *frame) { return gate(frame, 0); }
