@@ -112,6 +112,23 @@ def errors_by_rank(out) -> list[str | None]:
     return errors
 
 
+def expect_every_read_raises(out, ranks, *words) -> None:
+    """JAX's own ways to read a result (block_until_ready, np.asarray, float, .item(),
+    device_get, printing, a later program consuming it) raise the error naming `words` on each
+    of `ranks`: a failed call's outputs are never read as numbers."""
+    shards = sorted(out.addressable_shards, key=lambda s: s.device.id)
+    for r in ranks:
+        block = shards[r].data
+        reads = {"jax.block_until_ready": lambda: jax.block_until_ready(block), "np.asarray": lambda: np.asarray(block),
+                 "float": lambda: float(block[0, 0]), ".item()": lambda: block[0, 0].item(),
+                 "jax.device_get": lambda: jax.device_get(block), "print": lambda: str(block),
+                 "a later program": lambda: np.asarray(jax.jit(lambda b: b * 2 + 1)(block))}
+        for name, read in reads.items():
+            with pytest.raises(Exception) as caught:
+                read()
+            assert all(w in str(caught.value) for w in words), (r, name, str(caught.value)[:500])
+
+
 class Untouched:
     """A heap array and an XLA array filled with POISON on every rank, which no program of a test
     touches: a stray write of a failing rank would show in them."""
@@ -243,8 +260,10 @@ def test_rank_that_never_calls_the_collective(world):
     x = inputs()
     program = spmd(lambda v: lax.cond(lax.axis_index("i") == 1, lambda u: u, psum, v)).lower(x).compile()
     start = time.monotonic()
-    errors = errors_by_rank(program(x))
+    out = program(x)
+    errors = errors_by_rank(out)
     elapsed = time.monotonic() - start
+    expect_every_read_raises(out, (0, 2), "PeerTimeoutError", "all_reduce(sum)", "rank 1")
     record("3 rank never calls the collective", "workers", "ranks 0, 2: PeerTimeoutError naming all_reduce(sum) "
            "and rank 1; rank 1: no error", elapsed)
     assert errors[1] is None
@@ -304,8 +323,10 @@ def test_calls_that_differ_between_ranks(world):
     half = lambda u: jnp.pad(psum(u[:N // 2]), (0, N // 2))  # noqa: E731
     program = spmd(lambda v: lax.cond(lax.axis_index("i") == 1, half, psum, v)).lower(x).compile()
     start = time.monotonic()
-    errors = errors_by_rank(program(x))
+    out = program(x)
+    errors = errors_by_rank(out)
     elapsed = time.monotonic() - start
+    expect_every_read_raises(out, range(W), "RankMismatchError", "all_reduce(sum)")
     for r, error in enumerate(errors):
         assert error is not None and "RankMismatchError: iris all_reduce(sum)" in error, (r, error)
         assert "float32[1, 32]" in error and "float32[1, 64]" in error, error
