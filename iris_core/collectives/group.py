@@ -142,12 +142,33 @@ class Group:
     def fail(self, CODE, rank, stamp, theirs=0):
         """Gives up on this call because of `rank` (faults.fail). My flag on every member becomes
         POISON first: this call's epoch is lost on my side, so a member's later wait on me must
-        fail, not pass on a stale flag. No CTA barrier here: threads may get here at different
+        fail, not pass on a stale flag. So do the flags of the programs this launch does not have
+        (see poison_missing_programs). No CTA barrier here: threads may get here at different
         times."""
         flag = self.flag(self.me)
         for i in tl.static_range(self.G):
             self.flags.poison(flag, self.rank(i), stamp)
+        self.poison_missing_programs(stamp)
         fail(self.ctx, CODE, self.flags.WHAT, rank, flags.epoch_of(stamp), self.workspace(), self.sig, theirs)
+
+    @triton.jit
+    def poison_missing_programs(self, stamp):
+        """Poisons, on every member, my flags of the programs that this launch does not have (pid
+        + programs, pid + 2 programs, ...), my signature beside each. Ranks whose calls differ can
+        launch different grids (other sizes): a member's program that has no counterpart here
+        waits on one of these flags, and must fail naming my call, not time out."""
+        lines = self.pid + self.programs * (tl.arange(0, self.MAX_PROGRAMS) + 1)
+        missing = lines < self.MAX_PROGRAMS
+        flag_lines = self.MAX_PROGRAMS + lines.to(tl.int64) * self.ctx.world_size + self.me
+        flag = tl.cast(self.ws_base, tl.pointer_type(tl.int64)) + flag_lines * (LINE // 8)
+        sig = flag + 2 + flags.epoch_of(stamp) % 2
+        poison = tl.full([self.MAX_PROGRAMS], flags.POISON, tl.int64) + stamp
+        for i in tl.static_range(self.G):
+            self.ctx.store(sig, tl.full([self.MAX_PROGRAMS], 0, tl.int64) + self.sig, to_rank=self.rank(i),
+                           mask=missing)
+        tl.debug_barrier()  # the signatures precede the poison that makes them readable
+        for i in tl.static_range(self.G):
+            self.ctx.atomic_max(flag, poison, to_rank=self.rank(i), mask=missing, sem="release", scope="sys")
 
     @triton.jit
     def give_up(self, rank, stamp):
