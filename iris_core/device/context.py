@@ -17,6 +17,7 @@ built without, it compiles to exactly the free function.
 import triton
 import triton.language as tl
 
+from iris_core import flag_protocol
 from iris_core.compat import aggregate
 from iris_core.device import rma
 from iris_core.device.rma import ACQ_REL, NO_MODIFIER, SYSTEM
@@ -38,6 +39,8 @@ from iris_core.device.tracing import (
     DeviceTracing,
 )
 from iris_core.heap import context_layout
+
+_TILE_TIMEOUT_NS = flag_protocol.timeout_ns(flag_protocol.DEFAULT_TIMEOUT_S)  # the tile collectives' default
 
 HEADER_WORDS = tl.constexpr(context_layout.HEADER_WORDS)  # [rank, world_size, heap_size] before the bases
 
@@ -188,20 +191,20 @@ class Context:
         tiles.all_reduce_atomic(self, tile, dst_view)
 
     @triton.jit
-    def all_reduce_spinlock(self, tile, dst_view, locks):
-        tiles.all_reduce_spinlock(self, tile, dst_view, locks)
+    def all_reduce_spinlock(self, tile, dst_view, locks, TIMEOUT_NS: tl.constexpr = _TILE_TIMEOUT_NS):
+        tiles.all_reduce_spinlock(self, tile, dst_view, locks, TIMEOUT_NS)
 
     @triton.jit
-    def all_reduce_one_shot(self, tile, src_view, dst_view, locks):
-        tiles.all_reduce_one_shot(self, tile, src_view, dst_view, locks)
+    def all_reduce_one_shot(self, tile, src_view, dst_view, locks, TIMEOUT_NS: tl.constexpr = _TILE_TIMEOUT_NS):
+        tiles.all_reduce_one_shot(self, tile, src_view, dst_view, locks, TIMEOUT_NS)
 
     @triton.jit
-    def all_reduce_two_shot(self, tile, src_view, dst_view, locks):
-        tiles.all_reduce_two_shot(self, tile, src_view, dst_view, locks)
+    def all_reduce_two_shot(self, tile, src_view, dst_view, locks, TIMEOUT_NS: tl.constexpr = _TILE_TIMEOUT_NS):
+        tiles.all_reduce_two_shot(self, tile, src_view, dst_view, locks, TIMEOUT_NS)
 
     @triton.jit
-    def reduce_scatter(self, tile, src_view, dst_view, locks):
-        tiles.reduce_scatter(self, tile, src_view, dst_view, locks)
+    def reduce_scatter(self, tile, src_view, dst_view, locks, TIMEOUT_NS: tl.constexpr = _TILE_TIMEOUT_NS):
+        tiles.reduce_scatter(self, tile, src_view, dst_view, locks, TIMEOUT_NS)
 
     @triton.jit
     def all_gather(self, tile, dst_view, DIM: tl.constexpr):

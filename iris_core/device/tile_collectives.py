@@ -7,10 +7,11 @@ ready flags: a producer sets its entry to 1 after writing its tile, consumers wa
 Flags are single-use: reset them (e.g. zero the array) before the next round.
 Completion on *other* ranks needs a barrier (or flags) before their data is read.
 
-Flags and locks follow the flag protocol (iris_core.device.flags.Flags). Waits give up after
-flags.DEFAULT_TIMEOUT_NS (these functions take no timeout: they run inside the caller's
-kernel) with a fault record naming the rank (iris_core.device.faults; no print, which inside a
-GEMM kernel would make ptxas serialize every wgmma); the simulator raises PeerTimeoutError.
+Flags and locks follow the flag protocol (iris_core.device.flags.Flags). The functions that wait
+take TIMEOUT_NS (a compile-time constant, default flags.DEFAULT_TIMEOUT_NS: 60 s), past which
+they give up with a fault record naming the rank (iris_core.device.faults; no print, which
+inside a GEMM kernel would make ptxas serialize every wgmma); the simulator raises
+PeerTimeoutError.
 Peers' data is read with plain loads after the flag's acquire and a CTA barrier: `.cg` loads
 of peer memory (L2 only) are much slower (benchmarks/rma.py times both).
 """
@@ -18,11 +19,12 @@ of peer memory (L2 only) are much slower (benchmarks/rma.py times both).
 import triton
 import triton.language as tl
 
-from iris_core import faults
+from iris_core import faults, flag_protocol
 from iris_core.device import flags
 
 _FLAG: tl.constexpr = tl.constexpr(faults.named("tile collective (flag)"))  # what their fault records name
 _LOCK: tl.constexpr = tl.constexpr(faults.named("tile collective (lock)"))
+_TIMEOUT_NS = flag_protocol.timeout_ns(flag_protocol.DEFAULT_TIMEOUT_S)  # a plain int: a parameter's default
 
 
 @triton.jit
@@ -32,15 +34,15 @@ def tile_id(tile, view):
 
 
 @triton.jit
-def _flags(ctx, WHAT: tl.constexpr = _FLAG):
-    return flags.Flags(ctx, flags.DEFAULT_TIMEOUT_NS, 0, WHAT)
+def _flags(ctx, WHAT: tl.constexpr = _FLAG, TIMEOUT_NS: tl.constexpr = _TIMEOUT_NS):
+    return flags.Flags(ctx, TIMEOUT_NS, 0, WHAT)
 
 
 @triton.jit
-def _wait_flag(ctx, flag_ptr, rank, value):
+def _wait_flag(ctx, flag_ptr, rank, value, TIMEOUT_NS: tl.constexpr):
     """Waits until `rank`'s flag reaches `value`, then a CTA barrier: every thread's later
     reads see what the flag's writer wrote before raising it."""
-    _flags(ctx).wait_or_fail(flag_ptr, value, rank, rank=rank)
+    _flags(ctx, _FLAG, TIMEOUT_NS).wait_or_fail(flag_ptr, value, rank, rank=rank)
 
 
 @triton.jit
@@ -52,12 +54,12 @@ def all_reduce_atomic(ctx, tile, dst_view):
 
 
 @triton.jit
-def all_reduce_spinlock(ctx, tile, dst_view, locks):
+def all_reduce_spinlock(ctx, tile, dst_view, locks, TIMEOUT_NS: tl.constexpr = _TIMEOUT_NS):
     """On every rank: take the tile's lock, dst += my tile, release (dst must start zeroed)."""
     ptrs, mask = dst_view.tile_ptr(tile)
     lock = locks + tile_id(tile, dst_view)
     for r in range(ctx.world_size):
-        _flags(ctx, _LOCK).lock_or_fail(lock, r)
+        _flags(ctx, _LOCK, TIMEOUT_NS).lock_or_fail(lock, r)
         current = ctx.load(ptrs, from_rank=r, mask=mask)
         ctx.store(ptrs, current + tile.data, to_rank=r, mask=mask)
         tl.debug_barrier()  # every thread's store precedes the release
@@ -75,48 +77,48 @@ def _publish(ctx, tile, src_view, locks):
 
 
 @triton.jit
-def _reduce_from_all(ctx, tile, src_view, locks, ptrs, mask):
+def _reduce_from_all(ctx, tile, src_view, locks, ptrs, mask, TIMEOUT_NS: tl.constexpr):
     lock = locks + tile_id(tile, src_view)
     if tile.data.dtype.is_floating():
         acc = tl.zeros_like(tile.data.to(tl.float32))  # fp16/bf16 accumulate in fp32
     else:
         acc = tl.zeros_like(tile.data)
     for r in range(ctx.world_size):
-        _wait_flag(ctx, lock, r, 1)
+        _wait_flag(ctx, lock, r, 1, TIMEOUT_NS)
         acc += ctx.load(ptrs, from_rank=r, mask=mask)
     return acc.to(tile.data.dtype)
 
 
 @triton.jit
-def all_reduce_one_shot(ctx, tile, src_view, dst_view, locks):
+def all_reduce_one_shot(ctx, tile, src_view, dst_view, locks, TIMEOUT_NS: tl.constexpr = _TIMEOUT_NS):
     """Publishes my tile, waits for every rank's, sums them into my `dst_view`."""
     ptrs, mask = _publish(ctx, tile, src_view, locks)
-    result = _reduce_from_all(ctx, tile, src_view, locks, ptrs, mask)
+    result = _reduce_from_all(ctx, tile, src_view, locks, ptrs, mask, TIMEOUT_NS)
     dst, dst_mask = dst_view.tile_ptr(tile)
     tl.store(dst, result, mask=dst_mask)
 
 
 @triton.jit
-def all_reduce_two_shot(ctx, tile, src_view, dst_view, locks):
+def all_reduce_two_shot(ctx, tile, src_view, dst_view, locks, TIMEOUT_NS: tl.constexpr = _TIMEOUT_NS):
     """Publishes my tile; the tile's owner (tile id % W) reduces it and stores the sum into
     `dst_view` on every rank."""
     ptrs, mask = _publish(ctx, tile, src_view, locks)
     if tile_id(tile, src_view) % ctx.world_size == ctx.rank:
-        result = _reduce_from_all(ctx, tile, src_view, locks, ptrs, mask)
+        result = _reduce_from_all(ctx, tile, src_view, locks, ptrs, mask, TIMEOUT_NS)
         dst, dst_mask = dst_view.tile_ptr(tile)
         for r in range(ctx.world_size):
             ctx.store(dst, result, to_rank=r, mask=dst_mask)
 
 
 @triton.jit
-def reduce_scatter(ctx, tile, src_view, dst_view, locks):
+def reduce_scatter(ctx, tile, src_view, dst_view, locks, TIMEOUT_NS: tl.constexpr = _TIMEOUT_NS):
     """Publishes my tile; rank r keeps the sum of the r-th contiguous block of tiles in its
     `dst_view` (same tile positions)."""
     ptrs, mask = _publish(ctx, tile, src_view, locks)
     tiles = tl.cdiv(src_view.M, tile.block_m) * tl.cdiv(src_view.N, tile.block_n)
     per_rank = tl.cdiv(tiles, ctx.world_size)
     if tile_id(tile, src_view) // per_rank == ctx.rank:
-        result = _reduce_from_all(ctx, tile, src_view, locks, ptrs, mask)
+        result = _reduce_from_all(ctx, tile, src_view, locks, ptrs, mask, TIMEOUT_NS)
         dst, dst_mask = dst_view.tile_ptr(tile)
         tl.store(dst, result, mask=dst_mask)
 

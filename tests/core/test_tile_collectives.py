@@ -1,5 +1,7 @@
 """Tile-level Context collectives across simulated ranks, against numpy."""
 
+import time
+
 import numpy as np
 import pytest
 
@@ -31,6 +33,31 @@ def _launch_op(state, session, offsets, op, N, npr, dst_shape):
               (lock_off, (64,), np.int32)]]
     launch(K.tile_collective, (-(-M // BM), -(-N // BN)), heap.context(me), *views, M, N, 1,
            OP=op, W=W, BM=BM, BN=BN, NPR=npr)
+
+
+def _launch_alone(state, session, offsets, N, timeout_s):
+    """Rank 0 runs a one-shot all-reduce that no other rank joins; returns (error, seconds)."""
+    if state.rank != 0:
+        return None
+    heap = state.heap(session)
+    views = [heap.host_view(0, o, (M, N), np.float32) for o in offsets[:3]] + [heap.host_view(0, offsets[3], (64,), np.int32)]
+    start = time.monotonic()
+    try:
+        launch(K.tile_collective, (-(-M // BM), -(-N // BN)), heap.context(0), *views, M, N, 1, OP=K.ONE_SHOT,
+               W=state.world_size, BM=BM, BN=BN, NPR=BN, TIMEOUT_NS=int(timeout_s * 1e9))
+    except Exception as e:  # noqa: BLE001 - what the test checks
+        return f"{type(e).__name__}: {e}", time.monotonic() - start
+    return None, time.monotonic() - start
+
+
+def test_a_tile_collective_gives_up_after_its_own_timeout(sim_heap):
+    """TIMEOUT_NS per call: a rank whose peers never publish gives up after it, naming the peer."""
+    world, heap = get_world(2), sim_heap(2, 1 << 16)
+    offsets = [heap.allocate(4 * 2 * M * 16) for _ in range(3)] + [heap.allocate(256)]
+    world.run(_run_op, heap.session, offsets, K.ONE_SHOT, 7)
+    error, seconds = world.run(_launch_alone, heap.session, offsets, 7, 0.5)[0]
+    assert error is not None and "PeerTimeoutError" in error and "rank 1" in error, error
+    assert seconds < 20, seconds  # 0.5 s, not the default 60 s (slack for a loaded machine)
 
 
 def _read(state, session, offsets, dst_shape):

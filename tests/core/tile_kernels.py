@@ -10,7 +10,8 @@ ATOMIC, SPINLOCK, ONE_SHOT, TWO_SHOT, REDUCE_SCATTER, ALL_GATHER_ROWS, ALL_GATHE
 
 @triton.jit
 def tile_collective(context_ptr, x_ptr, src_ptr, dst_ptr, locks_ptr, M, N, stride_n,
-                    OP: tl.constexpr, W: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, NPR: tl.constexpr):
+                    OP: tl.constexpr, W: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, NPR: tl.constexpr,
+                    TIMEOUT_NS: tl.constexpr = 60_000_000_000):
     """x is my M x N input; dst is M x N (or the gathered shape for ALL_GATHER_*)."""
     ctx = Context.initialize(context_ptr, W)
     pm = tl.program_id(0)
@@ -24,7 +25,7 @@ def tile_collective(context_ptr, x_ptr, src_ptr, dst_ptr, locks_ptr, M, N, strid
     elif OP == 1:
         ctx.all_reduce_spinlock(tile, TensorView(dst_ptr, M, N, N, stride_n), locks_ptr)
     elif OP == 2:
-        ctx.all_reduce_one_shot(tile, src, TensorView(dst_ptr, M, N, N, stride_n), locks_ptr)
+        ctx.all_reduce_one_shot(tile, src, TensorView(dst_ptr, M, N, N, stride_n), locks_ptr, TIMEOUT_NS)
     elif OP == 3:
         ctx.all_reduce_two_shot(tile, src, TensorView(dst_ptr, M, N, N, stride_n), locks_ptr)
     elif OP == 4:
