@@ -32,8 +32,11 @@ def device_barrier(*arrays, timeout_s: float = flag_protocol.DEFAULT_TIMEOUT_S):
     simulator (its kernel calls are chained in program order) and, on GPUs, in the stream's
     program order; XLA itself does not promise that order for independent operations, so
     to be certain, pass `status` into the later kernel as an (unused) argument.
-    Returns (status, *arrays): status is -1, or the rank that did not arrive within
-    `timeout_s` (check it with `check_barrier`).
+    Returns (status, *arrays): status is -1. A rank that does not arrive within `timeout_s`
+    (or that gave up on an earlier barrier) fails the program: reading its results raises
+    PeerTimeoutError (PeerFailedError) naming that rank, and the group's later barriers fail
+    at once until `shutdown()` and `init()`. With `fault_gate="off"` on GPUs the program
+    completes instead and status holds the missing rank (`check_barrier` raises it).
 
     Raises:
       CrossDomainError: the ranks span several domains (the kernel signals every rank's heap).

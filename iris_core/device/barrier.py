@@ -5,8 +5,12 @@ slot p on my heap holds the last epoch rank p announced to me; slot W my own epo
 bumps my epoch, signals it to every peer (release), then waits until every peer's slot on my
 heap reached it (acquire): the flag protocol (iris_core.device.flags.Flags). Epochs only grow, so
 back-to-back barriers need no reset and no host sync. The wait is bounded: past the timeout
-the kernel stops waiting and stores the missing rank (or -1) into its status output. With
-TRACING, it records an EVENT_BARRIER span and its signalling atomics.
+(or at once, when a peer's slot is POISON: it gave up on an earlier barrier) the kernel stores
+the missing rank (else -1) into its status output, poisons its own slot on every peer (their
+later barriers then fail at once, naming this rank) and gives up as every iris kernel does
+(iris_core.device.faults.fail: a fault record naming device_barrier and the rank, which fails
+the program; the simulator raises). All barriers are the same call, so there is no signature to
+compare. With TRACING, it records an EVENT_BARRIER span and its signalling atomics.
 
 Launched by iris_jax.device_barrier (iris_jax/sync.py).
 """
@@ -17,12 +21,13 @@ import triton.language as tl
 from iris_core import faults, flag_protocol
 from iris_core.device import flags
 from iris_core.device.context import Context
+from iris_core.device.faults import PEER_FAILED, TIMEOUT, fail
 from iris_core.device.intrinsics import global_timer
 from iris_core.device.tracing import EVENT_BARRIER
 
 SLOT_WORDS = flag_protocol.LINE_BYTES // 8  # int64 words per slot: one line each
 SLOT = tl.constexpr(SLOT_WORDS)
-_WHAT = tl.constexpr(faults.named("device_barrier"))  # (its waits report the missing rank, not a fault record)
+_WHAT = tl.constexpr(faults.named("device_barrier"))  # what its fault records name
 
 
 def area_bytes(world_size: int) -> int:
@@ -44,8 +49,21 @@ def barrier_kernel(context_ptr, after_ptr, status_ptr, AREA_OFFSET: tl.constexpr
         f.signal(slots + ctx.rank * SLOT, epoch, peer)
     start = global_timer()
     missing = tl.full((), -1, tl.int32)
+    failed_before = False  # whether `missing` gave up on an earlier barrier (its slot is POISON)
     for peer in range(W):  # past the timeout, every later wait returns at once
-        if flags.timed_out(f.wait(slots + peer * SLOT, epoch, start)) & (missing < 0):
-            missing = peer
+        seen = f.wait(slots + peer * SLOT, epoch, start)
+        wrong = (flags.timed_out(seen) | flags.poisoned(seen)) & (missing < 0)
+        failed_before = tl.where(wrong, flags.poisoned(seen) & ~flags.timed_out(seen), failed_before)
+        missing = tl.where(wrong, peer, missing)
     tl.store(status_ptr, missing)
     ctx.tracing.record_event_end(event)
+    if missing >= 0:
+        _give_up(f, slots, epoch, missing, failed_before, W)
+
+
+@triton.jit(noinline=True)
+def _give_up(f, slots, epoch, missing, failed_before, W: tl.constexpr):
+    """Poisons my slot on every peer, then fails naming `missing` (faults.fail)."""
+    for peer in range(W):
+        f.poison(slots + f.ctx.rank * SLOT, peer, epoch)
+    fail(f.ctx, tl.where(failed_before, PEER_FAILED, TIMEOUT), f.WHAT, missing, epoch)

@@ -270,6 +270,35 @@ def test_rank_that_never_calls_the_collective(world):
     expect_survivors_failed_on_rank_1(errors, elapsed, untouched)
 
 
+def test_device_barrier_without_a_rank(world):
+    """Case 3b (workers): rank 1 skips a device barrier; ranks 0 and 2 fail naming it, through every
+    JAX read of the barrier's results; the next barrier fails at once on every rank (rank 1 names a
+    rank that gave up, the others rank 1), until a restart."""
+    x = inputs()
+    barrier = lambda u: iris_jax.device_barrier(u, timeout_s=TIMEOUT_S)[1]  # noqa: E731
+    program = spmd(lambda v: lax.cond(lax.axis_index("i") == 1, lambda u: u, barrier, v)).lower(x).compile()
+    start = time.monotonic()
+    out = program(x)
+    errors = errors_by_rank(out)
+    elapsed = time.monotonic() - start
+    assert errors[1] is None
+    for r in (0, 2):
+        assert errors[r] is not None and "PeerTimeoutError: iris device_barrier: timed out" in errors[r], errors[r]
+        assert "waiting for rank 1" in errors[r], errors[r]
+    expect_every_read_raises(out, (0, 2), "PeerTimeoutError", "device_barrier", "rank 1")
+    assert elapsed < TIMEOUT_S + SLACK_S
+    start = time.monotonic()
+    errors = errors_by_rank(spmd(barrier)(x))
+    assert all(e is not None and ("PeerFailedError: iris device_barrier" in e or "PeerTimeoutError" in e)
+               for e in errors), errors
+    assert time.monotonic() - start < TIMEOUT_S + SLACK_S
+    record("3b device barrier without a rank", "workers", "ranks 0, 2: PeerTimeoutError naming device_barrier "
+           "and rank 1; the next barrier fails at once", elapsed)
+    iris_jax.shutdown()
+    use_runtime(W)
+    check_psum_works()
+
+
 def test_collective_called_by_only_some_ranks(world):
     """Case 6 (workers): rank 1 skips the first of two psums (the second sums the first's
     result). The kernels pair calls by their count, as on GPUs, so rank 1's only psum pairs
@@ -499,7 +528,7 @@ def test_launched_collective_called_by_only_some_ranks():
     record("6 collective called by only some ranks", "launched", "rank 0: PeerTimeoutError (device barrier) "
            "naming rank 1", elapsed)
     assert status == 1, text
-    assert "PeerTimeoutError: device barrier timed out waiting for rank(s) [1]" in text, text
+    assert "PeerTimeoutError: iris device_barrier: timed out" in text and "waiting for rank 1" in text, text
     assert session_left(lines) == []
 
 
