@@ -1,16 +1,17 @@
-"""The README's Layout section is the tree: every module of iris_core and iris_jax has its line
-there, and every module it names exists."""
+"""The tree of docs/architecture.md: every module of iris_core and iris_jax has its line there,
+and every module it names exists."""
 
 import pathlib
 import re
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+PAGE = ROOT / "docs" / "architecture.md"
 
 
 def _layout_paths() -> list[str]:
-    """The paths the Layout block names, from its indentation (two spaces per level)."""
-    text = (ROOT / "README.md").read_text()
-    block = text[text.index("## Layout"):]
+    """The paths the tree block names, from its indentation (two spaces per level)."""
+    text = PAGE.read_text()
+    block = text[text.index("## The tree"):]
     block = block[block.index("```") + 3:]
     block = block[:block.index("```")]
     paths, stack = [], []
@@ -25,13 +26,13 @@ def _layout_paths() -> list[str]:
 
 def test_every_module_has_its_line():
     listed = set(_layout_paths())
-    text = (ROOT / "README.md").read_text()
+    text = PAGE.read_text()
     missing = [str(p.relative_to(ROOT)) for package in ("iris_core", "iris_jax")
                for p in sorted((ROOT / package).rglob("*.py"))
                if p.name != "__init__.py" and str(p.relative_to(ROOT)) not in listed and f"({p.name})" not in text]
-    assert not missing, f"add these to the README's Layout: {missing}"
+    assert not missing, f"add these to the tree of docs/architecture.md: {missing}"
 
 
 def test_every_listed_module_exists():
     gone = [p for p in _layout_paths() if p.endswith(".py") and not (ROOT / p).exists()]
-    assert not gone, f"the README's Layout names modules that are not in the tree: {gone}"
+    assert not gone, f"docs/architecture.md's tree names modules that are not in the repository: {gone}"

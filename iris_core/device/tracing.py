@@ -181,8 +181,13 @@ class DeviceTracing:
           address: a pointer or block of pointers (the lowest is recorded; with `mask`
             the payload counts the masked-in elements, else all of them), or None
             (address and payload 0: a phase with no memory of its own).
-          pid_m, pid_n: tile coordinates (default: program ids 0 and 1).
-        The handle is NO_EVENT (-1) when nothing was recorded (tracing off at run time).
+          pid_m: the tile's row coordinate (default: program id 0).
+          pid_n: the tile's column coordinate (default: program id 1).
+          mask: the lanes of `address` that take part (None: all).
+
+        Returns:
+          The handle for record_event_end; NO_EVENT (-1) when nothing was recorded (tracing
+          off at run time).
         """
         if self.enabled:
             if pid_m is None:

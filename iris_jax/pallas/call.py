@@ -52,13 +52,19 @@ def pallas_call(kernel: Callable[..., None], out_shape: Any, *, grid: int | Sequ
 
     Args:
       kernel: the kernel; its first parameter receives the context.
-      out_shape, grid, in_specs, out_specs, input_output_aliases, name, debug: as for
-        Pallas (indices count the operands, not the context).
+      out_shape: as for Pallas.
+      grid: as for Pallas.
+      in_specs: as for Pallas (indices count the operands, not the context).
+      out_specs: as for Pallas.
       symmetric: indices of operands that are heap arrays (iris_jax.zeros, to_heap, ...)
         reached on other ranks through `ctx`. Their block is the whole array: give no
         BlockSpec for them (None in `in_specs`).
+      input_output_aliases: as for Pallas (indices count the operands, not the context).
       interpret: Pallas interpret mode; default: on the simulator (CPU devices), off on GPUs.
-      num_warps, num_stages: Triton compiler parameters (GPUs).
+      num_warps: Triton's compiler parameter (GPUs).
+      num_stages: Triton's compiler parameter (GPUs).
+      name: as for Pallas.
+      debug: as for Pallas.
 
     Returns:
       A function of the operands that returns the outputs; call it inside jax.jit
