@@ -118,6 +118,12 @@ class FusedSettings:
 
 
 def settings() -> FusedSettings:
+    """The fused ops' launch settings on the current runtime (grid, programs per role, poll
+    period, GEMM tiles).
+
+    Returns:
+      The runtime's `FusedSettings` (created on first use).
+    """
     return runtime_lib.runtime().service("fused_ops", FusedSettings)
 
 

@@ -98,3 +98,66 @@ def test_the_collector_finds_the_blocks():
         page.write_text("a\n```python\nx = 1\n```\n<!-- docs-test: skip needs GPUs -->\n```python\ny\n```\n"
                         "```bash\nls\n```\n")
         assert code_blocks(page) == [(2, "x = 1\n", None), (6, "y\n", "needs GPUs")]
+
+
+# -- docstrings ---------------------------------------------------------------------------------
+def _docstring(obj) -> str | None:
+    """The docstring of a function, Triton kernel, method wrapper, property or class."""
+    for attribute in ("fn", "__func__", "fget"):  # Triton's JITFunction / interpreter, static and class methods
+        inner = getattr(obj, attribute, None)
+        if inner is not None and inner is not obj and callable(inner):
+            return _docstring(inner)
+    doc = getattr(obj, "__doc__", None)
+    return None if isinstance(obj, type) and doc in (object.__doc__, type.__doc__) else doc
+
+
+def _members(cls):
+    """The public methods and properties a class defines itself (for a Triton aggregate, not the
+    `type` property Triton adds)."""
+    for name, member in vars(cls).items():
+        if name.startswith("_") or (name == "type" and getattr(cls, "__triton_aggregate__", False)):
+            continue
+        if callable(member) or isinstance(member, (staticmethod, classmethod, property)):
+            yield name, member
+
+
+def _public_names():
+    """(qualified name, object) of every public function, class and method of iris_jax and of the
+    device API (their __all__; a module listed there contributes its own __all__, or the functions
+    and classes it defines)."""
+    import types
+
+    import iris_core.device
+    import iris_jax
+
+    seen, found = set(), []
+
+    def visit(prefix, module, names):
+        for name in names:
+            obj = getattr(module, name)
+            if isinstance(obj, types.ModuleType):
+                inner = getattr(obj, "__all__", None) or [
+                    n for n, v in vars(obj).items()
+                    if not n.startswith("_") and getattr(v, "__module__", None) == obj.__name__]
+                visit(f"{prefix}.{name}", obj, inner)
+            elif (callable(obj) or isinstance(obj, type)) and id(obj) not in seen:
+                seen.add(id(obj))
+                found.append((f"{prefix}.{name}", obj))
+                if isinstance(obj, type):
+                    found.extend((f"{prefix}.{name}.{n}", m) for n, m in _members(obj))
+
+    visit("iris_jax", iris_jax, iris_jax.__all__)
+    visit("iris_core.device", iris_core.device, iris_core.device.__all__)
+    return found
+
+
+def test_every_public_name_has_a_docstring():
+    """Every public function, class and method of iris_jax and of the device API has a docstring
+    whose first line is its summary (Google style: Args / Returns / Raises follow where they apply;
+    mkdocs build --strict checks that they parse)."""
+    names = _public_names()
+    assert len(names) > 100, len(names)  # (151 on 2026-12-03)
+    missing = [name for name, obj in names if not (_docstring(obj) or "").strip()]
+    assert not missing, f"add a docstring to: {missing}"
+    no_summary = [name for name, obj in names if not _docstring(obj).split("\n")[0].strip()]
+    assert not no_summary, f"start these docstrings with a summary line (after the quotes): {no_summary}"

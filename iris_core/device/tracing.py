@@ -159,6 +159,18 @@ def _record_end(words, rank, heap_bases, handle):
 
 @aggregate
 class DeviceTracing:
+    """The device side of event tracing (`ctx.tracing`): records events into the trace area.
+
+    Built by `Context.initialize`; with `enabled` false (a constexpr) every method compiles to
+    nothing. The host side is `iris_jax.tracing`.
+
+    Attributes:
+      enabled: whether the kernel records (a constexpr).
+      words: uint64 pointer to the context's tracing words.
+      rank: this device's rank.
+      heap_bases: pointer to the W heap bases.
+    """
+
     enabled: tl.constexpr
     words: tl.tensor  # uint64 pointer to the context's tracing words
     rank: tl.tensor

@@ -12,6 +12,15 @@ from iris_core.compat import aggregate
 
 @aggregate
 class TileView:
+    """The position of a BLOCK_M x BLOCK_N tile in a matrix.
+
+    Attributes:
+      pid_m: the tile's row index (in tiles).
+      pid_n: the tile's column index (in tiles).
+      block_m: rows per tile (a constexpr).
+      block_n: columns per tile (a constexpr).
+    """
+
     pid_m: tl.tensor
     pid_n: tl.tensor
     block_m: tl.constexpr
@@ -27,6 +36,16 @@ class TileView:
 
 @aggregate
 class Tile:
+    """A tile's position (as `TileView`) and its data.
+
+    Attributes:
+      pid_m: the tile's row index (in tiles).
+      pid_n: the tile's column index (in tiles).
+      block_m: rows per tile (a constexpr).
+      block_n: columns per tile (a constexpr).
+      data: the block_m x block_n values.
+    """
+
     pid_m: tl.tensor
     pid_n: tl.tensor
     block_m: tl.constexpr
@@ -51,6 +70,16 @@ def _field(value):
 
 @aggregate
 class TensorView:
+    """A 2-D matrix in memory (row-major or strided), which tiles index into.
+
+    Attributes:
+      ptr: pointer to element (0, 0).
+      M: rows.
+      N: columns.
+      stride_m: elements between two rows.
+      stride_n: elements between two columns.
+    """
+
     ptr: tl.tensor
     M: tl.tensor | tl.constexpr
     N: tl.tensor | tl.constexpr

@@ -99,10 +99,13 @@ class Runtime:
     # -- ranks and contexts ------------------------------------------------------
     @property
     def mode(self) -> str:
+        """The execution model's name: "gpu-single-process", "gpu-multi-process", "sim-workers"
+        or "sim-launched"."""
         return self.backend.mode
 
     @property
     def devices(self) -> list[jax.Device]:
+        """The JAX devices of this process that own a heap, in rank order."""
         return list(self._device_ranks)
 
     def domain_of(self, rank: int) -> int:
@@ -125,6 +128,17 @@ class Runtime:
                 "iris inside domains with XLA across them), or jax.lax")
 
     def rank_of(self, device: jax.Device) -> int:
+        """The rank of `device`.
+
+        Args:
+          device: a JAX device of the runtime (of any process).
+
+        Returns:
+          Its rank.
+
+        Raises:
+          RankMismatchError: the device has no iris heap.
+        """
         try:
             return self._rank_of[device.id]
         except KeyError:
@@ -215,6 +229,8 @@ class Runtime:
                 self._calls.wait_for(lambda: not self._running, timeout=10)
 
     def close(self) -> None:
+        """Waits for the calls in flight, then releases the services, the tracer and the heaps
+        (`iris_jax.shutdown()` calls it)."""
         with self._calls:
             self.closed = True
         self._wait_for_calls()
@@ -319,11 +335,16 @@ def init(heap_size: int | None = None, devices: Sequence[jax.Device] | None = No
 
 
 def runtime() -> Runtime:
-    """The current runtime, created with default settings on first use."""
+    """The current runtime, created with default settings on first use.
+
+    Returns:
+      The `Runtime` (`init()`'s, or a new one over every local device).
+    """
     return _runtime if _runtime is not None else init()
 
 
 def is_initialized() -> bool:
+    """Whether a runtime exists (`init()` ran, or a call created one, and no `shutdown()` since)."""
     return _runtime is not None
 
 

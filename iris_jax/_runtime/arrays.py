@@ -68,59 +68,237 @@ def _wrap(rt, rank, owner, shape, dtype, device, value):
 
 # -- constructors ------------------------------------------------------------------------
 def empty(shape, dtype=jnp.float32, *, sharding: Sharding | None = None, device=None) -> jax.Array:
-    """An uninitialized heap array (contents are whatever the heap held)."""
+    """An uninitialized heap array (contents are whatever the heap held).
+
+    Args:
+      shape: the global shape.
+      dtype: the element type (default float32).
+      sharding: how the array is laid out over the runtime's devices (each shard on its
+        device's heap); default: `device`'s, or the first device of the runtime.
+      device: one device, instead of `sharding`.
+
+    Returns:
+      A `jax.Array` whose every shard lies at one common offset of its device's heap.
+
+    Raises:
+      ValueError: both `sharding` and `device` were given.
+      HeapExhaustedError: the heap has no room for it.
+    """
     return _place(None, shape, dtype, _sharding_for(sharding, device))
 
 
 def full(shape, fill_value, dtype=None, *, sharding: Sharding | None = None, device=None) -> jax.Array:
+    """A heap array filled with `fill_value` (like `jnp.full`).
+
+    Args:
+      shape: the global shape.
+      fill_value: the value of every element.
+      dtype: the element type (default: `fill_value`'s).
+      sharding: how the array is laid out over the runtime's devices (each shard on its
+        device's heap); default: `device`'s, or the first device of the runtime.
+      device: one device, instead of `sharding`.
+
+    Returns:
+      A `jax.Array` whose every shard lies at one common offset of its device's heap.
+
+    Raises:
+      ValueError: both `sharding` and `device` were given.
+      HeapExhaustedError: the heap has no room for it.
+    """
     dtype = dtype or jnp.result_type(fill_value)
     s = _sharding_for(sharding, device)
     return _place(jnp.full(shape, fill_value, dtype, device=s), shape, dtype, s)
 
 
 def zeros(shape, dtype=jnp.float32, *, sharding=None, device=None) -> jax.Array:
+    """A heap array of zeros (like `jnp.zeros`).
+
+    Args:
+      shape: the global shape.
+      dtype: the element type (default float32).
+      sharding: how the array is laid out over the runtime's devices (each shard on its
+        device's heap); default: `device`'s, or the first device of the runtime.
+      device: one device, instead of `sharding`.
+
+    Returns:
+      A `jax.Array` whose every shard lies at one common offset of its device's heap.
+
+    Raises:
+      ValueError: both `sharding` and `device` were given.
+      HeapExhaustedError: the heap has no room for it.
+    """
     return full(shape, 0, dtype, sharding=sharding, device=device)
 
 
 def ones(shape, dtype=jnp.float32, *, sharding=None, device=None) -> jax.Array:
+    """A heap array of ones (like `jnp.ones`).
+
+    Args:
+      shape: the global shape.
+      dtype: the element type (default float32).
+      sharding: how the array is laid out over the runtime's devices (each shard on its
+        device's heap); default: `device`'s, or the first device of the runtime.
+      device: one device, instead of `sharding`.
+
+    Returns:
+      A `jax.Array` whose every shard lies at one common offset of its device's heap.
+
+    Raises:
+      ValueError: both `sharding` and `device` were given.
+      HeapExhaustedError: the heap has no room for it.
+    """
     return full(shape, 1, dtype, sharding=sharding, device=device)
 
 
 def arange(start, stop=None, step=1, dtype=None, *, sharding=None, device=None) -> jax.Array:
+    """Evenly spaced values on the heap (like `jnp.arange`).
+
+    Args:
+      start: the first value (the end, when `stop` is None).
+      stop: the end (excluded).
+      step: the spacing.
+      dtype: the element type (default: inferred, as by `jnp.arange`).
+      sharding: how the array is laid out over the runtime's devices (each shard on its
+        device's heap); default: `device`'s, or the first device of the runtime.
+      device: one device, instead of `sharding`.
+
+    Returns:
+      A `jax.Array` whose every shard lies at one common offset of its device's heap.
+
+    Raises:
+      ValueError: both `sharding` and `device` were given.
+      HeapExhaustedError: the heap has no room for it.
+    """
     s = _sharding_for(sharding, device)
     return to_heap(_computed_alike(jnp.arange(start, stop, step, dtype=dtype), s), sharding=s)
 
 
 def rand(key, shape, dtype=jnp.float32, *, sharding=None, device=None) -> jax.Array:
-    """Uniform [0, 1) samples from `key`, on the heap."""
+    """Uniform [0, 1) samples from `key`, on the heap.
+
+    Args:
+      key: a `jax.random` key.
+      shape: the global shape.
+      dtype: the element type (default float32).
+      sharding: how the array is laid out over the runtime's devices (each shard on its
+        device's heap); default: `device`'s, or the first device of the runtime.
+      device: one device, instead of `sharding`.
+
+    Returns:
+      A `jax.Array` whose every shard lies at one common offset of its device's heap.
+
+    Raises:
+      ValueError: both `sharding` and `device` were given.
+      HeapExhaustedError: the heap has no room for it.
+    """
     s = _sharding_for(sharding, device)
     return to_heap(_computed_alike(jax.random.uniform(key, shape, dtype), s), sharding=s)
 
 
 def randn(key, shape, dtype=jnp.float32, *, sharding=None, device=None) -> jax.Array:
-    """Standard normal samples from `key`, on the heap."""
+    """Standard normal samples from `key`, on the heap.
+
+    Args:
+      key: a `jax.random` key.
+      shape: the global shape.
+      dtype: the element type (default float32).
+      sharding: how the array is laid out over the runtime's devices (each shard on its
+        device's heap); default: `device`'s, or the first device of the runtime.
+      device: one device, instead of `sharding`.
+
+    Returns:
+      A `jax.Array` whose every shard lies at one common offset of its device's heap.
+
+    Raises:
+      ValueError: both `sharding` and `device` were given.
+      HeapExhaustedError: the heap has no room for it.
+    """
     s = _sharding_for(sharding, device)
     return to_heap(_computed_alike(jax.random.normal(key, shape, dtype), s), sharding=s)
 
 
 def empty_like(x, dtype=None, *, sharding=None) -> jax.Array:
+    """An uninitialized heap array like `x`.
+
+    Args:
+      x: the array whose shape, dtype and sharding the result takes.
+      dtype: the result's dtype (default: `x`'s).
+      sharding: the result's sharding (default: `x`'s).
+
+    Returns:
+      A `jax.Array` on the heap.
+
+    Raises:
+      HeapExhaustedError: the heap has no room for it.
+    """
     return empty(x.shape, dtype or x.dtype, sharding=sharding or x.sharding)
 
 
 def zeros_like(x, dtype=None, *, sharding=None) -> jax.Array:
+    """A heap array of zeros like `x`.
+
+    Args:
+      x: the array whose shape, dtype and sharding the result takes.
+      dtype: the result's dtype (default: `x`'s).
+      sharding: the result's sharding (default: `x`'s).
+
+    Returns:
+      A `jax.Array` on the heap.
+
+    Raises:
+      HeapExhaustedError: the heap has no room for it.
+    """
     return zeros(x.shape, dtype or x.dtype, sharding=sharding or x.sharding)
 
 
 def ones_like(x, dtype=None, *, sharding=None) -> jax.Array:
+    """A heap array of ones like `x`.
+
+    Args:
+      x: the array whose shape, dtype and sharding the result takes.
+      dtype: the result's dtype (default: `x`'s).
+      sharding: the result's sharding (default: `x`'s).
+
+    Returns:
+      A `jax.Array` on the heap.
+
+    Raises:
+      HeapExhaustedError: the heap has no room for it.
+    """
     return ones(x.shape, dtype or x.dtype, sharding=sharding or x.sharding)
 
 
 def full_like(x, fill_value, dtype=None, *, sharding=None) -> jax.Array:
+    """A heap array like `x` filled with `fill_value`.
+
+    Args:
+      x: the array whose shape, dtype and sharding the result takes.
+      fill_value: the value of every element.
+      dtype: the result's dtype (default: `x`'s).
+      sharding: the result's sharding (default: `x`'s).
+
+    Returns:
+      A `jax.Array` on the heap.
+
+    Raises:
+      HeapExhaustedError: the heap has no room for it.
+    """
     return full(x.shape, fill_value, dtype or x.dtype, sharding=sharding or x.sharding)
 
 
 def to_heap(x, *, sharding: Sharding | None = None) -> jax.Array:
-    """A copy of `x` on the heap, with `x`'s sharding (or `sharding`)."""
+    """A copy of `x` on the heap, with `x`'s sharding (or `sharding`).
+
+    Args:
+      x: an array (or anything `jnp.asarray` takes).
+      sharding: the copy's sharding (default: `x`'s).
+
+    Returns:
+      A `jax.Array` on the heap with `x`'s values.
+
+    Raises:
+      HeapExhaustedError: the heap has no room for it.
+    """
     x = jnp.asarray(x)
     sharding = sharding or x.sharding
     x = jax.device_put(x, sharding)
@@ -129,7 +307,14 @@ def to_heap(x, *, sharding: Sharding | None = None) -> jax.Array:
 
 # -- queries ------------------------------------------------------------------------------
 def heap_offset(x: jax.Array) -> int | None:
-    """The common heap offset of every shard of `x`, or None if `x` is not symmetric."""
+    """The common heap offset of every shard of `x`, or None if `x` is not symmetric.
+
+    Args:
+      x: any value.
+
+    Returns:
+      The byte offset into every rank's heap, or None (not a heap array, or no runtime).
+    """
     if not runtime_lib.is_initialized() or not isinstance(x, jax.Array):
         return None
     rt = runtime_lib.runtime()
@@ -149,7 +334,14 @@ def heap_offset(x: jax.Array) -> int | None:
 
 
 def is_symmetric(x) -> bool:
-    """True when every shard of `x` lies on its device's heap at one common offset."""
+    """True when every shard of `x` lies on its device's heap at one common offset.
+
+    Args:
+      x: any value.
+
+    Returns:
+      Whether a kernel may reach `x` on other ranks (a `symmetric=` operand).
+    """
     return heap_offset(x) is not None
 
 

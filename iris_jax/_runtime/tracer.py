@@ -17,21 +17,36 @@ class RuntimeTracer(Tracer):
         self._rt = rt
 
     def enable(self, max_events: int = DEFAULT_MAX_EVENTS) -> None:
+        """Starts tracing (see iris_jax.tracing.enable) and clears JAX's caches.
+
+        Args:
+          max_events: room for this many events per rank (more are counted, not written).
+        """
         self._sync()
         super().enable(max_events)
         jax.clear_caches()
 
     def disable(self) -> None:
+        """Stops tracing for functions compiled from now on (clears JAX's caches)."""
         self._sync()
         if self.enabled:
             super().disable()
             jax.clear_caches()
 
     def reset(self) -> None:
+        """Clears the recorded events once this process's device work is done."""
         self._sync()
         super().reset()
 
     def read(self, ranks=None) -> list[RankTrace]:
+        """Each rank's recorded events, once this process's device work is done.
+
+        Args:
+          ranks: the ranks to read (default: every rank).
+
+        Returns:
+          One `RankTrace` per rank.
+        """
         self._sync()
         return super().read(ranks)
 
