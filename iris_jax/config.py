@@ -5,7 +5,7 @@
     step = iris_jax.replace_lax_collectives(train_step, config=cfg)
     with iris_jax.use_config(cfg): ...     # the default of calls traced inside
 
-The defaults come from the environment variables of the README's settings table, read once
+The defaults come from the environment variables of docs/settings.md, read once
 (`default_config()`); a config is hashable and travels as a parameter of the traced
 collective, so jit retraces for a new config and never runs a stale one. Changing an
 environment variable after the first call has no effect: pass a config instead.
@@ -99,12 +99,32 @@ class CollectiveConfig:
             raise ValueError(f"fused_poll_ns must be in [0, 1000000] ns, got {self.fused_poll_ns}")
 
     def replace(self, **changes) -> CollectiveConfig:
-        """A copy with `changes` (validated like the constructor)."""
+        """A copy with `changes` (validated like the constructor).
+
+        Args:
+          **changes: fields and their new values.
+
+        Returns:
+          The new config.
+
+        Raises:
+          ValueError: a value is out of its range.
+        """
         return dataclasses.replace(self, **changes)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> CollectiveConfig:
-        """The config that the IRIS_COLLECTIVE_* variables describe (defaults elsewhere)."""
+        """The config that the IRIS_COLLECTIVE_* variables describe (defaults elsewhere).
+
+        Args:
+          environ: the variables (default: `os.environ`).
+
+        Returns:
+          The config.
+
+        Raises:
+          ValueError: a variable does not parse (the message names it and what it expects).
+        """
         environ = os.environ if environ is None else environ
         values = {}
         for field, (variable, parse, expected) in _ENVIRONMENT.items():
@@ -149,14 +169,28 @@ def _from_environment() -> CollectiveConfig:
 
 
 def default_config() -> CollectiveConfig:
-    """The config of calls that pass none: `use_config`'s inside it, else the environment's
-    as it was at the first collective."""
+    """The config of calls that pass none.
+
+    Returns:
+      `use_config`'s inside its block, else the environment's as it was at the first
+      collective (`CollectiveConfig.from_env`).
+    """
     return _scoped.value or _from_environment()
 
 
 @contextlib.contextmanager
 def use_config(config: CollectiveConfig) -> Iterator[CollectiveConfig]:
-    """Collectives that pass no config use `config` inside the block (jit retraces for it)."""
+    """Collectives that pass no config use `config` inside the block (jit retraces for it).
+
+    Args:
+      config: the default of the calls traced inside the block.
+
+    Yields:
+      `config`.
+
+    Raises:
+      TypeError: `config` is not a CollectiveConfig.
+    """
     if not isinstance(config, CollectiveConfig):
         raise TypeError(f"use_config takes a CollectiveConfig, not {type(config).__name__}")
     with _scoped(config):

@@ -217,7 +217,19 @@ def _common(a, fs):
 
 # -- plain GEMM -------------------------------------------------------------------------------
 def matmul(a, b):
-    """a @ b with the persistent GEMM core (float32 accumulation, result in a's dtype)."""
+    """`a @ b` with the persistent GEMM core (float32 accumulation, result in a's dtype).
+
+    Args:
+      a: [M, K], float32, bfloat16 or float16.
+      b: [K, N], of `a`'s dtype.
+
+    Returns:
+      The [M, N] product.
+
+    Raises:
+      ValueError: the operands are not matrices with matching K.
+      TypeError: their dtypes differ or are not supported.
+    """
     _check(a, b, "matmul")
     M, K = a.shape
     N = b.shape[1]
@@ -283,10 +295,27 @@ def _mar_fwd_impl(a, b, axes, impl, config):
 
 def matmul_all_reduce(a, b, axis_name, *, impl: str = "auto", timeout_s: float | None = None,
                       config: CollectiveConfig | None = None):
-    """`lax.psum(a @ b, axis_name)` in one kernel (row-parallel linear layer: each rank holds
-    a column block of the activations `a` [M, K_local] and a row block of the weight `b`
-    [K_local, N]); the result [M, N] is the same on every member. `config`: the timeout and
-    the fused_* launch settings (iris_jax.CollectiveConfig; default: default_config())."""
+    """`lax.psum(a @ b, axis_name)` in one kernel, inside `shard_map`.
+
+    A row-parallel linear layer: each rank holds a column block of the activations and a row
+    block of the weight; the result is the same on every member.
+
+    Args:
+      a: [M, K_local], float32, bfloat16 or float16.
+      b: [K_local, N], of `a`'s dtype.
+      axis_name: the mesh axis (or tuple of axes) to reduce over.
+      impl: "fused" (the iris kernel), "xla" (`jnp.dot` + `lax.psum`) or "auto" (see the
+        module docstring).
+      timeout_s: how long to wait for a peer (default: the config's).
+      config: the timeout and the fused_* launch settings (default: `default_config()`).
+
+    Returns:
+      The [M, N] sum, in `a`'s dtype.
+
+    Raises:
+      ValueError: unsupported shapes or `impl`.
+      TypeError: the dtypes differ or are not supported.
+    """
     axes = _axes(axis_name)
     config = _config(config, timeout_s)
     _check(a, b, "matmul_all_reduce")
@@ -327,9 +356,26 @@ def _mrs_fwd_impl(a, b, axes, scatter_dimension, impl, config):
 
 def matmul_reduce_scatter(a, b, axis_name, scatter_dimension: int = 0, *, impl: str = "auto",
                           timeout_s: float | None = None, config: CollectiveConfig | None = None):
-    """`lax.psum_scatter(a @ b, axis_name, scatter_dimension=..., tiled=True)` in one kernel:
-    member i keeps block i (rows if scatter_dimension == 0, columns if 1) of the sum.
-    `config` as matmul_all_reduce's."""
+    """`lax.psum_scatter(a @ b, axis_name, scatter_dimension=..., tiled=True)` in one kernel.
+
+    Member i keeps block i (rows if scatter_dimension == 0, columns if 1) of the sum.
+
+    Args:
+      a: [M, K_local], float32, bfloat16 or float16.
+      b: [K_local, N], of `a`'s dtype.
+      axis_name: the mesh axis (or tuple of axes) to reduce over.
+      scatter_dimension: 0 (rows) or 1 (columns) of the product; its size divides by the group's.
+      impl: "fused", "xla" or "auto" (as `matmul_all_reduce`'s).
+      timeout_s: how long to wait for a peer (default: the config's).
+      config: as `matmul_all_reduce`'s.
+
+    Returns:
+      This member's block of the sum, in `a`'s dtype.
+
+    Raises:
+      ValueError: unsupported shapes or `impl`, or a dimension the group does not divide.
+      TypeError: the dtypes differ or are not supported.
+    """
     axes = _axes(axis_name)
     config = _config(config, timeout_s)
     _check(a, b, "matmul_reduce_scatter")
@@ -410,11 +456,28 @@ def _agm_fwd_impl(a, b, axes, gather_axis, impl, config):
 
 def all_gather_matmul(a, b, axis_name, gather_axis: int = 0, *, impl: str = "auto",
                       timeout_s: float | None = None, config: CollectiveConfig | None = None):
-    """`lax.all_gather(a, axis_name, axis=gather_axis, tiled=True) @ b` (column-parallel
-    linear layer: `a` [M_local, K] sharded by rows, `b` [K, N_local] this rank's columns);
-    with gather_axis=0 the gather is fused into the GEMM. gather_axis=1 (a's columns, the
-    contraction dimension) runs unfused: iris all_gather, then the GEMM. `config` as
-    matmul_all_reduce's."""
+    """`lax.all_gather(a, axis_name, axis=gather_axis, tiled=True) @ b` in one kernel.
+
+    A column-parallel linear layer: `a` sharded by rows, `b` this rank's columns. With
+    gather_axis=0 the gather is fused into the GEMM; gather_axis=1 (a's columns, the
+    contraction dimension) runs unfused: iris all_gather, then the GEMM.
+
+    Args:
+      a: [M_local, K] (gather_axis=0) or [M, K_local] (gather_axis=1).
+      b: [K, N_local], of `a`'s dtype.
+      axis_name: the mesh axis (or tuple of axes) to gather over.
+      gather_axis: 0 (rows of `a`) or 1 (its columns).
+      impl: "fused", "xla" or "auto" (as `matmul_all_reduce`'s).
+      timeout_s: how long to wait for a peer (default: the config's).
+      config: as `matmul_all_reduce`'s.
+
+    Returns:
+      The [M, N_local] product, in `a`'s dtype.
+
+    Raises:
+      ValueError: unsupported shapes or `impl`.
+      TypeError: the dtypes differ or are not supported.
+    """
     axes = _axes(axis_name)
     config = _config(config, timeout_s)
     G = group_size(axes)

@@ -32,11 +32,17 @@ def device_barrier(*arrays, timeout_s: float = flag_protocol.DEFAULT_TIMEOUT_S):
     simulator (its kernel calls are chained in program order) and, on GPUs, in the stream's
     program order; XLA itself does not promise that order for independent operations, so
     to be certain, pass `status` into the later kernel as an (unused) argument.
-    Returns (status, *arrays): status is -1. A rank that does not arrive within `timeout_s`
-    (or that gave up on an earlier barrier) fails the program: reading its results raises
-    PeerTimeoutError (PeerFailedError) naming that rank, and the group's later barriers fail
-    at once until `shutdown()` and `init()`. With `fault_gate="off"` on GPUs the program
-    completes instead and status holds the missing rank (`check_barrier` raises it).
+
+    Args:
+      *arrays: arrays whose producers the barrier waits for.
+      timeout_s: how long to wait for a rank before giving up.
+
+    Returns:
+      `(status, *arrays)`: status is an int32 array holding -1. A rank that does not arrive
+      within `timeout_s` (or that gave up on an earlier barrier) fails the program: reading its
+      results raises PeerTimeoutError (PeerFailedError) naming that rank, and the group's later
+      barriers fail at once until `shutdown()` and `init()`. With `fault_gate="off"` on GPUs the
+      program completes instead and status holds the missing rank (`check_barrier` raises it).
 
     Raises:
       CrossDomainError: the ranks span several domains (the kernel signals every rank's heap).
@@ -54,7 +60,14 @@ def device_barrier(*arrays, timeout_s: float = flag_protocol.DEFAULT_TIMEOUT_S):
 
 
 def check_barrier(status) -> None:
-    """Raises PeerTimeoutError if a device barrier's status names a missing rank."""
+    """Raises PeerTimeoutError if a device barrier's status names a missing rank.
+
+    Args:
+      status: the first result of `device_barrier`.
+
+    Raises:
+      PeerTimeoutError: a rank did not arrive (the message names it).
+    """
     values = np.asarray(status).reshape(-1)
     missing = sorted({int(v) for v in values if v >= 0})
     if missing:
@@ -62,9 +75,15 @@ def check_barrier(status) -> None:
 
 
 def barrier() -> None:
-    """Host barrier: waits for this process's device work, then for every process; then
-    raises the faults (check_faults) and refused accesses (check_heap_errors) of this
-    process's kernels."""
+    """Host barrier: waits for this process's device work, then for every process.
+
+    Then raises the faults (`check_faults`) and refused accesses (`check_heap_errors`) of this
+    process's kernels.
+
+    Raises:
+      PeerTimeoutError, PeerFailedError, RankMismatchError: a kernel of this process gave up.
+      NotOnHeapError: a kernel of this process accessed memory outside a heap.
+    """
     rt = runtime_lib.runtime()
     try:
         rt.backend.wait_for_devices(rt.devices)
@@ -78,18 +97,36 @@ def barrier() -> None:
 
 
 def check_faults() -> None:
-    """Raises the oldest fault an iris kernel of this process recorded since the last check
-    (PeerTimeoutError, PeerFailedError or RankMismatchError, naming the op, the ranks, the
-    group and the flag epoch; the others follow in its message). Does not wait for the
-    devices: see block_until_ready and barrier (iris_jax._runtime.faults)."""
+    """Raises the oldest fault an iris kernel of this process recorded since the last check.
+
+    Does not wait for the devices: see `block_until_ready` and `barrier`
+    (iris_jax._runtime.faults).
+
+    Raises:
+      PeerTimeoutError, PeerFailedError, RankMismatchError: naming the op, the ranks, the group
+        and the flag epoch; the other faults recorded follow in its message.
+    """
     if runtime_lib.is_initialized():
         runtime_lib.runtime().raise_faults()
 
 
 def block_until_ready(x):
-    """jax.block_until_ready(x), then check_faults(): raises if an iris kernel of this
-    process gave up (the one that made `x`, or another), so that a result of a failed call is
-    not taken for a valid one."""
+    """`jax.block_until_ready(x)`, then `check_faults()`.
+
+    Use it instead of `jax.block_until_ready` where a result must be known valid: it raises if
+    an iris kernel of this process gave up (the one that made `x`, or another), so that a result
+    of a failed call is not taken for a valid one.
+
+    Args:
+      x: an array or a pytree of arrays.
+
+    Returns:
+      `x`, once it is computed.
+
+    Raises:
+      PeerTimeoutError, PeerFailedError, RankMismatchError: a kernel of this process gave up
+        (chained to JAX's error where the computation itself failed).
+    """
     try:
         out = jax.block_until_ready(x)
     except Exception as e:
@@ -114,11 +151,16 @@ def guarded_call(fn, *args, **kwargs):
 
 
 def check_heap_errors() -> None:
-    """Raises NotOnHeapError if an iris kernel on one of this process's ranks refused an
-    access since the last check: a pointer outside the caller's heap or a rank outside
-    the world, masked off by the heap guard (nothing was accessed). Waits for the devices'
-    work first; clears the reports. On GPUs the guard reports here, after the call (the
-    simulator raises at once, in the call)."""
+    """Raises NotOnHeapError if an iris kernel of this process refused an access since the last check.
+
+    A refused access is a pointer outside the caller's heap or a rank outside the world,
+    masked off by the heap guard (nothing was accessed). Waits for the devices' work first;
+    clears the reports. On GPUs the guard reports here, after the call (the simulator raises
+    at once, in the call).
+
+    Raises:
+      NotOnHeapError: naming the op, the ranks and the offset (one error for several).
+    """
     rt = runtime_lib.runtime()
     rt.backend.wait_for_dispatch()  # take_errors then waits for the launched kernels
     rt.raise_faults()

@@ -40,10 +40,14 @@ def _tracer() -> RuntimeTracer:
 
 
 def enable(max_events: int = DEFAULT_MAX_EVENTS) -> None:
-    """Starts tracing, with room for `max_events` events per rank (more are counted, not
-    written). Functions compiled from now on record; see the module docstring. It
-    allocates on the symmetric heap: with several processes, every one calls it at the
-    same point of its sequence of heap allocations (as for heap arrays)."""
+    """Starts tracing: functions compiled from now on record (see the module docstring).
+
+    It allocates on the symmetric heap: with several processes, every one calls it at the
+    same point of its sequence of heap allocations (as for heap arrays).
+
+    Args:
+      max_events: room for this many events per rank (more are counted, not written).
+    """
     _tracer().enable(max_events)
 
 
@@ -63,16 +67,42 @@ def is_enabled() -> bool:
 
 
 def read(ranks=None) -> list[RankTrace]:
-    """Each rank's recorded events (structured arrays) and counters."""
+    """Each rank's recorded events (structured arrays) and counters.
+
+    Args:
+      ranks: the ranks to read (default: every rank).
+
+    Returns:
+      One `RankTrace` per rank.
+    """
     return _tracer().read(ranks)
 
 
 def export(path: str, merge: bool = True, **options) -> list[str]:
-    """Writes Chrome/Perfetto trace-event JSON (see Tracer.export); returns the paths."""
+    """Writes Chrome/Perfetto trace-event JSON (open it in ui.perfetto.dev).
+
+    Args:
+      path: the file to write.
+      merge: one file with every rank (one process per rank); False: one file per rank,
+        `path` with `.rank<r>` before its extension.
+      **options: for `chrome_trace` (names, track, align: ranks are aligned on their first
+        barrier by default).
+
+    Returns:
+      The paths written.
+    """
     return _tracer().export(path, merge=merge, **options)
 
 
 def plot(path_or_events, out_png: str, **options) -> str:
-    """Draws a timeline PNG (ranks x SMs, colored event spans) from a trace-event JSON
-    file, a trace-event dict or the list returned by read(). Needs matplotlib."""
+    """Draws a timeline PNG (ranks x SMs, colored event spans). Needs matplotlib.
+
+    Args:
+      path_or_events: a trace-event JSON file, a trace-event dict or the list `read()` returns.
+      out_png: the file to write.
+      **options: for `iris_core.tracing.plot`.
+
+    Returns:
+      `out_png`.
+    """
     return _plot(path_or_events, out_png, **options)

@@ -2,6 +2,6 @@
 
 kernels.py is the kernel (`collective_kernel`); kinds.py names what a launch asks for (kind,
 op, all-reduce algorithm) and algorithms.py what each algorithm runs; the other modules are its
-parts (see the README's Layout). The package imports nothing itself, so that host code can read
-kinds.py, algorithms.py and the layouts without building the kernels.
+parts (see the tree in docs/architecture.md). The package imports nothing itself, so that host
+code can read kinds.py, algorithms.py and the layouts without building the kernels.
 """

@@ -100,7 +100,7 @@ class Context:
 
         Args:
           ptr: pointer (or block of pointers) into `from_rank`'s heap.
-          from_rank: the rank whose heap `ptr` points into (usually `self.rank`).
+          from_rank: the rank whose heap `ptr` points into (usually my own rank).
           to_rank: the rank whose heap the result points into.
           hint: an int, or one int per dimension: the result is contiguous and aligned in runs of
             that many elements, so accesses through it stay vectorized (None: no claim).

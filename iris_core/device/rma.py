@@ -206,10 +206,18 @@ def _redirected(ptr, from_rank, to_rank, heap_bases, mask, hint: tl.constexpr, O
 def translate(ptr, from_rank, to_rank, heap_bases, hint: tl.constexpr = None, mask=None):
     """`ptr` (valid in `from_rank`'s heap) as an address in `to_rank`'s heap.
 
-    `hint` (int or tuple) declares the result contiguous and aligned in blocks of that
-    many elements, so loads and stores through it vectorize. With the guard on, lanes (in
-    `mask`) whose pointer is outside from_rank's heap, or all when a rank is out of range,
-    are reported and point to to_rank's sink line instead (inside its heap).
+    Args:
+      ptr: pointer (or block of pointers) into `from_rank`'s heap.
+      from_rank: the rank whose heap `ptr` points into (usually my own rank).
+      to_rank: the rank whose heap the result points into.
+      heap_bases: pointer to the W 64-bit heap bases (`ctx.heap_bases`).
+      hint: an int, or one int per dimension: the result is contiguous and aligned in runs of
+        that many elements, so accesses through it stay vectorized (None: no claim).
+      mask: lanes to check with the heap guard (None: all).
+
+    Returns:
+      The translated pointer(s). With the heap guard on, lanes outside `from_rank`'s heap (or
+      all lanes, for a rank out of range) are reported and point to `to_rank`'s sink line.
     """
     return _redirected(ptr, from_rank, to_rank, heap_bases, mask, hint, OP_TRANSLATE, True)
 
@@ -265,14 +273,40 @@ def _atomic(ptr, val, to_rank, my_rank, heap_bases, mask, sem: tl.constexpr, sco
 @triton.jit
 def load(ptr, from_rank, my_rank, heap_bases, mask=None, other=None, cache_modifier: tl.constexpr = NO_MODIFIER,
          volatile: tl.constexpr = False, hint: tl.constexpr = None):
-    """Reads `from_rank`'s heap at the offset of my `ptr`."""
+    """Reads `from_rank`'s heap at the offset of my `ptr`.
+
+    Args:
+      ptr: pointer (or block of pointers) into a heap array of my heap.
+      from_rank: the rank to read from (may be my own).
+      my_rank: the calling rank (`ctx.rank`).
+      heap_bases: pointer to the W 64-bit heap bases (`ctx.heap_bases`).
+      mask: lanes that take part (None: all); masked-off lanes are neither accessed nor errors.
+      other: the value of masked-off lanes.
+      cache_modifier: Triton's load cache modifier ("": the default; ".cg" reads L2 only).
+      volatile: read memory every time (a value another rank changes).
+      hint: alignment of runs of `ptr` (see `translate`).
+
+    Returns:
+      The values, shaped like `ptr`.
+    """
     return _load(ptr, from_rank, my_rank, heap_bases, mask, other, cache_modifier, volatile, hint, OP_LOAD)
 
 
 @triton.jit
 def store(ptr, value, to_rank, my_rank, heap_bases, mask=None, cache_modifier: tl.constexpr = NO_MODIFIER,
           hint: tl.constexpr = None):
-    """Writes `value` into `to_rank`'s heap at the offset of my `ptr`."""
+    """Writes `value` into `to_rank`'s heap at the offset of my `ptr`.
+
+    Args:
+      ptr: pointer (or block of pointers) into a heap array of my heap.
+      value: what to store, shaped like `ptr` (or a scalar).
+      to_rank: the rank to write to (may be my own).
+      my_rank: the calling rank (`ctx.rank`).
+      heap_bases: pointer to the W 64-bit heap bases (`ctx.heap_bases`).
+      mask: lanes that take part (None: all); masked-off lanes are neither accessed nor errors.
+      cache_modifier: Triton's store cache modifier ("": the default).
+      hint: alignment of runs of `ptr` (see `translate`).
+    """
     _store(ptr, value, to_rank, my_rank, heap_bases, mask, cache_modifier, hint, OP_STORE)
 
 
@@ -280,7 +314,20 @@ def store(ptr, value, to_rank, my_rank, heap_bases, mask=None, cache_modifier: t
 def get(from_ptr, to_ptr, from_rank, my_rank, heap_bases, mask=None, other=None,
         load_cache_modifier: tl.constexpr = NO_MODIFIER, store_cache_modifier: tl.constexpr = NO_MODIFIER,
         hint: tl.constexpr = None):
-    """Copies `from_rank`'s data at `from_ptr` into my memory at `to_ptr`."""
+    """Copies `from_rank`'s data at `from_ptr` into my memory at `to_ptr`.
+
+    Args:
+      from_ptr: pointer(s) into a heap array, read on `from_rank`'s heap.
+      to_ptr: pointer(s) into my own memory (heap or not), written locally.
+      from_rank: the rank to read from.
+      my_rank: the calling rank (`ctx.rank`).
+      heap_bases: pointer to the W 64-bit heap bases (`ctx.heap_bases`).
+      mask: lanes that take part (None: all).
+      other: the value masked-off lanes read (they are not stored).
+      load_cache_modifier: Triton's cache modifier of the remote load.
+      store_cache_modifier: Triton's cache modifier of the local store.
+      hint: alignment of runs of `from_ptr` (see `translate`).
+    """
     value = _load(from_ptr, from_rank, my_rank, heap_bases, mask, other, load_cache_modifier, False, hint, OP_GET)
     tl.store(to_ptr, value, mask=mask, cache_modifier=store_cache_modifier)
 
@@ -289,7 +336,20 @@ def get(from_ptr, to_ptr, from_rank, my_rank, heap_bases, mask=None, other=None,
 def put(from_ptr, to_ptr, to_rank, my_rank, heap_bases, mask=None, other=None,
         load_cache_modifier: tl.constexpr = NO_MODIFIER, store_cache_modifier: tl.constexpr = NO_MODIFIER,
         hint: tl.constexpr = None):
-    """Copies my data at `from_ptr` into `to_rank`'s heap at the offset of `to_ptr`."""
+    """Copies my data at `from_ptr` into `to_rank`'s heap at the offset of `to_ptr`.
+
+    Args:
+      from_ptr: pointer(s) into my own memory (heap or not), read locally.
+      to_ptr: pointer(s) into a heap array, written on `to_rank`'s heap.
+      to_rank: the rank to write to.
+      my_rank: the calling rank (`ctx.rank`).
+      heap_bases: pointer to the W 64-bit heap bases (`ctx.heap_bases`).
+      mask: lanes that take part (None: all).
+      other: the value masked-off lanes read (they are not stored).
+      load_cache_modifier: Triton's cache modifier of the local load.
+      store_cache_modifier: Triton's cache modifier of the remote store.
+      hint: alignment of runs of `to_ptr` (see `translate`).
+    """
     value = tl.load(from_ptr, mask=mask, other=other, cache_modifier=load_cache_modifier)
     _store(to_ptr, value, to_rank, my_rank, heap_bases, mask, store_cache_modifier, hint, OP_PUT)
 
@@ -298,9 +358,22 @@ def put(from_ptr, to_ptr, to_rank, my_rank, heap_bases, mask=None, other=None,
 def copy(src_ptr, dst_ptr, from_rank, to_rank, my_rank, heap_bases, mask=None, other=None,
          load_cache_modifier: tl.constexpr = NO_MODIFIER, store_cache_modifier: tl.constexpr = NO_MODIFIER,
          hint: tl.constexpr = None):
-    """Copies `from_rank`'s data at `src_ptr` to `to_rank`'s heap at `dst_ptr`.
+    """Copies `from_rank`'s data at `src_ptr` into `to_rank`'s heap at `dst_ptr`.
 
     Both pointers are offsets in my heap; the caller should be one of the two ranks.
+
+    Args:
+      src_ptr: pointer(s) into a heap array, read on `from_rank`'s heap.
+      dst_ptr: pointer(s) into a heap array, written on `to_rank`'s heap.
+      from_rank: the rank to read from.
+      to_rank: the rank to write to.
+      my_rank: the calling rank (`ctx.rank`).
+      heap_bases: pointer to the W 64-bit heap bases (`ctx.heap_bases`).
+      mask: lanes that take part (None: all).
+      other: the value masked-off lanes read (they are not stored).
+      load_cache_modifier: Triton's cache modifier of the load.
+      store_cache_modifier: Triton's cache modifier of the store.
+      hint: alignment of runs of the pointers (see `translate`).
     """
     value = _load(src_ptr, from_rank, my_rank, heap_bases, mask, other, load_cache_modifier, False, hint, OP_COPY)
     _store(dst_ptr, value, to_rank, my_rank, heap_bases, mask, store_cache_modifier, hint, OP_COPY)
@@ -309,62 +382,198 @@ def copy(src_ptr, dst_ptr, from_rank, to_rank, my_rank, heap_bases, mask=None, o
 @triton.jit
 def atomic_add(ptr, val, to_rank, my_rank, heap_bases, mask=None, sem: tl.constexpr = ACQ_REL,
                scope: tl.constexpr = SYSTEM, hint: tl.constexpr = None):
-    """Atomically adds `val` at `to_rank`'s copy of `ptr`; returns the old value."""
+    """Atomically adds `val` at `to_rank`'s copy of `ptr`.
+
+    Args:
+      ptr: pointer (or block of pointers) into a heap array of my heap.
+      val: the operand, of `ptr`'s element type (a scalar or a block like `ptr`).
+      to_rank: the rank whose heap is updated (may be my own).
+      my_rank: the calling rank (`ctx.rank`).
+      heap_bases: pointer to the W 64-bit heap bases (`ctx.heap_bases`).
+      mask: lanes that take part (None: all); masked-off lanes are neither accessed nor errors.
+      sem: memory ordering: "relaxed", "acquire", "release" or "acq_rel" (the default).
+      scope: "sys" (the default: visible to other GPUs and the host), "gpu" or "cta".
+      hint: alignment of runs of `ptr` (see `translate`).
+
+    Returns:
+      The value at `to_rank`'s copy before the operation (undefined in masked-off lanes).
+    """
     return _atomic(ptr, val, to_rank, my_rank, heap_bases, mask, sem, scope, hint, OP_ATOMIC_ADD)
 
 
 @triton.jit
 def atomic_sub(ptr, val, to_rank, my_rank, heap_bases, mask=None, sem: tl.constexpr = ACQ_REL,
                scope: tl.constexpr = SYSTEM, hint: tl.constexpr = None):
-    """Atomically subtracts `val`; returns the old value."""
+    """Atomically subtracts `val` at `to_rank`'s copy of `ptr`.
+
+    Args:
+      ptr: pointer (or block of pointers) into a heap array of my heap.
+      val: the operand, of `ptr`'s element type (a scalar or a block like `ptr`).
+      to_rank: the rank whose heap is updated (may be my own).
+      my_rank: the calling rank (`ctx.rank`).
+      heap_bases: pointer to the W 64-bit heap bases (`ctx.heap_bases`).
+      mask: lanes that take part (None: all); masked-off lanes are neither accessed nor errors.
+      sem: memory ordering: "relaxed", "acquire", "release" or "acq_rel" (the default).
+      scope: "sys" (the default: visible to other GPUs and the host), "gpu" or "cta".
+      hint: alignment of runs of `ptr` (see `translate`).
+
+    Returns:
+      The value at `to_rank`'s copy before the operation (undefined in masked-off lanes).
+    """
     return _atomic(ptr, val, to_rank, my_rank, heap_bases, mask, sem, scope, hint, OP_ATOMIC_SUB)
 
 
 @triton.jit
 def atomic_xchg(ptr, val, to_rank, my_rank, heap_bases, mask=None, sem: tl.constexpr = ACQ_REL,
                 scope: tl.constexpr = SYSTEM, hint: tl.constexpr = None):
-    """Atomically exchanges; returns the old value."""
+    """Atomically exchanges with `val` at `to_rank`'s copy of `ptr`.
+
+    Args:
+      ptr: pointer (or block of pointers) into a heap array of my heap.
+      val: the operand, of `ptr`'s element type (a scalar or a block like `ptr`).
+      to_rank: the rank whose heap is updated (may be my own).
+      my_rank: the calling rank (`ctx.rank`).
+      heap_bases: pointer to the W 64-bit heap bases (`ctx.heap_bases`).
+      mask: lanes that take part (None: all); masked-off lanes are neither accessed nor errors.
+      sem: memory ordering: "relaxed", "acquire", "release" or "acq_rel" (the default).
+      scope: "sys" (the default: visible to other GPUs and the host), "gpu" or "cta".
+      hint: alignment of runs of `ptr` (see `translate`).
+
+    Returns:
+      The value at `to_rank`'s copy before the operation (undefined in masked-off lanes).
+    """
     return _atomic(ptr, val, to_rank, my_rank, heap_bases, mask, sem, scope, hint, OP_ATOMIC_XCHG)
 
 
 @triton.jit
 def atomic_xor(ptr, val, to_rank, my_rank, heap_bases, mask=None, sem: tl.constexpr = ACQ_REL,
                scope: tl.constexpr = SYSTEM, hint: tl.constexpr = None):
-    """Atomic bitwise xor; returns the old value."""
+    """Atomically xors with `val` at `to_rank`'s copy of `ptr`.
+
+    Args:
+      ptr: pointer (or block of pointers) into a heap array of my heap.
+      val: the operand, of `ptr`'s element type (a scalar or a block like `ptr`).
+      to_rank: the rank whose heap is updated (may be my own).
+      my_rank: the calling rank (`ctx.rank`).
+      heap_bases: pointer to the W 64-bit heap bases (`ctx.heap_bases`).
+      mask: lanes that take part (None: all); masked-off lanes are neither accessed nor errors.
+      sem: memory ordering: "relaxed", "acquire", "release" or "acq_rel" (the default).
+      scope: "sys" (the default: visible to other GPUs and the host), "gpu" or "cta".
+      hint: alignment of runs of `ptr` (see `translate`).
+
+    Returns:
+      The value at `to_rank`'s copy before the operation (undefined in masked-off lanes).
+    """
     return _atomic(ptr, val, to_rank, my_rank, heap_bases, mask, sem, scope, hint, OP_ATOMIC_XOR)
 
 
 @triton.jit
 def atomic_and(ptr, val, to_rank, my_rank, heap_bases, mask=None, sem: tl.constexpr = ACQ_REL,
                scope: tl.constexpr = SYSTEM, hint: tl.constexpr = None):
-    """Atomic bitwise and; returns the old value."""
+    """Atomically ands with `val` at `to_rank`'s copy of `ptr`.
+
+    Args:
+      ptr: pointer (or block of pointers) into a heap array of my heap.
+      val: the operand, of `ptr`'s element type (a scalar or a block like `ptr`).
+      to_rank: the rank whose heap is updated (may be my own).
+      my_rank: the calling rank (`ctx.rank`).
+      heap_bases: pointer to the W 64-bit heap bases (`ctx.heap_bases`).
+      mask: lanes that take part (None: all); masked-off lanes are neither accessed nor errors.
+      sem: memory ordering: "relaxed", "acquire", "release" or "acq_rel" (the default).
+      scope: "sys" (the default: visible to other GPUs and the host), "gpu" or "cta".
+      hint: alignment of runs of `ptr` (see `translate`).
+
+    Returns:
+      The value at `to_rank`'s copy before the operation (undefined in masked-off lanes).
+    """
     return _atomic(ptr, val, to_rank, my_rank, heap_bases, mask, sem, scope, hint, OP_ATOMIC_AND)
 
 
 @triton.jit
 def atomic_or(ptr, val, to_rank, my_rank, heap_bases, mask=None, sem: tl.constexpr = ACQ_REL,
               scope: tl.constexpr = SYSTEM, hint: tl.constexpr = None):
-    """Atomic bitwise or; returns the old value."""
+    """Atomically ors with `val` at `to_rank`'s copy of `ptr`.
+
+    Args:
+      ptr: pointer (or block of pointers) into a heap array of my heap.
+      val: the operand, of `ptr`'s element type (a scalar or a block like `ptr`).
+      to_rank: the rank whose heap is updated (may be my own).
+      my_rank: the calling rank (`ctx.rank`).
+      heap_bases: pointer to the W 64-bit heap bases (`ctx.heap_bases`).
+      mask: lanes that take part (None: all); masked-off lanes are neither accessed nor errors.
+      sem: memory ordering: "relaxed", "acquire", "release" or "acq_rel" (the default).
+      scope: "sys" (the default: visible to other GPUs and the host), "gpu" or "cta".
+      hint: alignment of runs of `ptr` (see `translate`).
+
+    Returns:
+      The value at `to_rank`'s copy before the operation (undefined in masked-off lanes).
+    """
     return _atomic(ptr, val, to_rank, my_rank, heap_bases, mask, sem, scope, hint, OP_ATOMIC_OR)
 
 
 @triton.jit
 def atomic_min(ptr, val, to_rank, my_rank, heap_bases, mask=None, sem: tl.constexpr = ACQ_REL,
                scope: tl.constexpr = SYSTEM, hint: tl.constexpr = None):
-    """Atomic minimum; returns the old value."""
+    """Atomically takes the minimum with `val` at `to_rank`'s copy of `ptr`.
+
+    Args:
+      ptr: pointer (or block of pointers) into a heap array of my heap.
+      val: the operand, of `ptr`'s element type (a scalar or a block like `ptr`).
+      to_rank: the rank whose heap is updated (may be my own).
+      my_rank: the calling rank (`ctx.rank`).
+      heap_bases: pointer to the W 64-bit heap bases (`ctx.heap_bases`).
+      mask: lanes that take part (None: all); masked-off lanes are neither accessed nor errors.
+      sem: memory ordering: "relaxed", "acquire", "release" or "acq_rel" (the default).
+      scope: "sys" (the default: visible to other GPUs and the host), "gpu" or "cta".
+      hint: alignment of runs of `ptr` (see `translate`).
+
+    Returns:
+      The value at `to_rank`'s copy before the operation (undefined in masked-off lanes).
+    """
     return _atomic(ptr, val, to_rank, my_rank, heap_bases, mask, sem, scope, hint, OP_ATOMIC_MIN)
 
 
 @triton.jit
 def atomic_max(ptr, val, to_rank, my_rank, heap_bases, mask=None, sem: tl.constexpr = ACQ_REL,
                scope: tl.constexpr = SYSTEM, hint: tl.constexpr = None):
-    """Atomic maximum; returns the old value."""
+    """Atomically takes the maximum with `val` at `to_rank`'s copy of `ptr`.
+
+    Args:
+      ptr: pointer (or block of pointers) into a heap array of my heap.
+      val: the operand, of `ptr`'s element type (a scalar or a block like `ptr`).
+      to_rank: the rank whose heap is updated (may be my own).
+      my_rank: the calling rank (`ctx.rank`).
+      heap_bases: pointer to the W 64-bit heap bases (`ctx.heap_bases`).
+      mask: lanes that take part (None: all); masked-off lanes are neither accessed nor errors.
+      sem: memory ordering: "relaxed", "acquire", "release" or "acq_rel" (the default).
+      scope: "sys" (the default: visible to other GPUs and the host), "gpu" or "cta".
+      hint: alignment of runs of `ptr` (see `translate`).
+
+    Returns:
+      The value at `to_rank`'s copy before the operation (undefined in masked-off lanes).
+    """
     return _atomic(ptr, val, to_rank, my_rank, heap_bases, mask, sem, scope, hint, OP_ATOMIC_MAX)
 
 
 @triton.jit
 def atomic_cas(ptr, cmp, val, to_rank, my_rank, heap_bases, sem: tl.constexpr = ACQ_REL,
                scope: tl.constexpr = SYSTEM, hint: tl.constexpr = None):
-    """Atomic compare-and-swap; returns the old value."""
+    """Atomically compares `to_rank`'s copy of `ptr` with `cmp` and, where equal, stores `val`.
+
+    Args:
+      ptr: pointer (or block of pointers) into a heap array of my heap.
+      cmp: the expected value.
+      val: the value stored where the current value equals `cmp`.
+      to_rank: the rank whose heap is updated (may be my own).
+      my_rank: the calling rank (`ctx.rank`).
+      heap_bases: pointer to the W 64-bit heap bases (`ctx.heap_bases`).
+      sem: memory ordering: "relaxed", "acquire", "release" or "acq_rel" (the default).
+      scope: "sys" (the default: visible to other GPUs and the host), "gpu" or "cta".
+      hint: alignment of runs of `ptr` (see `translate`).
+
+    Returns:
+      The value before the operation. It takes no mask: with the heap guard on, a refused
+      lane goes to the target's sink line.
+    """
     remote = _redirected(ptr, my_rank, to_rank, heap_bases, None, hint, OP_ATOMIC_CAS)
     return tl.atomic_cas(remote, cmp, val, sem=sem, scope=scope)

@@ -3,7 +3,8 @@
 Triton's own GridExecutor copies every tensor argument's whole storage to a host copy
 and back; with heaps in shared memory that would copy a heap over itself and race with
 peers writing into it. Here pointer arguments are plain addresses (`Pointer`), so the
-kernel reads and writes the memory itself. Relies on triton 3.6 interpreter internals.
+kernel reads and writes the memory itself. Relies on the interpreter internals of the Triton
+releases supported (3.6 to 3.9; the patches below handle where they differ).
 """
 
 from __future__ import annotations
@@ -160,7 +161,7 @@ class _NoPatches:
 
 
 def _patch_interpreter(ti) -> None:
-    """Wraps triton 3.6's language patching (once per process) for two reasons.
+    """Wraps the interpreter's language patching (once per process) for two reasons.
 
     Scalars: the interpreter holds them as 1-element arrays and converts them with int(),
     which numpy >= 2.4 refuses for arrays that are not 0-d, so `range(0, n, BLOCK)` over a

@@ -109,14 +109,32 @@ class Runtime:
         return list(self._device_ranks)
 
     def domain_of(self, rank: int) -> int:
-        """The index in `domains` of rank's domain."""
+        """The index in `domains` of rank's domain.
+
+        Args:
+          rank: a rank of the world.
+
+        Returns:
+          The domain's index.
+
+        Raises:
+          RankMismatchError: the rank is not in this runtime's world.
+        """
         for i, members in enumerate(self.domains):
             if rank in members:
                 return i
         raise RankMismatchError(f"rank {rank} is not in this runtime's world of {self.world_size} ranks")
 
     def check_one_domain(self, ranks: Sequence[int], what: str) -> None:
-        """Raises CrossDomainError unless `ranks` share a domain (before any kernel over them runs)."""
+        """Raises CrossDomainError unless `ranks` share a domain (before any kernel over them runs).
+
+        Args:
+          ranks: the members of a kernel's group.
+          what: the call, as the error names it.
+
+        Raises:
+          CrossDomainError: two of the ranks lie in different domains.
+        """
         found = {r: self.domain_of(r) for r in ranks}
         if len(set(found.values())) > 1:
             a = ranks[0]
@@ -147,15 +165,28 @@ class Runtime:
                 "devices or call iris_jax.init(devices=...) with the devices you use") from None
 
     def context(self, rank: int) -> np.ndarray:
-        """Rank's context array (int32-packed words), with the heap bases as seen by rank's
-        own process."""
+        """Rank's context array, with the heap bases as seen by rank's own process.
+
+        Args:
+          rank: a rank of the world.
+
+        Returns:
+          The int32-packed 64-bit words a kernel receives first (iris_core.heap.context_layout).
+        """
         if self._bases_seen_by is not None:
             return encode_context(rank, self._bases_seen_by[rank], self.trace_words(), heap_size=self.heap.heap_size,
                                   fault_page=self._pages_seen_by[rank])
         return self.heap.context(rank, self.trace_words())
 
     def context_table(self, devices: Sequence[jax.Device]) -> np.ndarray:
-        """One context row per device, in the given order (e.g. a mesh's flat order)."""
+        """One context row per device, in the given order (e.g. a mesh's flat order).
+
+        Args:
+          devices: devices of the runtime.
+
+        Returns:
+          A [len(devices), words] int32 array.
+        """
         return np.stack([self.context(self.rank_of(d)) for d in devices])
 
     def trace_words(self) -> Sequence[int]:
@@ -169,6 +200,15 @@ class Runtime:
         Every process must make the same calls in the same order (SPMD tracing does): with
         one process per rank, each zeroes its own heap and the call returns once all did, so
         no peer's early signal can be wiped by a late zeroing.
+
+        Args:
+          nbytes: the block's size.
+
+        Returns:
+          Its offset in every heap.
+
+        Raises:
+          HeapExhaustedError: the heap has no room for it.
         """
         offset = self.heap.allocate(nbytes, zero=True)
         self.sync_processes()
@@ -183,7 +223,15 @@ class Runtime:
                           self.rank_of(self.devices[0]), self.world_size, RENDEZVOUS_TIMEOUT_S)
 
     def service(self, name: str, factory):
-        """Per-runtime singleton (workspaces, barrier state), created on first use."""
+        """Per-runtime singleton (workspaces, barrier state), created on first use.
+
+        Args:
+          name: the service's name.
+          factory: called with the runtime to create it.
+
+        Returns:
+          The service.
+        """
         with self._lock:
             if name not in self._services:
                 self._services[name] = factory(self)
@@ -355,7 +403,10 @@ def current() -> Runtime | None:
 
 @atexit.register
 def shutdown() -> None:
-    """Releases every heap and worker mapping; a later call re-initializes."""
+    """Releases every heap and worker mapping; a later call re-initializes.
+
+    Waits for the kernels still running first.
+    """
     global _runtime
     if _runtime is not None:
         try:  # kernels still running (results nobody waited for) must finish before their heaps go

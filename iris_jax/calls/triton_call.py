@@ -114,6 +114,14 @@ def triton_call(*args: Any, kernel, out_shape, grid, name: str = "",
         (the collective kernels') or "fused" (the fused GEMM ops').
       out_varying: mesh axes the outputs vary over (default: every manual axis); a
         collective whose result is the same across an axis leaves that axis out.
+
+    Returns:
+      The kernel's outputs, shaped as `out_shape` (one array, or a list for a list).
+
+    Raises:
+      NotOnHeapError: a concrete `symmetric` operand is not on the heap.
+      IrisError: the call cannot run here (e.g. inside a partially manual `shard_map`), or a
+        fault an iris kernel recorded before.
     """
     runtime_lib.runtime().raise_faults()  # created lazily here, before anything is traced; a past fault raises
     if isinstance(metaparams.get("WHAT"), str):  # the op a fault record of the kernel names

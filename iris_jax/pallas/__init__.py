@@ -12,7 +12,7 @@
 On GPUs the kernel compiles through Pallas's Triton backend (which JAX 0.11 deprecated:
 hence experimental); on the CPU simulator it runs under Pallas interpret mode, every
 simulated rank at once. Heap arrays also pass through plain `pl.pallas_call` (either
-backend) like any array; see the README's Pallas section.
+backend) like any array; see docs/pallas.md.
 """
 
 from iris_jax.pallas._compat import TESTED, missing, require
