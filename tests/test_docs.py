@@ -161,3 +161,11 @@ def test_every_public_name_has_a_docstring():
     assert not missing, f"add a docstring to: {missing}"
     no_summary = [name for name, obj in names if not _docstring(obj).split("\n")[0].strip()]
     assert not no_summary, f"start these docstrings with a summary line (after the quotes): {no_summary}"
+
+
+def test_the_readme_is_a_front_page_and_the_docs_keep_no_lab_notebook():
+    """README.md stays a front page; session and run numbers belong in benchmarks/ only."""
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 150
+    notebook = re.compile(r"\b([Ss]essions? \d+|[Rr]un \d+(?![\dx])|[Rr]uns \d+-\d+)")  # "session 8 run 47"
+    found = [f"{_name(p)}: {m.group(0)}" for p in PAGES for m in notebook.finditer(p.read_text())]
+    assert not found, f"name the date, machine and command instead (benchmarks/RESULTS.md has them): {found}"
