@@ -163,9 +163,13 @@ def test_every_public_name_has_a_docstring():
     assert not no_summary, f"start these docstrings with a summary line (after the quotes): {no_summary}"
 
 
-def test_the_readme_is_a_front_page_and_the_docs_keep_no_lab_notebook():
+def test_the_readme_is_a_front_page_and_no_lab_notebook_outside_benchmarks():
     """README.md stays a front page; session and run numbers belong in benchmarks/ only."""
     assert len((ROOT / "README.md").read_text().splitlines()) <= 150
     notebook = re.compile(r"\b([Ss]essions? \d+|[Rr]un \d+(?![\dx])|[Rr]uns \d+-\d+)")  # "session 8 run 47"
-    found = [f"{_name(p)}: {m.group(0)}" for p in PAGES for m in notebook.finditer(p.read_text())]
+    files = [*PAGES, ROOT / "pyproject.toml", ROOT / ".ci" / "run"] + [
+        p for folder in ("iris_core", "iris_jax", "tests", "examples", "scripts")
+        for p in sorted((ROOT / folder).rglob("*")) if p.suffix in (".py", ".sh", ".md", ".txt")]
+    found = [f"{_name(p)}: {m.group(0)}" for p in files if p != pathlib.Path(__file__).resolve()
+             for m in notebook.finditer(p.read_text())]
     assert not found, f"name the date, machine and command instead (benchmarks/RESULTS.md has them): {found}"
