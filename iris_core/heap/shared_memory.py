@@ -89,8 +89,10 @@ def _alive(pid: int) -> bool:
 
 
 def remove_session_segments(session: str) -> list[str]:
-    """Unlinks every segment of `session`; returns the paths removed."""
-    return _unlink(glob.glob(os.path.join(SHM_DIR, f"iris-{session}-r*")))
+    """Unlinks every segment of `session` and of its worlds of survivors (`session`-NAME); returns
+    the paths removed."""
+    return _unlink(glob.glob(os.path.join(SHM_DIR, f"iris-{session}-r*"))
+                   + glob.glob(os.path.join(SHM_DIR, f"iris-{session}-iris-jax-*-r*")))
 
 
 def _unlink(paths) -> list[str]:

@@ -5,8 +5,11 @@ IRIS_SIM_SESSION / IRIS_SIM_STORE set and Triton's interpreter on; iris picks th
 and maps every rank's heap. JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID
 let a script written for one process per GPU join the ranks with `jax.distributed.initialize()`
 (jax_cluster.py; JAX's CPU collectives then run over gloo). Output lines are prefixed with the
-rank. If a rank fails, the others are stopped and the launcher exits with that rank's status; shared-memory
-segments of the run are removed in every case. Ranks die with the launcher (rank_process.py),
+rank. If a rank fails, the others are stopped and the launcher exits with that rank's status;
+with `--survivors`, a rank killed by a signal leaves the others running (a script that re-forms
+its world without it: JAX's `live_devices`, then iris_jax.init over them), and the launcher exits
+with the first failure among the rest, else 0. Shared-memory segments of the run are removed in
+every case. Ranks die with the launcher (rank_process.py),
 so a killed launcher's segments are stale for the next run to remove.
 """
 
@@ -40,8 +43,9 @@ def _pump(stream, prefix: str, out) -> None:
         out.flush()
 
 
-def launch_script(argv: list[str], world_size: int, timeout_s: float | None = None) -> int:
-    """Runs `python argv...` as `world_size` ranks; returns the first failing exit code or 0."""
+def launch_script(argv: list[str], world_size: int, timeout_s: float | None = None, survivors: bool = False) -> int:
+    """Runs `python argv...` as `world_size` ranks; returns the first failing exit code or 0 (with
+    `survivors`, ranks killed by a signal neither stop the others nor count)."""
     remove_stale_segments()
     session = new_session()
     store = tempfile.mkdtemp(prefix=f"iris-{session}-")
@@ -61,9 +65,16 @@ def launch_script(argv: list[str], world_size: int, timeout_s: float | None = No
             t.start()
             pumps.append(t)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        status = 0
+        status, dead = 0, set()
         while any([p.poll() is None for p in procs]):  # a list: poll every rank, not up to the first running one
             failed = [(r, p.returncode) for r, p in enumerate(procs) if p.returncode not in (None, 0)]
+            if survivors:
+                for r, code in failed:
+                    if code < 0 and r not in dead:
+                        dead.add(r)
+                        print(f"[iris.sim] rank {r} exited with status {code}; the others go on (--survivors)",
+                              file=sys.stderr)
+                failed = [(r, code) for r, code in failed if r not in dead]
             if failed:
                 status = failed[0][1]
                 which = "; ".join(f"rank {r} exited with status {code}" for r, code in failed)
@@ -77,7 +88,7 @@ def launch_script(argv: list[str], world_size: int, timeout_s: float | None = No
                 break
             time.sleep(0.05)
         else:
-            status = next((p.returncode for p in procs if p.returncode != 0), 0)
+            status = next((p.returncode for r, p in enumerate(procs) if p.returncode != 0 and r not in dead), 0)
         return status
     finally:
         for p in procs:
@@ -97,7 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m iris_core.sim", description=__doc__.splitlines()[0])
     parser.add_argument("-n", "--world-size", type=int, default=2, help="number of simulated ranks")
     parser.add_argument("--timeout", type=float, default=None, help="seconds before all ranks are stopped")
+    parser.add_argument("--survivors", action="store_true",
+                        help="a rank killed by a signal does not stop the others (they may re-form without it)")
     parser.add_argument("script", help="Python script to run on every rank")
     parser.add_argument("args", nargs=argparse.REMAINDER)
     opts = parser.parse_args(argv)
-    return launch_script([opts.script, *opts.args], opts.world_size, opts.timeout)
+    return launch_script([opts.script, *opts.args], opts.world_size, opts.timeout, opts.survivors)

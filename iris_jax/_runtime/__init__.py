@@ -86,8 +86,8 @@ class Runtime:
         self.heap_allocator = getattr(self.heap, "heap_allocator", None)
         self.tracing = RuntimeTracer(self)  # device event tracing (iris_jax.tracing)
         self._rank_of = {d.id: r for d, r in self._device_ranks.items()}
-        if self._bases_seen_by is not None:  # every process's device, for the context tables of global meshes
-            self._rank_of = {d.id: r for r, d in enumerate(backends.every_device())}
+        if started.members is not None:  # every process's device, for the context tables of global meshes
+            self._rank_of = {d.id: r for r, d in enumerate(started.members)}
         self._lock = threading.Lock()
         self._services: dict[str, object] = {}
         self._syncs = itertools.count(1)

@@ -55,6 +55,7 @@ class Started:
       sim_world: the simulator's rank workers (one process).
       bases_seen_by: one process per rank: every rank's heap bases as each rank's process maps them.
       pages_seen_by: with bases_seen_by, each rank's fault page as its process maps it.
+      members: one process per rank: every rank's device, in rank order.
     """
 
     world_size: int
@@ -67,6 +68,7 @@ class Started:
     sim_world: object = None
     bases_seen_by: list[list[int]] | None = None
     pages_seen_by: list[int] | None = None
+    members: list | None = None
 
 
 def select(devices: Sequence[jax.Device] | None) -> Backend:
@@ -224,11 +226,11 @@ class GpuMultiProcess(_GpuBackend):
     def start(self, heap_size, devices, domain_size, heap_allocator):
         from jax._src import distributed
 
-        local = _local(devices)
+        local, everyone = _local(devices), members(devices)
         if len(local) != 1:
             raise RankMismatchError(
                 f"one process per GPU is required for multi-process runs; this process has {len(local)}")
-        rank, world_size = process_rank(local[0])
+        rank, world_size = everyone.index(local[0]), len(everyone)
         client = distributed.global_state.client
         if client is None:
             raise IrisError("jax.process_count() > 1 but no distributed client; call jax.distributed.initialize()")
@@ -241,7 +243,7 @@ class GpuMultiProcess(_GpuBackend):
                                 store=store, session=session, timeout_s=RENDEZVOUS_TIMEOUT_S, reachable=domain,
                                 heap_allocator=heap_allocator, across_hosts=len({hosts[r] for r in domain}) > 1)
         return Started(world_size, domains, heap, {local[0]: rank}, store, session,
-                       **_seen_by(store, session, rank, world_size, heap))
+                       members=everyone, **_seen_by(store, session, rank, world_size, heap))
 
 
 def _torch_dtype(dtype):
@@ -324,21 +326,25 @@ class SimulatorLaunched(_SimulatorBackend):
                 "xla_force_host_platform_device_count under `python -m iris_core.sim`")
         rank, world_size = launched.rank, launched.world_size
         joined = jax.process_count() > 1  # the script called jax.distributed.initialize: ranks are its processes
+        everyone = members(devices) if joined else None
         if joined:
-            rank, world_size = process_rank(local[0])
-            if world_size != launched.world_size:
+            rank, world_size = everyone.index(local[0]), len(everyone)
+            if devices is None and world_size != launched.world_size:
                 raise RankMismatchError(
                     f"jax.distributed.initialize joined {world_size} processes, but the simulator "
                     f"launched {launched.world_size}; call it without arguments under `python -m iris_core.sim` "
                     "(the launcher's environment names the run)")
         domains = _domains(world_size, domain_size)
         store = FileStore(launched.store_path)
-        heap = SIMULATOR.heap_class()(world_size, heap_size or self.default_heap_size, [rank], launched.session,
-                                      store, timeout_s=RENDEZVOUS_TIMEOUT_S)
         session = next_session()
+        # a world of fewer ranks (the survivors of a dead process) maps heaps of its own: its ranks'
+        # numbers may be a dead process's, whose segments the launcher removes only at the end
+        heap_session = launched.session if world_size == launched.world_size else f"{launched.session}-{session}"
+        heap = SIMULATOR.heap_class()(world_size, heap_size or self.default_heap_size, [rank], heap_session,
+                                      store, timeout_s=RENDEZVOUS_TIMEOUT_S)
         seen = _seen_by(store, session, rank, world_size, heap) if joined else {}
         return Started(world_size, domains, heap, {local[0]: rank}, store, session, call_table=_call_table(heap),
-                       **seen)
+                       members=everyone, **seen)
 
 
 
@@ -362,18 +368,19 @@ def next_session() -> str:
 
 
 def _local(devices: Sequence[jax.Device] | None) -> list[jax.Device]:
-    return list(devices) if devices is not None else jax.local_devices()
+    """This process's devices among `devices` (default: all of them)."""
+    if devices is None:
+        return jax.local_devices()
+    return [d for d in devices if d.process_index == jax.process_index()]
 
 
-def every_device() -> list[jax.Device]:
-    """Every process's devices in rank order (device id order, as JAX numbers them by process)."""
-    return sorted(jax.devices(), key=lambda d: d.id)
+def members(devices: Sequence[jax.Device] | None) -> list[jax.Device]:
+    """One process per rank: the devices of the world, in rank order (device id order, as JAX
+    numbers them by process): `devices` (e.g. the live ones after a process died), else every
+    process's."""
+    return sorted(devices if devices is not None else jax.devices(), key=lambda d: d.id)
 
 
-def process_rank(device: jax.Device) -> tuple[int, int]:
-    """(rank, world size) of this process's one device among every process's."""
-    everyone = every_device()
-    return everyone.index(device), len(everyone)
 
 
 def _domains(world_size: int, domain_size: int | None) -> tuple[tuple[int, ...], ...]:
