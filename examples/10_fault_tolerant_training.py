@@ -1,7 +1,7 @@
 """Data-parallel training that survives a dead process: iris collectives, JAX's live devices.
 
     python -m iris_core.sim --survivors -n 4 examples/10_fault_tolerant_training.py     # simulator
-    # GPUs: one process per GPU (or 4 processes sharing GPU 0), each run as
+    # GPUs: one process per GPU, each run as (add --local-device 0 to every one to share GPU 0)
     #   python examples/10_fault_tolerant_training.py --coordinator HOST:PORT --processes 4 --id I
 
 Each process is a rank of a data-parallel linear regression: every step, each rank computes the
@@ -92,11 +92,13 @@ def main() -> int:
     parser.add_argument("--coordinator", help="JAX's coordinator address (not needed under iris_core.sim)")
     parser.add_argument("--processes", type=int)
     parser.add_argument("--id", type=int)
+    parser.add_argument("--local-device", type=int, help="the GPU this process takes (default: JAX's choice)")
     opts = parser.parse_args()
     import jax
 
     jax.config.update("jax_enable_recoverability", True)
-    jax.distributed.initialize(opts.coordinator, opts.processes, opts.id, heartbeat_timeout_seconds=HEARTBEAT_S)
+    jax.distributed.initialize(opts.coordinator, opts.processes, opts.id, heartbeat_timeout_seconds=HEARTBEAT_S,
+                               local_device_ids=None if opts.local_device is None else [opts.local_device])
     import iris_jax
 
     me, n = jax.process_index(), jax.process_count()

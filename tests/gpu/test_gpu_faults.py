@@ -140,3 +140,35 @@ def test_zz_print_the_matrix():
         print(f"fault matrix | {case} | {world} ranks | {sorted({r.get('error') for r in found.values()}, key=str)} | "
               f"named after {max(times, default=float('nan')):.2f} s | watchdog {max(watch, default=float('nan')):.2f} s"
               f" | next: {sorted({str(r.get('next'))[:60] for r in found.values()})}")
+
+
+def test_survivors_reform_and_finish(tmp_path):
+    """examples/10 on GPU 0 as 4 processes: the last SIGKILLs itself at step 3; each survivor's step
+    fails naming it within the psum's timeout plus a second, the survivors form a world of 3 over
+    JAX's live devices and finish with numpy's parameters."""
+    if launcher.gpu_count() < 1:
+        pytest.fail("the gpu tests need a GPU (they never skip)")
+    port = launcher._free_port()
+    env = dict(os.environ, PYTHONUNBUFFERED="1", XLA_PYTHON_CLIENT_PREALLOCATE="false",
+               XLA_PYTHON_CLIENT_MEM_FRACTION="0.05", IRIS_HEAP_SIZE=str(256 << 20),
+               PYTHONPATH=f"{launcher.ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    script = Path(launcher.ROOT) / "examples" / "10_fault_tolerant_training.py"
+    procs = [subprocess.Popen([sys.executable, str(script), "--coordinator", f"localhost:{port}", "--processes", "4",
+                               "--id", str(p), "--local-device", "0"], cwd=launcher.ROOT, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+             for p in range(4)]
+    outs = []
+    for p in procs:
+        try:
+            outs.append(p.communicate(timeout=LIMIT_S)[0])
+        except subprocess.TimeoutExpired:
+            p.kill()
+            outs.append(p.communicate()[0] + "\n(still running: killed)")
+    for p in range(3):
+        print("\n".join(line for line in outs[p].splitlines() if line.startswith("process ")))
+        failed = re.search(rf"process {p}: step 3 failed after ([\d.]+) s: .*PeerTimeoutError: iris all_reduce\(sum\): "
+                           r"timed out waiting for rank 3", outs[p])
+        assert failed and float(failed.group(1)) < 2.0 + SLACK_S, outs[p][-4000:]
+        assert f"process {p}: 8 steps, 3 ranks at the end, parameters equal numpy's" in outs[p], outs[p][-4000:]
+        assert procs[p].returncode == 0, outs[p][-4000:]
+    assert procs[3].returncode == -9, outs[3][-2000:]
