@@ -15,8 +15,8 @@ Which gates wait (`init(fault_gate=...)`, environment IRIS_FAULT_GATE):
 
 * "step" (default): one per execution, however many iris calls the jitted step holds (the
   host waits once for the step's iris kernels, as a `jax.block_until_ready` would). A gate
-  that runs whatever the data (lowered outside any `cond`, `while` or nested function: an
-  *anchor*) counts itself at XLA's PREPARE stage, which comes before every EXECUTE of an
+  that runs whatever the data (lowered outside `cond`, `switch`, `while_loop`, `scan` and the
+  other control flow: an *anchor*) counts itself at XLA's PREPARE stage, which comes before every EXECUTE of an
   execution; a gate leaves the wait to a later one only while an anchor is still to run, so
   the last anchor waits, and a gate inside control flow after it waits itself. One hole: JAX
   lowers a jitted function once per program, so a jitted function holding an iris call, used
@@ -70,6 +70,8 @@ def _library() -> ctypes.CDLL | None:
     None where no C compiler is found or the build fails."""
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
+        warnings.warn("no C compiler (cc, gcc or $CC) for the fault gate's host step: a Python step, slower, "
+                      "takes its place", stacklevel=3)
         return None
     layout = [f"-DSTATUS_COPY={faults.STATUS_COPY}", f"-DSLOTS_AT={faults.SLOTS_AT}", f"-DSLOT={faults.SLOT}",
               f"-DSLOTS={faults.SLOTS}"]
