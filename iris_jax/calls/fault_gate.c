@@ -32,7 +32,7 @@ typedef int (*CtxGetDevice)(int *);
 typedef int (*MemcpyDtoHAsync)(void *, uint64_t, size_t, void *);
 typedef int (*StreamSynchronize)(void *);
 typedef int (*CtxSynchronize)(void);
-typedef const char *(*Formatter)(int device);
+typedef void (*Formatter)(int device, char *message, size_t size);  /* words the fault */
 
 static CtxGetDevice ctx_get_device;
 static MemcpyDtoHAsync memcpy_dtoh_async;
@@ -131,7 +131,10 @@ static void *gate(CallFrame *frame, int anchor) {
     int have_stream = query(frame, STREAM_GET, &stream);
     if (!faulted(device, stream, have_stream)) return NULL;
     anchors_pending = 0;  /* XLA runs nothing more of this execution */
-    return error(frame, formatter(device));
+    static __thread char message[4096];  /* XLA copies it */
+    message[0] = 0;
+    formatter(device, message, sizeof(message));
+    return error(frame, message);
 }
 
 void *iris_fault_gate(CallFrame *frame) { return gate(frame, 1); }

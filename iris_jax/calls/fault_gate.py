@@ -97,17 +97,16 @@ def _library() -> ctypes.CDLL | None:
     return lib
 
 
-@ctypes.CFUNCTYPE(ctypes.c_char_p, ctypes.c_int)
-def _format_for_c(device: int):
-    """The error a device's rank recorded, worded (fault_gate.c calls it on a fault only)."""
+@ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t)
+def _format_for_c(device: int, buffer: int, size: int) -> None:
+    """Writes the error a device's rank recorded into fault_gate.c's `buffer` (on a fault only)."""
     error = _recorded(device)
     message = f"{type(error).__name__}: {error}" if error else "iris: a kernel gave up (its record was taken)"
-    _messages[device] = message.encode()  # alive until the device's next fault
-    return _messages[device]
+    encoded = message.encode()[:size - 1]
+    ctypes.memmove(buffer, encoded + b"\0", len(encoded) + 1)
 
 
 _FORMATTER = type(_format_for_c)
-_messages: dict[int, bytes] = {}
 
 
 def _recorded(device: int) -> Exception | None:
