@@ -106,10 +106,18 @@ def _transpose(ct, operand, output, input_offsets, send_sizes, output_offsets, r
                                                  recv_sizes, input_at, send_sizes, axis_name=axis_name,
                                                  axis_index_groups=axis_index_groups)
     if ad.is_undefined_primal(output):
-        rows = jnp.arange(ct.shape[0])[:, None]
-        received = ((rows >= output_at) & (rows < output_at + recv_sizes)).any(axis=1)
+        received = _received_rows(ct.shape[0], output_at, recv_sizes)
         output_t = jnp.where(received.reshape(-1, *[1] * (ct.ndim - 1)), jnp.zeros_like(ct), ct)
     return [operand_t, output_t, None, None, None, None]
+
+
+def _received_rows(n: int, starts, sizes):
+    """Which of `n` output rows lie in a received slice (rows starts[k], + sizes[k]), as a bool
+    vector. Broadcast and typed explicitly: iris's code runs under a user's strict settings
+    (jax_numpy_rank_promotion='raise', jax_numpy_dtype_promotion='strict')."""
+    rows = jnp.arange(n, dtype=starts.dtype)[:, None]
+    starts, ends = starts[None, :], (starts + sizes.astype(starts.dtype))[None, :]
+    return ((rows >= starts) & (rows < ends)).any(axis=1)
 
 
 def _plan(params, nbytes, sizes, inside, across, config):
