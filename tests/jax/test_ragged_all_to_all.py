@@ -228,3 +228,21 @@ def test_lax_errors_before_anything_runs():
         _run(iris_jax.ragged_all_to_all, mesh, [operand, output, io.astype(np.float32), ss, oo, rs])
     with pytest.raises(TypeError, match="share dtype"):
         _run(iris_jax.ragged_all_to_all, mesh, [operand, output.astype(np.int32), io, ss, oo, rs])
+
+
+def test_lax_operand_errors_come_before_the_unbound_axis():
+    """lax checks the offsets' and sizes' types and shapes before the axis: so does iris (JAX's
+    own error tests call it outside any shard_map), then names the unbound axis."""
+    use_runtime(2)
+    operand, output = jnp.arange(6, dtype=jnp.float32), jnp.zeros(7, jnp.float32)
+    good, floats = jnp.array([0, 1, 3], jnp.int32), jnp.array([0.0, 1.0, 3.0], jnp.float32)
+    lower = jax.jit(iris_jax.ragged_all_to_all, static_argnames="axis_name").lower
+    names = ("input_offsets", "send_sizes", "output_offsets", "recv_sizes")
+    for k, name in enumerate(names):
+        for bad, problem in [(floats, "must be integer type"), (good[None], r"must be rank 1 .* shape \(1, 3\)"),
+                             (good[:0], r"must be rank 1 .* shape \(0,\)")]:
+            vectors = [bad if j == k else good for j in range(4)]
+            with pytest.raises(ValueError, match=f"ragged_all_to_all {name} {problem}"):
+                lower(operand, output, *vectors, axis_name="x")
+    with pytest.raises(NameError, match="iris_jax.ragged_all_to_all: unbound axis name: 'x'; no axis is bound"):
+        lower(operand, output, good, good, good, good, axis_name="x")
