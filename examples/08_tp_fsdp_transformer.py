@@ -48,7 +48,7 @@ BATCH = P("dp", "tp", None)
 def layer_norm(x, scale):
     x = x.astype(jnp.float32)
     mean = jnp.mean(x, -1, keepdims=True)
-    return (x - mean) * lax.rsqrt(jnp.var(x, -1, keepdims=True) + 1e-5) * scale
+    return (x - mean) * lax.rsqrt(jnp.var(x, -1, keepdims=True) + 1e-5) * scale.reshape((1,) * (x.ndim - 1) + (-1,))
 
 
 def block_body(params, x):

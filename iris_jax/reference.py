@@ -13,14 +13,13 @@ from jax import lax
 
 def ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, *, axis_name,
                       axis_index_groups=None):
-    """lax.ragged_all_to_all through lax.all_gather (see the module docstring)."""
+    """lax.ragged_all_to_all through lax.all_gather (see the module docstring); over
+    `axis_index_groups`, within each group."""
     del recv_sizes  # the senders' sizes say the same
-    if axis_index_groups is not None:
-        raise NotImplementedError("reference.ragged_all_to_all: axis_index_groups")
-    operands, starts, sizes, targets = (lax.all_gather(v, axis_name) for v in
+    operands, starts, sizes, targets = (lax.all_gather(v, axis_name, axis_index_groups=axis_index_groups) for v in
                                         (operand, input_offsets, send_sizes, output_offsets))
     members, slices = starts.shape[0], starts.shape[1] // starts.shape[0]
-    me = lax.axis_index(axis_name)
+    me = _position(axis_name, axis_index_groups)
     rows = jnp.arange(output.shape[0])
     result = output
     for sender in range(members):
@@ -31,3 +30,15 @@ def ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offsets
             hit = (rows >= target) & (rows < target + size) & (rows - target + start < operand.shape[0])
             result = jnp.where(hit.reshape(-1, *[1] * (output.ndim - 1)), operands[sender][source], result)
     return result
+
+
+def _position(axis_name, groups):
+    """This member's index in its group of `groups` (lax.axis_index where there are none)."""
+    index = lax.axis_index(axis_name)
+    if groups is None:
+        return index
+    table = [0] * sum(len(g) for g in groups)
+    for group in groups:
+        for position, member in enumerate(group):
+            table[member] = position
+    return jnp.asarray(table, index.dtype)[index]

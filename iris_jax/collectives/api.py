@@ -22,8 +22,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import jax
 import jax.numpy as jnp
 from jax import tree_util
+from jax._src import core
 
 from iris_core.collectives.algorithms import ALGORITHMS
 from iris_jax.calls.triton_call import vary
@@ -43,6 +45,7 @@ def _config(config: CollectiveConfig | None, **changes) -> CollectiveConfig:
 
 def psum(x, axis_name, *, axis_index_groups=None, variant: str | None = None, config: CollectiveConfig | None = None):
     """Like `lax.psum`: the sum of `x` (a pytree) over `axis_name` (`variant`: see all_reduce)."""
+    check_bound(axis_name, "psum")
     return run_on_iris(lambda v: lax_parallel.psum(v, axis_name, axis_index_groups=axis_index_groups), (x,),
                        _config(config, variant=variant))
 
@@ -50,18 +53,21 @@ def psum(x, axis_name, *, axis_index_groups=None, variant: str | None = None, co
 def pmean(x, axis_name, *, axis_index_groups=None, variant: str | None = None,
           config: CollectiveConfig | None = None):
     """Like `lax.pmean`."""
+    check_bound(axis_name, "pmean")
     return run_on_iris(lambda v: lax_parallel.pmean(v, axis_name, axis_index_groups=axis_index_groups), (x,),
                        _config(config, variant=variant))
 
 
 def pmax(x, axis_name, *, axis_index_groups=None, config: CollectiveConfig | None = None):
     """Like `lax.pmax` (and differentiable: the tangent of the members holding the max)."""
+    check_bound(axis_name, "pmax")
     return run_on_iris(lambda v: lax_parallel.pmax(v, axis_name, axis_index_groups=axis_index_groups), (x,),
                        _config(config))
 
 
 def pmin(x, axis_name, *, axis_index_groups=None, config: CollectiveConfig | None = None):
     """Like `lax.pmin`."""
+    check_bound(axis_name, "pmin")
     return run_on_iris(lambda v: lax_parallel.pmin(v, axis_name, axis_index_groups=axis_index_groups), (x,),
                        _config(config))
 
@@ -81,6 +87,7 @@ def all_reduce(x, axis_name, op: str = "sum", variant: str = "auto", *, timeout_
       ValueError / TypeError: an unknown op or variant, or a variant that cannot run `op` or
         a leaf's dtype.
     """
+    check_bound(axis_name, "all_reduce")
     if op not in OPS:
         raise ValueError(f"unknown reduction {op!r}; choose one of {OPS}")
     if variant not in VARIANTS:
@@ -101,6 +108,7 @@ def all_reduce(x, axis_name, op: str = "sum", variant: str = "auto", *, timeout_
 def all_gather(x, axis_name, *, axis_index_groups=None, axis: int = 0, tiled: bool = False, to: str = "varying",
                config: CollectiveConfig | None = None):
     """Like `lax.all_gather` (`to="invarying"`: the result has the same type on every member)."""
+    check_bound(axis_name, "all_gather")
     return run_on_iris(lambda v: lax_parallel.all_gather(v, axis_name, axis_index_groups=axis_index_groups, axis=axis,
                                                          tiled=tiled, to=to), (x,), _config(config))
 
@@ -108,6 +116,7 @@ def all_gather(x, axis_name, *, axis_index_groups=None, axis: int = 0, tiled: bo
 def psum_scatter(x, axis_name, *, scatter_dimension: int = 0, axis_index_groups=None, tiled: bool = False,
                  config: CollectiveConfig | None = None):
     """Like `lax.psum_scatter`."""
+    check_bound(axis_name, "psum_scatter")
     return run_on_iris(lambda v: lax_parallel.psum_scatter(v, axis_name, scatter_dimension=scatter_dimension,
                                                   axis_index_groups=axis_index_groups, tiled=tiled), (x,),
                        _config(config))
@@ -116,6 +125,7 @@ def psum_scatter(x, axis_name, *, scatter_dimension: int = 0, axis_index_groups=
 def all_to_all(x, axis_name, split_axis: int, concat_axis: int, *, axis_index_groups=None, tiled: bool = False,
                config: CollectiveConfig | None = None):
     """Like `lax.all_to_all`."""
+    check_bound(axis_name, "all_to_all")
     return run_on_iris(lambda v: lax_parallel.all_to_all(v, axis_name, split_axis, concat_axis,
                                                 axis_index_groups=axis_index_groups, tiled=tiled), (x,),
                        _config(config))
@@ -123,16 +133,19 @@ def all_to_all(x, axis_name, split_axis: int, concat_axis: int, *, axis_index_gr
 
 def ppermute(x, axis_name, perm: Sequence[tuple[int, int]], *, config: CollectiveConfig | None = None):
     """Like `lax.ppermute`: member `dst` receives `src`'s value for each (src, dst); others get zeros."""
+    check_bound(axis_name, "ppermute")
     return run_on_iris(lambda v: lax_parallel.ppermute(v, axis_name, perm), (x,), _config(config))
 
 
 def pshuffle(x, axis_name, perm: Sequence[int], *, config: CollectiveConfig | None = None):
     """Like `lax.pshuffle`: member i receives member perm[i]'s value (a ppermute)."""
+    check_bound(axis_name, "pshuffle")
     return run_on_iris(lambda v: lax_parallel.pshuffle(v, axis_name, perm), (x,), _config(config))
 
 
 def pswapaxes(x, axis_name, axis: int, *, axis_index_groups=None, config: CollectiveConfig | None = None):
     """Like `lax.pswapaxes`: swaps the mapped axis with positional `axis` (an all_to_all)."""
+    check_bound(axis_name, "pswapaxes")
     return run_on_iris(lambda v: lax_parallel.pswapaxes(v, axis_name, axis, axis_index_groups=axis_index_groups),
                        (x,), _config(config))
 
@@ -148,14 +161,18 @@ def ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offsets
     with an output that does not vary (`jnp.zeros(...)`, the usual buffer) the result is typed
     the same on every member, and its gradient is summed over the members: wrong. Mark such a
     buffer varying (`lax.pcast(buf, axis_name, to="varying")`) when calling lax's."""
+    args = (operand, output, input_offsets, send_sizes, output_offsets, recv_sizes)
+    jax.eval_shape(lambda *a: lax_parallel.ragged_all_to_all(*a, axis_name=()), *args)  # lax's operand checks first
+    check_bound(axis_name, "ragged_all_to_all")
     axes = tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
     return run_on_iris(lambda operand, output, *rest: lax_parallel.ragged_all_to_all(
         operand, vary(output, axes), *rest, axis_name=axis_name, axis_index_groups=axis_index_groups),
-        (operand, output, input_offsets, send_sizes, output_offsets, recv_sizes), _config(config))
+        args, _config(config))
 
 
 def pbroadcast(x, axis_name, source: int, *, config: CollectiveConfig | None = None):
     """Like `lax.pbroadcast`: every member gets member `source`'s `x`."""
+    check_bound(axis_name, "pbroadcast")
     if not 0 <= source < _axes_size(axis_name):
         raise ValueError(f"pbroadcast: source {source} out of range for axis size {_axes_size(axis_name)}")
     return run_on_iris(lambda v: lax_parallel.pbroadcast(v, axis_name, source), (x,), _config(config))
@@ -174,9 +191,18 @@ def _check_dtype(x, what):
 
 
 def _axes_size(axis_name) -> int:
+    return group_size(tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,))
+
+
+def check_bound(axis_name, what: str) -> None:
+    """Raises NameError naming each axis of `axis_name` that is not bound where the collective is
+    traced, and the axes that are (lax's own error is a bare AssertionError under check_vma).
+    Positional (integer) axes are left to the rewrite, which refuses them."""
     axes = tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
-    try:
-        return group_size(axes)
-    except KeyError:
-        raise NameError(f"unbound axis name: {axis_name!r}; iris collectives run inside jax.shard_map over a mesh "
-                        "with that axis") from None
+    bound = tuple(core.unsafe_get_axis_names())
+    unbound = [a for a in axes if not isinstance(a, int) and a not in bound]
+    if not unbound:
+        return
+    where = (f"the axes bound here are {bound}" if bound else "no axis is bound here (outside jax.shard_map)")
+    raise NameError(f"iris_jax.{what}: unbound axis name: {', '.join(map(repr, unbound))}; {where}. Call it inside "
+                    "jax.shard_map over a mesh with that axis, or pass one of the bound axes")

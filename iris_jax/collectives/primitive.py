@@ -60,14 +60,20 @@ def _whole_call(collective) -> bool:
     return rules.rule_of(collective.name).operands > 1
 
 
-def _abstract_eval(*avals, collective, params, config):
-    """lax's shapes and effects, plus the iris kernel effect: programs with iris kernels then
-    carry JAX's runtime tokens, so jax.effects_barrier() waits for every device's kernels
+def kernel_effects(collective) -> set:
+    """The effects an equation of `collective` adds to lax's: the iris kernel effect where the
+    collective runs a kernel (a type cast such as pvary runs none). Programs with iris kernels
+    then carry JAX's runtime tokens, so jax.effects_barrier() waits for every device's kernels
     (a replicated result is ready when its first device's copy is)."""
     from iris_jax.calls.triton_call import iris_kernel_effect
 
+    return {iris_kernel_effect} if rules.rule_of(collective.name).has_kernel else set()
+
+
+def _abstract_eval(*avals, collective, params, config):
+    """lax's shapes and effects, plus the iris kernel's (`kernel_effects`)."""
     del config
-    outs, effects = [], {iris_kernel_effect}
+    outs, effects = [], kernel_effects(collective)
     for call in calls(collective, avals):
         out, effect = collective.abstract_eval(*call, **dict(params))
         outs.extend(out if collective.multiple_results else [out])

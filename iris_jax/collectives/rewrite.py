@@ -31,8 +31,9 @@ from jax import tree_util
 from jax._src import core, source_info_util
 from jax._src.lib import xla_client
 
+from iris_jax.calls.triton_call import IrisKernelEffect
 from iris_jax.collectives import rules
-from iris_jax.collectives.primitive import freeze, iris_collective_p
+from iris_jax.collectives.primitive import freeze, iris_collective_p, kernel_effects
 from iris_jax.collectives.rules import axes_of
 from iris_jax.compat import ClosedJaxpr, closed_jaxpr, is_jaxpr
 from iris_jax.config import CollectiveConfig, default_config
@@ -136,7 +137,9 @@ class _Rewriter:
         key = (id(jaxpr), scope)
         if key not in self.memo:
             eqns = [self.eqn(e, scope) for e in jaxpr.eqns]
-            self.memo[key] = (jaxpr, jaxpr.replace(eqns=merge_launches(eqns) if self.merge else eqns))
+            effects = with_kernel_effects(jaxpr.effects, [e.effects for e in eqns])
+            self.memo[key] = (jaxpr, jaxpr.replace(eqns=merge_launches(eqns) if self.merge else eqns,
+                                                   effects=effects))
         return self.memo[key][1]
 
     def eqn(self, eqn, scope: Scope):
@@ -148,7 +151,8 @@ class _Rewriter:
             self.decisions.append((name, eqn.params, aval, reason, scope, self.config))
             if reason is None:
                 params = dict(collective=eqn.primitive, params=freeze(eqn.params), config=self.config)
-                return eqn.replace(primitive=iris_collective_p, params=params)
+                return eqn.replace(primitive=iris_collective_p, params=params,
+                                   effects=with_kernel_effects(eqn.effects, [kernel_effects(eqn.primitive)]))
             if self.strict and refusal is UnsupportedCollectiveError:
                 raise UnsupportedCollectiveError(
                     f"iris_jax.{rule.name}: unsupported {reason}; use jax.lax.{rule.name} "
@@ -163,7 +167,9 @@ class _Rewriter:
             return eqn
         inner = scope.inside_shard_map(eqn.params) if name == "shard_map" else scope
         params = {k: self.param(v, inner) for k, v in eqn.params.items()}
-        return eqn.replace(params=params) if any(params[k] is not v for k, v in eqn.params.items()) else eqn
+        if all(params[k] is v for k, v in eqn.params.items()):
+            return eqn
+        return eqn.replace(params=params, effects=with_kernel_effects(eqn.effects, _body_effects(params)))
 
     def param(self, value, scope: Scope):
         if isinstance(value, ClosedJaxpr):  # on jax 0.12 every Jaxpr (it carries its consts)
@@ -173,6 +179,28 @@ class _Rewriter:
         if isinstance(value, tuple) and any(is_jaxpr(v) for v in value):
             return tuple(self.param(v, scope) for v in value)
         return value
+
+
+def with_kernel_effects(effects, held: list):
+    """`effects` (of an equation or a jaxpr) with the iris kernel effects among `held` (the effects
+    of what it holds: its body's, or its equations'). The rewrite puts kernels into jaxprs traced
+    without them; every primitive that holds a jaxpr (jit, scan, while, cond, shard_map, remat,
+    custom_jvp/custom_vjp) carries its body's effects of this kind, as tracing would have given
+    it, and JAX's checks (jax_enable_checks) compare the two."""
+    added = {e for found in held for e in found if isinstance(e, IrisKernelEffect)} - set(effects)
+    return effects if not added else type(effects)(set(effects) | added)
+
+
+def _body_effects(params: dict) -> list:
+    """The effects of each jaxpr among an equation's parameters."""
+    found = []
+    for value in params.values():
+        for v in value if isinstance(value, tuple) else (value,):
+            if isinstance(v, ClosedJaxpr):
+                found.append(v.jaxpr.effects)
+            elif isinstance(v, core.Jaxpr):
+                found.append(v.effects)
+    return found
 
 
 def merge_launches(eqns: list) -> list:

@@ -21,7 +21,7 @@ def collective_cases(n: int, W: int):
          lambda v: lax.all_to_all(v[:even], "i", 0, 0, tiled=True), P("i")),
         ("ppermute", lambda v: iris_jax.ppermute(v, "i", perm), lambda v: lax.ppermute(v, "i", perm), P("i")),
         ("broadcast", lambda v: iris_jax.broadcast(v, "i", 1),  # lax.pbroadcast's type: varying
-         lambda v: lax.psum(v * (lax.axis_index("i") == 1), "i"), P("i")),
+         lambda v: lax.psum(v * (lax.axis_index("i") == 1).astype(v.dtype), "i"), P("i")),
     ]
 
 

@@ -31,12 +31,12 @@ def mesh():
     return mesh_of((2,), ("i",))
 
 
-def trace(mesh, fn, x=None, **kwargs):
+def trace(mesh, fn, x=None, check_vma=False, **kwargs):
     """Traces fn inside shard_map over `mesh` (nothing runs)."""
     x = jnp.ones((2, 4, 6), F32) if x is None else x
     x = jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=jax.sharding.NamedSharding(mesh, P("i")))
     return jax.jit(jax.shard_map(lambda v: fn(v[0])[None], mesh=mesh, in_specs=P("i"), out_specs=P("i"),
-                                 check_vma=False, **kwargs)).trace(x)
+                                 check_vma=check_vma, **kwargs)).trace(x)
 
 
 @pytest.mark.parametrize("name", list(ALL))
@@ -51,9 +51,29 @@ def test_unknown_axis_name(mesh, name):
         trace(mesh, lambda v: lax.psum(v, "j"))
 
 
+@pytest.mark.parametrize("check_vma", [True, False], ids=["check_vma", "no_check_vma"])
+@pytest.mark.parametrize("name", list(ALL))
+def test_unbound_axis_names_the_bound_axes(mesh, name, check_vma):
+    """Where lax's error is a bare AssertionError (psum under check_vma), iris's names the
+    collective, the unbound axis and the axes bound there."""
+    bound = r"unbound axis name: 'j'; the axes bound here are \('i',\)"
+    with pytest.raises(NameError, match=rf"iris_jax\.\w+: {bound}"):
+        trace(mesh, lambda v: ALL[name](v, "j"), check_vma=check_vma)
+    with pytest.raises(NameError, match=bound):
+        trace(mesh, lambda v: ALL[name](v, ("i", "j")), check_vma=check_vma)
+
+
+def test_unbound_axis_inside_vmap_names_vmap_axes(mesh):
+    """A named jax.vmap axis is bound too: it is listed (and lax runs collectives over it)."""
+    runtime()
+    f = jax.vmap(lambda v: iris_jax.psum(v, "j"), axis_name="b")
+    with pytest.raises(NameError, match=r"unbound axis name: 'j'; the axes bound here are \('b',\)"):
+        jax.jit(f).trace(jnp.ones((2, 3)))
+
+
 def test_outside_shard_map_is_a_name_error():
     runtime()
-    with pytest.raises(NameError, match="shard_map"):
+    with pytest.raises(NameError, match="unbound axis name: 'i'; no axis is bound here .*jax.shard_map"):
         jax.jit(lambda v: iris_jax.psum(v, "i")).trace(jnp.ones(3))
     with pytest.raises(NameError):
         jax.jit(lambda v: iris_jax.all_gather(v, "i")).trace(jnp.ones(3))

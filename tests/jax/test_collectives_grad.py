@@ -187,7 +187,7 @@ def test_collectives_interleaved_with_other_work(rng):
             v = v[0, 0]
             h = jnp.tanh(v @ w)
             h = mod.psum(h, "x") / 2
-            h = h @ w.T + jnp.mean(h, axis=0)
+            h = h @ w.T + jnp.mean(h, axis=0, keepdims=True)
             g = mod.all_gather(h, "y", axis=1, tiled=True)  # (8, 16)
             g = jax.nn.relu(g) - jnp.max(g)
             g = lax.pcast(g, ("x",), to="varying")  # lax.psum_scatter over x needs an x-varying input

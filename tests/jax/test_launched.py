@@ -22,3 +22,14 @@ def test_a_rank_that_exits_right_after_init_keeps_its_heap_until_the_peers_attac
     assert "[rank 2] rank 2: wrote the marker, exiting" in result.stdout, result.stdout
     for rank in (0, 1):
         assert f"[rank {rank}] rank {rank}: read rank 2's marker OK" in result.stdout, result.stdout
+
+
+
+def test_processes_a_test_starts_run_under_the_suites_strict_settings():
+    """tests/conftest.py sets JAX's strict settings through the environment: every process a test
+    starts (a launched rank, a simulated rank, this child) runs under them, as pytest's does."""
+    script = ("import jax; c = jax.config; "
+              "print('strict', c.jax_enable_checks, c.jax_numpy_rank_promotion, c.jax_numpy_dtype_promotion)")
+    result = run_python(["-c", script], timeout=120)
+    assert result.returncode == 0, result.stdout
+    assert "strict True raise strict" in result.stdout, result.stdout

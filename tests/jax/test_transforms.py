@@ -202,3 +202,27 @@ def test_bool_psum_counts_as_int32(rng):
     got, want = _both(mesh, lambda m: (lambda v: m.psum(v > 0, "i")), _x(mesh, rng))
     assert got.dtype == want.dtype == np.int32
     np.testing.assert_array_equal(got, want)
+
+
+
+@pytest.mark.parametrize("transform", ["jit", "grad", "jvp", "remat_grad", "scan"])
+@pytest.mark.parametrize("op_name", ["psum", "pbroadcast"])
+def test_rewritten_jaxprs_carry_the_kernel_effect(op_name, transform):
+    """Every equation and jaxpr that holds an iris kernel carries its effect (JAX's type check,
+    jax_enable_checks, compares them): also the jaxprs that the rewrite put kernels into after
+    they were traced with lax's collectives (replace_lax_collectives over jit, scan, remat, and
+    the transposes' own jaxprs), so the effect reaches the program."""
+    from jax._src import core
+
+    from iris_jax.calls.triton_call import iris_kernel_effect
+
+    use_runtime(4)
+    mesh = jax.make_mesh((4,), ("i",), devices=jax.devices()[:4], axis_types=(jax.sharding.AxisType.Explicit,))
+    smap = lambda f: jax.shard_map(f, mesh=mesh, in_specs=P("i"), out_specs=P("i"))  # noqa: E731
+    lax_op = _ops(4)[op_name][1]
+    body = _body(lambda v, a: jax.jit(lax_op, static_argnums=1)(v, a), "i")  # a jit around lax's collective
+    program = iris_jax.replace_lax_collectives(_transforms(smap)[transform](body))
+    x = jax.device_put(jnp.ones((8, 3), jnp.float32), NamedSharding(mesh, P("i")))
+    closed = jax.make_jaxpr(program)(x)
+    core.check_jaxpr(closed.jaxpr)
+    assert iris_kernel_effect in closed.effects

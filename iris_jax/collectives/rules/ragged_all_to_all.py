@@ -6,7 +6,8 @@ recv_sizes), lax's semantics; its own kernel (iris_core.collectives.ragged): eac
 pulls the rows of the slices meant for it straight into its output, the sizes travelling with
 the first flag round. recv_sizes is lax's statement of what arrives; the kernel takes the
 sizes from their senders. lax's own jvp and batching rules apply (run on iris); its transpose
-with the output's cotangent masked exactly (`_transpose`).
+with the output's cotangent masked exactly (`_transpose`). `axis_index_groups` (equal-sized, a
+group of one included) run as the groups of the other collectives do: each its own group.
 Across domains: XLA (no composition here).
 """
 
@@ -51,12 +52,13 @@ def _lower(collective, params, config, axes, G, xs):
     if N == 0 or M == 0 or R == 0:  # nothing can be sent or received
         return [output]
     out = launch(operand.reshape(N, R), output.reshape(M, R), input_offsets, send_sizes, output_offsets, slices,
-                 axes, G, config)
+                 axes, G, config, params.get("axis_index_groups"))
     return [out.reshape(output.shape)]
 
 
-def launch(x, output, input_offsets, send_sizes, output_offsets, slices: int, axes, G: int, config):
-    """The ragged kernel on x [N, R] into output [M, R] (aliased)."""
+def launch(x, output, input_offsets, send_sizes, output_offsets, slices: int, axes, G: int, config, groups=None):
+    """The ragged kernel on x [N, R] into output [M, R] (aliased); `groups`: lax's
+    axis_index_groups (the kernel's group is then the device's group of them, of G members)."""
     from iris_jax import _runtime as runtime_lib
     from iris_jax._runtime.workspace import workspaces
     from iris_jax.calls.triton_call import triton_call
@@ -79,7 +81,8 @@ def launch(x, output, input_offsets, send_sizes, output_offsets, slices: int, ax
     return triton_call(
         x, output, input_offsets, send_sizes, output_offsets, N, M, R, rows, kernel=ragged.ragged_kernel,
         out_shape=jax.ShapeDtypeStruct((M, R), x.dtype), grid=(min(rows, max_programs, table_lines),),
-        num_warps=num_warps, group_axes=axes, input_output_aliases={1: 0}, out_varying=tuple(varying),
+        num_warps=num_warps, group_axes=axes, axis_index_groups=groups, input_output_aliases={1: 0},
+        out_varying=tuple(varying),
         G=G, WORLD=rt.world_size, SLICES=slices, SLICES_P2=_pow2(slices), TABLE=_pow2(G * slices), BLOCK=block,
         DATA=layout.data, DATA2=layout.data2, DATA_BYTES=layout.data_bytes, MAX_PROGRAMS=MAX_PROGRAMS,
         TIMEOUT_NS=flag_protocol.timeout_ns(config.timeout_s), WHAT="ragged_all_to_all", VEC=vec)
@@ -98,18 +101,27 @@ def _transpose(ct, operand, output, input_offsets, send_sizes, output_offsets, r
     from jax._src.interpreters import ad
 
     lax = lax_parallel
-    output_at = lax.all_to_all(output_offsets, axis_name, 0, 0, tiled=True)  # where my received rows are
-    input_at = lax.all_to_all(input_offsets, axis_name, 0, 0, tiled=True)
+    groups = axis_index_groups  # (lax's own transpose exchanges the offsets over the whole axis)
+    output_at = lax.all_to_all(output_offsets, axis_name, 0, 0, tiled=True, axis_index_groups=groups)
+    input_at = lax.all_to_all(input_offsets, axis_name, 0, 0, tiled=True, axis_index_groups=groups)
     operand_t = output_t = None
     if ad.is_undefined_primal(operand):
         operand_t = lax.ragged_all_to_all_p.bind(ct, ad.zeros_like_aval(operand.aval), output_at,
                                                  recv_sizes, input_at, send_sizes, axis_name=axis_name,
                                                  axis_index_groups=axis_index_groups)
     if ad.is_undefined_primal(output):
-        rows = jnp.arange(ct.shape[0])[:, None]
-        received = ((rows >= output_at) & (rows < output_at + recv_sizes)).any(axis=1)
+        received = _received_rows(ct.shape[0], output_at, recv_sizes)
         output_t = jnp.where(received.reshape(-1, *[1] * (ct.ndim - 1)), jnp.zeros_like(ct), ct)
     return [operand_t, output_t, None, None, None, None]
+
+
+def _received_rows(n: int, starts, sizes):
+    """Which of `n` output rows lie in a received slice (rows starts[k], + sizes[k]), as a bool
+    vector. Broadcast and typed explicitly: iris's code runs under a user's strict settings
+    (jax_numpy_rank_promotion='raise', jax_numpy_dtype_promotion='strict')."""
+    rows = jnp.arange(n, dtype=starts.dtype)[:, None]
+    starts, ends = starts[None, :], (starts + sizes.astype(starts.dtype))[None, :]
+    return ((rows >= starts) & (rows < ends)).any(axis=1)
 
 
 def _plan(params, nbytes, sizes, inside, across, config):
@@ -125,4 +137,4 @@ def _detail(params, config) -> str:
 
 
 register(Rule("ragged_all_to_all", ("ragged_all_to_all",), _lower, _plan, _lower_across, operands=6,
-              sends_when_trivial=True, transpose=_transpose, detail=_detail))
+              sends_when_trivial=True, transpose=_transpose, detail=_detail, runs_groups=True))
