@@ -33,10 +33,12 @@ from typing import NamedTuple
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks import small  # noqa: E402
 from iris_core.platform import gpus_present  # noqa: E402
 
 SIZES = "1K,4K,16K,64K,256K,1M,4M,16M,64M,256M,1G"
 OPS = "psum,psum:two_shot,psum:heap,all_gather,psum_scatter,all_to_all,ppermute,broadcast"
+SMALL_OPS = "psum,psum:heap,all_gather,ppermute"  # --small's default
 
 
 def parse_size(s: str) -> int:
@@ -51,17 +53,20 @@ def main():
     parser.add_argument("--ops", default=OPS)
     parser.add_argument("--out", help="results folder (default: see out_dir)")
     parser.add_argument("--plot", action="store_true")
+    small.add_flag(parser, f"1 KiB per rank, 2 ranks on the CPU simulator, values only (ops: {SMALL_OPS} "
+                   "unless --ops says)")
     opts = parser.parse_args()
 
-    gpu = os.environ.get("JAX_PLATFORMS") != "cpu" and gpus_present()
+    gpu = not opts.small and os.environ.get("JAX_PLATFORMS") != "cpu" and gpus_present()
     opts.out = out_dir(opts.out, gpu)
     if gpu:  # psum:heap at 1 GiB puts a 1 GiB input on the heap next to the workspaces
         os.environ.setdefault("IRIS_HEAP_SIZE", str(4 << 30))
     else:
-        os.environ.setdefault("JAX_PLATFORMS", "cpu")
-        os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
-        print("No GPU here: running a tiny correctness-only pass on the CPU simulator (no timings).")
-        opts.sizes = "1K,4K"
+        small.use_simulator()
+        print("No GPU here (or --small): a tiny correctness-only pass on the CPU simulator (no timings).")
+        opts.sizes = "1K" if opts.small else "1K,4K"
+        if opts.small and opts.ops == OPS:
+            opts.ops = SMALL_OPS
     import jax
     import jax.numpy as jnp
     import numpy as np

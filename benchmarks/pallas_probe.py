@@ -4,7 +4,7 @@
 
 Prints the JAX version, whether Mosaic GPU's pallas_call registration imports, the registered
 backend lowering rules, the CompilerParams classes of both GPU backends, and the source of
-pallas_call's GPU lowering.
+pallas_call's GPU lowering. Needs no GPU (`--small`, what CI runs, is the same run).
 """
 
 import inspect
