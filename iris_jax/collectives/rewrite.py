@@ -34,7 +34,7 @@ from jax._src.lib import xla_client
 from iris_jax.collectives import rules
 from iris_jax.collectives.primitive import freeze, iris_collective_p
 from iris_jax.collectives.rules import axes_of
-from iris_jax.compat import ClosedJaxpr, closed_jaxpr, is_jaxpr
+from iris_jax.compat import ClosedJaxpr, closed_jaxpr, is_closed_jaxpr, is_jaxpr, shard_map_manual_axes
 from iris_jax.config import CollectiveConfig, default_config
 from iris_jax.sync import guarded_call
 
@@ -64,7 +64,7 @@ class Scope:
 
     def inside_shard_map(self, params) -> Scope:
         mesh = params["mesh"]
-        newly = params.get("newly_manual_axes", params.get("manual_axes", params.get("axis_names")))
+        newly = shard_map_manual_axes(params)
         newly = frozenset(newly) if newly is not None else frozenset(mesh.axis_names)
         concrete = mesh if isinstance(mesh, jax.sharding.Mesh) else self.mesh
         return Scope(tuple(mesh.shape.items()), self.manual | newly, concrete)
@@ -166,7 +166,7 @@ class _Rewriter:
         return eqn.replace(params=params) if any(params[k] is not v for k, v in eqn.params.items()) else eqn
 
     def param(self, value, scope: Scope):
-        if isinstance(value, ClosedJaxpr):  # on jax 0.12 every Jaxpr (it carries its consts)
+        if is_closed_jaxpr(value):
             return self.closed(value, scope)
         if isinstance(value, core.Jaxpr):
             return self.jaxpr(value, scope)
