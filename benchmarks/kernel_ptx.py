@@ -114,8 +114,9 @@ def other_kernels() -> dict:
     ragged_all_to_all rule): the fused GEMM ops, the device barrier, ragged_all_to_all; and the
     tile-level collectives, each in a kernel of one tile as a user would write it."""
     from iris_core.collectives import ragged
-    from iris_core.collectives.workspace import MAX_PROGRAMS, FusedLayout, WorkspaceLayout
+    from iris_core.collectives.workspace import FusedLayout, WorkspaceLayout
     from iris_core.device.barrier import barrier_kernel
+    from iris_core.device.barrier import launch_constants as barrier_constants
     from iris_core.kernels import fused as F
     from iris_core.launch import GemmConfig
 
@@ -139,16 +140,15 @@ def other_kernels() -> dict:
         for tracing in (False, True):
             out[f"device_barrier W{W}{' traced' if tracing else ''}"] = (
                 barrier_kernel, {"context_ptr": "*i32", "after_ptr": "*i32", "status_ptr": "*i32"},
-                dict(AREA_OFFSET=1 << 20, TIMEOUT_NS=10**9, W=W, TRACING=tracing), dict(num_warps=4))
+                barrier_constants(area_offset=1 << 20, timeout_ns=10**9, world=W, tracing=tracing), dict(num_warps=4))
     layout = WorkspaceLayout(4, 1 << 20)
     ints = {n: "*i32" for n in ("context_ptr", "group_ptr", "in_offsets", "sizes", "out_offsets")}
     for G, slices in ((2, 1), (4, 2)):
         out[f"ragged_all_to_all G{G} slices {slices} bf16"] = (
             ragged.ragged_kernel, dict(ints, x_ptr="*bf16", output_ptr="*bf16", out_ptr="*bf16", N="i32", M="i32",
                                        R="i32", ROWS="i32"),
-            dict(G=G, WORLD=G, SLICES=slices, SLICES_P2=slices, TABLE=G * slices, BLOCK=4096, DATA=layout.data,
-                 DATA2=layout.data2, DATA_BYTES=layout.data_bytes, MAX_PROGRAMS=MAX_PROGRAMS, TIMEOUT_NS=10**9,
-                 WHAT="ragged_all_to_all", VEC=8), dict(num_warps=8))
+            ragged.launch_constants(G=G, world=G, slices=slices, block=4096, layout=layout, timeout_ns=10**9, vec=8),
+            dict(num_warps=8))
     tile = _tile_kernel()
     signature = {"context_ptr": "*i32", "x_ptr": "*fp32", "src_ptr": "*fp32", "dst_ptr": "*fp32",
                  "locks_ptr": "*i32", "M": "i32", "N": "i32"}

@@ -11,6 +11,20 @@ from __future__ import annotations
 import inspect
 from typing import NamedTuple
 
+VECTOR_BYTES = 16  # the widest global access of one thread (ld/st.global.v4.b32)
+
+
+def vector_width(row_elements: int, itemsize: int) -> int:
+    """Elements per vector access (a kernel's VEC): a VECTOR_BYTES vector of `itemsize`-byte
+    elements where rows of `row_elements` keep every vector aligned, else 1."""
+    width = VECTOR_BYTES // itemsize
+    return width if row_elements % width == 0 else 1
+
+
+def next_power_of_two(n: int) -> int:
+    """The smallest power of two >= n (1 for n <= 1): a tl.arange needs one."""
+    return 1 << max(n - 1, 0).bit_length()
+
 
 class GemmConfig(NamedTuple):
     """The GEMM core's launch settings (iris_core.kernels.gemm): BM x BN output tiles over

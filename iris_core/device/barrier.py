@@ -19,6 +19,7 @@ from iris_core.device import flags
 from iris_core.device.context import Context
 from iris_core.device.intrinsics import global_timer
 from iris_core.device.tracing import EVENT_BARRIER
+from iris_core.launch import kernel_constants
 
 SLOT_WORDS = flag_protocol.LINE_BYTES // 8  # int64 words per slot: one line each
 SLOT = tl.constexpr(SLOT_WORDS)
@@ -49,3 +50,10 @@ def barrier_kernel(context_ptr, after_ptr, status_ptr, AREA_OFFSET: tl.constexpr
             missing = peer
     tl.store(status_ptr, missing)
     ctx.tracing.record_event_end(event)
+
+
+def launch_constants(*, area_offset: int, timeout_ns: int, world: int, tracing: bool = False) -> dict:
+    """barrier_kernel's constexprs: what iris_jax.device_barrier launches and
+    benchmarks/kernel_ptx.py and the tests compile. `area_offset`: the heap offset of the
+    barrier's slots (a line per rank and the epoch's)."""
+    return kernel_constants(barrier_kernel, AREA_OFFSET=area_offset, TIMEOUT_NS=timeout_ns, W=world, TRACING=tracing)

@@ -29,6 +29,7 @@ from iris_core.collectives import kernels as K
 from iris_core.collectives import kinds
 from iris_core.collectives.algorithms import ALGORITHMS, BY_VARIANT
 from iris_core.collectives.workspace import MAX_PROGRAMS
+from iris_core.launch import vector_width
 from iris_core.platform import GPU, SIMULATOR
 from iris_jax import _runtime as runtime_lib
 from iris_jax import compat
@@ -43,6 +44,7 @@ DEFAULT_PROGRAMS_PER_SM, DEFAULT_WARPS = 1, 8
 # streamed calls of more tiles than half the SMs: every SM both sends and receives
 DEFAULT_STREAM_PROGRAMS_PER_SM, DEFAULT_STREAM_WARPS = 2, 4
 MIN_BLOCK = 256
+NO_CHUNK_CAP = 1 << 62  # config.chunk_bytes None: more than any workspace holds, so chunks are what it holds
 
 
 def group_size(axes, groups=None) -> int:
@@ -175,7 +177,7 @@ def launch(kind: int, x2d, axes, out_blocks: int, config: CollectiveConfig, *, o
 
     def tiling(buffer_bytes, slots):  # a buffer holds a slot per sender (push) or my input blocks (pull)
         block = fitting_block(largest_block, buffer_bytes, slots, itemsize)
-        cap = config.chunk_bytes or 1 << 62
+        cap = config.chunk_bytes or NO_CHUNK_CAP
         return block, max(block, min(buffer_bytes // slots, cap) // itemsize // block * block)
 
     senders_per_buffer = max(G - 1, 1)  # push: every member but the buffer's owner
@@ -202,7 +204,7 @@ def launch(kind: int, x2d, axes, out_blocks: int, config: CollectiveConfig, *, o
             ACC=tl.float32 if floating else tl.int32, BLOCK=block, CHUNK=chunk, REGIONS=ws.layout.regions,
             TIMEOUT_NS=flag_protocol.timeout_ns(config.timeout_s), WHAT=what,
             ZERO_COPY=not push and zero_copy(kind, variant, nbytes, config), HEAP_BYTES=rt.heap_size,
-            VEC=16 // itemsize if m % (16 // itemsize) == 0 else 1, TRACING=rt.tracing.enabled, PUSH=push,
+            VEC=vector_width(m, itemsize), TRACING=rt.tracing.enabled, PUSH=push,
             STREAM=stream, SENDERS=senders))
 
 

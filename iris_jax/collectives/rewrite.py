@@ -24,6 +24,7 @@ import dataclasses
 import functools
 import math
 from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -121,12 +122,24 @@ def groups_problem(op: str, groups: tuple, members: int) -> tuple[str, type[Exce
 
 
 # -- the rewrite ------------------------------------------------------------------------
+class Decision(NamedTuple):
+    """Where the rewrite put one collective equation (what `explain` reports): lax's primitive
+    `name` and `params`, its first operand's `aval`, the `reason` it stays on XLA (None: it runs
+    on iris), the mesh `scope` around it and the `config` it runs with."""
+    name: str
+    params: dict
+    aval: core.AbstractValue
+    reason: str | None
+    scope: Scope
+    config: CollectiveConfig
+
+
 @dataclasses.dataclass
 class _Rewriter:
     config: CollectiveConfig
     strict: bool
     merge: bool = True
-    decisions: list = dataclasses.field(default_factory=list)  # (name, params, aval, reason or None, scope, config)
+    decisions: list[Decision] = dataclasses.field(default_factory=list)
     memo: dict = dataclasses.field(default_factory=dict)
 
     def closed(self, closed: ClosedJaxpr, scope: Scope) -> ClosedJaxpr:
@@ -145,7 +158,7 @@ class _Rewriter:
         if rule is not None:
             aval = eqn.invars[0].aval
             reason, refusal = placement(name, eqn.params, aval, scope)
-            self.decisions.append((name, eqn.params, aval, reason, scope, self.config))
+            self.decisions.append(Decision(name, eqn.params, aval, reason, scope, self.config))
             if reason is None:
                 params = dict(collective=eqn.primitive, params=freeze(eqn.params), config=self.config)
                 return eqn.replace(primitive=iris_collective_p, params=params)
@@ -158,8 +171,8 @@ class _Rewriter:
                               "each index of the axes once")
             return eqn
         if eqn.primitive is iris_collective_p:
-            self.decisions.append((eqn.params["collective"].name, dict(eqn.params["params"]), eqn.invars[0].aval, None,
-                                   scope, eqn.params["config"]))
+            self.decisions.append(Decision(eqn.params["collective"].name, dict(eqn.params["params"]),
+                                           eqn.invars[0].aval, None, scope, eqn.params["config"]))
             return eqn
         inner = scope.inside_shard_map(eqn.params) if name == "shard_map" else scope
         params = {k: self.param(v, inner) for k, v in eqn.params.items()}
@@ -293,7 +306,7 @@ def explain(f: Callable, *args, config: CollectiveConfig | None = None, **kwargs
     collectives called explicitly included): its op, axes, shape, dtype, bytes per rank,
     and where it runs and why; one row per step where its axes span domains (the steps'
     bytes per rank, the collective's shape). `print(*explain(...), sep="\\n")` shows a table."""
-    decisions: list = []
+    decisions: list[Decision] = []
     config = config or default_config()
     jax.make_jaxpr(lambda *a, **k: run_on_iris(lambda a, k: f(*a, **k), (a, k), config, strict=False,
                                                 decisions=decisions))(*args, **kwargs)

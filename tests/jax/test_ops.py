@@ -18,8 +18,8 @@ from jax.sharding import PartitionSpec as P
 
 import iris_jax
 from iris_core.errors import IrisError
-from iris_jax._runtime import backends
 from iris_jax import ops
+from iris_jax._runtime import backends
 from iris_jax._runtime.workspace import workspaces
 from iris_jax.calls.triton_call import vary
 from tests.jax.helpers import use_runtime
