@@ -137,6 +137,12 @@ def test_no_cycles_but_the_inherent_ones():
     assert not cycles, cycles
 
 
+def test_iris_core_has_no_cycles():
+    """No module of iris_core imports one that imports it back (function-local imports counted)."""
+    cycles = _components(_graph("iris_core"))
+    assert not cycles, cycles
+
+
 # a platform's own modules, reached only through its record in iris_core.platform (and by each
 # other: the CUDA heap maps memory through the VMM module)
 VENDOR_MODULES = {"iris_core.heap.cuda", "iris_core.heap.vmm", "iris_core.device.nvidia", "iris_core.sim.intrinsics"}
