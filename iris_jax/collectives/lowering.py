@@ -19,6 +19,7 @@ programs push tiles and flag each, the other half build the output as tiles arri
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -129,8 +130,16 @@ def launch_many(kind: int, rows: list, axes, out_blocks: int, config, **kwargs) 
 
 
 # -- one launch -----------------------------------------------------------------------------
-def launch_config(rt, config: CollectiveConfig, streamed: bool = False) -> tuple[int, int, int]:
-    """(elements per tile, most programs, warps per program) of the collective kernel.
+class LaunchConfig(NamedTuple):
+    """How the collective kernel launches: the largest tile (elements), the most programs of
+    its persistent grid, and warps per program."""
+    block: int
+    programs: int
+    warps: int
+
+
+def launch_config(rt, config: CollectiveConfig, streamed: bool = False) -> LaunchConfig:
+    """The collective kernel's LaunchConfig (elements per tile, most programs, warps per program).
 
     Every program of the persistent grid must be resident at once (they wait on their
     peers' twins), so programs stay within `programs_per_sm` x SMs and MAX_PROGRAMS.
@@ -148,7 +157,8 @@ def launch_config(rt, config: CollectiveConfig, streamed: bool = False) -> tuple
         warps = config.stream_warps or DEFAULT_STREAM_WARPS
     else:
         per_sm, warps = config.programs_per_sm or DEFAULT_PROGRAMS_PER_SM, config.warps or DEFAULT_WARPS
-    return block, min(per_sm * backend.sm_count(rt.devices), MAX_PROGRAMS), backend.collective_warps(warps)
+    programs = min(per_sm * backend.sm_count(rt.devices), MAX_PROGRAMS)
+    return LaunchConfig(block, programs, backend.collective_warps(warps))
 
 
 def fitting_block(block: int, buffer_bytes: int, slots: int, itemsize: int) -> int:
