@@ -129,7 +129,7 @@ def shared_rank(process: int, port: int, sizes: str, calls: int) -> None:
     from jax.sharding import PartitionSpec as P
 
     import iris_jax
-    from benchmarks.collectives import _chain_jit, gpu_time, parse_size
+    from benchmarks.collectives import chain_jit, gpu_time, parse_size
 
     iris_jax.init(heap_size=256 << 20)
     devices = sorted(jax.devices(), key=lambda d: d.id)  # both processes' ranks (the runtime's devices: this one's)
@@ -138,7 +138,7 @@ def shared_rank(process: int, port: int, sizes: str, calls: int) -> None:
         n = parse_size(size) // 4
         whole = np.ones((2 * n,), np.float32)
         x = jax.make_array_from_callback(whole.shape, NamedSharding(mesh, P("i")), lambda idx: whole[idx])
-        f = _chain_jit(lambda v: iris_jax.psum(v, "i"), mesh, n, jnp.dtype(jnp.float32), calls, jax, jnp, P)
+        f = chain_jit(lambda v: iris_jax.psum(v, "i"), mesh, n, jnp.dtype(jnp.float32), calls, jax, jnp, P)
         jax.block_until_ready(f(x))
         kernel_us = min(gpu_time(f, x, calls=calls).comm for _ in range(3))
         walls = []

@@ -28,7 +28,7 @@ import triton.language as tl
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from collectives import _chain_jit, _time_per_call, gpu_time, out_dir, runtime_mesh, wall_time_per_call  # noqa: E402
+from collectives import chain_jit, gpu_time, out_dir, runtime_mesh, time_per_call, wall_time_per_call  # noqa: E402
 
 from benchmarks import small  # noqa: E402
 
@@ -95,12 +95,12 @@ def main():
     f32 = jnp.dtype(jnp.float32)
     for name, fn in cases:
         if opts.small:
-            jax.block_until_ready(_chain_jit(fn, mesh, n, f32, 1, jax, jnp, P)(x))
+            jax.block_until_ready(chain_jit(fn, mesh, n, f32, 1, jax, jnp, P)(x))
             print(f"| {name} | ran | | |", flush=True)
             continue
-        us = _time_per_call(fn, x, mesh, n, f32, jax, jnp, P)[0] * 1e6
+        us = time_per_call(fn, x, mesh, n, f32, jax, jnp, P)[0] * 1e6
         wall = wall_time_per_call(fn, x, mesh, n, f32, jax, jnp, P) * 1e6
-        busy = gpu_time(_chain_jit(fn, mesh, n, f32, 20, jax, jnp, P), x).busy / 20
+        busy = gpu_time(chain_jit(fn, mesh, n, f32, 20, jax, jnp, P), x).busy / 20
         print(f"| {name} | {us:.1f} | {wall:.1f} | {busy:.1f} |", flush=True)
 
     def chain(v):

@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("IRIS_COLLECTIVE_TIMEOUT", "10")
 
-from collectives import _ops, _time_per_call, parse_size, runtime_mesh  # noqa: E402
+from collectives import op_pair, parse_size, runtime_mesh, time_per_call  # noqa: E402
 
 from benchmarks import small  # noqa: E402
 
@@ -67,11 +67,11 @@ def main():
             n = max(W, parse_size(size) // 4 // W * W)
             x = jax.device_put(jax.random.normal(jax.random.key(n), (W * n,), jnp.float32),
                                NamedSharding(mesh, P("i")))
-            iris_fn, lax_fn, out_spec, busbw_factor = _ops(op, "one_shot", W, iris_jax, lax)
+            iris_fn, lax_fn, out_spec, busbw_factor = op_pair(op, "one_shot", W, iris_jax, lax)
             run = lambda f: np.asarray(jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P("i"), out_specs=out_spec))(x))
             with iris_jax.use_config(cfg):  # iris's calls traced inside take it
                 ok = bool(np.allclose(run(iris_fn), run(lax_fn), rtol=1e-5, atol=1e-5 * W))
-                times = (0.0, 0.0) if opts.small else _time_per_call(iris_fn, x, mesh, n, jnp.dtype(jnp.float32),
+                times = (0.0, 0.0) if opts.small else time_per_call(iris_fn, x, mesh, n, jnp.dtype(jnp.float32),
                                                                      jax, jnp, P)
             us, kernel_us = (t * 1e6 for t in times)
             row = {"config": "/".join(map(str, config)), "case": case, "us": us, "kernel_us": kernel_us,
