@@ -33,10 +33,12 @@ from typing import NamedTuple
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks import small  # noqa: E402
 from iris_core.platform import gpus_present  # noqa: E402
 
 SIZES = "1K,4K,16K,64K,256K,1M,4M,16M,64M,256M,1G"
 OPS = "psum,psum:two_shot,psum:heap,all_gather,psum_scatter,all_to_all,ppermute,broadcast"
+SMALL_OPS = "psum,psum:heap,all_gather,ppermute"  # --small's default
 
 
 def parse_size(s: str) -> int:
@@ -51,17 +53,20 @@ def main():
     parser.add_argument("--ops", default=OPS)
     parser.add_argument("--out", help="results folder (default: see out_dir)")
     parser.add_argument("--plot", action="store_true")
+    small.add_flag(parser, f"1 KiB per rank, 2 ranks on the CPU simulator, values only (ops: {SMALL_OPS} "
+                   "unless --ops says)")
     opts = parser.parse_args()
 
-    gpu = os.environ.get("JAX_PLATFORMS") != "cpu" and gpus_present()
+    gpu = not opts.small and os.environ.get("JAX_PLATFORMS") != "cpu" and gpus_present()
     opts.out = out_dir(opts.out, gpu)
     if gpu:  # psum:heap at 1 GiB puts a 1 GiB input on the heap next to the workspaces
         os.environ.setdefault("IRIS_HEAP_SIZE", str(4 << 30))
     else:
-        os.environ.setdefault("JAX_PLATFORMS", "cpu")
-        os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
-        print("No GPU here: running a tiny correctness-only pass on the CPU simulator (no timings).")
-        opts.sizes = "1K,4K"
+        small.use_simulator()
+        print("No GPU here (or --small): a tiny correctness-only pass on the CPU simulator (no timings).")
+        opts.sizes = "1K" if opts.small else "1K,4K"
+        if opts.small and opts.ops == OPS:
+            opts.ops = SMALL_OPS
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -83,7 +88,7 @@ def main():
             for op_name in opts.ops.split(","):
                 op, _, variant = op_name.partition(":")
                 in_place = variant == "heap"  # the input on the heap: read in place (zero-copy)
-                iris_op, lax_op, out_spec, busbw_factor = _ops(op, "auto" if in_place or not variant else variant, W,
+                iris_op, lax_op, out_spec, busbw_factor = op_pair(op, "auto" if in_place or not variant else variant, W,
                                                                iris_jax, lax)
                 single = {}
                 for lib, fn in (("iris", iris_op), ("lax", lax_op)):
@@ -95,7 +100,7 @@ def main():
                 row = {"op": op_name, "dtype": dtype_name, "bytes": n * dtype.itemsize, "correct": ok}
                 if gpu:
                     for lib, fn, arg in (("iris", iris_op, xi), ("lax", lax_op, x)):
-                        per_call, comm = _time_per_call(fn, arg, mesh, n, dtype, jax, jnp, P, in_place and lib == "iris")
+                        per_call, comm = time_per_call(fn, arg, mesh, n, dtype, jax, jnp, P, in_place and lib == "iris")
                         row[f"{lib}_us"], row[f"{lib}_comm_us"] = per_call * 1e6, comm * 1e6
                     row["ratio"] = row["lax_us"] / row["iris_us"]
                     for key in ("iris_us", "lax_us", "iris_comm_us", "lax_comm_us"):  # GB/s; None: no such kernel
@@ -146,7 +151,7 @@ def _save_json(out_dir, W, gpu, rows):
         json.dump({"world_size": W, "gpu": gpu, "rows": rows}, f, indent=1)
 
 
-def _ops(op, variant, W, iris_jax, lax):
+def op_pair(op, variant, W, iris_jax, lax):
     """(iris fn, lax fn, out_spec, busbw factor) for one op on per-device input v."""
     from jax.sharding import PartitionSpec as P
 
@@ -175,7 +180,7 @@ def _ops(op, variant, W, iris_jax, lax):
     raise ValueError(op)
 
 
-def _chain_jit(fn, mesh, n, dtype, K, jax, jnp, P, in_place=False):
+def chain_jit(fn, mesh, n, dtype, K, jax, jnp, P, in_place=False):
     """One jit of K data-dependent calls of `fn`. With `in_place`, every call gets the input
     itself (on the heap: read in place) and the results are summed, the same elementwise work
     per call."""
@@ -197,7 +202,7 @@ def calls_per_jit(nbytes: int) -> int:
     return 20 if nbytes <= (4 << 20) else 5 if nbytes <= (256 << 20) else 2
 
 
-def _time_per_call(fn, x, mesh, n, dtype, jax, jnp, P, in_place=False) -> tuple[float, float]:
+def time_per_call(fn, x, mesh, n, dtype, jax, jnp, P, in_place=False) -> tuple[float, float]:
     """GPU time of one call, in seconds: the GPUs' span for 2K chained calls minus that for
     K calls, divided by K (each span the best of 5 profiled runs). The difference leaves out
     what every run of a jit pays once (the host's launch, CUDA-graph updates). Also returns,
@@ -205,7 +210,7 @@ def _time_per_call(fn, x, mesh, n, dtype, jax, jnp, P, in_place=False) -> tuple[
     K = calls_per_jit(n * dtype.itemsize)
     runs = []
     for k in (K, 2 * K):
-        f = _chain_jit(fn, mesh, n, dtype, k, jax, jnp, P, in_place)
+        f = chain_jit(fn, mesh, n, dtype, k, jax, jnp, P, in_place)
         runs.append(min((gpu_time(f, x, calls=k) for _ in range(5)), key=lambda t: t.span))
     return max(runs[1].span - runs[0].span, 0.0) / K / 1e6, runs[1].comm / 1e6
 
@@ -214,7 +219,7 @@ def wall_time_per_call(fn, x, mesh, n, dtype, jax, jnp, P) -> float:
     """Median wall time of a jit of K chained calls, divided by K (seconds): what the host
     sees, fixed costs of the run included."""
     K = calls_per_jit(n * dtype.itemsize)
-    f = _chain_jit(fn, mesh, n, dtype, K, jax, jnp, P)
+    f = chain_jit(fn, mesh, n, dtype, K, jax, jnp, P)
     f(x).block_until_ready()
     times = []
     for _ in range(7):

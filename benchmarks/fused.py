@@ -26,6 +26,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks import small  # noqa: E402
 from iris_core.platform import gpus_present  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -41,21 +42,21 @@ def main():
     parser.add_argument("--out", help="results folder (default: benchmarks/out, on the simulator benchmarks/out/simulator)")
     parser.add_argument("--plot", action="store_true", help="also draw fused_bf16.png into the results folder")
     parser.add_argument("--plot-from", help="draw benchmarks/fused_bf16.png from this fused.json and exit")
+    small.add_flag(parser, "one 40 x 24 x 24 problem per op, 2 ranks on the CPU simulator, values only")
     opts = parser.parse_args()
     if opts.plot_from:
         with open(opts.plot_from) as fh:
             plot(json.load(fh), os.path.join(os.path.dirname(os.path.abspath(__file__)), "fused_bf16.png"))
         return
 
-    gpu = gpus_present()
+    gpu = not opts.small and gpus_present()
     opts.out = out_dir(opts.out, gpu)
     if gpu:
         os.environ.setdefault("IRIS_HEAP_SIZE", str(8 << 30))
         os.environ.setdefault("IRIS_FUSED_WORKSPACE_BYTES", str(1 << 30))
     else:
-        os.environ.setdefault("JAX_PLATFORMS", "cpu")
-        os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
-        print("No GPU here: running a tiny correctness-only pass on the CPU simulator (no timings).")
+        small.use_simulator()
+        print("No GPU here (or --small): a tiny correctness-only pass on the CPU simulator (no timings).")
         opts.ms, opts.nks, opts.reps = "40", "24", 0
     import jax
     import jax.numpy as jnp

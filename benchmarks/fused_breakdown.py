@@ -23,6 +23,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from collectives import gpu_time  # noqa: E402
 
+from benchmarks import small  # noqa: E402
+
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -31,9 +33,15 @@ def main():
     parser.add_argument("--k", type=int, default=4096)
     parser.add_argument("--reduce-programs", default="8,16")
     parser.add_argument("--poll-ns", default="500")
+    small.add_flag(parser, "every piece once at M = N = 32, K = 16 per rank, one reducing program, 2 ranks on the "
+                   "CPU simulator (no timings)")
     opts = parser.parse_args()
-    os.environ.setdefault("IRIS_HEAP_SIZE", str(8 << 30))
-    os.environ.setdefault("IRIS_FUSED_WORKSPACE_BYTES", str(1 << 30))
+    if opts.small:
+        small.use_simulator()
+        opts.m, opts.n, opts.k, opts.reduce_programs, opts.poll_ns = 32, 32, 16, "1", "0"
+    else:
+        os.environ.setdefault("IRIS_HEAP_SIZE", str(8 << 30))
+        os.environ.setdefault("IRIS_FUSED_WORKSPACE_BYTES", str(1 << 30))
     import jax
     import jax.numpy as jnp
     from jax import lax
@@ -43,8 +51,8 @@ def main():
     import iris_jax
     from iris_jax import ops
 
-    if jax.devices()[0].platform != "gpu":
-        sys.exit("fused_breakdown.py needs GPUs")
+    if jax.devices()[0].platform != "gpu" and not opts.small:
+        sys.exit("fused_breakdown.py needs GPUs (--small runs it on the CPU simulator)")
     rt = iris_jax.init()
     W = len(rt.devices)
     M, N, K = opts.m, opts.n, opts.k
@@ -58,6 +66,10 @@ def main():
     c = jax.device_put(jnp.ones((W * M, N), jnp.bfloat16), NamedSharding(mesh, P("i", None)))
 
     def timed(name, f, *args):
+        if opts.small:
+            jax.block_until_ready(f(*args))
+            print(f"| {name} | ran | |", flush=True)
+            return
         runs = [gpu_time(f, *args) for _ in range(5)]
         span = statistics.median(r.span for r in runs)
         busy = statistics.median(r.busy for r in runs)
@@ -67,7 +79,7 @@ def main():
         return jax.jit(jax.shard_map(fn, mesh=m or mesh, in_specs=ins or (P(None, "i"), P("i", None)),
                                      out_specs=P() if out is None else out, check_vma=False))
 
-    print(f"M={M} N={N} K per rank={K}, {W} GPUs, bf16")
+    print(f"M={M} N={N} K per rank={K}, {W} {'simulated ranks' if opts.small else 'GPUs'}, bf16")
     print("| piece | GPU span (us) | busy (us) |\n|---|---|---|")
     timed("XLA dot", smap(lambda a, b: jnp.dot(a, b, preferred_element_type=jnp.float32).astype(a.dtype),
                           out=P("i")), a, b)

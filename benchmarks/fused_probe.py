@@ -32,26 +32,38 @@ import triton.language as tl
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from iris_core.device import Context  # noqa: E402
-from iris_core.device.flags import write_epoch  # noqa: E402
+from benchmarks import small  # noqa: E402
+from iris_core.collectives import group_layout  # noqa: E402
+from iris_core.collectives.workspace import FusedLayout  # noqa: E402
+from iris_core.device import Context, flags  # noqa: E402
+from iris_core.device.flags import Flags  # noqa: E402
 from iris_core.heap.context_layout import encode_context  # noqa: E402
 from iris_core.kernels import fused as F  # noqa: E402
 from iris_core.kernels import gemm as Gm  # noqa: E402
+from iris_core.launch import GemmConfig, kernel_constants  # noqa: E402
+
+H200_SMS = 132  # --small compiles for the GPU the probe was written on
+GEMM = GemmConfig(BM=128, BN=256, BK=64, GROUP_M=8, PREC="tf32", num_warps=8, num_stages=3)  # bf16's default
+TIMEOUT_NS = 10**10  # a probe's waits end after 10 s
 
 
 @triton.jit
 def probe_kernel(context_ptr, group_ptr, a_ptr, b_ptr, out_ptr, M: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
-                 BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-                 GEMM_PROGRAMS: tl.constexpr, WS_OFFSET: tl.constexpr, FLAGS: tl.constexpr, DATA: tl.constexpr,
-                 DATA_BYTES: tl.constexpr, SLOT: tl.constexpr, FLAG: tl.constexpr, REDUCE: tl.constexpr,
-                 POLL_NS: tl.constexpr):
-    """matmul_reduce_kernel(SCATTER=0) over a group of one, with pieces switched off."""
+                 stride_am: tl.constexpr, stride_ak: tl.constexpr, stride_bk: tl.constexpr, stride_bn: tl.constexpr,
+                 SCATTER: tl.constexpr, G: tl.constexpr, WORLD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                 BK: tl.constexpr, GROUP_M: tl.constexpr, PREC: tl.constexpr, GEMM_PROGRAMS: tl.constexpr,
+                 FLAGS: tl.constexpr, DATA: tl.constexpr, DATA_BYTES: tl.constexpr, POLL_NS: tl.constexpr,
+                 TIMEOUT_NS: tl.constexpr, WHAT: tl.constexpr, SLOT: tl.constexpr = 1, FLAG: tl.constexpr = 1,
+                 REDUCE: tl.constexpr = 3):
+    """matmul_reduce_kernel(SCATTER=0) over a group of one (its constexprs, F.reduce_constants,
+    plus three switches), with pieces switched off."""
     ctx = Context.initialize(context_ptr, 1)
+    f = Flags(ctx, TIMEOUT_NS, POLL_NS, WHAT)
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
-    ws_base, epoch_ptr, epoch = F._prologue(ctx, WS_OFFSET)
+    ws_base, epoch_ptr, epoch = F._prologue(ctx, group_ptr, 1)
     data = tl.cast(ws_base + DATA + (epoch % 2).to(tl.uint64) * DATA_BYTES, out_ptr.dtype)
-    flags = tl.cast(ws_base + FLAGS, tl.pointer_type(tl.int32))
+    tile_flags = tl.cast(ws_base + FLAGS, tl.pointer_type(tl.int32))
     tiles_m = tl.cdiv(M, BM)
     tiles_n = tl.cdiv(N, BN)
     T = tiles_m * tiles_n
@@ -62,28 +74,56 @@ def probe_kernel(context_ptr, group_ptr, a_ptr, b_ptr, out_ptr, M: tl.constexpr,
     if pid < PG:
         for t in range(pid, T, PG):
             pid_m, pid_n = Gm.tile_coords(t, tiles_m, tiles_n, GROUP_M)
-            acc = Gm.tile_gemm(a_ptr, b_ptr, pid_m, pid_n, M, N, K, K, 1, N, 1, BM, BN, BK, True, "tf32", False)
+            acc = Gm.tile_gemm(a_ptr, b_ptr, pid_m, pid_n, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                               BM, BN, BK, K % BK == 0, PREC, False)
             if SLOT:
                 tl.store(F._slot(data, t, offs, BN), acc.to(out_dtype))
             else:
                 Gm.store_tile(out_ptr, acc.to(out_dtype), pid_m, pid_n, M, N, N, 1, BM, BN)
             if FLAG:
                 tl.debug_barrier()
-                ctx.atomic_xchg(flags + t, epoch, to_rank=0, sem="release", scope="sys")
+                f.set(tile_flags + t, epoch, 0)
             if SLOT & (REDUCE == 3) & (t >= tail):
-                F._reduce_tile(ctx, group_ptr, data, flags, t, epoch, offs, out_ptr, pid_m, pid_n, M, N, 1, BM, BN,
-                               POLL_NS, 10**10, "probe")
+                F._reduce_tile(f, group_ptr, data, tile_flags, t, epoch, offs, out_ptr, pid_m, pid_n, M, N, 1, BM,
+                               BN)
     elif REDUCE > 0:
         for t in range(pid - PG, tail, programs - PG):
-            F._wait(flags + t, epoch, 0, POLL_NS, 10**10, "probe")
+            f.wait_or_fail(tile_flags + t, epoch, 0)
             if REDUCE == 2:
                 x = tl.load(F._slot(data, t, offs, BN))
                 tl.store(F._slot(data, t, offs, BN), x, mask=x == 12345.0)  # keeps the load, stores nothing
             if REDUCE == 3:
                 pid_m, pid_n = Gm.tile_coords(t, tiles_m, tiles_n, GROUP_M)
-                F._reduce_tile(ctx, group_ptr, data, flags, t, epoch, offs, out_ptr, pid_m, pid_n, M, N, 1, BM, BN,
-                               POLL_NS, 10**10, "probe")
-    write_epoch(epoch_ptr, epoch)
+                F._reduce_tile(f, group_ptr, data, tile_flags, t, epoch, offs, out_ptr, pid_m, pid_n, M, N, 1, BM,
+                               BN)
+    flags.write_epoch(epoch_ptr, epoch)
+
+
+def layout_for(M: int, N: int) -> FusedLayout:
+    """The fused workspace of a group of one at the heap's start: a flag per tile, M x N bf16."""
+    tiles = -(-M // GEMM.BM) * -(-N // GEMM.BN)
+    return FusedLayout(data_bytes=-(-M * N * 2 // 256) * 256, flag_count=tiles)
+
+
+def constants(M: int, N: int, K: int, sms: int, reducers: int, poll_ns: int = 0) -> dict:
+    """matmul_reduce_kernel's constexprs over a group of one: `sms` programs, `reducers` of
+    them reducing (0: every program reduces its own tiles)."""
+    return F.reduce_constants(M=M, N=N, K=K, scatter=False, G=1, world=1, gemm=GEMM, gemm_programs=sms - reducers,
+                              layout=layout_for(M, N), poll_ns=poll_ns, timeout_ns=TIMEOUT_NS, what="probe")
+
+
+def compile_small():
+    """--small: the plain GEMM, the fused kernel and the probe, compiled for sm_90 as launched."""
+    M, N, K = 1024, 1024, 512
+    pointers = {"context_ptr": "*i32", "group_ptr": "*i32", "a_ptr": "*bf16", "b_ptr": "*bf16", "out_ptr": "*bf16",
+                "c_ptr": "*bf16"}
+    fused = constants(M, N, K, H200_SMS, 16, poll_ns=500)
+    small.compile_all({
+        "GEMM core": (Gm.matmul_kernel, pointers, Gm.matmul_constants(M=M, N=N, K=K, gemm=GEMM), GEMM.options()),
+        "fused all-reduce kernel, group of one": (F.matmul_reduce_kernel, pointers, fused, GEMM.options()),
+        "probe: slot + flag, reducers wait, pull and store": (
+            probe_kernel, pointers, kernel_constants(probe_kernel, **fused, SLOT=1, FLAG=1, REDUCE=3), GEMM.options()),
+    })
 
 
 def main():
@@ -93,26 +133,26 @@ def main():
     parser.add_argument("--k", type=int, default=4096)
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--reducers", type=int, default=16)
+    small.add_flag(parser, "compiles the GEMM core, the fused kernel and the probe for sm_90 (H200's grid)")
     opts = parser.parse_args()
+    if opts.small:
+        compile_small()
+        return
     import torch
 
     if not torch.cuda.is_available():
-        sys.exit("fused_probe.py needs a GPU")
+        sys.exit("fused_probe.py needs a GPU (--small compiles its kernels without one)")
     M, N, K = opts.m, opts.n, opts.k
     SMS = torch.cuda.get_device_properties(0).multi_processor_count
     PG = SMS - opts.reducers
-    BM, BN, BK, GROUP_M, warps, stages = 128, 256, 64, 8, 8, 3
     a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
     b = (torch.randn(K, N, device="cuda") * K ** -0.5).to(torch.bfloat16)
     out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
     want = (a.float() @ b.float()).to(torch.bfloat16).float()
-    flags_bytes = 1 << 20
-    data_bytes = M * N * 2
-    heap = torch.zeros(F.LINE.value * 256 + flags_bytes + 2 * data_bytes, device="cuda", dtype=torch.uint8)
+    layout = layout_for(M, N)
+    heap = torch.zeros(layout.total_bytes, device="cuda", dtype=torch.uint8)  # the workspace at heap offset 0
     ctx = torch.from_numpy(encode_context(0, [heap.data_ptr()], heap_size=heap.numel())).cuda()
-    group = torch.tensor([0, 0], device="cuda", dtype=torch.int32)
-    ws = dict(WS_OFFSET=0, FLAGS=F.LINE.value * 256, DATA=F.LINE.value * 256 + flags_bytes, DATA_BYTES=data_bytes)
-    gemm = dict(M=M, N=N, K=K, BM=BM, BN=BN, BK=BK, num_warps=warps, num_stages=stages)
+    group = torch.tensor(group_layout.encode(0, [0], 0), device="cuda", dtype=torch.int32)
 
     def timed(name, launch, check=True):
         for _ in range(3):
@@ -134,19 +174,18 @@ def main():
         print(f"| {name} | {us:.1f} | {ok} |", flush=True)
         return us
 
-    def plain(grid, group_m=GROUP_M):
-        return lambda: Gm.matmul_kernel[(grid,)](ctx, a, b, out, stride_am=K, stride_ak=1, stride_bk=N, stride_bn=1,
-                                                  GROUP_M=group_m, PREC="tf32", **gemm)
+    def plain(grid):
+        return lambda: Gm.matmul_kernel[(grid,)](ctx, a, b, out, **Gm.matmul_constants(M=M, N=N, K=K, gemm=GEMM),
+                                                  **GEMM.options())
 
     def fused(pg=PG, poll=0):
-        return lambda: F.matmul_reduce_kernel[(SMS,)](
-            ctx, group, a, b, out, stride_am=K, stride_ak=1, stride_bk=N, stride_bn=1, SCATTER=0, G=1, WORLD=1,
-            GROUP_M=GROUP_M, PREC="tf32", GEMM_PROGRAMS=pg, POLL_NS=poll, TIMEOUT_NS=10**10, WHAT="probe", **ws,
-            **gemm)
+        consts = constants(M, N, K, SMS, SMS - pg, poll)
+        return lambda: F.matmul_reduce_kernel[(SMS,)](ctx, group, a, b, out, **consts, **GEMM.options())
 
     def probe(slot, flag, reduce, pg=PG, poll=0):
-        return lambda: probe_kernel[(SMS,)](ctx, group, a, b, out, GROUP_M=GROUP_M, GEMM_PROGRAMS=pg, SLOT=slot,
-                                            FLAG=flag, REDUCE=reduce, POLL_NS=poll, **ws, **gemm)
+        consts = kernel_constants(probe_kernel, **constants(M, N, K, SMS, SMS - pg, poll), SLOT=slot, FLAG=flag,
+                                  REDUCE=reduce)
+        return lambda: probe_kernel[(SMS,)](ctx, group, a, b, out, **consts, **GEMM.options())
 
     print(f"M={M} N={N} K={K} bf16, {SMS} SMs, {PG} GEMM programs, mean of {opts.reps} launches (CUDA events)")
     print("| kernel | us | correct |\n|---|---|---|")

@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 import time
@@ -43,31 +42,13 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-
-def _ptx(fn, signature, constexprs, **options) -> str:
-    import triton
-    from triton.compiler import ASTSource
-
-    from iris_core.platform import GPU
-
-    names = fn.arg_names
-    sig = {n: signature.get(n, "constexpr") for n in names}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if sig[n].startswith("*")}
-    source = ASTSource(fn, sig, constexprs={(names.index(k),): v for k, v in constexprs.items()}, attrs=attrs)
-    return triton.compile(source, target=GPU.triton_target(90), options=options).asm["ptx"]
+from benchmarks import small  # noqa: E402
+from benchmarks.small import compile_ptx, count_instructions  # noqa: E402
 
 
-def _count(ptx: str) -> dict:
-    """PTX instructions (lines ending in ';' that are not declarations) and vector accesses."""
-    body = ptx[ptx.index("{"):]
-    lines = [line.strip() for line in body.splitlines()]
-    instructions = [line for line in lines if line.endswith(";") and not line.startswith((".", "//"))]
-    return {"instructions": len(instructions),
-            "v4_accesses": sum(bool(re.search(r"\b(ld|st)\.global\S*\.v4\.", i)) for i in instructions)}
-
-
-def _measure() -> dict:
-    """Instruction counts of the kernels, as this process's switch compiles them."""
+def _kernels() -> dict:
+    """name -> (kernel, signature, constexprs, options) of what `ptx` counts: the collective
+    kernel as a psum runs it, and a plain RMA kernel."""
     import triton
     import triton.language as tl
 
@@ -94,12 +75,17 @@ def _measure() -> dict:
         "psum streamed": dict(VARIANT=C.ONE_SHOT, PUSH=True, STREAM=True),
         "psum ring": dict(VARIANT=C.RING),
     }
-    counts = {name: _count(_ptx(C.collective_kernel, signature, C.launch_constants(**common, **extra), num_warps=8))
-              for name, extra in cases.items()}
-    counts["rma tile (load + store)"] = _count(_ptx(
-        rma_kernel, {"context_ptr": "*i32", "x_ptr": "*fp32", "n": "i32", "out_ptr": "*fp32"},
-        dict(W=2, BLOCK=1024), num_warps=4))
-    return counts
+    kernels = {name: (C.collective_kernel, signature, C.launch_constants(**common, **extra), dict(num_warps=8))
+               for name, extra in cases.items()}
+    kernels["rma tile (load + store)"] = (rma_kernel, {"context_ptr": "*i32", "x_ptr": "*fp32", "n": "i32",
+                                                       "out_ptr": "*fp32"}, dict(W=2, BLOCK=1024), dict(num_warps=4))
+    return kernels
+
+
+def _measure() -> dict:
+    """Instruction counts of the kernels, as this process's switch compiles them."""
+    return {name: count_instructions(compile_ptx(kernel, signature, constexprs, **options))
+            for name, (kernel, signature, constexprs, options) in _kernels().items()}
 
 
 def ptx_table() -> str:
@@ -143,7 +129,7 @@ def shared_rank(process: int, port: int, sizes: str, calls: int) -> None:
     from jax.sharding import PartitionSpec as P
 
     import iris_jax
-    from benchmarks.collectives import _chain_jit, gpu_time, parse_size
+    from benchmarks.collectives import chain_jit, gpu_time, parse_size
 
     iris_jax.init(heap_size=256 << 20)
     devices = sorted(jax.devices(), key=lambda d: d.id)  # both processes' ranks (the runtime's devices: this one's)
@@ -152,7 +138,7 @@ def shared_rank(process: int, port: int, sizes: str, calls: int) -> None:
         n = parse_size(size) // 4
         whole = np.ones((2 * n,), np.float32)
         x = jax.make_array_from_callback(whole.shape, NamedSharding(mesh, P("i")), lambda idx: whole[idx])
-        f = _chain_jit(lambda v: iris_jax.psum(v, "i"), mesh, n, jnp.dtype(jnp.float32), calls, jax, jnp, P)
+        f = chain_jit(lambda v: iris_jax.psum(v, "i"), mesh, n, jnp.dtype(jnp.float32), calls, jax, jnp, P)
         jax.block_until_ready(f(x))
         kernel_us = min(gpu_time(f, x, calls=calls).comm for _ in range(3))
         walls = []
@@ -277,8 +263,14 @@ def main():
     parser.add_argument("--limit", type=float, default=45, help="time1: seconds per pair of processes")
     parser.add_argument("--process", type=int, default=0)
     parser.add_argument("--port", type=int, default=0)
+    small.add_flag(parser, "compiles a psum's collective kernel and the RMA kernel for sm_90 in this process, "
+                   "whatever WHAT says (`time` runs collectives.py and `rma1` rma.py's kernels: their own "
+                   "--small cover those)")
     opts = parser.parse_args()
-    if opts.what == "_measure":
+    if opts.small:
+        kernels = _kernels()
+        small.compile_all({name: kernels[name] for name in ("psum one-shot (push)", "rma tile (load + store)")})
+    elif opts.what == "_measure":
         print(json.dumps(_measure()))
     elif opts.what == "ptx":
         print(ptx_table())

@@ -143,7 +143,10 @@ def main():
     parser.add_argument("--floor-us", type=float, default=20.0, help="fixed cost of one XLA collective")
     parser.add_argument("--domains", default="1,2,4,8,32", help="numbers of domains (comma-separated)")
     parser.add_argument("--plot", default="", help="write the plot here (needs matplotlib)")
+    parser.add_argument("--small", action="store_true", help="a tiny run (CI runs it): 1 and 2 domains, no plot")
     args = parser.parse_args()
+    if args.small:
+        args.domains, args.plot = "1,2", ""
     net = Network(args.ib_gbps, args.efficiency, args.alpha_us, args.floor_us)
     domain_counts = [int(d) for d in args.domains.split(",")]
     sizes = [KIB << k for k in range(0, 21, 2)]

@@ -21,7 +21,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 os.environ.setdefault("TRITON_INTERPRET", "0")
 
-from benchmarks.guard_cost import _count, _ptx  # noqa: E402
+from benchmarks import small  # noqa: E402
+from benchmarks.small import compile_ptx, count_instructions  # noqa: E402
 
 
 def _fingerprint(ptx: str) -> str:
@@ -113,40 +114,41 @@ def other_kernels() -> dict:
     ragged_all_to_all rule): the fused GEMM ops, the device barrier, ragged_all_to_all; and the
     tile-level collectives, each in a kernel of one tile as a user would write it."""
     from iris_core.collectives import ragged
-    from iris_core.collectives.workspace import MAX_PROGRAMS, FusedLayout, WorkspaceLayout
+    from iris_core.collectives.workspace import FusedLayout, WorkspaceLayout
     from iris_core.device.barrier import barrier_kernel
+    from iris_core.device.barrier import launch_constants as barrier_constants
     from iris_core.kernels import fused as F
+    from iris_core.launch import GemmConfig
 
     out = {}
     fused = FusedLayout(64 << 20, 1 << 12)
-    gemm = dict(stride_ak=1, stride_bn=1, BM=128, BN=256, BK=64, GROUP_M=8, PREC="tf32", FLAGS=fused.flags,
-                DATA=fused.data, DATA_BYTES=fused.data_bytes, POLL_NS=500, TIMEOUT_NS=10**9)
+    gemm = GemmConfig(BM=128, BN=256, BK=64, GROUP_M=8, PREC="tf32", num_warps=8, num_stages=3)  # bf16 on GPUs
+    waits = dict(layout=fused, poll_ns=500, timeout_ns=10**9)
     pointers = {"context_ptr": "*i32", "group_ptr": "*i32", "a_ptr": "*bf16", "b_ptr": "*bf16", "out_ptr": "*bf16"}
     M, N, K = 1024, 4096, 2048
     for G in (2, 4):
         for scatter in (0, 1):
             name = f"fused matmul_{'reduce_scatter' if scatter else 'all_reduce'} G{G} bf16"
             out[name] = (F.matmul_reduce_kernel, pointers,
-                         dict(gemm, M=M, N=N, K=K, stride_am=K, stride_bk=N, SCATTER=scatter, G=G, WORLD=G,
-                              GEMM_PROGRAMS=116, WHAT=name), dict(num_warps=8, num_stages=3))
+                         F.reduce_constants(M=M, N=N, K=K, scatter=scatter, G=G, world=G, gemm=gemm,
+                                            gemm_programs=116, what=name, **waits), gemm.options())
         name = f"fused all_gather_matmul G{G} bf16"
         out[name] = (F.all_gather_matmul_kernel, pointers,
-                     dict(gemm, M=M, N=N, K=K, stride_am=K, stride_bk=N, G=G, WORLD=G, BKC=256, COMM=8, WHAT=name),
-                     dict(num_warps=8, num_stages=3))
+                     F.gather_constants(M=M, N=N, K=K, G=G, world=G, gemm=gemm, comm_programs=8, what=name, **waits),
+                     gemm.options())
     for W in (2, 8):
         for tracing in (False, True):
             out[f"device_barrier W{W}{' traced' if tracing else ''}"] = (
                 barrier_kernel, {"context_ptr": "*i32", "after_ptr": "*i32", "status_ptr": "*i32"},
-                dict(AREA_OFFSET=1 << 20, TIMEOUT_NS=10**9, W=W, TRACING=tracing), dict(num_warps=4))
+                barrier_constants(area_offset=1 << 20, timeout_ns=10**9, world=W, tracing=tracing), dict(num_warps=4))
     layout = WorkspaceLayout(4, 1 << 20)
     ints = {n: "*i32" for n in ("context_ptr", "group_ptr", "in_offsets", "sizes", "out_offsets")}
     for G, slices in ((2, 1), (4, 2)):
         out[f"ragged_all_to_all G{G} slices {slices} bf16"] = (
             ragged.ragged_kernel, dict(ints, x_ptr="*bf16", output_ptr="*bf16", out_ptr="*bf16", N="i32", M="i32",
                                        R="i32", ROWS="i32"),
-            dict(G=G, WORLD=G, SLICES=slices, SLICES_P2=slices, TABLE=G * slices, BLOCK=4096, DATA=layout.data,
-                 DATA2=layout.data2, DATA_BYTES=layout.data_bytes, MAX_PROGRAMS=MAX_PROGRAMS, TIMEOUT_NS=10**9,
-                 WHAT="ragged_all_to_all", VEC=8), dict(num_warps=8))
+            ragged.launch_constants(G=G, world=G, slices=slices, block=4096, layout=layout, timeout_ns=10**9, vec=8),
+            dict(num_warps=8))
     tile = _tile_kernel()
     signature = {"context_ptr": "*i32", "x_ptr": "*fp32", "src_ptr": "*fp32", "dst_ptr": "*fp32",
                  "locks_ptr": "*i32", "M": "i32", "N": "i32"}
@@ -155,7 +157,16 @@ def other_kernels() -> dict:
     return out
 
 
-def measure(only: str | None = None) -> dict:
+# --small: one configuration of each kernel, exactly as named
+SMALL = ("all_reduce pull G2 bf16", "fused matmul_all_reduce G2 bf16", "fused all_gather_matmul G2 bf16",
+         "device_barrier W2", "ragged_all_to_all G2 slices 1 bf16", "tile all_gather W4")
+
+
+def _chosen(name: str, only: str | None, names: tuple[str, ...] | None) -> bool:
+    return (not only or only in name) and (names is None or name in names)
+
+
+def measure(only: str | None = None, names: tuple[str, ...] | None = None) -> dict:
     import triton.language as tl
 
     from iris_core.collectives import kernels as C
@@ -163,11 +174,11 @@ def measure(only: str | None = None) -> dict:
 
     results = {}
     for name, (kernel, signature, constexprs, options) in other_kernels().items():
-        if not only or only in name:
-            ptx = _ptx(kernel, signature, constexprs, **options)
-            results[name] = dict(_count(ptx), fingerprint=_fingerprint(ptx), memory=_memory(ptx))
+        if _chosen(name, only, names):
+            ptx = compile_ptx(kernel, signature, constexprs, **options)
+            results[name] = dict(count_instructions(ptx), fingerprint=_fingerprint(ptx), memory=_memory(ptx))
     for name, case in cases().items():
-        if only and only not in name:
+        if not _chosen(name, only, names):
             continue
         case = dict(case)
         G = case.pop("G")
@@ -181,8 +192,8 @@ def measure(only: str | None = None) -> dict:
                       ACC=tl.float32, BLOCK=4096, CHUNK=(1 << 20) // (4 * blocks), REGIONS=layout.regions,
                       TIMEOUT_NS=10**9, WHAT="collective", HEAP_BYTES=1 << 30, VEC=8 if bf16 else 4, SENDERS=4)
         constexprs = C.launch_constants(**(common | case))
-        ptx = _ptx(C.collective_kernel, signature, constexprs, num_warps=8)
-        results[name] = dict(_count(ptx), fingerprint=_fingerprint(ptx), memory=_memory(ptx))
+        ptx = compile_ptx(C.collective_kernel, signature, constexprs, num_warps=8)
+        results[name] = dict(count_instructions(ptx), fingerprint=_fingerprint(ptx), memory=_memory(ptx))
     return results
 
 
@@ -190,8 +201,9 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--compare", help="a JSON file of an earlier run: print what changed")
     parser.add_argument("--only", help="configurations whose name contains this")
+    small.add_flag(parser, "one configuration of each kernel (" + ", ".join(SMALL) + ")")
     args = parser.parse_args()
-    now = measure(args.only)
+    now = measure(args.only, SMALL if args.small else None)
     if not args.compare:
         print(json.dumps(now, indent=1))
         return

@@ -28,7 +28,9 @@ import triton.language as tl
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from collectives import _chain_jit, _time_per_call, gpu_time, runtime_mesh, wall_time_per_call  # noqa: E402
+from collectives import chain_jit, gpu_time, out_dir, runtime_mesh, time_per_call, wall_time_per_call  # noqa: E402
+
+from benchmarks import small  # noqa: E402
 
 
 # (jax-triton passes the outputs after the arguments)
@@ -51,18 +53,24 @@ def group_copy_kernel(context_ptr, group_ptr, x_ptr, n, out_ptr, BLOCK: tl.const
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bytes", type=int, default=1024)
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "out"))
+    parser.add_argument("--out", help="where psum_chain.hlo.txt goes (default: benchmarks/out, with --small "
+                        "benchmarks/out/simulator)")
+    small.add_flag(parser, "every layer's call once, 2 ranks on the CPU simulator (no timings)")
     opts = parser.parse_args()
+    opts.out = out_dir(opts.out, gpu=not opts.small)
+    if opts.small:
+        small.use_simulator()
     import jax
     import jax.numpy as jnp
-    import jax_triton as jt
     from jax import lax
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
     import iris_jax
 
-    W, mesh = runtime_mesh("latency_floor.py")
+    jt = iris_jax.compat.jax_triton()  # (imports on machines without JAX's CUDA plugin too)
+
+    W, mesh = runtime_mesh(None if opts.small else "latency_floor.py")
     n = opts.bytes // 4
     x = jax.device_put(jax.random.normal(jax.random.key(0), (W * n,), jnp.float32), NamedSharding(mesh, P("i")))
     block = triton.next_power_of_2(n)
@@ -86,9 +94,13 @@ def main():
           "| GPU busy us per call |\n|---|---|---|---|")
     f32 = jnp.dtype(jnp.float32)
     for name, fn in cases:
-        us = _time_per_call(fn, x, mesh, n, f32, jax, jnp, P)[0] * 1e6
+        if opts.small:
+            jax.block_until_ready(chain_jit(fn, mesh, n, f32, 1, jax, jnp, P)(x))
+            print(f"| {name} | ran | | |", flush=True)
+            continue
+        us = time_per_call(fn, x, mesh, n, f32, jax, jnp, P)[0] * 1e6
         wall = wall_time_per_call(fn, x, mesh, n, f32, jax, jnp, P) * 1e6
-        busy = gpu_time(_chain_jit(fn, mesh, n, f32, 20, jax, jnp, P), x).busy / 20
+        busy = gpu_time(chain_jit(fn, mesh, n, f32, 20, jax, jnp, P), x).busy / 20
         print(f"| {name} | {us:.1f} | {wall:.1f} | {busy:.1f} |", flush=True)
 
     def chain(v):

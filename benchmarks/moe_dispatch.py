@@ -28,6 +28,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from benchmarks import small  # noqa: E402
 from iris_core.platform import gpus_present  # noqa: E402
 
 
@@ -82,11 +83,12 @@ def main():
     parser.add_argument("--top-k", type=int, default=8)
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--out")
+    small.add_flag(parser, "16 tokens per rank, hidden 8, top-2 of 8 experts, 2 ranks on the CPU simulator, values "
+                   "only (a run without GPUs does the same on 4 ranks)")
     opts = parser.parse_args()
-    gpu = os.environ.get("JAX_PLATFORMS") != "cpu" and gpus_present()
+    gpu = not opts.small and os.environ.get("JAX_PLATFORMS") != "cpu" and gpus_present()
     if not gpu:
-        os.environ.setdefault("JAX_PLATFORMS", "cpu")
-        os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
+        small.use_simulator(ranks=2 if opts.small else 4)
         opts.tokens, opts.hidden, opts.experts, opts.top_k, opts.dtype = "16", "8", "8", 2, "float32"
 
     import jax

@@ -14,14 +14,19 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import os
 import shutil
 import subprocess
+import sys
 import time
 
 import triton
 import triton.language as tl
 
-from iris_core.device import Context, global_timer
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks import small  # noqa: E402
+from iris_core.device import Context, global_timer  # noqa: E402
 
 
 @triton.jit
@@ -85,10 +90,31 @@ def ping_pong_kernel(context_ptr, flag_ptr, out_ptr, ROUNDS: tl.constexpr, W: tl
     tl.store(out_ptr, tl.where(failed == 1, -1, global_timer() - start))
 
 
+BLOCK = 4096  # elements per program (per tile of the persistent kernels)
+
+
+def small_kernels() -> dict:
+    """--small: every kernel with the constexprs main() launches it with, for sm_90."""
+    args = {"context_ptr": "*i32", "src_ptr": "*fp32", "dst_ptr": "*fp32", "n": "i32"}
+    warps = dict(num_warps=8)
+    return {
+        "ctx.store, hint 16": (store_kernel, args, dict(TO=1, BLOCK=BLOCK, HINT=16, W=2), warps),
+        "ctx.load, .cg": (load_kernel, args, dict(FROM=0, BLOCK=BLOCK, HINT=None, W=2, CACHE=".cg"), warps),
+        "ctx.load, persistent": (load_persistent_kernel, args, dict(FROM=0, BLOCK=BLOCK, W=2, CACHE=""), warps),
+        "ctx.store, persistent": (store_persistent_kernel, args, dict(TO=1, BLOCK=BLOCK, W=2), warps),
+        "flag ping-pong": (ping_pong_kernel, {"context_ptr": "*i32", "flag_ptr": "*i64", "out_ptr": "*i64"},
+                           dict(ROUNDS=PING_PONG_ROUNDS, W=2), {}),
+    }
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mib", type=int, default=256)
+    small.add_flag(parser, "compiles every kernel for sm_90, as launched")
     opts = parser.parse_args()
+    if opts.small:
+        small.compile_all(small_kernels())
+        return
     import torch
 
     if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
@@ -120,7 +146,7 @@ def main():
         rows.append((name, ms * 1e3, nbytes / ms / 1e6, ok))
 
     bench("torch copy GPU0->GPU1", 0, lambda: dst[1].copy_(src[0]), lambda: torch.equal(dst[1].cpu(), src[0].cpu()))
-    block = 4096
+    block = BLOCK
     grid = (triton.cdiv(n, block),)
     for hint in (None, 16):
         bench(f"ctx.store GPU0->GPU1 hint={hint}", 0,

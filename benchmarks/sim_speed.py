@@ -19,6 +19,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks import small  # noqa: E402
+
 OPS = "psum,all_gather,psum_scatter,all_to_all"
 SIZES = "4K,64K,256K,1M,4M"
 
@@ -49,7 +51,10 @@ def main():
     parser.add_argument("--sizes", default=SIZES)
     parser.add_argument("--ops", default=OPS)
     parser.add_argument("--reps", type=int, default=3)
+    small.add_flag(parser, "psum of 4 KiB per rank on 2 ranks, once")
     opts = parser.parse_args()
+    if opts.small:
+        opts.ranks, opts.sizes, opts.ops, opts.reps = 2, "4K", "psum", 1
     os.environ["JAX_PLATFORMS"] = "cpu"
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                                + f" --xla_force_host_platform_device_count={opts.ranks}").strip()

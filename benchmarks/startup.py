@@ -26,6 +26,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks import small  # noqa: E402
+
 
 class _FirstImport:
     """A meta-path finder that records the Python stack of the first import of a module."""
@@ -51,7 +53,11 @@ def main():
     parser.add_argument("--jax-cache", default=None, help="directory of JAX's persistent compilation cache")
     parser.add_argument("--process-id", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=None, help=argparse.SUPPRESS)
+    small.add_flag(parser, "one process, 2 ranks on the CPU simulator, 16 MiB heaps")
     args = parser.parse_args()
+    if args.small:
+        small.use_simulator()
+        args.processes, args.heap_mib = 1, 16
     if args.processes > 1 and args.process_id is None:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))

@@ -25,7 +25,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("IRIS_COLLECTIVE_STREAM_FROM", "0")
 
-from collectives import parse_size, runtime_mesh  # noqa: E402
+from collectives import out_dir, parse_size, runtime_mesh  # noqa: E402
+
+from benchmarks import small  # noqa: E402
 
 
 def summarize(events, nbytes):
@@ -54,8 +56,14 @@ def summarize(events, nbytes):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="4M,16M,64M")
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "out"))
+    parser.add_argument("--out", help="where the traces go (default: benchmarks/out, with --small "
+                        "benchmarks/out/simulator)")
+    small.add_flag(parser, "one streamed psum of 16 KiB per rank, traced, 2 ranks on the CPU simulator")
     opts = parser.parse_args()
+    opts.out = out_dir(opts.out, gpu=not opts.small)
+    if opts.small:
+        small.use_simulator()
+        opts.sizes = "16K"
     import jax
     import jax.numpy as jnp
     from jax.sharding import NamedSharding
@@ -64,7 +72,7 @@ def main():
     import iris_jax
     from iris_core.tracing import events
 
-    W, mesh = runtime_mesh("stream_timeline.py")
+    W, mesh = runtime_mesh(None if opts.small else "stream_timeline.py")
     os.makedirs(opts.out, exist_ok=True)
     iris_jax.tracing.enable(max_events=1 << 16)
     psum = jax.jit(jax.shard_map(lambda v: iris_jax.psum(v, "i"), mesh=mesh, in_specs=P("i"), out_specs=P()))

@@ -12,14 +12,13 @@ does). The host then:
               neighbour's trap on the same GPU stop or stall this kernel?).
 Prints `CASE: raised after S s: ...` or `CASE: returned after S s`. A case that prints neither
 within its parent's limit hung (the question the shared-GPU timeout runs raised at 4 and 8 ranks).
+    python benchmarks/trap_probe.py --small   # compiles the kernel for sm_90 (no GPU needed)
 """
 
+import os
 import sys
 import time
 
-import jax
-import jax.numpy as jnp
-import jax_triton as jt
 import triton
 import triton.language as tl
 
@@ -38,11 +37,17 @@ def spin_then_trap(x_ptr, out_ptr, SPIN_NS: tl.constexpr, TRAP: tl.constexpr):
 
 
 def call(x, trap, spin_s=0.0):
+    import jax
+    import jax_triton as jt  # (here, as jax: --small needs neither, and jax_triton imports only with JAX's CUDA plugin)
+
     return jt.triton_call(x, kernel=spin_then_trap, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(1,),
                           SPIN_NS=int(spin_s * 1e9), TRAP=trap)
 
 
 def main(case: str):
+    import jax
+    import jax.numpy as jnp
+
     x = jnp.zeros(16, jnp.float32)
     jax.block_until_ready(jax.jit(lambda v: call(v, False))(x))  # compiled and warm
     chain = case == "late_chain"
@@ -63,5 +68,14 @@ def main(case: str):
         print(f"{case}: raised after {time.monotonic() - start:.1f} s: {type(e).__name__}: {str(e)[:200]}", flush=True)
 
 
+def compile_small():
+    """--small: the kernel as `early` launches it, compiled for sm_90."""
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from benchmarks import small
+
+    small.compile_all({"spin_then_trap": (spin_then_trap, {"x_ptr": "*fp32", "out_ptr": "*fp32"},
+                                          dict(SPIN_NS=int(SPIN_S * 1e9), TRAP=True), {})})
+
+
 if __name__ == "__main__":
-    main(sys.argv[1])
+    compile_small() if sys.argv[1] == "--small" else main(sys.argv[1])

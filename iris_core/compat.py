@@ -43,6 +43,12 @@ class _Method:
         return self.fn if obj is None else functools.partial(self.fn, obj)
 
 
+# the type of an aggregate's field that holds a value of a class its module cannot import (a Context
+# in Flags: the context's module imports the flags' users); a compiled aggregate checks each field
+# with isinstance, and every Triton value, aggregates included, is one of these
+DeviceValue = tl_core.base_value
+
+
 def aggregate(cls):
     """Class decorator: a Triton aggregate (struct of tensors with @triton.jit methods)."""
     if not interpreting():

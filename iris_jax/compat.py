@@ -10,7 +10,11 @@ contexts a lowering rule reads, are still imported where they are used.)
 What moved:
 
 * jax 0.12 merged `ClosedJaxpr` into `Jaxpr` (a Jaxpr carries its consts);
-  `jax.extend.core.ClosedJaxpr` names the class on every version.
+  `jax.extend.core.ClosedJaxpr` names the class on every version, and every Jaxpr passes its
+  isinstance check there (`is_closed_jaxpr`).
+* An abstract value's varying manual axes: `aval.manual_axis_type.varying` in jax 0.10,
+  `aval.vma` later (`varying_axes`). shard_map's equation names its newly manual axes
+  `newly_manual_axes`, `manual_axes` or `axis_names` by release (`shard_map_manual_axes`).
 * jax 0.12 calls DCE rules with `(used_outputs, live_inputs, eqn)`; jax-triton 0.4.1's rule for
   its primitive takes two arguments, so every jitted `jax_triton.triton_call` fails there: we
   register a rule of the right arity (`fix_jax_triton`).
@@ -59,8 +63,9 @@ from jax.extend.core import ClosedJaxpr
 from iris_core.platform import PLATFORMS
 
 __all__ = ["ClosedJaxpr", "JAX_TRITON_VERSION", "JAXLIB_VERSION", "closed_jaxpr", "gpu_plugin_present",
-           "concrete_mesh", "gpu_triton", "is_jaxpr", "jax_triton", "jax_triton_call", "lax_parallel", "triton_kernel",
-           "triton_kernel_call_p", "triton_type"]
+           "concrete_mesh", "gpu_triton", "is_closed_jaxpr", "is_jaxpr", "jax_triton", "jax_triton_call",
+           "lax_parallel", "shard_map_manual_axes", "triton_kernel", "triton_kernel_call_p", "triton_type",
+           "varying_axes"]
 
 
 def _version(text: str) -> tuple[int, ...]:
@@ -91,6 +96,28 @@ def closed_jaxpr(jaxpr, consts) -> ClosedJaxpr:
 def is_jaxpr(value) -> bool:
     """A jaxpr, open or closed (a parameter of a higher-order primitive that holds one)."""
     return isinstance(value, (core.Jaxpr, ClosedJaxpr))
+
+
+def is_closed_jaxpr(value) -> bool:
+    """A closed jaxpr: on jax 0.12 every Jaxpr is one (it carries its consts), so ask this
+    before asking whether `value` is an open core.Jaxpr."""
+    return isinstance(value, ClosedJaxpr)
+
+
+# -- manual axes ------------------------------------------------------------------------------
+def varying_axes(aval) -> frozenset:
+    """The manual mesh axes abstract value `aval` varies over (jax 0.10: its
+    manual_axis_type's `varying`; later its `vma`)."""
+    vma = getattr(aval, "vma", None)
+    if vma is None:
+        vma = getattr(getattr(aval, "manual_axis_type", None), "varying", frozenset())
+    return frozenset(vma)
+
+
+def shard_map_manual_axes(params: dict):
+    """The axes a shard_map equation makes manual, under the parameter name of this release
+    (`newly_manual_axes`, `manual_axes` or `axis_names`); None: all of its mesh's."""
+    return params.get("newly_manual_axes", params.get("manual_axes", params.get("axis_names")))
 
 
 # -- meshes -----------------------------------------------------------------------------------

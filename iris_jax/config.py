@@ -52,6 +52,9 @@ class CollectiveConfig:
       fused_reduce_programs, fused_poll_ns: the fused GEMM ops' programs that pull and reduce
         while the others compute, and the ns a waiting program sleeps between two reads of a
         flag (None: the platform's default; iris_jax.ops).
+      gemm_config: the GEMM tile of the fused ops and iris_jax.ops.matmul for 16-bit inputs on
+        GPUs, (BM, BN, BK, GROUP_M, num_warps, num_stages) (None: the platform's; for tuning,
+        benchmarks/tune_gemm.py; the simulator keeps its own small tile).
     """
 
     variant: str = "auto"
@@ -71,6 +74,7 @@ class CollectiveConfig:
     scatter_hierarchy_from: int = 1 << 20
     fused_reduce_programs: int | None = None
     fused_poll_ns: int | None = None
+    gemm_config: tuple[int, int, int, int, int, int] | None = None
 
     def __post_init__(self):
         if self.variant not in VARIANTS:
@@ -97,6 +101,8 @@ class CollectiveConfig:
             raise ValueError(f"fused_reduce_programs must be >= 0, got {self.fused_reduce_programs}")
         if self.fused_poll_ns is not None and not 0 <= self.fused_poll_ns <= 1_000_000:
             raise ValueError(f"fused_poll_ns must be in [0, 1000000] ns, got {self.fused_poll_ns}")
+        if self.gemm_config is not None:
+            _check_gemm_config(self.gemm_config)
 
     def replace(self, **changes) -> CollectiveConfig:
         """A copy with `changes` (validated like the constructor).
@@ -137,6 +143,19 @@ class CollectiveConfig:
         return cls(**values)
 
 
+def _check_gemm_config(value) -> None:
+    expected = "(BM, BN, BK, GROUP_M, num_warps, num_stages): powers of two, warps one of " + str(_LAUNCH_WARPS)
+    if not isinstance(value, tuple) or len(value) != 6 or not all(isinstance(v, int) and v > 0 for v in value):
+        raise ValueError(f"gemm_config must be a tuple {expected}, got {value!r}")
+    BM, BN, BK, GROUP_M, warps, _ = value
+    if any(v & (v - 1) for v in (BM, BN, BK)) or warps not in _LAUNCH_WARPS:
+        raise ValueError(f"gemm_config must be {expected}, got {value!r}")
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(v) for v in text.split(","))
+
+
 _BYTES = (int, "a byte count")
 _ENVIRONMENT = {  # field: (variable, parse, what it expects)
     "variant": ("IRIS_COLLECTIVE_VARIANT", str, "a variant name"),
@@ -156,6 +175,7 @@ _ENVIRONMENT = {  # field: (variable, parse, what it expects)
     "scatter_hierarchy_from": ("IRIS_COLLECTIVE_SCATTER_HIERARCHY_FROM", *_BYTES),
     "fused_reduce_programs": ("IRIS_FUSED_REDUCE_PROGRAMS", int, "an integer"),
     "fused_poll_ns": ("IRIS_FUSED_POLL_NS", int, "nanoseconds"),
+    "gemm_config": ("IRIS_GEMM_CONFIG", _ints, "BM,BN,BK,GROUP_M,warps,stages"),
 }
 
 

@@ -33,8 +33,8 @@ overlaps. The simulator has no speed to choose by; there `auto` runs the fused k
 that code built on the simulator exercises them.
 
 Settings: `config` (an iris_jax.CollectiveConfig, as the collectives take: `timeout_s`,
-`fused_reduce_programs`, `fused_poll_ns`; default `default_config()`, so a `use_config`
-block's), `timeout_s=` for the timeout alone.
+`fused_reduce_programs`, `fused_poll_ns`, `gemm_config`; default `default_config()`, so a
+`use_config` block's), `timeout_s=` for the timeout alone.
 
 Workspace: the kernels exchange tiles through the fused part of their partition's workspace
 (iris_jax._runtime.workspace: one per partition of the ranks into groups, so calls over different
@@ -46,7 +46,6 @@ kernels over row chunks.
 from __future__ import annotations
 
 import math
-import os
 
 import jax
 import jax.numpy as jnp
@@ -55,6 +54,7 @@ from iris_core import flag_protocol
 from iris_core.errors import IrisError
 from iris_core.kernels import fused as F
 from iris_core.kernels import gemm as Gm
+from iris_core.launch import GemmConfig
 from iris_jax import _runtime as runtime_lib
 from iris_jax import collectives as C
 from iris_jax._runtime.workspace import workspaces
@@ -100,21 +100,10 @@ class FusedSettings:
         on H200 (config.fused_poll_ns, IRIS_FUSED_POLL_NS; else the backend's)."""
         return self.backend.fused_poll_ns if config.fused_poll_ns is None else config.fused_poll_ns
 
-    def config(self, dtype):
-        """(BM, BN, BK, GROUP_M, PREC, num_warps, num_stages) for `dtype`. For tuning
-        (benchmarks/tune_gemm.py), IRIS_GEMM_CONFIG="BM,BN,BK,GROUP_M,warps,stages" overrides
-        the 16-bit configuration on GPUs."""
-        fixed = self.backend.gemm_config(dtype)
-        if fixed is not None:  # the simulator's, small tiles for every dtype
-            return fixed
-        override = os.environ.get("IRIS_GEMM_CONFIG")
-        if override and jnp.dtype(dtype) != jnp.dtype(jnp.float32):
-            BM, BN, BK, GROUP_M, warps, stages = (int(v) for v in override.split(","))
-            return BM, BN, BK, GROUP_M, "tf32", warps, stages
-        if jnp.dtype(dtype) == jnp.dtype(jnp.float32):
-            return 128, 128, 32, 8, "ieee", 8, 3
-        # 16-bit: the best of benchmarks/tune_gemm.py's configurations on H200 (on par with XLA's dot)
-        return 128, 256, 64, 8, "tf32", 8, 3
+    def gemm(self, dtype, config: CollectiveConfig) -> GemmConfig:
+        """The GEMM core's settings for `dtype`: the backend's; on GPUs, config.gemm_config
+        (IRIS_GEMM_CONFIG) overrides the 16-bit tile (for tuning: benchmarks/tune_gemm.py)."""
+        return self.backend.gemm_config(dtype, config.gemm_config)
 
 
 def settings() -> FusedSettings:
@@ -201,27 +190,23 @@ def _config(config, timeout_s) -> CollectiveConfig:
     return config if timeout_s is None else config.replace(timeout_s=timeout_s)
 
 
-def _flag_constants(fs, config) -> dict:
-    """The kernel's POLL_NS and TIMEOUT_NS (the flag protocol's waits)."""
-    return dict(POLL_NS=fs.poll_ns(config), TIMEOUT_NS=flag_protocol.timeout_ns(config.timeout_s))
+def _waits(fs, config) -> dict:
+    """The kernels' poll_ns and timeout_ns (the flag protocol's waits)."""
+    return dict(poll_ns=fs.poll_ns(config), timeout_ns=flag_protocol.timeout_ns(config.timeout_s))
 
 
 def _chunks(total, step):
     return [(s, min(total, s + step)) for s in range(0, total, step)]
 
 
-def _common(a, fs):
-    BM, BN, BK, GROUP_M, PREC, warps, stages = fs.config(a.dtype)
-    return dict(BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M, PREC=PREC), dict(num_warps=warps, num_stages=stages)
-
-
 # -- plain GEMM -------------------------------------------------------------------------------
-def matmul(a, b):
+def matmul(a, b, *, config: CollectiveConfig | None = None):
     """`a @ b` with the persistent GEMM core (float32 accumulation, result in a's dtype).
 
     Args:
       a: [M, K], float32, bfloat16 or float16.
       b: [K, N], of `a`'s dtype.
+      config: its `gemm_config` (default `default_config()`).
 
     Returns:
       The [M, N] product.
@@ -236,11 +221,11 @@ def matmul(a, b):
     if M == 0 or N == 0 or K == 0:
         return jnp.zeros((M, N), a.dtype)
     fs = settings()
-    meta, launch = _common(a, fs)
-    tiles = math.ceil(M / meta["BM"]) * math.ceil(N / meta["BN"])
+    gemm = fs.gemm(a.dtype, config or default_config())
+    tiles = math.ceil(M / gemm.BM) * math.ceil(N / gemm.BN)
     return triton_call(a, b, kernel=Gm.matmul_kernel, out_shape=jax.ShapeDtypeStruct((M, N), a.dtype),
-                       grid=(min(tiles, fs.programs),), M=M, N=N, K=K, stride_am=K, stride_ak=1, stride_bk=N,
-                       stride_bn=1, **meta, **launch)
+                       grid=(min(tiles, fs.programs),), **Gm.matmul_constants(M=M, N=N, K=K, gemm=gemm),
+                       **gemm.options())
 
 
 # -- matmul + all-reduce / reduce-scatter ------------------------------------------------------
@@ -250,8 +235,8 @@ def _launch_reduce(a, b, axes, scatter: bool, what, config):
     fs = settings()
     layout = workspaces(rt).fused_layout
     G = group_size(axes)
-    meta, launch = _common(a, fs)
-    BM, BN = meta["BM"], meta["BN"]
+    gemm = fs.gemm(a.dtype, config)
+    BM, BN = gemm.BM, gemm.BN
     K, N = b.shape
     NB = G if scatter else 1
     M = a.shape[0] // NB
@@ -277,9 +262,9 @@ def _launch_reduce(a, b, axes, scatter: bool, what, config):
         outs.append(triton_call(
             part, b, kernel=F.matmul_reduce_kernel, out_shape=jax.ShapeDtypeStruct((r1 - r0, N), a.dtype),
             grid=(fs.programs,), group_axes=axes, workspace="fused", out_varying=out_varying,
-            M=r1 - r0, N=N, K=K, stride_am=K, stride_ak=1, stride_bk=N, stride_bn=1, SCATTER=int(scatter), G=G,
-            WORLD=rt.world_size, GEMM_PROGRAMS=gemm_programs, FLAGS=layout.flags, DATA=layout.data,
-            DATA_BYTES=layout.data_bytes, WHAT=what, **_flag_constants(fs, config), **meta, **launch))
+            **F.reduce_constants(M=r1 - r0, N=N, K=K, scatter=scatter, G=G, world=rt.world_size, gemm=gemm,
+                                 gemm_programs=gemm_programs, layout=layout, **_waits(fs, config), what=what),
+            **gemm.options()))
     return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=0)
 
 
@@ -415,8 +400,8 @@ def _launch_gather(a, b, axes, config):
     fs = settings()
     layout = workspaces(rt).fused_layout
     G = group_size(axes)
-    meta, launch = _common(a, fs)
-    BM = meta["BM"]
+    gemm = fs.gemm(a.dtype, config)
+    BM = gemm.BM
     M, K = a.shape
     N = b.shape[1]
     row_tile_bytes = G * BM * K * a.dtype.itemsize
@@ -432,10 +417,10 @@ def _launch_gather(a, b, axes, config):
         out = triton_call(
             part, b, kernel=F.all_gather_matmul_kernel,
             out_shape=jax.ShapeDtypeStruct((G * (r1 - r0), N), a.dtype), grid=(fs.programs,), group_axes=axes,
-            workspace="fused", out_varying=out_varying, M=r1 - r0, N=N, K=K, stride_am=K, stride_ak=1,
-            stride_bk=N, stride_bn=1, G=G, WORLD=rt.world_size, BKC=min(256, max(16, 1 << (K - 1).bit_length())),
-            COMM=fs.comm_programs, FLAGS=layout.flags, DATA=layout.data, DATA_BYTES=layout.data_bytes,
-            WHAT="all_gather_matmul", **_flag_constants(fs, config), **meta, **launch)
+            workspace="fused", out_varying=out_varying,
+            **F.gather_constants(M=r1 - r0, N=N, K=K, G=G, world=rt.world_size, gemm=gemm,
+                                 comm_programs=fs.comm_programs, layout=layout, **_waits(fs, config)),
+            **gemm.options())
         outs.append(out.reshape(G, r1 - r0, N))
     out = outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=1)
     return out.reshape(G * M, N)

@@ -54,8 +54,10 @@ def device_barrier(*arrays, timeout_s: float = flag_protocol.DEFAULT_TIMEOUT_S):
     # `after` becomes available only once every input is computed: the barrier runs after them
     after, *arrays = jax.lax.optimization_barrier((jnp.zeros((1,), jnp.int32), *arrays))
     status = triton_call(after, kernel=device_barrier_lib.barrier_kernel,
-                         out_shape=jax.ShapeDtypeStruct((1,), jnp.int32), grid=(1,), AREA_OFFSET=area.offset,
-                         TIMEOUT_NS=flag_protocol.timeout_ns(timeout_s), W=rt.world_size, TRACING=rt.tracing.enabled)
+                         out_shape=jax.ShapeDtypeStruct((1,), jnp.int32), grid=(1,),
+                         **device_barrier_lib.launch_constants(area_offset=area.offset,
+                                                               timeout_ns=flag_protocol.timeout_ns(timeout_s),
+                                                               world=rt.world_size, tracing=rt.tracing.enabled))
     return jax.lax.optimization_barrier((status, *arrays))
 
 

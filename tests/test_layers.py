@@ -5,6 +5,7 @@ a GPU vendor's modules are reached only through its record in iris_core.platform
 
 import ast
 import pathlib
+import re
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -136,6 +137,12 @@ def test_no_cycles_but_the_inherent_ones():
     assert not cycles, cycles
 
 
+def test_iris_core_has_no_cycles():
+    """No module of iris_core imports one that imports it back (function-local imports counted)."""
+    cycles = _components(_graph("iris_core"))
+    assert not cycles, cycles
+
+
 # a platform's own modules, reached only through its record in iris_core.platform (and by each
 # other: the CUDA heap maps memory through the VMM module)
 VENDOR_MODULES = {"iris_core.heap.cuda", "iris_core.heap.vmm", "iris_core.device.nvidia", "iris_core.sim.intrinsics"}
@@ -146,3 +153,60 @@ def test_vendor_modules_only_through_the_platform_record():
                        for m, path in _modules(package).items() if m not in VENDOR_MODULES
                        for name in _imports(m, path) if any(name == v or name.startswith(v + ".") for v in VENDOR_MODULES))
     assert not importers, "reach these through iris_core.platform (GPU, SIMULATOR):\n" + "\n".join(importers)
+
+
+# -- version branches live in the compat modules ------------------------------------------------
+COMPAT_MODULES = {"iris_core.compat", "iris_jax.compat", "iris_jax.pallas._compat"}
+# a release of JAX, jaxlib, jax-triton or Triton, as the code names one where something moved
+RELEASE = re.compile(r"\b(jax(lib)?|jax-triton|jax_triton|[Tt]riton)\s+\d+\.\d+")
+VERSION_NAMES = {"__version__", "version_info", "JAXLIB_VERSION", "JAX_TRITON_VERSION", "TRITON_VERSION"}
+# what a branch on a release looks like besides a comparison of versions: an attribute looked up
+# with a fallback (not iris's own markers, `_iris...`), a failed import or attribute swallowed, a
+# class compared by name
+PROBES = re.compile(r"\bhasattr\(|\bgetattr\([^(),]*,(?!\s*[\"']_iris)[^()]*,|except\s*\(?\s*(ImportError|"
+                    r"AttributeError|ModuleNotFoundError)|\btype\([^)]*\)\.__name__\s*==")
+
+
+def _version_branches(path: pathlib.Path) -> list[str]:
+    """Places in `path` that branch on a release: (1) a comparison or test that reads a version
+    (`jax.__version__`, compat's JAXLIB_VERSION, ...); (2) a function whose text (docstring,
+    comments) names a release and that probes for what the release has (hasattr, getattr with a
+    fallback, an ImportError or AttributeError caught, a class name compared), or a branch whose
+    line names a release."""
+    text = path.read_text()
+    tree = ast.parse(text)
+    lines = text.splitlines()
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Compare, ast.If, ast.IfExp)):
+            names = {n.attr if isinstance(n, ast.Attribute) else getattr(n, "id", None) for n in ast.walk(node)}
+            if names & VERSION_NAMES:
+                found.append(f"{path.name}:{node.lineno}: compares a version")
+        if isinstance(node, (ast.If, ast.IfExp)) and RELEASE.search(lines[node.lineno - 1]):
+            found.append(f"{path.name}:{node.lineno}: branches where a release is named")
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            source = "\n".join(lines[node.lineno - 1:node.end_lineno])
+            if RELEASE.search(source) and PROBES.search(source):
+                found.append(f"{path.name}:{node.lineno}: {node.name} names a release and probes for it")
+    return found
+
+
+def test_version_branches_only_in_the_compat_modules():
+    """Every branch on a JAX, jaxlib, jax-triton or Triton release lives in its layer's compat
+    module (iris_core.compat: Triton; iris_jax.compat: JAX and jax-triton; iris_jax.pallas._compat:
+    Pallas), which says which release moved what."""
+    found = [place for package in ("iris_core", "iris_jax") for m, path in _modules(package).items()
+             if m not in COMPAT_MODULES for place in _version_branches(path)]
+    assert not found, "move these into the layer's compat module:\n" + "\n".join(found)
+
+
+def test_the_version_branch_check_sees_one():
+    """The check above finds the usual forms of a version branch."""
+    sample = ROOT / "tests" / "_version_branch_sample.py"
+    try:
+        sample.write_text('import jax\n\nOLD = jax.__version__ < "0.11"\n\n\n'
+                          'def vma(aval):\n    """jax 0.10 calls it manual_axis_type."""\n'
+                          '    return getattr(aval, "vma", None)\n')
+        assert len(_version_branches(sample)) == 2
+    finally:
+        sample.unlink()

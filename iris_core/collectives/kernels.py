@@ -39,8 +39,6 @@ Adding a collective: a row in kinds.py's table, its step in tiles.output_tile (w
 contributes and where it goes), and its wrapper in iris_jax.collectives.lowering.
 """
 
-import inspect
-
 import triton
 import triton.language as tl
 
@@ -67,6 +65,7 @@ from iris_core.device import Context, flags
 from iris_core.device.faults import signature
 from iris_core.device.flags import DONE
 from iris_core.device.tracing import EVENT_TRANSFER
+from iris_core.launch import kernel_constants
 
 
 @triton.jit
@@ -150,15 +149,7 @@ def collective_kernel(context_ptr, group_ptr, x_ptr, m, out_ptr,
 
 
 def launch_constants(**given) -> dict:
-    """collective_kernel's constexprs, every one by name (Triton's cache key joins their values
-    alone): `given`, MAX_PROGRAMS, and the kernel's own default for each other one. The launch
+    """collective_kernel's constexprs, every one by name (iris_core.launch.kernel_constants):
+    `given`, MAX_PROGRAMS, and the kernel's own default for each other one. The launch
     (iris_jax.collectives.lowering) and the PTX benchmarks and tests build theirs here."""
-    params = inspect.signature(collective_kernel.fn).parameters.values()
-    constexprs = [p for p in params if p.annotation is tl.constexpr]
-    constants = {p.name: p.default for p in constexprs if p.default is not inspect.Parameter.empty}
-    constants.update(MAX_PROGRAMS=workspace.MAX_PROGRAMS, **given)
-    unknown = sorted(set(given) - {p.name for p in constexprs})
-    missing = [p.name for p in constexprs if p.name not in constants]
-    if unknown or missing:
-        raise TypeError(f"collective_kernel's constexprs: unknown {unknown}, missing {missing}")
-    return constants
+    return kernel_constants(collective_kernel, **{"MAX_PROGRAMS": workspace.MAX_PROGRAMS, **given})

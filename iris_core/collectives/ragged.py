@@ -26,11 +26,12 @@ epoch has the other parity; otherwise my read came before my second window's sig
 import triton
 import triton.language as tl
 
-from iris_core.collectives import kinds
+from iris_core.collectives import kinds, workspace
 from iris_core.collectives.group import Group
 from iris_core.collectives.tiles import get, vec
 from iris_core.device import Context, flags
 from iris_core.device.faults import signature
+from iris_core.launch import kernel_constants, next_power_of_two
 
 
 @triton.jit
@@ -124,3 +125,14 @@ def ragged_kernel(context_ptr, group_ptr, x_ptr, output_ptr, in_offsets, sizes, 
             for row in range(first, hi, P):
                 _copy_row(g, ws + (row - r0) * R64, out_ptr + (row + shift) * R64, sender, R, BLOCK, VEC)
     g.end_call(epoch + windows)
+
+
+def launch_constants(*, G: int, world: int, slices: int, block: int, layout: workspace.WorkspaceLayout,
+                     timeout_ns: int, vec: int, what: str = "ragged_all_to_all") -> dict:
+    """ragged_kernel's constexprs for a group of G members exchanging `slices` slices each, rows
+    moved in tiles of `block` elements and vectors of `vec`, through the collectives' workspace
+    `layout`: what the ragged_all_to_all rule launches and benchmarks/kernel_ptx.py compiles."""
+    return kernel_constants(ragged_kernel, G=G, WORLD=world, SLICES=slices, SLICES_P2=next_power_of_two(slices),
+                            TABLE=next_power_of_two(G * slices), BLOCK=block, DATA=layout.data, DATA2=layout.data2,
+                            DATA_BYTES=layout.data_bytes, MAX_PROGRAMS=workspace.MAX_PROGRAMS, TIMEOUT_NS=timeout_ns,
+                            WHAT=what, VEC=vec)

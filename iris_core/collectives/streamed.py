@@ -30,11 +30,14 @@ int64 `sigs` [2][WORLD] at the next multiple of 8 bytes, then int32 `calls` [MAX
 import triton
 import triton.language as tl
 
+from iris_core.collectives import workspace
 from iris_core.collectives.tiles import output_tile, push_tile
 from iris_core.device import flags, global_timer
 from iris_core.device.faults import MISMATCH, PEER_FAILED, TIMEOUT, fail
 from iris_core.device.flags import LINE
 from iris_core.device.tracing import EVENT_TRANSFER, EVENT_WAIT
+
+BYTES_PER_COUNTER: tl.constexpr = tl.constexpr(workspace.STREAM_BYTES_PER_COUNTER)  # the host's layout's
 
 
 @triton.jit
@@ -71,7 +74,7 @@ def _failed_before(g, gave_up, call, tile_flags, sigs):
 def run(g, c, STREAM_BYTES: tl.constexpr, STREAM_AT: tl.constexpr, SENDERS: tl.constexpr):
     ctx = g.ctx
     region = g.ws_base + STREAM_AT
-    T: tl.constexpr = STREAM_BYTES // 256
+    T: tl.constexpr = STREAM_BYTES // BYTES_PER_COUNTER
     failed = tl.cast(region, tl.pointer_type(tl.int64))
     sdata = region + LINE
     tile_flags = tl.cast(sdata + 2 * STREAM_BYTES, tl.pointer_type(tl.int32))

@@ -43,10 +43,18 @@ from math import ceil
 from iris_core.flag_protocol import LINE_BYTES
 
 MAX_PROGRAMS = 256
+# the streamed region's counters (flags, sent, got: int32 each) hold stream_bytes / this many
+# entries: every tile x member of a call whose tiles have >= 256 elements of >= 2 bytes (see above)
+STREAM_BYTES_PER_COUNTER = 256  # (also read by the streamed kernel, iris_core.collectives.streamed)
+STREAM_COUNTER_ARRAYS = 3
 
 # where the collective kernel finds its buffers (heap offsets from the workspace's base; bytes
 # per buffer), passed to it as one constexpr, REGIONS
 Regions = namedtuple("Regions", "data data2 data_bytes stream stream_bytes")
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
 
 
 @dataclass(frozen=True)
@@ -83,9 +91,12 @@ class WorkspaceLayout:
 
     @property
     def total_bytes(self) -> int:
-        tile_words = -(-3 * 4 * (self.stream_capacity // 256) // 8) * 8
-        return (self.stream + LINE_BYTES + 2 * self.stream_capacity + tile_words + 2 * 8 * self.world_size
-                + 4 * MAX_PROGRAMS)
+        """The whole workspace: the streamed region is its last (the module docstring's layout)."""
+        counters = self.stream_capacity // STREAM_BYTES_PER_COUNTER
+        counter_bytes = _round_up(STREAM_COUNTER_ARRAYS * 4 * counters, 8)  # the int64 sigs follow at a multiple of 8
+        signatures = 2 * 8 * self.world_size  # int64 [2][W]
+        calls = 4 * MAX_PROGRAMS  # int32 [MAX_PROGRAMS]
+        return self.stream + LINE_BYTES + 2 * self.stream_capacity + counter_bytes + signatures + calls
 
 
 @dataclass(frozen=True)

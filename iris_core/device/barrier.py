@@ -24,6 +24,7 @@ from iris_core.device.context import Context
 from iris_core.device.faults import PEER_FAILED, TIMEOUT, fail
 from iris_core.device.intrinsics import global_timer
 from iris_core.device.tracing import EVENT_BARRIER
+from iris_core.launch import kernel_constants
 
 SLOT_WORDS = flag_protocol.LINE_BYTES // 8  # int64 words per slot: one line each
 SLOT = tl.constexpr(SLOT_WORDS)
@@ -67,3 +68,10 @@ def _give_up(f, slots, epoch, missing, failed_before, W: tl.constexpr):
     for peer in range(W):
         f.poison(slots + f.ctx.rank * SLOT, peer, epoch)
     fail(f.ctx, tl.where(failed_before, PEER_FAILED, TIMEOUT), f.WHAT, missing, epoch)
+
+
+def launch_constants(*, area_offset: int, timeout_ns: int, world: int, tracing: bool = False) -> dict:
+    """barrier_kernel's constexprs: what iris_jax.device_barrier launches and
+    benchmarks/kernel_ptx.py and the tests compile. `area_offset`: the heap offset of the
+    barrier's slots (a line per rank and the epoch's)."""
+    return kernel_constants(barrier_kernel, AREA_OFFSET=area_offset, TIMEOUT_NS=timeout_ns, W=world, TRACING=tracing)

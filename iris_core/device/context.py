@@ -20,6 +20,7 @@ import triton.language as tl
 from iris_core import flag_protocol
 from iris_core.compat import aggregate
 from iris_core.device import rma
+from iris_core.device import tile_collectives as tiles  # Context's tile-level collectives
 from iris_core.device.rma import ACQ_REL, NO_MODIFIER, SYSTEM
 from iris_core.device.tracing import (
     EVENT_ATOMIC_ADD,
@@ -522,6 +523,3 @@ class Context:
 
 DeviceContext = Context
 
-
-# below the class: the tile collectives speak the flag protocol, whose Flags holds a Context
-from iris_core.device import tile_collectives as tiles  # noqa: E402

@@ -25,8 +25,7 @@ import triton
 import triton.language as tl
 
 from iris_core import flag_protocol
-from iris_core.compat import aggregate
-from iris_core.device.context import Context
+from iris_core.compat import DeviceValue, aggregate
 from iris_core.device.faults import TIMEOUT, fail
 from iris_core.device.intrinsics import global_timer, load_acquire, nanosleep
 
@@ -108,7 +107,7 @@ def parse_failed_word(word):
 class Flags:
     """One program's side of the protocol: its Context, the longest wait (TIMEOUT_NS), the sleep
     between two reads of a flag (POLL_NS; 0: spin), and the op a fault record names (WHAT)."""
-    ctx: Context
+    ctx: DeviceValue  # an iris_core.device.Context (whose module imports the users of this one)
     TIMEOUT_NS: tl.constexpr
     POLL_NS: tl.constexpr
     WHAT: tl.constexpr

@@ -52,9 +52,16 @@ import triton
 import triton.language as tl
 
 from iris_core.collectives.group import member_rank, workspace_offset
+from iris_core.collectives.workspace import FusedLayout
 from iris_core.device import Context, flags
 from iris_core.device.flags import LINE, Flags
 from iris_core.kernels.gemm import aligned_rows, store_tile, tile_coords, tile_gemm
+from iris_core.launch import GemmConfig, kernel_constants
+
+# all_gather_matmul pushes A's rows in slices of at most this many columns (and at least
+# MIN_PUSH_COLUMNS: one 16-byte vector of any dtype per row and more)
+MAX_PUSH_COLUMNS = 256
+MIN_PUSH_COLUMNS = 16
 
 
 @triton.jit
@@ -252,3 +259,35 @@ def all_gather_matmul_kernel(context_ptr, group_ptr, a_ptr, b_ptr, out_ptr,
                                     BM, BN, BK, K % BK == 0, PREC, True)
                     store_tile(out_ptr + s * M * N, acc.to(out_dtype), pid_m, pid_n, M, N, N, 1, BM, BN)
     flags.write_epoch(epoch_ptr, epoch)
+
+
+def _flag_constants(layout: FusedLayout, poll_ns: int, timeout_ns: int, what: str) -> dict:
+    return dict(FLAGS=layout.flags, DATA=layout.data, DATA_BYTES=layout.data_bytes, POLL_NS=poll_ns,
+                TIMEOUT_NS=timeout_ns, WHAT=what)
+
+
+def reduce_constants(*, M: int, N: int, K: int, scatter: bool, G: int, world: int, gemm: GemmConfig,
+                     gemm_programs: int, layout: FusedLayout, poll_ns: int, timeout_ns: int, what: str) -> dict:
+    """matmul_reduce_kernel's constexprs for row-major A ((G if scatter else 1) * M x K) and B
+    (K x N): what iris_jax.ops launches (matmul_all_reduce, matmul_reduce_scatter) and
+    benchmarks/kernel_ptx.py and benchmarks/fused_probe.py compile. `layout`: the fused
+    workspace's; poll_ns, timeout_ns: the flag protocol's waits; `what`: the op a fault names."""
+    return kernel_constants(matmul_reduce_kernel, M=M, N=N, K=K, stride_am=K, stride_ak=1, stride_bk=N, stride_bn=1,
+                            SCATTER=int(scatter), G=G, WORLD=world, GEMM_PROGRAMS=gemm_programs,
+                            **_flag_constants(layout, poll_ns, timeout_ns, what), **gemm.constants())
+
+
+def push_columns(K: int) -> int:
+    """all_gather_matmul's BKC: the columns of A pushed at a time, K's next power of two within
+    [MIN_PUSH_COLUMNS, MAX_PUSH_COLUMNS]."""
+    return min(MAX_PUSH_COLUMNS, max(MIN_PUSH_COLUMNS, 1 << (K - 1).bit_length()))
+
+
+def gather_constants(*, M: int, N: int, K: int, G: int, world: int, gemm: GemmConfig, comm_programs: int,
+                     layout: FusedLayout, poll_ns: int, timeout_ns: int, what: str = "all_gather_matmul") -> dict:
+    """all_gather_matmul_kernel's constexprs for row-major A (M x K, my block) and B (K x N):
+    what iris_jax.ops.all_gather_matmul launches and benchmarks/kernel_ptx.py compiles;
+    `comm_programs`: the programs that push A's rows."""
+    return kernel_constants(all_gather_matmul_kernel, M=M, N=N, K=K, stride_am=K, stride_ak=1, stride_bk=N,
+                            stride_bn=1, G=G, WORLD=world, BKC=push_columns(K), COMM=comm_programs,
+                            **_flag_constants(layout, poll_ns, timeout_ns, what), **gemm.constants())

@@ -10,6 +10,7 @@ import triton
 import triton.language as tl
 
 from iris_core.compat import interpreting
+from iris_core.launch import GemmConfig, kernel_constants
 
 # Triton's interpreter computes tl.dot on bfloat16 blocks wrongly (Triton 3.6): under it the
 # operands are widened to float32 first (exact: the products are accumulated in float32 anyway)
@@ -109,3 +110,10 @@ def matmul_kernel(context_ptr, a_ptr, b_ptr, c_ptr,
         acc = tile_gemm(a_ptr, b_ptr, pid_m, pid_n, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
                         BM, BN, BK, K % BK == 0, PREC, False)
         store_tile(c_ptr, acc.to(c_ptr.dtype.element_ty), pid_m, pid_n, M, N, N, 1, BM, BN)
+
+
+def matmul_constants(*, M: int, N: int, K: int, gemm: GemmConfig) -> dict:
+    """matmul_kernel's constexprs for row-major A (M x K) and B (K x N): what iris_jax.ops.matmul
+    launches and benchmarks/kernel_ptx.py compiles."""
+    return kernel_constants(matmul_kernel, M=M, N=N, K=K, stride_am=K, stride_ak=1, stride_bk=N, stride_bn=1,
+                            **gemm.constants())

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from iris_core.errors import IrisError, PeerTimeoutError, RankMismatchError
+from iris_core.launch import GemmConfig
 from iris_core.platform import GPU, SIMULATOR
 
 SIM_LAUNCHED = "sim-launched"
@@ -36,6 +37,12 @@ GPU_MULTI = "gpu-multi-process"
 GPU_BLOCK, SIM_BLOCK = 8192, 1 << 18
 FALLBACK_SMS = 132  # an H200's, for devices that do not report their SM count
 SIM_SMS = 2  # what a simulated device counts as
+# the GEMM core's settings on GPUs: float32 (full-precision dots), and 16-bit, the best of
+# benchmarks/tune_gemm.py's configurations on H200 (on par with XLA's dot)
+GPU_GEMM_FLOAT32 = GemmConfig(BM=128, BN=128, BK=32, GROUP_M=8, PREC="ieee", num_warps=8, num_stages=3)
+GPU_GEMM_16BIT = GemmConfig(BM=128, BN=256, BK=64, GROUP_M=8, PREC="tf32", num_warps=8, num_stages=3)
+# the simulator's, for every dtype: the interpreter's time grows with the tile, and tests' matrices are small
+SIM_GEMM = GemmConfig(BM=16, BN=16, BK=16, GROUP_M=2, PREC="ieee", num_warps=4, num_stages=1)
 # seconds to wait for the other processes at a rendezvous (environment IRIS_RENDEZVOUS_TIMEOUT)
 RENDEZVOUS_TIMEOUT_S = float(os.environ.get("IRIS_RENDEZVOUS_TIMEOUT", 120))
 
@@ -143,9 +150,11 @@ class Backend:
 
         return min(self.sm_count(devices), MAX_PROGRAMS)
 
-    def gemm_config(self, dtype) -> tuple | None:
-        """The fused GEMM's tile configuration for every dtype, or None: chosen by dtype."""
-        return None
+    def gemm_config(self, dtype, tile: tuple[int, ...] | None = None) -> GemmConfig:
+        """The GEMM core's settings for `dtype` (the fused ops, iris_jax.ops.matmul); `tile`:
+        CollectiveConfig.gemm_config, (BM, BN, BK, GROUP_M, num_warps, num_stages) for 16-bit
+        inputs."""
+        raise NotImplementedError
 
     def wait_for_devices(self, devices: Sequence[jax.Device]) -> None:
         """Waits for the device work of this process on `devices` (kernels, copies); the
@@ -178,6 +187,14 @@ class _GpuBackend(Backend):
 
     def sm_count(self, devices):
         return int(getattr(devices[0], "core_count", None) or FALLBACK_SMS)
+
+    def gemm_config(self, dtype, tile=None):
+        if jnp.dtype(dtype) == jnp.dtype(jnp.float32):
+            return GPU_GEMM_FLOAT32
+        if tile is not None:
+            BM, BN, BK, GROUP_M, warps, stages = tile
+            return GemmConfig(BM, BN, BK, GROUP_M, GPU_GEMM_16BIT.PREC, warps, stages)
+        return GPU_GEMM_16BIT
 
     def wait_for_devices(self, devices):
         import torch
@@ -276,8 +293,8 @@ class _SimulatorBackend(Backend):
     def fused_programs(self, devices):
         return 3
 
-    def gemm_config(self, dtype):
-        return 16, 16, 16, 2, "ieee", 4, 1
+    def gemm_config(self, dtype, tile=None):
+        return SIM_GEMM  # every dtype, whatever `tile` says
 
     def heap_array(self, heap, rank, owner, shape, dtype, device, value):
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize

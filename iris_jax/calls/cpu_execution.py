@@ -20,7 +20,8 @@ import os
 import threading
 import uuid
 import warnings
-from typing import TYPE_CHECKING
+import weakref
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -33,11 +34,43 @@ from iris_core.sim.interpreter import Pointer, run_kernel
 from iris_jax import _runtime as runtime_lib
 from iris_jax.calls.triton_call import kernel_arguments
 
-if TYPE_CHECKING:
-    from iris_jax.calls.cpu_lowering import KernelSpec
-
 _interpreter_lock = threading.Lock()
 _ALIGN = 256
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """What the executor needs about one call site besides the buffer pointers."""
+
+    kernel: object
+    grid: tuple
+    scalars: tuple  # (position among the kernel's arguments, value), ascending
+    constexprs: dict
+    operand_dtypes: tuple  # array operands after the context row
+    operand_nbytes: tuple
+    result_dtypes: tuple
+    result_nbytes: tuple
+    zeroed: tuple  # result indices to zero before the launch
+    result_params: tuple  # the results passed to the kernel, in order (jax-triton 0.4 passes no aliased one)
+    symmetric: tuple  # operand indices that must lie on this rank's heap
+    pass_context: bool  # the kernel's first argument is the context
+    runtime: weakref.ref  # the runtime whose heaps the lowering saw (its context rows are constants)
+    group_nbytes: int = 0  # >0: the kernel's second argument is the group row (collectives)
+    ordered_after: int = 0  # trailing operands that only order this call after the previous one
+    debug: bool = False  # triton_call(debug=True): device-side assertions raise
+    signature: int = 0  # group kernels: what the ranks' records of a call must agree on (call_table)
+    what: str = ""  # ... and how the call is named to the user
+    site: tuple = ()  # ... and where the user's program made it: its frames, innermost first ("file.py:12")
+
+    @property
+    def group(self) -> bool:
+        return self.group_nbytes > 0
+
+    @property
+    def kernel_name(self) -> str:
+        return getattr(getattr(self.kernel, "fn", None), "__name__", str(self.kernel))
+
+
 
 
 def execute(spec: KernelSpec, ins: list[int], outs: list[int]) -> None:

@@ -4,7 +4,7 @@ Registered for both `iris_triton_call` and jax-triton's own `triton_kernel_call`
 plain `jax_triton.triton_call` kernel also runs on CPU. Each call site becomes an FFI
 custom call (see _ffi) that XLA invokes on the device's thread with buffer pointers; its
 first operand is the device's context row, which names the rank. What a call site needs at
-run time is a KernelSpec (the kernel resolved from its autotuners, its grid, scalars, sizes,
+run time is a cpu_execution.KernelSpec (the kernel resolved from its autotuners, its grid, scalars, sizes,
 and for group kernels the signature and call path the simulator's call records compare);
 iris_jax.calls.cpu_execution runs it. Calls are chained in program order (see below).
 """
@@ -16,7 +16,6 @@ import contextvars
 import dataclasses
 import os
 import weakref
-from dataclasses import dataclass
 
 import jax
 import numpy as np
@@ -30,44 +29,12 @@ from iris_jax import compat
 from iris_jax.calls import cpu_execution
 from iris_jax.calls._ffi import register_cpu_target
 from iris_jax.calls.autotune import resolve_call
+from iris_jax.calls.cpu_execution import KernelSpec
 from iris_jax.calls.operands import extra_operands
 from iris_jax.calls.triton_call import aval_nbytes, iris_triton_call_p, normalize_grid
 
 _CALL_PARAMS = {"name", "custom_call_target_name", "num_warps", "num_stages", "num_ctas",
                 "compute_capability", "enable_fp_fusion", "debug", "serialized_metadata", "out_shapes"}
-
-
-@dataclass(frozen=True)
-class KernelSpec:
-    """What the executor needs about one call site besides the buffer pointers."""
-
-    kernel: object
-    grid: tuple
-    scalars: tuple  # (position among the kernel's arguments, value), ascending
-    constexprs: dict
-    operand_dtypes: tuple  # array operands after the context row
-    operand_nbytes: tuple
-    result_dtypes: tuple
-    result_nbytes: tuple
-    zeroed: tuple  # result indices to zero before the launch
-    result_params: tuple  # the results passed to the kernel, in order (jax-triton 0.4 passes no aliased one)
-    symmetric: tuple  # operand indices that must lie on this rank's heap
-    pass_context: bool  # the kernel's first argument is the context
-    runtime: weakref.ref  # the runtime whose heaps the lowering saw (its context rows are constants)
-    group_nbytes: int = 0  # >0: the kernel's second argument is the group row (collectives)
-    ordered_after: int = 0  # trailing operands that only order this call after the previous one
-    debug: bool = False  # triton_call(debug=True): device-side assertions raise
-    signature: int = 0  # group kernels: what the ranks' records of a call must agree on (call_table)
-    what: str = ""  # ... and how the call is named to the user
-    site: tuple = ()  # ... and where the user's program made it: its frames, innermost first ("file.py:12")
-
-    @property
-    def group(self) -> bool:
-        return self.group_nbytes > 0
-
-    @property
-    def kernel_name(self) -> str:
-        return getattr(getattr(self.kernel, "fn", None), "__name__", str(self.kernel))
 
 
 def _lower(ctx, operands, avals_in, *, pass_context, fn, scalar_args, out_shapes, grid, input_output_aliases,

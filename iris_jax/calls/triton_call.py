@@ -33,6 +33,7 @@ from jax.extend.core import Primitive
 from iris_core import faults
 from iris_core.errors import IrisError
 from iris_jax import _runtime as runtime_lib
+from iris_jax import compat
 from iris_jax.compat import triton_type
 
 
@@ -182,12 +183,8 @@ def normalize_grid(grid, constexprs) -> tuple[int, int, int]:
 
 
 def varying_axes(x) -> frozenset:
-    """The manual mesh axes `x` varies over (jax 0.10 calls it manual_axis_type, later vma)."""
-    aval = core.typeof(x)
-    vma = getattr(aval, "vma", None)
-    if vma is None:
-        vma = getattr(getattr(aval, "manual_axis_type", None), "varying", frozenset())
-    return frozenset(vma)
+    """The manual mesh axes `x` varies over."""
+    return compat.varying_axes(core.typeof(x))
 
 
 def vary(x, axes):

@@ -19,6 +19,7 @@ programs push tiles and flag each, the other half build the output as tiles arri
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -29,6 +30,7 @@ from iris_core.collectives import kernels as K
 from iris_core.collectives import kinds
 from iris_core.collectives.algorithms import ALGORITHMS, BY_VARIANT
 from iris_core.collectives.workspace import MAX_PROGRAMS
+from iris_core.launch import vector_width
 from iris_core.platform import GPU, SIMULATOR
 from iris_jax import _runtime as runtime_lib
 from iris_jax import compat
@@ -43,6 +45,7 @@ DEFAULT_PROGRAMS_PER_SM, DEFAULT_WARPS = 1, 8
 # streamed calls of more tiles than half the SMs: every SM both sends and receives
 DEFAULT_STREAM_PROGRAMS_PER_SM, DEFAULT_STREAM_WARPS = 2, 4
 MIN_BLOCK = 256
+NO_CHUNK_CAP = 1 << 62  # config.chunk_bytes None: more than any workspace holds, so chunks are what it holds
 
 
 def group_size(axes, groups=None) -> int:
@@ -127,8 +130,16 @@ def launch_many(kind: int, rows: list, axes, out_blocks: int, config, **kwargs) 
 
 
 # -- one launch -----------------------------------------------------------------------------
-def launch_config(rt, config: CollectiveConfig, streamed: bool = False) -> tuple[int, int, int]:
-    """(elements per tile, most programs, warps per program) of the collective kernel.
+class LaunchConfig(NamedTuple):
+    """How the collective kernel launches: the largest tile (elements), the most programs of
+    its persistent grid, and warps per program."""
+    block: int
+    programs: int
+    warps: int
+
+
+def launch_config(rt, config: CollectiveConfig, streamed: bool = False) -> LaunchConfig:
+    """The collective kernel's LaunchConfig (elements per tile, most programs, warps per program).
 
     Every program of the persistent grid must be resident at once (they wait on their
     peers' twins), so programs stay within `programs_per_sm` x SMs and MAX_PROGRAMS.
@@ -146,7 +157,8 @@ def launch_config(rt, config: CollectiveConfig, streamed: bool = False) -> tuple
         warps = config.stream_warps or DEFAULT_STREAM_WARPS
     else:
         per_sm, warps = config.programs_per_sm or DEFAULT_PROGRAMS_PER_SM, config.warps or DEFAULT_WARPS
-    return block, min(per_sm * backend.sm_count(rt.devices), MAX_PROGRAMS), backend.collective_warps(warps)
+    programs = min(per_sm * backend.sm_count(rt.devices), MAX_PROGRAMS)
+    return LaunchConfig(block, programs, backend.collective_warps(warps))
 
 
 def fitting_block(block: int, buffer_bytes: int, slots: int, itemsize: int) -> int:
@@ -175,7 +187,7 @@ def launch(kind: int, x2d, axes, out_blocks: int, config: CollectiveConfig, *, o
 
     def tiling(buffer_bytes, slots):  # a buffer holds a slot per sender (push) or my input blocks (pull)
         block = fitting_block(largest_block, buffer_bytes, slots, itemsize)
-        cap = config.chunk_bytes or 1 << 62
+        cap = config.chunk_bytes or NO_CHUNK_CAP
         return block, max(block, min(buffer_bytes // slots, cap) // itemsize // block * block)
 
     senders_per_buffer = max(G - 1, 1)  # push: every member but the buffer's owner
@@ -202,7 +214,7 @@ def launch(kind: int, x2d, axes, out_blocks: int, config: CollectiveConfig, *, o
             ACC=tl.float32 if floating else tl.int32, BLOCK=block, CHUNK=chunk, REGIONS=ws.layout.regions,
             TIMEOUT_NS=flag_protocol.timeout_ns(config.timeout_s), WHAT=what,
             ZERO_COPY=not push and zero_copy(kind, variant, nbytes, config), HEAP_BYTES=rt.heap_size,
-            VEC=16 // itemsize if m % (16 // itemsize) == 0 else 1, TRACING=rt.tracing.enabled, PUSH=push,
+            VEC=vector_width(m, itemsize), TRACING=rt.tracing.enabled, PUSH=push,
             STREAM=stream, SENDERS=senders))
 
 

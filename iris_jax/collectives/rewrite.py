@@ -24,6 +24,7 @@ import dataclasses
 import functools
 import math
 from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -35,7 +36,7 @@ from iris_jax.calls.triton_call import IrisKernelEffect
 from iris_jax.collectives import rules
 from iris_jax.collectives.primitive import freeze, iris_collective_p, kernel_effects
 from iris_jax.collectives.rules import axes_of
-from iris_jax.compat import ClosedJaxpr, closed_jaxpr, is_jaxpr
+from iris_jax.compat import ClosedJaxpr, closed_jaxpr, is_closed_jaxpr, is_jaxpr, shard_map_manual_axes
 from iris_jax.config import CollectiveConfig, default_config
 from iris_jax.sync import guarded_call
 
@@ -65,7 +66,7 @@ class Scope:
 
     def inside_shard_map(self, params) -> Scope:
         mesh = params["mesh"]
-        newly = params.get("newly_manual_axes", params.get("manual_axes", params.get("axis_names")))
+        newly = shard_map_manual_axes(params)
         newly = frozenset(newly) if newly is not None else frozenset(mesh.axis_names)
         concrete = mesh if isinstance(mesh, jax.sharding.Mesh) else self.mesh
         return Scope(tuple(mesh.shape.items()), self.manual | newly, concrete)
@@ -122,12 +123,24 @@ def groups_problem(op: str, groups: tuple, members: int) -> tuple[str, type[Exce
 
 
 # -- the rewrite ------------------------------------------------------------------------
+class Decision(NamedTuple):
+    """Where the rewrite put one collective equation (what `explain` reports): lax's primitive
+    `name` and `params`, its first operand's `aval`, the `reason` it stays on XLA (None: it runs
+    on iris), the mesh `scope` around it and the `config` it runs with."""
+    name: str
+    params: dict
+    aval: core.AbstractValue
+    reason: str | None
+    scope: Scope
+    config: CollectiveConfig
+
+
 @dataclasses.dataclass
 class _Rewriter:
     config: CollectiveConfig
     strict: bool
     merge: bool = True
-    decisions: list = dataclasses.field(default_factory=list)  # (name, params, aval, reason or None, scope, config)
+    decisions: list[Decision] = dataclasses.field(default_factory=list)
     memo: dict = dataclasses.field(default_factory=dict)
 
     def closed(self, closed: ClosedJaxpr, scope: Scope) -> ClosedJaxpr:
@@ -148,7 +161,7 @@ class _Rewriter:
         if rule is not None:
             aval = eqn.invars[0].aval
             reason, refusal = placement(name, eqn.params, aval, scope)
-            self.decisions.append((name, eqn.params, aval, reason, scope, self.config))
+            self.decisions.append(Decision(name, eqn.params, aval, reason, scope, self.config))
             if reason is None:
                 params = dict(collective=eqn.primitive, params=freeze(eqn.params), config=self.config)
                 return eqn.replace(primitive=iris_collective_p, params=params,
@@ -162,8 +175,8 @@ class _Rewriter:
                               "each index of the axes once")
             return eqn
         if eqn.primitive is iris_collective_p:
-            self.decisions.append((eqn.params["collective"].name, dict(eqn.params["params"]), eqn.invars[0].aval, None,
-                                   scope, eqn.params["config"]))
+            self.decisions.append(Decision(eqn.params["collective"].name, dict(eqn.params["params"]),
+                                           eqn.invars[0].aval, None, scope, eqn.params["config"]))
             return eqn
         inner = scope.inside_shard_map(eqn.params) if name == "shard_map" else scope
         params = {k: self.param(v, inner) for k, v in eqn.params.items()}
@@ -172,7 +185,7 @@ class _Rewriter:
         return eqn.replace(params=params, effects=with_kernel_effects(eqn.effects, _body_effects(params)))
 
     def param(self, value, scope: Scope):
-        if isinstance(value, ClosedJaxpr):  # on jax 0.12 every Jaxpr (it carries its consts)
+        if is_closed_jaxpr(value):
             return self.closed(value, scope)
         if isinstance(value, core.Jaxpr):
             return self.jaxpr(value, scope)
@@ -321,7 +334,7 @@ def explain(f: Callable, *args, config: CollectiveConfig | None = None, **kwargs
     collectives called explicitly included): its op, axes, shape, dtype, bytes per rank,
     and where it runs and why; one row per step where its axes span domains (the steps'
     bytes per rank, the collective's shape). `print(*explain(...), sep="\\n")` shows a table."""
-    decisions: list = []
+    decisions: list[Decision] = []
     config = config or default_config()
     jax.make_jaxpr(lambda *a, **k: run_on_iris(lambda a, k: f(*a, **k), (a, k), config, strict=False,
                                                 decisions=decisions))(*args, **kwargs)

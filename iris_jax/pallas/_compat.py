@@ -68,3 +68,17 @@ def pointers_from_indices(ref_ptr, block_info, indexer):
 
     pointers = lowering._compute_pointers_from_indices(ref_ptr, block_info, indexer)
     return pointers if isinstance(pointers, tuple) else (pointers, None)
+
+
+def discharge_rule(rule):
+    """A state-discharge rule for either signature, calling `rule(in_avals, out_avals, *args,
+    **params)`: jax 0.10 passes (in_avals, out_avals, *args), jax 0.11 on (DischargeContext, *args)."""
+
+    @functools.wraps(rule)
+    def either(*args, **params):
+        if args and type(args[0]).__name__ == "DischargeContext":
+            ctx, *values = args
+            return rule(ctx.in_avals, ctx.out_avals, *values, **params)
+        return rule(*args, **params)
+
+    return either

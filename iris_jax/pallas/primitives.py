@@ -35,6 +35,7 @@ from jax._src.state import discharge as state_discharge
 from jax.interpreters import mlir
 
 from iris_core.platform import SIMULATOR
+from iris_jax.pallas import _compat
 
 LOADS = ("load", "load_acquire")
 RMW_OPS = ("add", "sub", "xchg", "and", "or", "xor", "min", "max")
@@ -100,15 +101,6 @@ def _abstract_eval(*avals_flat, args_tree, op, **_):
 
 
 # -- simulator: state discharge -------------------------------------------------------
-def _discharge(*args, **params):
-    """The discharge rule for either signature: (in_avals, out_avals, *args) on jax 0.10,
-    (DischargeContext, *args) from jax 0.11."""
-    if args and type(args[0]).__name__ == "DischargeContext":
-        ctx, *values = args
-        return _discharge_rule(ctx.in_avals, ctx.out_avals, *values, **params)
-    return _discharge_rule(*args, **params)
-
-
 def _discharge_rule(in_avals, out_avals, *args_flat, args_tree, op, slot, sem, scope, volatile,
                     cache_modifier):
     import jax.numpy as jnp
@@ -141,7 +133,7 @@ def _broadcast(x, shape):
     return jnp.broadcast_to(x, shape)
 
 
-state_discharge.register_discharge_rule(iris_rma_p)(_discharge)
+state_discharge.register_discharge_rule(iris_rma_p)(_compat.discharge_rule(_discharge_rule))
 
 
 def check(op: str, dtype, sem: str, scope: str) -> None:

@@ -14,9 +14,10 @@ import triton
 import triton.language as tl
 
 from iris_core.collectives import kernels as C
-from iris_core.collectives.workspace import WorkspaceLayout
+from iris_core.collectives.workspace import FusedLayout, WorkspaceLayout
 from iris_core.device import Context
 from iris_core.kernels import fused as F
+from iris_core.launch import GemmConfig
 
 
 def _ptx(fn, signature, constexprs, **options) -> str:
@@ -60,15 +61,15 @@ def _collective_ptx(kind, variant, push=False, stream=False, zero_copy=False) ->
 
 def _fused_ptx(kernel: str) -> str:
     M = N = K = 256
-    consts = dict(M=M, N=N, K=K, stride_am=K, stride_ak=1, stride_bk=N, stride_bn=1, G=2, WORLD=2, BM=64, BN=64,
-                  BK=32, GROUP_M=8, PREC="tf32", FLAGS=0, DATA=1 << 16, DATA_BYTES=1 << 24,
-                  POLL_NS=500, TIMEOUT_NS=10**9, WHAT="test")
+    gemm = GemmConfig(BM=64, BN=64, BK=32, GROUP_M=8, PREC="tf32", num_warps=4, num_stages=2)
+    common = dict(M=M, N=N, K=K, G=2, world=2, gemm=gemm, layout=FusedLayout(1 << 24, 1 << 12), poll_ns=500,
+                  timeout_ns=10**9, what="test")
     if kernel == "matmul_reduce":
-        fn, consts = F.matmul_reduce_kernel, dict(consts, SCATTER=0, GEMM_PROGRAMS=12)
+        fn, consts = F.matmul_reduce_kernel, F.reduce_constants(scatter=False, gemm_programs=12, **common)
     else:
-        fn, consts = F.all_gather_matmul_kernel, dict(consts, BKC=64, COMM=2)
+        fn, consts = F.all_gather_matmul_kernel, F.gather_constants(comm_programs=2, **common)
     signature = {"context_ptr": "*i32", "group_ptr": "*i32", "a_ptr": "*bf16", "b_ptr": "*bf16", "out_ptr": "*bf16"}
-    return _ptx(fn, signature, consts, num_warps=4, num_stages=2)
+    return _ptx(fn, signature, consts, **gemm.options())
 
 
 @pytest.mark.parametrize("kind,variant,push,stream", [
@@ -169,10 +170,11 @@ def test_fused_kernels_flag_tiles_with_release_exchanges_and_no_fence(kernel):
 
 def test_device_barrier_signals_by_release_and_waits_by_acquire_without_printing():
     pytest.importorskip("triton.backends.nvidia")
-    from iris_core.device.barrier import barrier_kernel
+    from iris_core.device.barrier import barrier_kernel, launch_constants
 
     signature = {"context_ptr": "*i32", "after_ptr": "*i32", "status_ptr": "*i32"}
-    ptx = _ptx(barrier_kernel, signature, dict(AREA_OFFSET=1 << 16, TIMEOUT_NS=10**9, W=2), num_warps=4)
+    ptx = _ptx(barrier_kernel, signature, launch_constants(area_offset=1 << 16, timeout_ns=10**9, world=2),
+               num_warps=4)
     assert _atomics(ptx) == {SIGNAL}
     assert "ld.acquire.sys.global.b64" in _accesses(ptx), _accesses(ptx)
     assert not _fences(ptx), _fences(ptx)

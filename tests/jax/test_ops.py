@@ -19,6 +19,7 @@ from jax.sharding import PartitionSpec as P
 import iris_jax
 from iris_core.errors import IrisError
 from iris_jax import ops
+from iris_jax._runtime import backends
 from iris_jax._runtime.workspace import workspaces
 from iris_jax.calls.triton_call import vary
 from tests.jax.helpers import use_runtime
@@ -289,6 +290,23 @@ def test_reduce_programs_setting():
         ws.reduce_programs(cfg.replace(fused_reduce_programs=ws.programs))
     with pytest.raises(ValueError, match="fused_poll_ns"):
         cfg.replace(fused_poll_ns=-1)
+
+
+def test_gemm_config_setting():
+    """gemm_config is the config's (IRIS_GEMM_CONFIG, read with the others): on GPUs it sets the
+    16-bit tile, float32 and the simulator keep theirs; a malformed one is an error."""
+    cfg = iris_jax.CollectiveConfig.from_env({"IRIS_GEMM_CONFIG": "64,128,64,8,4,4"})
+    assert cfg.gemm_config == (64, 128, 64, 8, 4, 4)
+    assert hash(cfg) != hash(iris_jax.CollectiveConfig())  # a value in jit's cache key
+    gpu = backends.GpuSingleProcess()
+    assert gpu.gemm_config(jnp.bfloat16, cfg.gemm_config) == (64, 128, 64, 8, "tf32", 4, 4)
+    assert gpu.gemm_config(jnp.bfloat16) == backends.GPU_GEMM_16BIT
+    assert gpu.gemm_config(jnp.float32, cfg.gemm_config) == backends.GPU_GEMM_FLOAT32
+    assert backends.SimulatorWorkers().gemm_config(jnp.bfloat16, cfg.gemm_config) == backends.SIM_GEMM
+    with pytest.raises(ValueError, match="gemm_config"):
+        iris_jax.CollectiveConfig(gemm_config=(64, 128, 64, 8, 3, 4))
+    with pytest.raises(ValueError, match="IRIS_GEMM_CONFIG"):
+        iris_jax.CollectiveConfig.from_env({"IRIS_GEMM_CONFIG": "64,128,sixty-four,8,4,4"})
 
 
 # benchmarks/fused.py's shapes (global M, N = K; bf16, 2 GPUs) with what fused measured against

@@ -18,7 +18,7 @@ from iris_jax.collectives.rules import Rule, register
 _OPS = {"sum": K.SUM, "max": K.MAX, "min": K.MIN}
 
 
-def _lower(op: str, collective, params, config, axes, G, xs):
+def _lower(collective, params, config, axes, G, xs, *, op: str):
     nbytes = sum(x.size for x in xs) * xs[0].dtype.itemsize
     variant = lowering.effective_variant(config.variant, op, xs[0].dtype, nbytes, G, config)
     rows = lowering.launch_many(K.ALL_REDUCE, [x.reshape(1, -1) for x in xs], axes, 1, config, op=_OPS[op],
@@ -27,11 +27,11 @@ def _lower(op: str, collective, params, config, axes, G, xs):
     return [r.reshape(x.shape) for r, x in zip(rows, xs)]
 
 
-def _plan(name: str, hierarchical: bool, params, nbytes, sizes, inside, across, config):
+def _plan(params, nbytes, sizes, inside, across, config, *, name: str, hierarchical: bool):
     return domains.plan_reduction(name, tuple(params["axes"]), nbytes, sizes, inside, across, config, hierarchical)
 
 
-def _lower_across(hierarchical: bool, collective, params, config, inside, across, xs):
+def _lower_across(collective, params, config, inside, across, xs, *, hierarchical: bool):
     return domains.lower_reduction(collective, params, config, inside, across, xs, hierarchical)
 
 
@@ -71,9 +71,14 @@ def _one_shot_detail(params, config) -> str:
     return "all_reduce one_shot"
 
 
-register(Rule("psum", ("psum", "psum_invariant"), partial(_lower, "sum"), partial(_plan, "psum", True),
-              partial(_lower_across, True), detail=_variant_detail, runs_groups=True))
-register(Rule("pmax", ("pmax",), partial(_lower, "max"), partial(_plan, "pmax", False), partial(_lower_across, False),
-              jvp=_extremum_jvp, detail=_one_shot_detail, runs_groups=True))
-register(Rule("pmin", ("pmin",), partial(_lower, "min"), partial(_plan, "pmin", False), partial(_lower_across, False),
-              jvp=_extremum_jvp, detail=_one_shot_detail, runs_groups=True))
+def _rule(name: str, primitives: tuple[str, ...], op: str, hierarchical: bool, **more) -> Rule:
+    """The rule of one reduction `op`; `hierarchical`: a large call across domains runs as
+    psum_scatter / psum / all_gather (domains.plan_reduction)."""
+    return Rule(name, primitives, lower=partial(_lower, op=op),
+                plan=partial(_plan, name=name, hierarchical=hierarchical),
+                lower_across=partial(_lower_across, hierarchical=hierarchical), runs_groups=True, **more)
+
+
+register(_rule("psum", ("psum", "psum_invariant"), op="sum", hierarchical=True, detail=_variant_detail))
+register(_rule("pmax", ("pmax",), op="max", hierarchical=False, jvp=_extremum_jvp, detail=_one_shot_detail))
+register(_rule("pmin", ("pmin",), op="min", hierarchical=False, jvp=_extremum_jvp, detail=_one_shot_detail))

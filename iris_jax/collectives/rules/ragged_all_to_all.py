@@ -21,6 +21,7 @@ import jax.numpy as jnp
 from iris_core import flag_protocol
 from iris_core.collectives import ragged
 from iris_core.collectives.workspace import MAX_PROGRAMS
+from iris_core.launch import vector_width
 from iris_jax.collectives import domains, lowering
 from iris_jax.collectives.rules import Rule, register
 from iris_jax.compat import lax_parallel
@@ -76,7 +77,7 @@ def launch(x, output, input_offsets, send_sizes, output_offsets, slices: int, ax
     if table_lines < 1:
         raise ValueError(f"ragged_all_to_all with {G * slices} slices per member exceeds the workspace")
     block = max(16, min(largest_block, 1 << max(R - 1, 0).bit_length()))
-    vec = 16 // itemsize if R % (16 // itemsize) == 0 else 1
+    vec = vector_width(R, itemsize)
     varying = vma(x) | vma(output) | vma(input_offsets) | vma(send_sizes) | vma(output_offsets) | set(axes)
     return triton_call(
         x, output, input_offsets, send_sizes, output_offsets, N, M, R, rows, kernel=ragged.ragged_kernel,
