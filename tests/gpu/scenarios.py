@@ -803,7 +803,6 @@ def timeouts(world: World) -> None:
     from JAX's read of its status), then an all_reduce with timeout_s=3 fails on every other rank with
     PeerTimeoutError naming it (on GPUs raised by iris_jax.block_until_ready from the fault record
     the kernel left). No rank hangs."""
-    import jax
     import jax.numpy as jnp
     from jax import lax
     from jax.sharding import PartitionSpec as P
