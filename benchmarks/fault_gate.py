@@ -1,6 +1,6 @@
 """What the fault gate (iris_jax.calls.fault_gate) costs a jitted step, by mode and by iris calls per step.
 
-    python benchmarks/fault_gate.py [--calls 0,1,8,32] [--steps 400] [--modes off,step,call]
+    python benchmarks/fault_gate.py [--calls 0,1,8,32] [--steps 400] [--modes off,step,call] [--small]
 
 A step is K rounds of `x = copy(sin(x) * 2)` over 1024 floats, `copy` an iris kernel (an
 `iris_jax.triton_call`, gated like every iris kernel; a world of one, so that only the gate's
@@ -14,10 +14,16 @@ first trace). On the simulator (no GPU) no gate is lowered: the numbers say noth
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 import time
 
 import triton
 import triton.language as tl
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks import small  # noqa: E402
 
 
 @triton.jit
@@ -76,7 +82,11 @@ def main():
     parser.add_argument("--calls", default="0,1,8,32")
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--modes", default="off,step,call")
+    small.add_flag(parser, "2 iris calls per step, 2 steps, every mode, on the CPU simulator (no gate there)")
     opts = parser.parse_args()
+    if opts.small:
+        small.use_simulator(1)
+        opts.calls, opts.steps = "2", 2
     import jax
 
     print(f"devices: {jax.devices()}")
