@@ -125,8 +125,20 @@ def main() -> int:
     np.testing.assert_allclose(w, reference(), rtol=1e-5, atol=1e-6)
     print(f"process {me}: {STEPS} steps, {len(devices)} ranks at the end, parameters equal numpy's", flush=True)
     iris_jax.shutdown()
-    live_devices()  # every survivor is done before process 0, which runs the coordination service, leaves
-    # JAX's own shutdown at exit waits for every process it ever knew, the dead one too: leave without it
+    leave(live_devices())
+
+
+def leave(survivors) -> None:
+    """Ends the process once every survivor is done. JAX's own shutdown at exit would wait for every
+    process it ever knew, the dead one too; and process 0 runs the coordination service, whose end
+    makes a process still talking to it abort: so the others leave first, and process 0 once JAX no
+    longer counts them alive (its heartbeat timeout: the others never join this last query, which
+    returns once they are gone)."""
+    import jax
+    from jax._src import distributed
+
+    if jax.process_index() == 0:
+        distributed.global_state.client.get_live_nodes(sorted({d.process_index for d in survivors}))
     os._exit(0)
 
 
