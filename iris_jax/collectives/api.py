@@ -12,8 +12,9 @@ The explicit API never falls back to XLA silently: a call iris cannot run (float
 positional axes, axis_index_groups of unequal sizes for pmax / pmin / psum) raises
 UnsupportedCollectiveError; calls with nothing to send (a group of one, zero-size arrays) emit
 no kernel, as with lax. `axis_index_groups` (where lax takes them: pmax, pmin, all_gather,
-psum_scatter, all_to_all, and psum / pmean under `check_vma=False`) run on iris, each group
-as a mesh axis's group would. Over axes that span
+psum_scatter, all_to_all, ragged_all_to_all, and psum / pmean under `check_vma=False`) run on
+iris, each group as a mesh axis's group would. An axis name that is not bound where a
+collective is called raises NameError naming it and the bound axes (`check_bound`). Over axes that span
 domains (ranks whose heaps cannot map each other), iris runs inside each domain and XLA across
 (iris_jax.collectives.domains).
 """
