@@ -20,7 +20,6 @@ import jax.numpy as jnp
 
 from iris_core import flag_protocol
 from iris_core.collectives import ragged
-from iris_core.collectives.workspace import MAX_PROGRAMS
 from iris_core.launch import vector_width
 from iris_jax.collectives import domains, lowering
 from iris_jax.collectives.rules import Rule, register
@@ -84,13 +83,8 @@ def launch(x, output, input_offsets, send_sizes, output_offsets, slices: int, ax
         out_shape=jax.ShapeDtypeStruct((M, R), x.dtype), grid=(min(rows, max_programs, table_lines),),
         num_warps=num_warps, group_axes=axes, axis_index_groups=groups, input_output_aliases={1: 0},
         out_varying=tuple(varying),
-        G=G, WORLD=rt.world_size, SLICES=slices, SLICES_P2=_pow2(slices), TABLE=_pow2(G * slices), BLOCK=block,
-        DATA=layout.data, DATA2=layout.data2, DATA_BYTES=layout.data_bytes, MAX_PROGRAMS=MAX_PROGRAMS,
-        TIMEOUT_NS=flag_protocol.timeout_ns(config.timeout_s), WHAT="ragged_all_to_all", VEC=vec)
-
-
-def _pow2(n: int) -> int:
-    return 1 << max(n - 1, 0).bit_length()
+        **ragged.launch_constants(G=G, world=rt.world_size, slices=slices, block=block, layout=layout,
+                                  timeout_ns=flag_protocol.timeout_ns(config.timeout_s), vec=vec))
 
 
 def _transpose(ct, operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, *, axis_name,
