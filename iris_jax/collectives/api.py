@@ -45,7 +45,23 @@ def _config(config: CollectiveConfig | None, **changes) -> CollectiveConfig:
 
 
 def psum(x, axis_name, *, axis_index_groups=None, variant: str | None = None, config: CollectiveConfig | None = None):
-    """Like `lax.psum`: the sum of `x` (a pytree) over `axis_name` (`variant`: see all_reduce)."""
+    """Like `lax.psum`: the sum of `x` over the members of `axis_name`.
+
+    Args:
+      x: an array or a pytree of arrays (bool sums as int32, as lax's).
+      axis_name: a mesh axis name of the enclosing `shard_map`, or a tuple of them.
+      axis_index_groups: lax's groups of axis indices, each reduced on its own (equal sizes).
+      variant: the all-reduce algorithm (see `all_reduce`; default: by size).
+      config: an iris_jax.CollectiveConfig (default: the environment's, `default_config()`).
+
+    Returns:
+      The sum, with `x`'s structure, shapes and dtypes, the same on every member.
+
+    Raises:
+      NameError: `axis_name` names an axis that is not bound here.
+      UnsupportedCollectiveError: a call iris cannot run (float64, positional axes, groups of
+        unequal sizes); iris never falls back to XLA silently.
+    """
     check_bound(axis_name, "psum")
     return run_on_iris(lambda v: lax_parallel.psum(v, axis_name, axis_index_groups=axis_index_groups), (x,),
                        _config(config, variant=variant))
@@ -53,21 +69,69 @@ def psum(x, axis_name, *, axis_index_groups=None, variant: str | None = None, co
 
 def pmean(x, axis_name, *, axis_index_groups=None, variant: str | None = None,
           config: CollectiveConfig | None = None):
-    """Like `lax.pmean`."""
+    """Like `lax.pmean`: the mean of `x` over the members of `axis_name`.
+
+    Args:
+      x: an array or a pytree of arrays.
+      axis_name: a mesh axis name, or a tuple of them.
+      axis_index_groups: lax's groups of axis indices, each reduced on its own (equal sizes).
+      variant: the all-reduce algorithm (see `all_reduce`).
+      config: an iris_jax.CollectiveConfig (default: the environment's, `default_config()`).
+
+    Returns:
+      The mean, with `x`'s structure, shapes and dtypes.
+
+    Raises:
+      NameError: `axis_name` names an axis that is not bound here.
+      UnsupportedCollectiveError: a call iris cannot run (float64, positional axes, groups of
+        unequal sizes); iris never falls back to XLA silently.
+    """
     check_bound(axis_name, "pmean")
     return run_on_iris(lambda v: lax_parallel.pmean(v, axis_name, axis_index_groups=axis_index_groups), (x,),
                        _config(config, variant=variant))
 
 
 def pmax(x, axis_name, *, axis_index_groups=None, config: CollectiveConfig | None = None):
-    """Like `lax.pmax` (and differentiable: the tangent of the members holding the max)."""
+    """Like `lax.pmax`: the elementwise maximum of `x` over the members of `axis_name`.
+
+    Differentiable, unlike lax's: the tangent is that of the members holding the maximum.
+
+    Args:
+      x: an array or a pytree of arrays.
+      axis_name: a mesh axis name, or a tuple of them.
+      axis_index_groups: lax's groups of axis indices, each reduced on its own (equal sizes).
+      config: an iris_jax.CollectiveConfig (default: the environment's, `default_config()`).
+
+    Returns:
+      The maximum, with `x`'s structure, shapes and dtypes.
+
+    Raises:
+      NameError: `axis_name` names an axis that is not bound here.
+      UnsupportedCollectiveError: a call iris cannot run (float64, positional axes, groups of
+        unequal sizes); iris never falls back to XLA silently.
+    """
     check_bound(axis_name, "pmax")
     return run_on_iris(lambda v: lax_parallel.pmax(v, axis_name, axis_index_groups=axis_index_groups), (x,),
                        _config(config))
 
 
 def pmin(x, axis_name, *, axis_index_groups=None, config: CollectiveConfig | None = None):
-    """Like `lax.pmin`."""
+    """Like `lax.pmin`: the elementwise minimum of `x` over the members of `axis_name`.
+
+    Args:
+      x: an array or a pytree of arrays.
+      axis_name: a mesh axis name, or a tuple of them.
+      axis_index_groups: lax's groups of axis indices, each reduced on its own (equal sizes).
+      config: an iris_jax.CollectiveConfig (default: the environment's, `default_config()`).
+
+    Returns:
+      The minimum, with `x`'s structure, shapes and dtypes.
+
+    Raises:
+      NameError: `axis_name` names an axis that is not bound here.
+      UnsupportedCollectiveError: a call iris cannot run (float64, positional axes, groups of
+        unequal sizes); iris never falls back to XLA silently.
+    """
     check_bound(axis_name, "pmin")
     return run_on_iris(lambda v: lax_parallel.pmin(v, axis_name, axis_index_groups=axis_index_groups), (x,),
                        _config(config))
@@ -78,15 +142,24 @@ def all_reduce(x, axis_name, op: str = "sum", variant: str = "auto", *, timeout_
     """Reduces `x` (a pytree) over `axis_name` with `op` ("sum", "max", "min").
 
     Args:
+      x: an array or a pytree of arrays.
+      axis_name: a mesh axis name, or a tuple of them.
+      op: "sum", "max" or "min".
       variant: "one_shot" (every rank reads every peer's input), "two_shot" (reduce-scatter
         then all-gather), "ring" (2(G-1) neighbour steps, up to 32 ranks), "atomic" (remote
         atomic adds into every rank's accumulator; float32/int32 sums), "spinlock"
         (read-add-write under a per-tile lock on every rank; sums), or "auto" (by size);
         what each runs: iris_core.collectives.algorithms.
       timeout_s: how long to wait for a peer before failing (default: the config's).
+      config: an iris_jax.CollectiveConfig (default: the environment's, `default_config()`).
+
+    Returns:
+      The reduction, with `x`'s structure, shapes and dtypes, the same on every member.
+
     Raises:
       ValueError / TypeError: an unknown op or variant, or a variant that cannot run `op` or
         a leaf's dtype.
+      NameError: `axis_name` names an axis that is not bound here.
     """
     check_bound(axis_name, "all_reduce")
     if op not in OPS:
@@ -108,7 +181,25 @@ def all_reduce(x, axis_name, op: str = "sum", variant: str = "auto", *, timeout_
 
 def all_gather(x, axis_name, *, axis_index_groups=None, axis: int = 0, tiled: bool = False, to: str = "varying",
                config: CollectiveConfig | None = None):
-    """Like `lax.all_gather` (`to="invarying"`: the result has the same type on every member)."""
+    """Like `lax.all_gather`: every member's `x`, stacked (or concatenated) along `axis`.
+
+    Args:
+      x: an array or a pytree of arrays.
+      axis_name: a mesh axis name, or a tuple of them.
+      axis_index_groups: lax's groups of axis indices, each reduced on its own (equal sizes).
+      axis: where the members' blocks go.
+      tiled: concatenate along `axis` instead of stacking on a new one.
+      to: "varying" (lax's type) or "invarying" (the result has the same type on every member).
+      config: an iris_jax.CollectiveConfig (default: the environment's, `default_config()`).
+
+    Returns:
+      The gathered array(s).
+
+    Raises:
+      NameError: `axis_name` names an axis that is not bound here.
+      UnsupportedCollectiveError: a call iris cannot run (float64, positional axes, groups of
+        unequal sizes); iris never falls back to XLA silently.
+    """
     check_bound(axis_name, "all_gather")
     return run_on_iris(lambda v: lax_parallel.all_gather(v, axis_name, axis_index_groups=axis_index_groups, axis=axis,
                                                          tiled=tiled, to=to), (x,), _config(config))
@@ -116,7 +207,24 @@ def all_gather(x, axis_name, *, axis_index_groups=None, axis: int = 0, tiled: bo
 
 def psum_scatter(x, axis_name, *, scatter_dimension: int = 0, axis_index_groups=None, tiled: bool = False,
                  config: CollectiveConfig | None = None):
-    """Like `lax.psum_scatter`."""
+    """Like `lax.psum_scatter`: member i gets block i (along `scatter_dimension`) of the sum.
+
+    Args:
+      x: an array or a pytree of arrays.
+      axis_name: a mesh axis name, or a tuple of them.
+      scatter_dimension: the dimension split among the members.
+      axis_index_groups: lax's groups of axis indices, each reduced on its own (equal sizes).
+      tiled: keep the split dimension (each member's block) instead of removing it.
+      config: an iris_jax.CollectiveConfig (default: the environment's, `default_config()`).
+
+    Returns:
+      This member's block of the sum.
+
+    Raises:
+      NameError: `axis_name` names an axis that is not bound here.
+      UnsupportedCollectiveError: a call iris cannot run (float64, positional axes, groups of
+        unequal sizes); iris never falls back to XLA silently.
+    """
     check_bound(axis_name, "psum_scatter")
     return run_on_iris(lambda v: lax_parallel.psum_scatter(v, axis_name, scatter_dimension=scatter_dimension,
                                                   axis_index_groups=axis_index_groups, tiled=tiled), (x,),
@@ -125,7 +233,26 @@ def psum_scatter(x, axis_name, *, scatter_dimension: int = 0, axis_index_groups=
 
 def all_to_all(x, axis_name, split_axis: int, concat_axis: int, *, axis_index_groups=None, tiled: bool = False,
                config: CollectiveConfig | None = None):
-    """Like `lax.all_to_all`."""
+    """Like `lax.all_to_all`: block j of `x` along `split_axis` goes to member j, and the blocks
+    received are placed along `concat_axis`.
+
+    Args:
+      x: an array or a pytree of arrays.
+      axis_name: a mesh axis name, or a tuple of them.
+      split_axis: the dimension split among the members.
+      concat_axis: the dimension the received blocks are placed along.
+      axis_index_groups: lax's groups of axis indices, each reduced on its own (equal sizes).
+      tiled: split and concatenate within the dimensions instead of adding one.
+      config: an iris_jax.CollectiveConfig (default: the environment's, `default_config()`).
+
+    Returns:
+      The exchanged array(s).
+
+    Raises:
+      NameError: `axis_name` names an axis that is not bound here.
+      UnsupportedCollectiveError: a call iris cannot run (float64, positional axes, groups of
+        unequal sizes); iris never falls back to XLA silently.
+    """
     check_bound(axis_name, "all_to_all")
     return run_on_iris(lambda v: lax_parallel.all_to_all(v, axis_name, split_axis, concat_axis,
                                                 axis_index_groups=axis_index_groups, tiled=tiled), (x,),
@@ -133,19 +260,65 @@ def all_to_all(x, axis_name, split_axis: int, concat_axis: int, *, axis_index_gr
 
 
 def ppermute(x, axis_name, perm: Sequence[tuple[int, int]], *, config: CollectiveConfig | None = None):
-    """Like `lax.ppermute`: member `dst` receives `src`'s value for each (src, dst); others get zeros."""
+    """Like `lax.ppermute`: member `dst` receives `src`'s `x` for each (src, dst) of `perm`.
+
+    Args:
+      x: an array or a pytree of arrays.
+      axis_name: a mesh axis name, or a tuple of them.
+      perm: (source, destination) pairs of axis indices, each at most once on either side.
+      config: an iris_jax.CollectiveConfig (default: the environment's, `default_config()`).
+
+    Returns:
+      What this member received; zeros where no pair names it as a destination.
+
+    Raises:
+      NameError: `axis_name` names an axis that is not bound here.
+      UnsupportedCollectiveError: a call iris cannot run (float64, positional axes, groups of
+        unequal sizes); iris never falls back to XLA silently.
+    """
     check_bound(axis_name, "ppermute")
     return run_on_iris(lambda v: lax_parallel.ppermute(v, axis_name, perm), (x,), _config(config))
 
 
 def pshuffle(x, axis_name, perm: Sequence[int], *, config: CollectiveConfig | None = None):
-    """Like `lax.pshuffle`: member i receives member perm[i]'s value (a ppermute)."""
+    """Like `lax.pshuffle`: member i receives member `perm[i]`'s `x` (a ppermute).
+
+    Args:
+      x: an array or a pytree of arrays.
+      axis_name: a mesh axis name, or a tuple of them.
+      perm: a permutation of the axis indices.
+      config: an iris_jax.CollectiveConfig (default: the environment's, `default_config()`).
+
+    Returns:
+      What this member received.
+
+    Raises:
+      NameError: `axis_name` names an axis that is not bound here.
+      UnsupportedCollectiveError: a call iris cannot run (float64, positional axes, groups of
+        unequal sizes); iris never falls back to XLA silently.
+    """
     check_bound(axis_name, "pshuffle")
     return run_on_iris(lambda v: lax_parallel.pshuffle(v, axis_name, perm), (x,), _config(config))
 
 
 def pswapaxes(x, axis_name, axis: int, *, axis_index_groups=None, config: CollectiveConfig | None = None):
-    """Like `lax.pswapaxes`: swaps the mapped axis with positional `axis` (an all_to_all)."""
+    """Like `lax.pswapaxes`: swaps the mapped axis with positional `axis` (an all_to_all).
+
+    Args:
+      x: an array or a pytree of arrays.
+      axis_name: a mesh axis name, or a tuple of them.
+      axis: the positional axis swapped with the mapped one.
+      axis_index_groups: lax's groups of axis indices, each reduced on its own (equal sizes).
+      config: an iris_jax.CollectiveConfig (default: the environment's, `default_config()`).
+
+    Returns:
+      The swapped array(s).
+
+    Raises:
+      NameError: `axis_name` names an axis that is not bound here.
+      UnsupportedCollectiveError: a call iris cannot run (float64, positional axes, groups of
+        unequal sizes); iris never falls back to XLA silently.
+    """
     check_bound(axis_name, "pswapaxes")
     return run_on_iris(lambda v: lax_parallel.pswapaxes(v, axis_name, axis, axis_index_groups=axis_index_groups),
                        (x,), _config(config))
@@ -161,7 +334,26 @@ def ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offsets
     One difference from lax: the result varies over `axis_name`. lax types it as `output`, so
     with an output that does not vary (`jnp.zeros(...)`, the usual buffer) the result is typed
     the same on every member, and its gradient is summed over the members: wrong. Mark such a
-    buffer varying (`lax.pcast(buf, axis_name, to="varying")`) when calling lax's."""
+    buffer varying (`lax.pcast(buf, axis_name, to="varying")`) when calling lax's.
+
+    Args:
+      operand: [N, ...] the rows this member sends.
+      output: [M, ...] the buffer the received rows land in (aliased by the result).
+      input_offsets, send_sizes: [K] int32: slice k's first row in `operand` and its length.
+      output_offsets: [K] int32: where slice k lands in its receiver's `output`.
+      recv_sizes: [K] int32: the lengths of the slices this member receives (lax's argument).
+      axis_name: a mesh axis name, or a tuple of them.
+      axis_index_groups: lax's groups of axis indices (equal sizes, a group of one included).
+      config: an iris_jax.CollectiveConfig (default: the environment's, `default_config()`).
+
+    Returns:
+      `output` with the received rows written.
+
+    Raises:
+      TypeError / ValueError: lax's operand checks, in lax's order.
+      NameError: `axis_name` names an axis that is not bound here.
+      UnsupportedCollectiveError: a call iris cannot run.
+    """
     args = (operand, output, input_offsets, send_sizes, output_offsets, recv_sizes)
     jax.eval_shape(lambda *a: lax_parallel.ragged_all_to_all(*a, axis_name=()), *args)  # lax's operand checks first
     check_bound(axis_name, "ragged_all_to_all")
@@ -172,7 +364,22 @@ def ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offsets
 
 
 def pbroadcast(x, axis_name, source: int, *, config: CollectiveConfig | None = None):
-    """Like `lax.pbroadcast`: every member gets member `source`'s `x`."""
+    """Like `lax.pbroadcast`: every member gets member `source`'s `x`.
+
+    Args:
+      x: an array or a pytree of arrays.
+      axis_name: a mesh axis name, or a tuple of them.
+      source: the axis index of the member whose `x` everyone gets.
+      config: an iris_jax.CollectiveConfig (default: the environment's, `default_config()`).
+
+    Returns:
+      Member `source`'s `x`, on every member.
+
+    Raises:
+      NameError: `axis_name` names an axis that is not bound here.
+      UnsupportedCollectiveError: a call iris cannot run (float64, positional axes, groups of
+        unequal sizes); iris never falls back to XLA silently.
+    """
     check_bound(axis_name, "pbroadcast")
     if not 0 <= source < _axes_size(axis_name):
         raise ValueError(f"pbroadcast: source {source} out of range for axis size {_axes_size(axis_name)}")
@@ -180,7 +387,22 @@ def pbroadcast(x, axis_name, source: int, *, config: CollectiveConfig | None = N
 
 
 def broadcast(x, axis_name, root: int = 0, *, config: CollectiveConfig | None = None):
-    """Every member of the group gets member `root`'s `x` (`pbroadcast` with a default root)."""
+    """Every member of the group gets member `root`'s `x` (`pbroadcast` with a default root).
+
+    Args:
+      x: an array or a pytree of arrays.
+      axis_name: a mesh axis name, or a tuple of them.
+      root: the axis index of the member whose `x` everyone gets.
+      config: an iris_jax.CollectiveConfig (default: the environment's, `default_config()`).
+
+    Returns:
+      Member `root`'s `x`, on every member.
+
+    Raises:
+      NameError: `axis_name` names an axis that is not bound here.
+      UnsupportedCollectiveError: a call iris cannot run (float64, positional axes, groups of
+        unequal sizes); iris never falls back to XLA silently.
+    """
     return pbroadcast(x, axis_name, root, config=config)
 
 
