@@ -13,7 +13,7 @@ from jax.sharding import PartitionSpec as P
 
 import iris_jax
 from tests.jax import kernels
-from tests.jax.helpers import child_env, read_heap, smap, use_runtime
+from tests.jax.helpers import child_env, read_heap, run_python, smap, use_runtime
 
 N = 13  # elements per rank: odd, and smaller than BLOCK
 BLOCK = 16
@@ -217,3 +217,42 @@ def test_import_keeps_triton_cache_dir_usable():
                                 capture_output=True, text=True, timeout=120)
         assert result.returncode == 0, result.stderr
         assert result.stdout.strip().splitlines()[-1] == expected
+
+
+USER_SCRIPT = '''
+import jax, jax.numpy as jnp, numpy as np, triton, triton.language as tl
+from jax.sharding import NamedSharding, PartitionSpec as P
+import iris_jax
+from iris_jax import Context
+from iris_core.device import global_timer, load_acquire, nanosleep
+
+
+@triton.jit
+def ping(context_ptr, flag_ptr, out_ptr, W: tl.constexpr):
+    ctx = Context.initialize(context_ptr, W)
+    ctx.atomic_xchg(flag_ptr, 1, to_rank=(ctx.rank + 1) % W, sem="release", scope="sys")
+    start = global_timer()
+    while load_acquire(flag_ptr) == 0:
+        nanosleep(1000)
+    tl.store(out_ptr, ctx.rank + 10 * (global_timer() >= start))
+
+
+W = 2
+iris_jax.init(devices=jax.devices()[:W])
+mesh = jax.make_mesh((W,), ("i",), devices=jax.devices()[:W])
+flags = iris_jax.zeros((W,), jnp.int32, sharding=NamedSharding(mesh, P("i")))
+f = jax.jit(jax.shard_map(lambda fl: iris_jax.triton_call(fl, kernel=ping, out_shape=jax.ShapeDtypeStruct((1,), jnp.int32),
+                                                          grid=(1,), W=W), mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+print("got", np.asarray(f(flags)).tolist())
+'''
+
+
+def test_a_kernel_in_main_uses_the_simulators_intrinsics(tmp_path):
+    """A user's kernel defined in `__main__` (pickled by value into each simulated rank) that
+    waits with iris_core.device.load_acquire, nanosleep and global_timer: on the simulator those
+    are the simulator's (they were NVIDIA's inline PTX there, which the interpreter refuses)."""
+    script = tmp_path / "user_kernel.py"
+    script.write_text(USER_SCRIPT)
+    result = run_python([str(script)], timeout=300, XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert "got [10, 11]" in result.stdout, result.stdout[-3000:]
