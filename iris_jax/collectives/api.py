@@ -339,7 +339,8 @@ def ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offsets
     Args:
       operand: [N, ...] the rows this member sends.
       output: [M, ...] the buffer the received rows land in (aliased by the result).
-      input_offsets, send_sizes: [K] int32: slice k's first row in `operand` and its length.
+      input_offsets: [K] int32: slice k's first row in `operand`.
+      send_sizes: [K] int32: slice k's number of rows.
       output_offsets: [K] int32: where slice k lands in its receiver's `output`.
       recv_sizes: [K] int32: the lengths of the slices this member receives (lax's argument).
       axis_name: a mesh axis name, or a tuple of them.
