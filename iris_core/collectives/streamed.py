@@ -22,6 +22,11 @@ of tile 0 writes its call's signature into my `sigs` slot of the count's parity 
 the tile's flag; the receiver of tile 0 compares it with its own (the same reuse argument as for
 the buffers). A difference fails both calls (RankMismatchError).
 
+A receiver that gives up sets `failed` on every member, and a program that finds it set at the
+start of a call fails at once (a later call, or a peer that never came: no peer's heap is
+touched again). Only the senders of a call in which a member saw calls differ deliver first:
+a member may still wait for their tile 0, to read a signature, and would otherwise time out.
+
 Region layout (iris_core.collectives.workspace, at STREAM_AT): a line with the `failed` word,
 two buffers of STREAM_BYTES, then int32 tile flags [T][G], `sent` [T] and `got` [T], then
 int64 `sigs` [2][WORLD] at the next multiple of 8 bytes, then int32 `calls` [MAX_PROGRAMS].
@@ -41,30 +46,44 @@ BYTES_PER_COUNTER: tl.constexpr = tl.constexpr(workspace.STREAM_BYTES_PER_COUNTE
 
 
 @triton.jit
+def _counted(g, calls, call):
+    """Stores `call` as my program's count of streamed calls, and as the count of the programs this
+    launch lacks (pid + programs, pid + 2 programs, ...): every line stays equal whatever the grids."""
+    lines = g.pid + g.programs * tl.arange(0, g.MAX_PROGRAMS)
+    tl.store(calls + lines, tl.full([g.MAX_PROGRAMS], 0, tl.int32) + call, mask=lines < g.MAX_PROGRAMS)
+
+
+@triton.jit
 def _give_up(g, failed, calls, call, CODE, member, theirs):
     """Fails streamed call number `call` because of `member`. Every later call of this group fails
     at once: `failed` on every member, my group flags POISON, and my program's call count moves
     on (a later call on this rank is then known to be a later one)."""
     for j in tl.static_range(g.G):
         g.ctx.store(failed, flags.failed_word(g.me, CODE, call), to_rank=g.rank(j))
-    tl.store(calls + g.pid, call)
+    _counted(g, calls, call)
     g.fail(CODE, g.rank(member), flags.stamp(call), theirs)
 
 
 @triton.jit
-def _failed_before(g, gave_up, call, tile_flags, sigs):
-    """Fails this call, found `failed` (`gave_up`) set: with RankMismatchError naming a member
-    whose call differs from mine when a member saw calls differ in this very call (a member's
-    signature slot is this call's once its tile 0 flag reached it), else with PeerFailedError."""
+def _failed_before(g, gave_up, calls, call, tile_flags, sigs):
+    """Fails this call, found `failed` (`gave_up`) set. When a member saw calls differ in this
+    very call, with RankMismatchError naming a member whose call differs from mine (one does: two
+    calls differ, so one differs from mine), read once its tile 0 flag reached this call (its
+    signature slot is this call's then; the wait is bounded, as every wait); else with
+    PeerFailedError naming the member that gave up. My count of calls moves on, as in _give_up."""
+    _counted(g, calls, call)
     member, code, at = flags.parse_failed_word(gave_up)
     if (code == MISMATCH) & (at == call):
+        start = global_timer()
         culprit = tl.full((), -1, tl.int32)
         theirs = tl.full((), 0, tl.int64)
         for i in tl.static_range(g.G):
-            sig = tl.load(sigs + (call % 2) * g.ctx.world_size + i, volatile=True)
-            hit = (i != g.me) & (tl.load(tile_flags + i, volatile=True) >= call) & (sig != g.sig) & (culprit < 0)
-            culprit = tl.where(hit, g.rank(i), culprit)
-            theirs = tl.where(hit, sig, theirs)
+            if (i != g.me) & (culprit < 0):
+                arrived = ~flags.timed_out(g.flags.wait(tile_flags + i, call, start))
+                sig = tl.load(sigs + (call % 2) * g.ctx.world_size + i, volatile=True)
+                hit = arrived & (sig != g.sig)
+                culprit = tl.where(hit, g.rank(i), culprit)
+                theirs = tl.where(hit, sig, theirs)
         if culprit >= 0:
             fail(g.ctx, MISMATCH, g.flags.WHAT, culprit, at, g.workspace(), g.sig, theirs)
     fail(g.ctx, PEER_FAILED, g.flags.WHAT, g.rank(member), at, g.workspace(), g.sig)
@@ -84,8 +103,13 @@ def run(g, c, STREAM_BYTES: tl.constexpr, STREAM_AT: tl.constexpr, SENDERS: tl.c
     calls = tl.cast(sigs + 2 * ctx.world_size, tl.pointer_type(tl.int32))
     call = tl.load(calls + g.pid) + 1  # streamed calls of this group, this one included: tile 0's delivery count
     gave_up = tl.load(failed, volatile=True)  # 0, or who gave up, why, and in which call (_give_up)
-    if gave_up != 0:
-        _failed_before(g, gave_up, call, tile_flags, sigs)
+    _, why, at = flags.parse_failed_word(gave_up)
+    # a member saw calls differ in this very call: my senders deliver all the same, then fail (every
+    # member is alive, and one may still wait for my tile 0 to read my signature: a sender that
+    # failed at once left it waiting out its timeout)
+    deliver_first = (gave_up != 0) & (why == MISMATCH) & (at == call) & (g.pid < SENDERS)
+    if (gave_up != 0) & ~deliver_first:
+        _failed_before(g, gave_up, calls, call, tile_flags, sigs)
     width = c.width(0)
     tiles = tl.cdiv(width, c.BLOCK)
     transfer = ctx.tracing.record_event_start(EVENT_TRANSFER, ctx.rank, None, 0, 0)  # each program's share
@@ -103,6 +127,8 @@ def run(g, c, STREAM_BYTES: tl.constexpr, STREAM_AT: tl.constexpr, SENDERS: tl.c
                 if i != g.me:
                     g.flags.set(tile_flags + t * g.G + g.me, k, g.rank(i))
             tl.store(sent + t, k)
+        if deliver_first:
+            _failed_before(g, gave_up, calls, call, tile_flags, sigs)
     else:
         start = global_timer()
         for t in range(g.pid - SENDERS, tiles, g.programs - SENDERS):
@@ -129,5 +155,4 @@ def run(g, c, STREAM_BYTES: tl.constexpr, STREAM_AT: tl.constexpr, SENDERS: tl.c
             tl.debug_barrier()  # every thread has read the count before it changes
             tl.store(got + t, k)
     ctx.tracing.record_event_end(transfer)
-    lines = g.pid + g.programs * tl.arange(0, g.MAX_PROGRAMS)  # and the lines of the programs this launch lacks
-    tl.store(calls + lines, tl.full([g.MAX_PROGRAMS], 0, tl.int32) + call, mask=lines < g.MAX_PROGRAMS)
+    _counted(g, calls, call)

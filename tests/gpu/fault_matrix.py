@@ -153,10 +153,32 @@ def _reads(out) -> dict:
     return seen
 
 
-def _calls_then_check(rt, call, me, n, absent, sync=True):
+def _evidence(rt, n) -> dict:
+    """What this rank's kernels left behind, read before iris takes the records: each fault
+    record (code, peer, flag epoch, GPU timer: one clock for ranks sharing a GPU) and, for the
+    first programs, the flag line each member raised in this rank's collective workspace
+    ([stamp, published offset, signatures of even and odd epochs]). A failure's evidence."""
+    from iris_core import faults
+    from iris_core.collectives.workspace import MAX_PROGRAMS
+    from iris_core.flag_protocol import LINE_BYTES
+    from iris_jax._runtime.workspace import workspaces
+
+    rank = rt.heap.local_ranks[0]
+    records = [[r.code, r.peer, r.epoch, r.time_ns] for r in faults.read_records(rt.heap.fault_words(rank))]
+    base = workspaces(rt).offsets("collective")[0]
+    lines = {}
+    for pid in range(2):
+        for member in range(n):
+            at = base + (MAX_PROGRAMS + pid * n + member) * LINE_BYTES
+            lines[f"p{pid}m{member}"] = [hex(w) if abs(w) > 1 << 20 else w for w in map(int, rt.heap.read_words(rank, at, 4))]
+    epochs = [int(w) for w in rt.heap.read_words(rank, base, 2 * LINE_BYTES // 8)[::LINE_BYTES // 8]]
+    return {"records": records, "flags": lines, "epochs": epochs}
+
+
+def _calls_then_check(rt, call, me, n, absent, sync=True, evidence=False):
     """Runs `call` (compiled and run once before; after a host barrier), reads its result as JAX
     users do (each read must raise the named error), waits for the watchdog, then blocks on the
-    result through iris: the named error and the times."""
+    result through iris: the named error and the times (with `evidence`, what the kernels left)."""
     import iris_jax
 
     if sync:
@@ -164,10 +186,17 @@ def _calls_then_check(rt, call, me, n, absent, sync=True):
     start = time.monotonic()
     out = call()
     reads = _reads(out)
+    try:
+        left = _evidence(rt, n) if evidence else None
+    except Exception as e:  # noqa: BLE001 - evidence only
+        left = f"no evidence: {type(e).__name__}: {e}"
     watchdog = None if me == absent else _watchdog_s(rt, start, TIMEOUT_S + 5)
     error, message, _, cause = _named(lambda: iris_jax.block_until_ready(out))
-    return {"error": error, "message": message, "seconds": time.monotonic() - start, "watchdog_s": watchdog,
-            "cause": cause, "reads": reads}
+    result = {"error": error, "message": message, "seconds": time.monotonic() - start, "watchdog_s": watchdog,
+              "cause": cause, "reads": reads}
+    if left is not None:
+        result["evidence"] = left
+    return result
 
 
 # -- the cases -------------------------------------------------------------------------------------
@@ -211,7 +240,7 @@ def mismatch(me, n, rt):
     x = _ones(n)
     fewer = lambda u: jnp.pad(_reduce(u[:, :N - 1]), ((0, 0), (0, 1)))  # noqa: E731 - 64 elements, not 65
     f = _smap(lambda v: lax.cond(lax.axis_index("i") == 0, fewer, _reduce, v)).lower(x).compile()
-    result = _calls_then_check(rt, lambda: f(x), me, n, None)
+    result = _calls_then_check(rt, lambda: f(x), me, n, None, evidence=True)
     rt.sync_processes()
     result["next"] = _fresh_runtime(n)
     return result

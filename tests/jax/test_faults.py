@@ -367,6 +367,46 @@ def test_calls_that_differ_between_ranks(world):
     expect_group_poisoned_then_restart()
 
 
+def set_failed_word(rank: int, member: int, code: int) -> None:
+    """Writes into `rank`'s streamed region the `failed` word that member `member` writes there
+    when it gives up (`code`) in the group's next streamed call."""
+    from iris_core import flag_protocol
+    from iris_core.collectives.workspace import STREAM_BYTES_PER_COUNTER, STREAM_COUNTER_ARRAYS
+    from iris_jax._runtime.workspace import workspaces
+
+    rt = iris_jax.runtime()
+    pool = workspaces(rt)
+    layout, (offset,) = pool.layout, pool.offsets()
+    region = offset + layout.stream
+    counters = -(-STREAM_COUNTER_ARRAYS * 4 * (layout.stream_capacity // STREAM_BYTES_PER_COUNTER) // 8) * 8
+    calls_at = region + 128 + 2 * layout.stream_capacity + counters + 2 * 8 * rt.world_size  # see streamed.py
+    calls = int(rt.heap.host_view(rank, calls_at, (1,), np.int32)[0])
+    rt.heap.host_view(rank, region, (1,), np.int64)[0] = flag_protocol.failed_word(member, code, calls + 1)
+
+
+def test_calls_that_differ_seen_before_a_rank_starts(world):
+    """Case 5, with rank 1's kernel starting after rank 2 saw the calls differ (its `failed` word
+    already says so, as on a GPU whose ranks start far apart): rank 1 still delivers its tiles
+    before it fails, so rank 0, which waits for them to read rank 1's signature, fails at once
+    with RankMismatchError, as every rank does; none times out. (Found on one H200 with 4 ranks,
+    rank 0 timing out waiting for rank 1 in about one run in two.)"""
+    from iris_core import faults
+
+    x = inputs()
+    half = lambda u: jnp.pad(psum(u[:N // 2]), (0, N // 2))  # noqa: E731
+    program = spmd(lambda v: lax.cond(lax.axis_index("i") == 0, half, psum, v)).lower(x).compile()
+    set_failed_word(1, member=2, code=faults.MISMATCH)
+    start = time.monotonic()
+    errors = errors_by_rank(program(x))
+    elapsed = time.monotonic() - start
+    for r, error in enumerate(errors):
+        assert error is not None and "RankMismatchError: iris all_reduce(sum)" in error, (r, error)
+        assert f"rank {1 if r == 0 else 0} made a different call" in error, (r, error)
+    assert elapsed < TIMEOUT_S, "a rank waited out its timeout"
+    record("5 calls that differ, a rank starting late", "workers", "every rank: RankMismatchError", elapsed)
+    expect_group_poisoned_then_restart()
+
+
 def test_heap_exhausted_mid_program(world):
     """Case 4 (workers): after kernels ran, an array and a new group's collective workspace that do
     not fit fail with HeapExhaustedError before anything runs; the heap's bookkeeping is as
