@@ -33,7 +33,7 @@ import triton.language as tl
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import small  # noqa: E402
-from iris_core.collectives import group_layout  # noqa: E402
+from iris_core.collectives import group_layout, kinds  # noqa: E402
 from iris_core.collectives.workspace import FusedLayout  # noqa: E402
 from iris_core.device import Context, flags  # noqa: E402
 from iris_core.device.flags import Flags  # noqa: E402
@@ -52,16 +52,20 @@ def probe_kernel(context_ptr, group_ptr, a_ptr, b_ptr, out_ptr, M: tl.constexpr,
                  stride_am: tl.constexpr, stride_ak: tl.constexpr, stride_bk: tl.constexpr, stride_bn: tl.constexpr,
                  SCATTER: tl.constexpr, G: tl.constexpr, WORLD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                  BK: tl.constexpr, GROUP_M: tl.constexpr, PREC: tl.constexpr, GEMM_PROGRAMS: tl.constexpr,
-                 FLAGS: tl.constexpr, DATA: tl.constexpr, DATA_BYTES: tl.constexpr, POLL_NS: tl.constexpr,
-                 TIMEOUT_NS: tl.constexpr, WHAT: tl.constexpr, SLOT: tl.constexpr = 1, FLAG: tl.constexpr = 1,
-                 REDUCE: tl.constexpr = 3):
+                 MEMBERS: tl.constexpr, FLAGS: tl.constexpr, DATA: tl.constexpr, DATA_BYTES: tl.constexpr,
+                 POLL_NS: tl.constexpr, TIMEOUT_NS: tl.constexpr, WHAT: tl.constexpr, SLOT: tl.constexpr = 1,
+                 FLAG: tl.constexpr = 1, REDUCE: tl.constexpr = 3, CHECK: tl.constexpr = 1):
     """matmul_reduce_kernel(SCATTER=0) over a group of one (its constexprs, F.reduce_constants,
-    plus three switches), with pieces switched off."""
+    plus four switches), with pieces switched off. CHECK: the call's announcement and the
+    members check before the first wait."""
     ctx = Context.initialize(context_ptr, 1)
     f = Flags(ctx, TIMEOUT_NS, POLL_NS, WHAT)
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
     ws_base, epoch_ptr, epoch = F._prologue(ctx, group_ptr, 1)
+    sig = F._signature(kinds.MATMUL_ALL_REDUCE, a_ptr.dtype.element_ty, 1, M, N, K)
+    if CHECK & (pid == 0):
+        F._announce(f, group_ptr, ws_base, epoch, sig, 1, MEMBERS)
     data = tl.cast(ws_base + DATA + (epoch % 2).to(tl.uint64) * DATA_BYTES, out_ptr.dtype)
     tile_flags = tl.cast(ws_base + FLAGS, tl.pointer_type(tl.int32))
     tiles_m = tl.cdiv(M, BM)
@@ -84,9 +88,13 @@ def probe_kernel(context_ptr, group_ptr, a_ptr, b_ptr, out_ptr, M: tl.constexpr,
                 tl.debug_barrier()
                 f.set(tile_flags + t, epoch, 0)
             if SLOT & (REDUCE == 3) & (t >= tail):
-                F._reduce_tile(f, group_ptr, data, tile_flags, t, epoch, offs, out_ptr, pid_m, pid_n, M, N, 1, BM,
-                               BN)
+                if CHECK:
+                    F._check_members(f, group_ptr, ws_base, epoch, sig, 1, MEMBERS)
+                F._reduce_tile(f, group_ptr, ws_base, sig, data, tile_flags, t, epoch, offs, out_ptr, pid_m, pid_n,
+                               M, N, 1, BM, BN, MEMBERS)
     elif REDUCE > 0:
+        if CHECK:
+            F._check_members(f, group_ptr, ws_base, epoch, sig, 1, MEMBERS)
         for t in range(pid - PG, tail, programs - PG):
             f.wait_or_fail(tile_flags + t, epoch, 0)
             if REDUCE == 2:
@@ -94,15 +102,15 @@ def probe_kernel(context_ptr, group_ptr, a_ptr, b_ptr, out_ptr, M: tl.constexpr,
                 tl.store(F._slot(data, t, offs, BN), x, mask=x == 12345.0)  # keeps the load, stores nothing
             if REDUCE == 3:
                 pid_m, pid_n = Gm.tile_coords(t, tiles_m, tiles_n, GROUP_M)
-                F._reduce_tile(f, group_ptr, data, tile_flags, t, epoch, offs, out_ptr, pid_m, pid_n, M, N, 1, BM,
-                               BN)
+                F._reduce_tile(f, group_ptr, ws_base, sig, data, tile_flags, t, epoch, offs, out_ptr, pid_m, pid_n,
+                               M, N, 1, BM, BN, MEMBERS)
     flags.write_epoch(epoch_ptr, epoch)
 
 
 def layout_for(M: int, N: int) -> FusedLayout:
     """The fused workspace of a group of one at the heap's start: a flag per tile, M x N bf16."""
     tiles = -(-M // GEMM.BM) * -(-N // GEMM.BN)
-    return FusedLayout(data_bytes=-(-M * N * 2 // 256) * 256, flag_count=tiles)
+    return FusedLayout(data_bytes=-(-M * N * 2 // 256) * 256, flag_count=tiles, world_size=1)
 
 
 def constants(M: int, N: int, K: int, sms: int, reducers: int, poll_ns: int = 0) -> dict:
@@ -182,9 +190,9 @@ def main():
         consts = constants(M, N, K, SMS, SMS - pg, poll)
         return lambda: F.matmul_reduce_kernel[(SMS,)](ctx, group, a, b, out, **consts, **GEMM.options())
 
-    def probe(slot, flag, reduce, pg=PG, poll=0):
+    def probe(slot, flag, reduce, pg=PG, poll=0, check=1):
         consts = kernel_constants(probe_kernel, **constants(M, N, K, SMS, SMS - pg, poll), SLOT=slot, FLAG=flag,
-                                  REDUCE=reduce)
+                                  REDUCE=reduce, CHECK=check)
         return lambda: probe_kernel[(SMS,)](ctx, group, a, b, out, **consts, **GEMM.options())
 
     print(f"M={M} N={N} K={K} bf16, {SMS} SMs, {PG} GEMM programs, mean of {opts.reps} launches (CUDA events)")
@@ -196,6 +204,8 @@ def main():
     timed("probe: GEMM programs only, tiles to the output", probe(0, 0, 0), check=True)
     timed("probe: slot + flag", probe(1, 1, 0), check=False)
     timed("probe: slot + flag, reducers wait", probe(1, 1, 1), check=False)
+    timed("probe: the whole kernel", probe(1, 1, 3))
+    timed("probe: the whole kernel but the announcement and members check", probe(1, 1, 3, check=0))
     for poll in (100, 500, 2000):
         timed(f"probe: slot + flag, reducers wait, polling every {poll} ns", probe(1, 1, 1, poll=poll), check=False)
         timed(f"fused, polling every {poll} ns", fused(poll=poll))

@@ -121,7 +121,7 @@ def other_kernels() -> dict:
     from iris_core.launch import GemmConfig
 
     out = {}
-    fused = FusedLayout(64 << 20, 1 << 12)
+    fused = FusedLayout(64 << 20, 1 << 12, 8)
     gemm = GemmConfig(BM=128, BN=256, BK=64, GROUP_M=8, PREC="tf32", num_warps=8, num_stages=3)  # bf16 on GPUs
     waits = dict(layout=fused, poll_ns=500, timeout_ns=10**9)
     pointers = {"context_ptr": "*i32", "group_ptr": "*i32", "a_ptr": "*bf16", "b_ptr": "*bf16", "out_ptr": "*bf16"}

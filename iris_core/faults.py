@@ -31,7 +31,7 @@ import dataclasses
 
 import triton
 
-from iris_core.collectives.kinds import KIND_NAMES, OP_NAMES, VARIANT_NAMES
+from iris_core.collectives.kinds import FUSED_KINDS, KIND_NAMES, OP_NAMES, VARIANT_NAMES
 from iris_core.errors import PeerFailedError, PeerTimeoutError, RankMismatchError
 
 TRAP, EXIT = 0, 1  # what a kernel does after writing its record: trap (the CUDA context is lost) or exit
@@ -57,15 +57,23 @@ SIGNED = 1 << 58
 _names: dict[int, str] = {}  # what_id -> name, of every op this process launched
 _kernels: dict[int, str] = {}  # what_id -> the kernel that last ran the op
 _partitions: dict[int, tuple] = {}  # workspace heap offset -> the partition of the ranks (groups) it serves
+_shapes: dict[int, str] = {}  # shape_field -> the shapes it stands for, of every call this process launched
+
+
+@triton.constexpr_function  # called by device code too, at compile time
+def fnv1a(text: str) -> int:
+    """A 32-bit hash of `text`, equal in every process (FNV-1a; Triton's compile-time code calls no
+    library function)."""
+    h = 2166136261
+    for byte in text.encode():
+        h = ((h ^ byte) * 16777619) & 0xFFFF_FFFF
+    return h
 
 
 @triton.constexpr_function  # called by device code too, at compile time
 def what_id(name: str) -> int:
-    """The record's number for an op's name (stable across processes: FNV-1a, 31 bits)."""
-    h = 2166136261
-    for byte in name.encode():
-        h = ((h ^ byte) * 16777619) & 0xFFFF_FFFF
-    return h & 0x7FFF_FFFF
+    """The record's number for an op's name (stable across processes: 31 bits of fnv1a)."""
+    return fnv1a(name) & 0x7FFF_FFFF
 
 
 def named(name: str, kernel: str | None = None) -> str:
@@ -99,6 +107,22 @@ def signature(kind: int, op: int, variant: int, dtype: str, blocks: int, columns
     return signature_head(kind, op, variant, dtype, blocks) | (columns & 0xFFFF_FFFF)
 
 
+@triton.constexpr_function  # called by device code too, at compile time
+def shape_field(shapes: str) -> int:
+    """A signature's column field for shapes that do not fit it (the fused ops' M, N and K): a
+    hash of their text, which `describe_signature` shows as the text where this process made such
+    a call (a call it never made shows as the hash)."""
+    field = fnv1a(shapes)
+    _shapes[field] = shapes
+    return field
+
+
+@triton.constexpr_function  # called by device code too, at compile time
+def matmul_shapes(M: int, N: int, K: int) -> int:
+    """The signature field of a fused op's shapes, A [M x K] @ B [K x N] (shape_field)."""
+    return shape_field(f"[{M} x {K}] @ [{K} x {N}]")
+
+
 def describe_signature(sig: int) -> str:
     """A signature as a call, e.g. `all_reduce(sum, one_shot) of float32[1, 64]`."""
     if not sig & SIGNED:
@@ -110,6 +134,9 @@ def describe_signature(sig: int) -> str:
     kind, op, variant = (sig >> 45) & 31, (sig >> 50) & 15, (sig >> 54) & 15
     dtype = name(DTYPES, (sig >> 40) & 31)
     shape = f"{_NUMPY_NAMES.get(dtype, dtype)}[{(sig >> 32) & 255}, {sig & 0xFFFF_FFFF}]"
+    if kind in FUSED_KINDS:
+        columns = sig & 0xFFFF_FFFF
+        return f"{name(KIND_NAMES, kind)} of {_NUMPY_NAMES.get(dtype, dtype)} {_shapes.get(columns, f'#{columns:08x}')}"
     if name(KIND_NAMES, kind) == "all_reduce":
         return f"all_reduce({name(OP_NAMES, op)}, {name(VARIANT_NAMES, variant)}) of {shape}"
     if name(KIND_NAMES, kind) == "reduce_scatter":

@@ -18,9 +18,13 @@ import triton
 
 # each name's position is its constexpr; the names are what fault records and signatures say
 KIND_NAMES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "ppermute", "broadcast",
-              "ragged_all_to_all")
-ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL, PPERMUTE, BROADCAST, RAGGED_ALL_TO_ALL = range(len(KIND_NAMES))
-# (RAGGED_ALL_TO_ALL is iris_core.collectives.ragged's kernel, not a KIND of the collective kernel: signatures only)
+              "ragged_all_to_all", "matmul_all_reduce", "matmul_reduce_scatter", "all_gather_matmul")
+(ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL, PPERMUTE, BROADCAST, RAGGED_ALL_TO_ALL, MATMUL_ALL_REDUCE,
+ MATMUL_REDUCE_SCATTER, ALL_GATHER_MATMUL) = range(len(KIND_NAMES))
+# (from RAGGED_ALL_TO_ALL on, other kernels than the collective kernel: signatures only; ragged's is
+# iris_core.collectives.ragged, the fused GEMM ops' iris_core.kernels.fused, whose shapes do not fit a
+# signature's fields: FUSED_KINDS hash them, see iris_core.faults.shape_field)
+FUSED_KINDS = (MATMUL_ALL_REDUCE, MATMUL_REDUCE_SCATTER, ALL_GATHER_MATMUL)
 OP_NAMES = ("sum", "max", "min")
 SUM, MAX, MIN = range(len(OP_NAMES))
 # the all-reduce algorithms (what each runs: iris_core.collectives.algorithms)

@@ -30,6 +30,8 @@ overwrites a buffer only after every peer that reads it has signalled a later ro
 Fused ops (iris_core.kernels.fused):
 
     epochs  [MAX_PROGRAMS]              at offset 0: fused calls each program has made (one line each)
+    members [W]                         line i: [the last epoch member i announced (POISON + the epoch
+                                        once it gave up), its signatures of even and odd epochs]
     flags   int32 [flag_count]          flag f: the epoch in which its data was last published
     data    [2 parities][data_bytes]    tiles (parity = epoch % 2)
 """
@@ -103,10 +105,15 @@ class WorkspaceLayout:
 class FusedLayout:
     data_bytes: int  # per parity buffer, a multiple of 256
     flag_count: int
+    world_size: int  # a line per rank in `members`
+
+    @property
+    def members(self) -> int:
+        return MAX_PROGRAMS * LINE_BYTES
 
     @property
     def flags(self) -> int:
-        return MAX_PROGRAMS * LINE_BYTES
+        return _round_up(self.members + self.world_size * LINE_BYTES, 256)
 
     @property
     def data(self) -> int:

@@ -9,8 +9,20 @@ Workspace: the fused part of the group's partition workspace (iris_jax._runtime.
 offset is in the group row, the layout is iris_core.collectives.workspace.FusedLayout):
 
     epochs  [MAX_PROGRAMS] int32, one 128-byte line each: calls this program has made
+    members [W] at MEMBERS: line i = [the last epoch member i announced, or POISON + the epoch
+            in which it gave up; its call's signature in even epochs, in odd epochs]
     flags   int32 [...] at FLAGS: flag f holds the epoch in which its data was last published
     data    [2 parities][DATA_BYTES] at DATA: tiles (parity = epoch % 2)
+
+Calls that differ, and calls after a give-up. Program 0 announces each call on every member:
+its signature (kind, dtype, group size, and a hash of M, N and K), then the epoch. Before its
+first wait on a peer's tile, a program checks every member's announcement (`_check_members`,
+bounded like every wait): a member that never came fails it with PeerTimeoutError, one whose
+call differs with RankMismatchError (nothing of that member is read), one that gave up before
+with PeerFailedError. A program that gives up (there, or waiting for a tile) writes its
+signature and POISON + the epoch into its rank's line on every member, so that the members'
+later calls, and its own rank's, fail at once instead of pairing with calls whose epochs no
+longer agree.
 
 Programs and waits. The grid is always the same P programs (the launcher's fixed count), so
 every program's epoch equals the number of fused calls over this partition so far,
@@ -30,8 +42,9 @@ identical on every member (SPMD). Every wait is bounded by TIMEOUT_NS.
   COMM..P-1 poll their local flags before computing the peers' blocks.
 
 A program thus only waits for programs that never wait before publishing (or, for the
-tail, for their own publication): all programs resident (GPU, P <= SMs) or run one after
-another in index order (simulator), nothing deadlocks.
+tail, for their own publication), and for program 0's announcement, which comes before
+anything else: all programs resident (GPU, P <= SMs) or run one after another in index order
+(simulator), nothing deadlocks.
 
 No printing in these kernels: a `tl.device_print` (an extern call) makes ptxas serialize
 every wgmma of the kernel. A timeout writes a fault record naming the op and the rank
@@ -51,9 +64,12 @@ have the same group: hence a workspace per partition of the ranks.
 import triton
 import triton.language as tl
 
+from iris_core import faults
+from iris_core.collectives import kinds
 from iris_core.collectives.group import member_rank, workspace_offset
 from iris_core.collectives.workspace import FusedLayout
-from iris_core.device import Context, flags
+from iris_core.device import Context, flags, global_timer
+from iris_core.device.faults import MISMATCH, PEER_FAILED, TIMEOUT, fail, signature
 from iris_core.device.flags import LINE, Flags
 from iris_core.kernels.gemm import aligned_rows, store_tile, tile_coords, tile_gemm
 from iris_core.launch import GemmConfig, kernel_constants
@@ -71,6 +87,102 @@ def _prologue(ctx, group_ptr, G: tl.constexpr):
     ws_base = tl.load(ctx.heap_bases + ctx.rank) + workspace_offset(group_ptr, G)
     epoch_ptr = tl.cast(ws_base + pid * LINE, tl.pointer_type(tl.int32))
     return ws_base, epoch_ptr, flags.read_epoch(epoch_ptr) + 1
+
+
+@triton.jit
+def _signature(KIND: tl.constexpr, dtype, G: tl.constexpr, M: tl.constexpr, N: tl.constexpr, K: tl.constexpr):
+    """The call's signature: what its members must agree on (iris_core.faults.signature)."""
+    return signature(KIND, 0, 0, dtype, G, faults.matmul_shapes(M, N, K))
+
+
+@triton.jit
+def _member_line(ws_base, member, MEMBERS: tl.constexpr):
+    """Member `member`'s line of the members region (in my heap): [epoch, signature even, odd]."""
+    return tl.cast(ws_base + MEMBERS + member * LINE, tl.pointer_type(tl.int64))
+
+
+@triton.jit
+def _announce(f, group_ptr, ws_base, epoch, sig, G: tl.constexpr, MEMBERS: tl.constexpr):
+    """Program 0, first of all: my call's signature, then its epoch, into my line on every member."""
+    me = tl.load(group_ptr)
+    line = _member_line(ws_base, me, MEMBERS)
+    for i in tl.static_range(G):
+        f.ctx.store(line + 1 + epoch % 2, sig, to_rank=member_rank(group_ptr, i))
+    tl.debug_barrier()  # the signatures precede the announcement
+    for i in tl.static_range(G):
+        f.signal(line, epoch.to(tl.int64), member_rank(group_ptr, i))
+
+
+@triton.jit(noinline=True)  # one copy of the give-up path per kernel, not one per wait site
+def _give_up(f, group_ptr, ws_base, epoch, sig, CODE, member, theirs, G: tl.constexpr, MEMBERS: tl.constexpr):
+    """Fails this call because of member `member` (CODE: a fault code, a constant or a value;
+    `theirs`: its differing signature, or 0). First my signature and POISON + the epoch into my
+    line on every member: their later calls, and mine, then fail at once."""
+    me = tl.load(group_ptr)
+    line = _member_line(ws_base, me, MEMBERS)
+    for i in tl.static_range(G):
+        f.ctx.store(line + 1 + epoch % 2, sig, to_rank=member_rank(group_ptr, i))
+    tl.debug_barrier()  # the signature precedes the poison that makes it readable
+    for i in tl.static_range(G):
+        f.poison(line, member_rank(group_ptr, i), epoch.to(tl.int64))
+    workspace = (ws_base - tl.load(f.ctx.heap_bases + f.ctx.rank)).to(tl.int64)
+    fail(f.ctx, CODE, f.WHAT, member_rank(group_ptr, member), epoch, workspace, sig, theirs)
+
+
+@triton.jit
+def _differing(group_ptr, ws_base, epoch, sig, G: tl.constexpr, MEMBERS: tl.constexpr):
+    """(member, signature) of a member whose call in this epoch differs from mine, else (-1, 0):
+    its line holds this epoch's signature once it announced the epoch or gave up in it."""
+    culprit = tl.full((), -1, tl.int32)
+    theirs = tl.full((), 0, tl.int64)
+    for i in tl.static_range(G):
+        line = _member_line(ws_base, i, MEMBERS)
+        seen = tl.load(line, volatile=True)
+        other = tl.load(line + 1 + epoch % 2, volatile=True)
+        this_epoch = tl.where(flags.poisoned(seen), flags.poisoned_at(seen) == epoch, seen >= epoch)
+        hit = this_epoch & (other != sig) & (culprit < 0)
+        culprit = tl.where(hit, i, culprit)
+        theirs = tl.where(hit, other, theirs)
+    return culprit, theirs
+
+
+@triton.jit
+def _check_members(f, group_ptr, ws_base, epoch, sig, G: tl.constexpr, MEMBERS: tl.constexpr):
+    """Before a program's first wait on a peer: every member announced this epoch, with my
+    signature. Else gives up (_give_up) naming the member that never came (timeout), whose call
+    differs (RankMismatchError), or that gave up before (PeerFailedError; RankMismatchError when
+    some member's call in this epoch differs from mine: my call may be one of those)."""
+    start = global_timer()
+    bad = tl.full((), -1, tl.int32)
+    code = tl.full((), 0, tl.int32)
+    theirs = tl.full((), 0, tl.int64)
+    for i in tl.static_range(G):
+        if bad < 0:
+            line = _member_line(ws_base, i, MEMBERS)
+            seen = f.wait(line, epoch.to(tl.int64), start)
+            other = tl.load(line + 1 + epoch % 2, volatile=True)
+            why = tl.where(flags.timed_out(seen), TIMEOUT,
+                           tl.where(flags.poisoned(seen), PEER_FAILED, tl.where(other != sig, MISMATCH, 0)))
+            bad = tl.where(why != 0, i, bad)
+            code = tl.where(why != 0, why, code)
+            theirs = tl.where(why == MISMATCH, other, theirs)
+    if bad >= 0:
+        if code == PEER_FAILED:
+            culprit, other = _differing(group_ptr, ws_base, epoch, sig, G, MEMBERS)
+            code = tl.where(culprit >= 0, MISMATCH, code)
+            bad = tl.where(culprit >= 0, culprit, bad)
+            theirs = tl.where(culprit >= 0, other, theirs)
+        _give_up(f, group_ptr, ws_base, epoch, sig, code, bad, theirs, G, MEMBERS)
+    tl.debug_barrier()
+
+
+@triton.jit
+def _wait_tile(f, group_ptr, ws_base, epoch, sig, flag, member, G: tl.constexpr, MEMBERS: tl.constexpr):
+    """Waits until member `member`'s tile flag `flag` (in my heap) reached `epoch`, then a CTA
+    barrier; a timeout gives up (_give_up) naming it."""
+    if flags.timed_out(f.wait(flag, epoch, global_timer())):
+        _give_up(f, group_ptr, ws_base, epoch, sig, TIMEOUT, member, 0, G, MEMBERS)
+    tl.debug_barrier()
 
 
 @triton.jit
@@ -103,15 +215,15 @@ def _pull(ctx, ptrs, rank, ROW_BYTES: tl.constexpr):
 
 
 @triton.jit
-def _reduce_tile(f, group_ptr, data, tile_flags, t, epoch, offs, out_ptr, pid_m, pid_n, M: tl.constexpr,
-                 N: tl.constexpr, G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+def _reduce_tile(f, group_ptr, ws_base, sig, data, tile_flags, t, epoch, offs, out_ptr, pid_m, pid_n, M: tl.constexpr,
+                 N: tl.constexpr, G: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, MEMBERS: tl.constexpr):
     """Out tile (pid_m, pid_n) = the sum of every member's published tile `t`, each pulled
     from that member's heap once its flag (in my heap) is up (members in order: every rank
     reducing a tile gets bit-identical results). All flags first, then all loads back to
     back, so the members' transfers overlap; full tiles are stored in 16-byte vectors."""
     ctx = f.ctx
     for i in tl.static_range(G):
-        f.wait_or_fail(tile_flags + t * G + i, epoch, member_rank(group_ptr, i))
+        _wait_tile(f, group_ptr, ws_base, epoch, sig, tile_flags + t * G + i, i, G, MEMBERS)
     out_dtype = out_ptr.dtype.element_ty
     item: tl.constexpr = out_dtype.primitive_bitwidth // 8
     total = tl.zeros((BM, BN), dtype=tl.float32)
@@ -132,7 +244,7 @@ def matmul_reduce_kernel(context_ptr, group_ptr, a_ptr, b_ptr, out_ptr,
                          stride_bn: tl.constexpr, SCATTER: tl.constexpr, G: tl.constexpr,
                          WORLD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                          GROUP_M: tl.constexpr, PREC: tl.constexpr, GEMM_PROGRAMS: tl.constexpr,
-                         FLAGS: tl.constexpr, DATA: tl.constexpr,
+                         MEMBERS: tl.constexpr, FLAGS: tl.constexpr, DATA: tl.constexpr,
                          DATA_BYTES: tl.constexpr, POLL_NS: tl.constexpr, TIMEOUT_NS: tl.constexpr,
                          WHAT: tl.constexpr):
     """A is (NB * M) x K with NB = G if SCATTER else 1, B is K x N; C = A @ B is split into NB
@@ -152,13 +264,17 @@ def matmul_reduce_kernel(context_ptr, group_ptr, a_ptr, b_ptr, out_ptr,
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
     me = tl.load(group_ptr)
+    NB: tl.constexpr = G if SCATTER else 1
+    KIND: tl.constexpr = kinds.MATMUL_REDUCE_SCATTER if SCATTER else kinds.MATMUL_ALL_REDUCE
+    sig = _signature(KIND, a_ptr.dtype.element_ty, G, NB * M, N, K)
     ws_base, epoch_ptr, epoch = _prologue(ctx, group_ptr, G)
+    if pid == 0:
+        _announce(f, group_ptr, ws_base, epoch, sig, G, MEMBERS)
     data = tl.cast(ws_base + DATA + (epoch % 2).to(tl.uint64) * DATA_BYTES, out_ptr.dtype)
     tile_flags = tl.cast(ws_base + FLAGS, tl.pointer_type(tl.int32))
     tiles_m = tl.cdiv(M, BM)
     tiles_n = tl.cdiv(N, BN)
     TB = tiles_m * tiles_n
-    NB: tl.constexpr = G if SCATTER else 1
     T = NB * TB
     PG: tl.constexpr = GEMM_PROGRAMS
     # tiles from `tail` on are each GEMM program's last round (all tiles when nobody else reduces)
@@ -181,16 +297,18 @@ def matmul_reduce_kernel(context_ptr, group_ptr, a_ptr, b_ptr, out_ptr,
                     f.set(tile_flags + t * G + me, epoch, member_rank(group_ptr, i))
             owner = block if SCATTER else me  # the member that outputs tile t
             if (t >= tail) & (owner == me):
-                _reduce_tile(f, group_ptr, data, tile_flags, t, epoch, offs, out_ptr, pid_m, pid_n, M, N,
-                             G, BM, BN)
+                _check_members(f, group_ptr, ws_base, epoch, sig, G, MEMBERS)
+                _reduce_tile(f, group_ptr, ws_base, sig, data, tile_flags, t, epoch, offs, out_ptr, pid_m, pid_n,
+                             M, N, G, BM, BN, MEMBERS)
     else:
         C = programs - PG
+        _check_members(f, group_ptr, ws_base, epoch, sig, G, MEMBERS)
         for l in range(pid - PG, TB, C):
             t = l * NB + me * SCATTER
             if t < tail:
                 pid_m, pid_n = tile_coords(l, tiles_m, tiles_n, GROUP_M)
-                _reduce_tile(f, group_ptr, data, tile_flags, t, epoch, offs, out_ptr, pid_m, pid_n, M, N,
-                             G, BM, BN)
+                _reduce_tile(f, group_ptr, ws_base, sig, data, tile_flags, t, epoch, offs, out_ptr, pid_m, pid_n,
+                             M, N, G, BM, BN, MEMBERS)
     flags.write_epoch(epoch_ptr, epoch)
 
 
@@ -201,7 +319,7 @@ def all_gather_matmul_kernel(context_ptr, group_ptr, a_ptr, b_ptr, out_ptr,
                              stride_bn: tl.constexpr, G: tl.constexpr, WORLD: tl.constexpr,
                              BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BKC: tl.constexpr,
                              GROUP_M: tl.constexpr, PREC: tl.constexpr, COMM: tl.constexpr,
-                             FLAGS: tl.constexpr, DATA: tl.constexpr,
+                             MEMBERS: tl.constexpr, FLAGS: tl.constexpr, DATA: tl.constexpr,
                              DATA_BYTES: tl.constexpr, POLL_NS: tl.constexpr, TIMEOUT_NS: tl.constexpr,
                              WHAT: tl.constexpr):
     """A is my M x K block, B is K x N; out ((G * M) x N) = [A_0; ...; A_{G-1}] @ B.
@@ -213,7 +331,10 @@ def all_gather_matmul_kernel(context_ptr, group_ptr, a_ptr, b_ptr, out_ptr,
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
     me = tl.load(group_ptr)
+    sig = _signature(kinds.ALL_GATHER_MATMUL, a_ptr.dtype.element_ty, G, M, N, K)
     ws_base, epoch_ptr, epoch = _prologue(ctx, group_ptr, G)
+    if pid == 0:
+        _announce(f, group_ptr, ws_base, epoch, sig, G, MEMBERS)
     gathered = tl.cast(ws_base + DATA + (epoch % 2).to(tl.uint64) * DATA_BYTES, a_ptr.dtype)
     tile_flags = tl.cast(ws_base + FLAGS, tl.pointer_type(tl.int32))
     tiles_m = tl.cdiv(M, BM)
@@ -248,13 +369,13 @@ def all_gather_matmul_kernel(context_ptr, group_ptr, a_ptr, b_ptr, out_ptr,
     # 3. the peers' blocks, as their row tiles arrive: compute programs only
     if G > 1:
         if pid >= COMM:
+            _check_members(f, group_ptr, ws_base, epoch, sig, G, MEMBERS)
             for bi in range(1, G):
                 s = (me + bi) % G
-                source = member_rank(group_ptr, s)
                 a_s = gathered + s * M * K
                 for l in range(pid - COMM, TB, programs - COMM):
                     pid_m, pid_n = tile_coords(l, tiles_m, tiles_n, GROUP_M)
-                    f.wait_or_fail(tile_flags + s * tiles_m + pid_m, epoch, source)
+                    _wait_tile(f, group_ptr, ws_base, epoch, sig, tile_flags + s * tiles_m + pid_m, s, G, MEMBERS)
                     acc = tile_gemm(a_s, b_ptr, pid_m, pid_n, M, N, K, K, 1, stride_bk, stride_bn,
                                     BM, BN, BK, K % BK == 0, PREC, True)
                     store_tile(out_ptr + s * M * N, acc.to(out_dtype), pid_m, pid_n, M, N, N, 1, BM, BN)
@@ -262,7 +383,7 @@ def all_gather_matmul_kernel(context_ptr, group_ptr, a_ptr, b_ptr, out_ptr,
 
 
 def _flag_constants(layout: FusedLayout, poll_ns: int, timeout_ns: int, what: str) -> dict:
-    return dict(FLAGS=layout.flags, DATA=layout.data, DATA_BYTES=layout.data_bytes, POLL_NS=poll_ns,
+    return dict(MEMBERS=layout.members, FLAGS=layout.flags, DATA=layout.data, DATA_BYTES=layout.data_bytes, POLL_NS=poll_ns,
                 TIMEOUT_NS=timeout_ns, WHAT=what)
 
 

@@ -19,7 +19,7 @@ data_bytes defaults to 16 MiB on GPUs and 256 KiB on the simulator, 1 MiB there 
 psum_scatter and all_to_all calls of up to 64 MiB per rank stream on 2 GPUs (21 MiB on 4).
 Larger arrays are processed in chunks.
 
-Fused part per partition: `FusedLayout(data_bytes, flag_count).total_bytes`, 2 x data_bytes
+Fused part per partition: `FusedLayout(data_bytes, flag_count, world_size).total_bytes`, 2 x data_bytes
 plus epochs and flags; data_bytes defaults to 128 MiB on GPUs and 512 KiB on the simulator
 (IRIS_FUSED_WORKSPACE_BYTES). Problems larger than it run as several kernels over row chunks.
 """
@@ -47,7 +47,7 @@ class GroupWorkspaces:
             data_bytes = backend.large_workspace_bytes  # the streamed buffers keep their size
         self.layout = WorkspaceLayout(rt.world_size, data_bytes, stream_bytes)
         fused_bytes = int(os.environ.get("IRIS_FUSED_WORKSPACE_BYTES", backend.fused_workspace_bytes)) // 256 * 256
-        self.fused_layout = FusedLayout(fused_bytes, backend.fused_flags)
+        self.fused_layout = FusedLayout(fused_bytes, backend.fused_flags, rt.world_size)
         self._sizes = {"collective": self.layout.total_bytes, "fused": self.fused_layout.total_bytes}
         self._rt = rt
         self._offsets: dict[str, dict[tuple, int]] = {part: {} for part in PARTS}

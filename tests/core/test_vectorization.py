@@ -62,7 +62,7 @@ def _collective_ptx(kind, variant, push=False, stream=False, zero_copy=False) ->
 def _fused_ptx(kernel: str) -> str:
     M = N = K = 256
     gemm = GemmConfig(BM=64, BN=64, BK=32, GROUP_M=8, PREC="tf32", num_warps=4, num_stages=2)
-    common = dict(M=M, N=N, K=K, G=2, world=2, gemm=gemm, layout=FusedLayout(1 << 24, 1 << 12), poll_ns=500,
+    common = dict(M=M, N=N, K=K, G=2, world=2, gemm=gemm, layout=FusedLayout(1 << 24, 1 << 12, 2), poll_ns=500,
                   timeout_ns=10**9, what="test")
     if kernel == "matmul_reduce":
         fn, consts = F.matmul_reduce_kernel, F.reduce_constants(scatter=False, gemm_programs=12, **common)
@@ -161,10 +161,11 @@ def test_collective_flags_are_release_signals_and_acquire_waits(path, variant, o
 @pytest.mark.parametrize("kernel", ["matmul_reduce", "all_gather_matmul"])
 def test_fused_kernels_flag_tiles_with_release_exchanges_and_no_fence(kernel):
     """The fused kernels raise tile flags by release exchanges and wait by acquiring loads
-    (test above); a timeout writes its fault record and stops without printing."""
+    (test above); program 0 announces the call by a release max, a program that gives up poisons
+    its line by a relaxed max; a timeout writes its fault record and stops without printing."""
     pytest.importorskip("triton.backends.nvidia")
     ptx = _fused_ptx(kernel)
-    assert _atomics(ptx) == {EXCHANGE}
+    assert _atomics(ptx) == {EXCHANGE, SIGNAL, POISON}
     assert _fences(ptx) == FAULT_FENCES, _fences(ptx)
     assert "vprintf" not in ptx and "trap;" in ptx and "exit;" in ptx
 

@@ -120,7 +120,7 @@ def expect_every_read_raises(out, ranks, *words) -> None:
     for r in ranks:
         block = shards[r].data
         reads = {"jax.block_until_ready": lambda: jax.block_until_ready(block), "np.asarray": lambda: np.asarray(block),
-                 "float": lambda: float(block[0, 0]), ".item()": lambda: block[0, 0].item(),
+                 "float": lambda: float(block.reshape(-1)[0]), ".item()": lambda: block.reshape(-1)[0].item(),
                  "jax.device_get": lambda: jax.device_get(block), "print": lambda: str(block),
                  "a later program": lambda: np.asarray(jax.jit(lambda b: b * 2 + 1)(block))}
         for name, read in reads.items():
@@ -405,6 +405,70 @@ def test_calls_that_differ_seen_before_a_rank_starts(world):
     assert elapsed < TIMEOUT_S, "a rank waited out its timeout"
     record("5 calls that differ, a rank starting late", "workers", "every rank: RankMismatchError", elapsed)
     expect_group_poisoned_then_restart()
+
+
+def fused(u, w, rows: int):
+    """matmul_all_reduce of u's first `rows` rows with w (the fused kernel), padded back to u's rows."""
+    out = iris_jax.ops.matmul_all_reduce(u[:rows], w, "i", impl="fused", timeout_s=TIMEOUT_S)
+    return jnp.pad(out, ((0, u.shape[0] - rows), (0, 0)))
+
+
+def fused_inputs():
+    return (rows(np.ones((W, 32, 8), np.float32)), rows(np.ones((W, 8, 16), np.float32)))
+
+
+def expect_fused_group_poisoned_then_restart():
+    """The next fused call of the group fails at once with PeerFailedError (the lines of the
+    ranks that gave up are poisoned) instead of pairing calls whose epochs no longer agree;
+    after shutdown and init, it works."""
+    start = time.monotonic()
+    errors = errors_by_rank(spmd(lambda u, w: fused(u, w, 32))(*fused_inputs()))
+    assert all(e is not None and "PeerFailedError: iris matmul_all_reduce" in e for e in errors), errors
+    assert time.monotonic() - start < TIMEOUT_S, "failed by timing out, not at once"
+    iris_jax.shutdown()
+    use_runtime(W)
+    got = np.asarray(spmd(lambda u, w: fused(u, w, 32))(*fused_inputs()))
+    np.testing.assert_array_equal(got, np.full((W, 32, 16), 8.0 * W, np.float32))
+
+
+def test_fused_calls_that_differ_between_ranks(world):
+    """Case 5 for the fused GEMM ops: rank 0 multiplies 16 rows where the others multiply 32. The
+    kernels compare the signatures their members announced (as the collectives do), so every rank
+    fails at once with RankMismatchError from the kernel itself (not the simulator's call
+    records), naming matmul_all_reduce and its shapes; no tile of a differing call is read."""
+    a, b = fused_inputs()
+    program = spmd(lambda u, w: lax.cond(lax.axis_index("i") == 0, lambda u, w: fused(u, w, 16),
+                                         lambda u, w: fused(u, w, 32), u, w)).lower(a, b).compile()
+    start = time.monotonic()
+    out = program(a, b)
+    errors = errors_by_rank(out)
+    elapsed = time.monotonic() - start
+    expect_every_read_raises(out, range(W), "RankMismatchError", "matmul_all_reduce")
+    for r, error in enumerate(errors):
+        assert error is not None and "RankMismatchError: iris matmul_all_reduce: rank" in error, (r, error)
+        assert "made a different call" in error, (r, error)
+        assert ("[16 x 8] @ [8 x 16]" if r == 0 else "[32 x 8] @ [8 x 16]") in error, (r, error)
+    assert elapsed < TIMEOUT_S, "a rank waited out its timeout"
+    record("5 fused calls that differ between ranks", "workers", "every rank: RankMismatchError", elapsed)
+    expect_fused_group_poisoned_then_restart()
+
+
+def test_fused_call_without_a_rank(world):
+    """Case 3 for the fused GEMM ops: rank 1 skips a matmul_all_reduce; ranks 0 and 2 time out
+    naming it, and poison their lines, so that the group's next fused call fails at once on every
+    rank (rank 1 included) instead of pairing epochs that no longer agree."""
+    a, b = fused_inputs()
+    program = spmd(lambda u, w: lax.cond(lax.axis_index("i") == 1, lambda u, w: u[:, :1] * w[:1],
+                                         lambda u, w: fused(u, w, 32), u, w)).lower(a, b).compile()
+    start = time.monotonic()
+    out = program(a, b)
+    errors = errors_by_rank(out)
+    elapsed = time.monotonic() - start
+    expect_every_read_raises(out, (0, 2), "PeerTimeoutError", "matmul_all_reduce", "rank 1")
+    assert errors[1] is None
+    assert elapsed < TIMEOUT_S + SLACK_S
+    record("3 rank never calls the fused op", "workers", "ranks 0, 2: PeerTimeoutError naming rank 1", elapsed)
+    expect_fused_group_poisoned_then_restart()
 
 
 def test_heap_exhausted_mid_program(world):
