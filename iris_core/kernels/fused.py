@@ -117,7 +117,8 @@ def _announce(f, group_ptr, ws_base, epoch, sig, G: tl.constexpr, MEMBERS: tl.co
 def _give_up(f, group_ptr, ws_base, epoch, sig, CODE, member, theirs, G: tl.constexpr, MEMBERS: tl.constexpr):
     """Fails this call because of member `member` (CODE: a fault code, a constant or a value;
     `theirs`: its differing signature, or 0). First my signature and POISON + the epoch into my
-    line on every member: their later calls, and mine, then fail at once."""
+    line on every member: their later calls, and mine, then fail at once. My program's count of
+    calls moves on as if the call had ended, so that its later calls pair with the others'."""
     me = tl.load(group_ptr)
     line = _member_line(ws_base, me, MEMBERS)
     for i in tl.static_range(G):
@@ -125,6 +126,7 @@ def _give_up(f, group_ptr, ws_base, epoch, sig, CODE, member, theirs, G: tl.cons
     tl.debug_barrier()  # the signature precedes the poison that makes it readable
     for i in tl.static_range(G):
         f.poison(line, member_rank(group_ptr, i), epoch.to(tl.int64))
+    flags.write_epoch(tl.cast(ws_base + tl.program_id(0) * LINE, tl.pointer_type(tl.int32)), epoch)
     workspace = (ws_base - tl.load(f.ctx.heap_bases + f.ctx.rank)).to(tl.int64)
     fail(f.ctx, CODE, f.WHAT, member_rank(group_ptr, member), epoch, workspace, sig, theirs)
 
@@ -393,6 +395,7 @@ def reduce_constants(*, M: int, N: int, K: int, scatter: bool, G: int, world: in
     (K x N): what iris_jax.ops launches (matmul_all_reduce, matmul_reduce_scatter) and
     benchmarks/kernel_ptx.py and benchmarks/fused_probe.py compile. `layout`: the fused
     workspace's; poll_ns, timeout_ns: the flag protocol's waits; `what`: the op a fault names."""
+    faults.matmul_shapes((G if scatter else 1) * M, N, K)  # their names (a cached compile runs no _signature)
     return kernel_constants(matmul_reduce_kernel, M=M, N=N, K=K, stride_am=K, stride_ak=1, stride_bk=N, stride_bn=1,
                             SCATTER=int(scatter), G=G, WORLD=world, GEMM_PROGRAMS=gemm_programs,
                             **_flag_constants(layout, poll_ns, timeout_ns, what), **gemm.constants())
@@ -409,6 +412,7 @@ def gather_constants(*, M: int, N: int, K: int, G: int, world: int, gemm: GemmCo
     """all_gather_matmul_kernel's constexprs for row-major A (M x K, my block) and B (K x N):
     what iris_jax.ops.all_gather_matmul launches and benchmarks/kernel_ptx.py compiles;
     `comm_programs`: the programs that push A's rows."""
+    faults.matmul_shapes(M, N, K)  # their names (a cached compile runs no _signature)
     return kernel_constants(all_gather_matmul_kernel, M=M, N=N, K=K, stride_am=K, stride_ak=1, stride_bk=N,
                             stride_bn=1, G=G, WORLD=world, BKC=push_columns(K), COMM=comm_programs,
                             **_flag_constants(layout, poll_ns, timeout_ns, what), **gemm.constants())

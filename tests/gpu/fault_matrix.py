@@ -22,6 +22,12 @@ survivors' next step (a new runtime, or the next call failing at once), and prin
     exhausted     an allocation larger than the heap: HeapExhaustedError before anything runs
     missing_trap  as missing with on_fault="trap", through replace_lax_collectives: the CUDA
                   error of the trapped kernel comes as PeerTimeoutError (chained)
+    fused_mismatch  rank 0 multiplies 32 rows in a matmul_all_reduce (impl="fused") where the
+                  others multiply 64: every rank gets RankMismatchError naming both calls; the
+                  group's next fused call fails at once (PeerFailedError); then a new runtime
+    fused_missing the last rank never calls the fused matmul_all_reduce: the others get
+                  PeerTimeoutError naming it; every rank's next fused call fails at once
+                  (PeerFailedError: the lines were poisoned); then a new runtime
 """
 
 import faulthandler
@@ -316,8 +322,73 @@ def missing_trap(me, n, rt):
             "cause": cause, "next": "process ends (its CUDA context is lost)"}
 
 
+def _fused(u, w, rows):
+    """matmul_all_reduce (the fused kernel) of u's first `rows` rows with w, padded back."""
+    import jax.numpy as jnp
+
+    import iris_jax
+
+    out = iris_jax.ops.matmul_all_reduce(u[:rows], w, "i", impl="fused", timeout_s=TIMEOUT_S)
+    return jnp.pad(out, ((0, u.shape[0] - rows), (0, 0)))
+
+
+def _fused_inputs(n):
+    import numpy as np
+
+    return _put(np.ones((n * 64, 32), np.float32)), _put(np.ones((n * 32, 128), np.float32))
+
+
+def _fused_next(n):
+    """After a fused op gave up: the group's next fused call (every rank) fails at once, then a
+    new runtime whose fused call gives the right values."""
+    import iris_jax
+
+    f = _smap(lambda u, w: _fused(u, w, 64))
+    error, message, seconds, _ = _named(lambda: iris_jax.block_until_ready(f(*_fused_inputs(n))))
+    poisoned = f"{error} after {seconds:.2f} s: {message[:200]}" if error else "returned"
+
+    def fresh():
+        iris_jax.shutdown()
+        iris_jax.init(heap_size=HEAP_BYTES)
+        got = _smap(lambda u, w: _fused(u, w, 64))(*_fused_inputs(n))
+        value = float(got.addressable_shards[0].data[0, 0])
+        assert value == 32.0 * n, f"fused matmul_all_reduce of ones gave {value}, not {32 * n}"
+
+    error, message, seconds, _ = _named(fresh)
+    return poisoned, f"{error}: {message}" if error else f"new runtime OK ({seconds:.1f} s)"
+
+
+def fused_mismatch(me, n, rt):
+    from jax import lax
+
+    a, b = _fused_inputs(n)
+    f = _smap(lambda u, w: lax.cond(lax.axis_index("i") == 0, lambda u, w: _fused(u, w, 32),
+                                    lambda u, w: _fused(u, w, 64), u, w)).lower(a, b).compile()
+    result = _calls_then_check(rt, lambda: f(a, b), me, n, None)
+    rt.sync_processes()
+    result["poisoned"], result["next"] = _fused_next(n)
+    return result
+
+
+def fused_missing(me, n, rt):
+    from jax import lax
+
+    import iris_jax
+
+    absent = n - 1
+    a, b = _fused_inputs(n)
+    f = _smap(lambda u, w, skip: lax.cond(skip[0, 0], lambda u, w: u[:, :1] * w[:1],
+                                          lambda u, w: _fused(u, w, 64), u, w))
+    iris_jax.block_until_ready(f(a, b, _skips(n, -1)))  # compiled and run once with every rank
+    skip = _skips(n, absent)
+    result = _calls_then_check(rt, lambda: f(a, b, skip), me, n, absent)
+    rt.sync_processes()
+    result["poisoned"], result["next"] = _fused_next(n)
+    return result
+
+
 CASES = {"missing": missing, "killed": killed, "mismatch": mismatch, "guard": guard, "exhausted": exhausted,
-         "missing_trap": missing_trap}
+         "missing_trap": missing_trap, "fused_mismatch": fused_mismatch, "fused_missing": fused_missing}
 
 if __name__ == "__main__":
     main()

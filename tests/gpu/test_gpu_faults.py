@@ -2,8 +2,9 @@
 
 Each case (tests/gpu/fault_matrix.py) starts its own processes: a rank that never calls, a
 rank SIGKILLed in a loop of collectives, ranks taking branches with collectives of different
-sizes, a kernel refused by the heap guard, an exhausted heap, and (2 ranks) a rank that never
-calls with on_fault="trap". Every other rank must get the error that names the op and the
+sizes, a kernel refused by the heap guard, an exhausted heap, (2 ranks) a rank that never
+calls with on_fault="trap", and for the fused GEMM ops calls that differ and a rank that never
+calls. Every other rank must get the error that names the op and the
 rank within the timeout plus a second (the watchdog's report as well), and then take its next
 step: a new runtime that works, or a next call that fails at once. No process may hang: each
 run is bounded. The times go to benchmarks/RESULTS.md (the simulator's table is
@@ -124,6 +125,29 @@ def test_heap_exhausted(world, tmp_path):
     for r in _survivors(found, texts, world, None):
         _named_in_time(r, "HeapExhaustedError", watchdog=False, reads=False)  # nothing ran
         assert r["next"] == "same runtime: all_reduce OK", r
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_fused_calls_that_differ(world, tmp_path):
+    found, texts = _run("fused_mismatch", world, tmp_path)
+    for p, r in enumerate(_survivors(found, texts, world, None)):
+        _named_in_time(r, "RankMismatchError", "iris matmul_all_reduce", "[32 x 32] @ [32 x 128]",
+                       "[64 x 32] @ [32 x 128]")
+        assert r["seconds"] < SLACK_S, r
+        assert r["poisoned"].startswith("PeerFailedError after"), r["poisoned"]
+        assert float(r["poisoned"].split()[2]) < SLACK_S, r["poisoned"]  # at once
+        assert r["next"].startswith("new runtime OK"), r
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_fused_call_without_a_rank(world, tmp_path):
+    found, texts = _run("fused_missing", world, tmp_path)
+    for r in _survivors(found, texts, world, world - 1):
+        _named_in_time(r, "PeerTimeoutError", "iris matmul_all_reduce", f"rank {world - 1}")
+    for p in range(world):  # the absent rank too: the survivors poisoned their lines in its workspace
+        assert found[p]["poisoned"].startswith("PeerFailedError after"), (p, found[p]["poisoned"])
+        assert float(found[p]["poisoned"].split()[2]) < SLACK_S, (p, found[p]["poisoned"])
+        assert found[p]["next"].startswith("new runtime OK"), (p, found[p])
 
 
 def test_trapped_kernel_named_through_replace_lax_collectives(tmp_path):
