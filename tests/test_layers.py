@@ -1,7 +1,7 @@
-"""The packages' imports go down only: iris_core never imports iris_jax, and iris_jax's
-subpackages import only the layers below them (function-local imports included), except for
-the recursions listed in ALLOWED_CYCLES, which the collectives package's docstring explains;
-a GPU vendor's modules are reached only through its record in iris_core.platform."""
+"""The packages' imports go down only: iris_core never imports iris_jax, iris_jax's
+subpackages import only the layers below them, and no modules of either package import each
+other in a circle (function-local imports included); a GPU vendor's modules are reached only
+through its record in iris_core.platform."""
 
 import ast
 import pathlib
@@ -19,14 +19,6 @@ LAYERS = [
     ("iris_jax.ops", "iris_jax.pallas"),  # fused GEMM + collective ops; Pallas kernels with a context
 ]
 
-# the one set of modules that import each other (a strongly connected component), inherent
-# (see iris_jax/collectives/__init__.py): the primitive's transformation rules and the rules'
-# jvps re-enter the rewrite, which binds the primitive; the compositions across domains run
-# their steps through the rules again. The rule modules count as their package.
-ALLOWED_CYCLES = [
-    {"iris_jax.collectives.domains", "iris_jax.collectives.primitive", "iris_jax.collectives.rewrite",
-     "iris_jax.collectives.rules"},
-]
 
 
 def _modules(package: str) -> dict[str, pathlib.Path]:
@@ -127,13 +119,10 @@ def _components(graph: dict[str, set[str]]) -> list[set[str]]:
     return found
 
 
-def test_no_cycles_but_the_inherent_ones():
-    rules = "iris_jax.collectives.rules"
-    family = lambda m: rules if m.startswith(rules + ".") else m  # noqa: E731
-    graph = {}
-    for m, targets in _graph("iris_jax").items():
-        graph.setdefault(family(m), set()).update(family(t) for t in targets if family(t) != family(m))
-    cycles = [c for c in _components(graph) if c not in ALLOWED_CYCLES]
+def test_iris_jax_has_no_cycles():
+    """No module of iris_jax imports one that imports it back (function-local imports counted);
+    a package counts as its __init__ module."""
+    cycles = _components(_graph("iris_jax"))
     assert not cycles, cycles
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from iris_core.collectives import kernels as K
 from iris_jax import compat
 from iris_jax.collectives import domains, lowering
-from iris_jax.collectives.rules import Rule, register
+from iris_jax.collectives.registry import Rule, register
 
 
 def _lower(collective, params, config, axes, G, xs):

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 
 from iris_core.collectives import kernels as K
 from iris_jax.collectives import domains, lowering
-from iris_jax.collectives.rules import Rule, register
+from iris_jax.collectives.registry import Rule, register
 
 
 def _lower(collective, params, config, axes, G, xs):
@@ -40,4 +40,4 @@ def _carried(params, ndim):
 
 
 register(Rule("psum_scatter", ("reduce_scatter",), _lower, _plan, _lower_across, carried=_carried,
-              runs_groups=True))
+              runs_groups=True, equal_groups_by_lax=True))

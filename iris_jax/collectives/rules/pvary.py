@@ -3,7 +3,7 @@ that its transpose, a psum, does too."""
 
 from __future__ import annotations
 
-from iris_jax.collectives.rules import Rule, register
+from iris_jax.collectives.registry import Rule, register
 
 
 def _unused(*args, **kwargs):
