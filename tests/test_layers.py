@@ -1,7 +1,8 @@
 """The packages' imports go down only: iris_core never imports iris_jax, iris_jax's
 subpackages import only the layers below them, and no modules of either package import each
-other in a circle (function-local imports included); a GPU vendor's modules are reached only
-through its record in iris_core.platform."""
+other in a circle (function-local imports included); an import inside a function is kept only
+for a lazy load, each with its reason; a GPU vendor's modules are reached only through its
+record in iris_core.platform."""
 
 import ast
 import pathlib
@@ -130,6 +131,47 @@ def test_iris_core_has_no_cycles():
     """No module of iris_core imports one that imports it back (function-local imports counted)."""
     cycles = _components(_graph("iris_core"))
     assert not cycles, cycles
+
+
+# imports of the packages' own modules inside a function: each a lazy load (a module that only
+# one execution model or an optional feature needs, loaded when it is used), with a comment on
+# its line or the line above that says why (`lazy: ...`); every other import sits at the top
+MAX_LAZY_IMPORTS = 10
+
+
+def _function_local_imports() -> list[tuple[str, int, str, bool]]:
+    """(file, line, the import, whether a `lazy:` comment explains it) for each import of an
+    iris_core or iris_jax module inside a function of either package."""
+    found = []
+    for package in ("iris_core", "iris_jax"):
+        for _, path in _modules(package).items():
+            text = path.read_text()
+            lines = text.splitlines()
+            seen = set()
+            for fn in ast.walk(ast.parse(text)):
+                if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    continue
+                for node in ast.walk(fn):
+                    if id(node) in seen or not isinstance(node, (ast.Import, ast.ImportFrom)):
+                        continue
+                    seen.add(id(node))
+                    names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+                    if not (getattr(node, "level", 0) or any(n.split(".")[0] in ("iris_core", "iris_jax")
+                                                             for n in names)):
+                        continue
+                    said = " ".join(lines[max(node.lineno - 2, 0):node.end_lineno])
+                    found.append((str(path.relative_to(ROOT)), node.lineno, ast.unparse(node), "lazy:" in said))
+    return found
+
+
+def test_function_local_imports_are_few_and_explained():
+    found = _function_local_imports()
+    unexplained = [f"{f}:{line}: {text}" for f, line, text, explained in found if not explained]
+    assert not unexplained, ("move these imports to the top of the module, or say why they are lazy in a "
+                             "`# lazy: ...` comment:\n" + "\n".join(unexplained))
+    assert len(found) <= MAX_LAZY_IMPORTS, (
+        f"{len(found)} function-local imports of iris's own modules (at most {MAX_LAZY_IMPORTS}): move some to "
+        "the top of their module:\n" + "\n".join(f"{f}:{line}: {text}" for f, line, text, _ in found))
 
 
 # a platform's own modules, reached only through its record in iris_core.platform (and by each
