@@ -9,8 +9,9 @@ reads; domains.py composes iris inside NVLink domains with XLA across them; lowe
 the collective kernel (iris_core.collectives) through iris_jax.calls.
 
 Layer: above iris_jax._runtime, iris_jax.calls and iris_jax.sync; below iris_jax.ops. Inside it,
-imports go one way (tests/test_layers.py): lowering <- registry <- domains <- rules <- primitive
-<- rewrite <- transforms <- api. Importing the package registers the rules and the transforms.
+imports go one way (tests/test_layers.py): each of lowering, registry, domains, rules, primitive,
+rewrite, transforms and api imports only modules before it in this list. Importing the package
+registers the rules and the transforms.
 """
 
 from iris_jax.collectives.api import (

@@ -30,7 +30,7 @@ def elementwise(params: dict, ndim: int) -> tuple:
     return tuple(range(ndim))
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Rule:
     """Everything iris knows about one lax collective (iris_jax.collectives.rules says more).
 
@@ -50,7 +50,7 @@ class Rule:
     A collective of several operands per call (`operands` > 1: ragged_all_to_all's data,
     output, offsets and sizes) makes one call per equation, and lax's own jvp, transpose and
     batching rules apply to the whole call; its `transpose`, if any, replaces lax's with lax's
-    signature.
+    signature. Built by keyword (every field named).
     """
 
     name: str

@@ -67,7 +67,7 @@ def _one_shot_detail(params, config) -> str:
 def _rule(name: str, primitives: tuple[str, ...], op: str, hierarchical: bool, **more) -> Rule:
     """The rule of one reduction `op`; `hierarchical`: a large call across domains runs as
     psum_scatter / psum / all_gather (domains.plan_reduction)."""
-    return Rule(name, primitives, lower=partial(_lower, op=op),
+    return Rule(name=name, primitives=primitives, lower=partial(_lower, op=op),
                 plan=partial(_plan, name=name, hierarchical=hierarchical),
                 lower_across=partial(_lower_across, hierarchical=hierarchical), runs_groups=True, **more)
 

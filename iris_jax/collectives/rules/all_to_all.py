@@ -38,5 +38,5 @@ def _carried(params, ndim):
     return tuple(None if i in (params["split_axis"], params["concat_axis"]) else i for i in range(ndim))
 
 
-register(Rule("all_to_all", ("all_to_all",), _lower, _plan, _lower_across, transpose=_transpose, carried=_carried,
-              runs_groups=True, equal_groups_by_lax=True))
+register(Rule(name="all_to_all", primitives=("all_to_all",), lower=_lower, plan=_plan, lower_across=_lower_across,
+              transpose=_transpose, carried=_carried, runs_groups=True, equal_groups_by_lax=True))

@@ -43,5 +43,6 @@ def _lower_across(collective, params, config, inside, across, xs):
     return domains.lower_across(lax_parallel.psum_invariant_p, {"axes": axes}, config, inside, across, *masked)
 
 
-register(Rule("pbroadcast", ("pbroadcast",), _lower, _plan, _lower_across, sends_when_trivial=True,
+register(Rule(name="pbroadcast", primitives=("pbroadcast",), lower=_lower, plan=_plan, lower_across=_lower_across,
+              sends_when_trivial=True,
               transpose=_transpose))

@@ -38,4 +38,4 @@ def _lower_across(collective, params, config, inside, across, xs):
     return domains.lower_on_xla(collective, params, xs)
 
 
-register(Rule("ppermute", ("ppermute",), _lower, _plan, _lower_across))
+register(Rule(name="ppermute", primitives=("ppermute",), lower=_lower, plan=_plan, lower_across=_lower_across))

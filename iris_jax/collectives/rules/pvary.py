@@ -10,4 +10,4 @@ def _unused(*args, **kwargs):
     raise AssertionError("pvary has no kernel and no steps")  # rules.lower / lower_across return its inputs
 
 
-register(Rule("pvary", ("pvary",), None, _unused, _unused))
+register(Rule(name="pvary", primitives=("pvary",), lower=None, plan=_unused, lower_across=_unused))

@@ -129,5 +129,6 @@ def _detail(params, config) -> str:
     return "ragged kernel: receivers pull their slices into the output"
 
 
-register(Rule("ragged_all_to_all", ("ragged_all_to_all",), _lower, _plan, _lower_across, operands=6,
+register(Rule(name="ragged_all_to_all", primitives=("ragged_all_to_all",), lower=_lower, plan=_plan,
+              lower_across=_lower_across, operands=6,
               sends_when_trivial=True, transpose=_transpose, detail=_detail, runs_groups=True))
