@@ -117,7 +117,7 @@ def other_kernels() -> dict:
     from iris_core.collectives.workspace import FusedLayout, WorkspaceLayout
     from iris_core.device.barrier import barrier_kernel
     from iris_core.device.barrier import launch_constants as barrier_constants
-    from iris_core.kernels import fused as F
+    from iris_core.gemm import fused as F
     from iris_core.launch import GemmConfig
 
     out = {}

@@ -27,7 +27,7 @@ def next_power_of_two(n: int) -> int:
 
 
 class GemmConfig(NamedTuple):
-    """The GEMM core's launch settings (iris_core.kernels.gemm): BM x BN output tiles over
+    """The GEMM core's launch settings (iris_core.gemm.gemm): BM x BN output tiles over
     BK-deep slices of K, GROUP_M row tiles per group of the tile order (tile_coords), the dot's
     input precision PREC ("ieee" or "tf32"; 16-bit inputs ignore it), and the launch's
     num_warps and num_stages."""
@@ -40,7 +40,7 @@ class GemmConfig(NamedTuple):
     num_stages: int
 
     def constants(self) -> dict:
-        """The tile constexprs every GEMM kernel of iris_core.kernels takes."""
+        """The tile constexprs every GEMM kernel of iris_core.gemm takes."""
         return dict(BM=self.BM, BN=self.BN, BK=self.BK, GROUP_M=self.GROUP_M, PREC=self.PREC)
 
     def options(self) -> dict:

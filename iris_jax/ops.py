@@ -5,7 +5,7 @@
     y = iris_jax.ops.matmul_reduce_scatter(a, b, "tp")      # == psum_scatter(a @ b, "tp", tiled)
     c = iris_jax.ops.matmul(a, b)                           # the persistent GEMM core alone
 
-Each fused op is one persistent Triton kernel (iris_core.kernels.fused) that moves data
+Each fused op is one persistent Triton kernel (iris_core.gemm.fused) that moves data
 tile by tile while the remaining tiles are still computed. matmul_all_reduce and
 matmul_reduce_scatter: most programs compute C tiles into the heap and flag them, the
 others (`FusedSettings.reduce_programs`, 16 of 132 on H200) pull the members' tiles over
@@ -52,8 +52,8 @@ import jax.numpy as jnp
 
 from iris_core import flag_protocol
 from iris_core.errors import IrisError
-from iris_core.kernels import fused as F
-from iris_core.kernels import gemm as Gm
+from iris_core.gemm import fused as F
+from iris_core.gemm import gemm as Gm
 from iris_core.launch import GemmConfig
 from iris_jax import _runtime as runtime_lib
 from iris_jax import collectives as C

@@ -1,7 +1,8 @@
-"""The packages' imports go down only: iris_core never imports iris_jax, and iris_jax's
-subpackages import only the layers below them (function-local imports included), except for
-the recursions listed in ALLOWED_CYCLES, which the collectives package's docstring explains;
-a GPU vendor's modules are reached only through its record in iris_core.platform."""
+"""The packages' imports go down only: iris_core never imports iris_jax, iris_jax's
+subpackages import only the layers below them, and no modules of either package import each
+other in a circle (function-local imports included); an import inside a function is kept only
+for a lazy load, each with its reason; a GPU vendor's modules are reached only through its
+record in iris_core.platform."""
 
 import ast
 import pathlib
@@ -19,14 +20,6 @@ LAYERS = [
     ("iris_jax.ops", "iris_jax.pallas"),  # fused GEMM + collective ops; Pallas kernels with a context
 ]
 
-# the one set of modules that import each other (a strongly connected component), inherent
-# (see iris_jax/collectives/__init__.py): the primitive's transformation rules and the rules'
-# jvps re-enter the rewrite, which binds the primitive; the compositions across domains run
-# their steps through the rules again. The rule modules count as their package.
-ALLOWED_CYCLES = [
-    {"iris_jax.collectives.domains", "iris_jax.collectives.primitive", "iris_jax.collectives.rewrite",
-     "iris_jax.collectives.rules"},
-]
 
 
 def _modules(package: str) -> dict[str, pathlib.Path]:
@@ -127,13 +120,10 @@ def _components(graph: dict[str, set[str]]) -> list[set[str]]:
     return found
 
 
-def test_no_cycles_but_the_inherent_ones():
-    rules = "iris_jax.collectives.rules"
-    family = lambda m: rules if m.startswith(rules + ".") else m  # noqa: E731
-    graph = {}
-    for m, targets in _graph("iris_jax").items():
-        graph.setdefault(family(m), set()).update(family(t) for t in targets if family(t) != family(m))
-    cycles = [c for c in _components(graph) if c not in ALLOWED_CYCLES]
+def test_iris_jax_has_no_cycles():
+    """No module of iris_jax imports one that imports it back (function-local imports counted);
+    a package counts as its __init__ module."""
+    cycles = _components(_graph("iris_jax"))
     assert not cycles, cycles
 
 
@@ -141,6 +131,47 @@ def test_iris_core_has_no_cycles():
     """No module of iris_core imports one that imports it back (function-local imports counted)."""
     cycles = _components(_graph("iris_core"))
     assert not cycles, cycles
+
+
+# imports of the packages' own modules inside a function: each a lazy load (a module that only
+# one execution model or an optional feature needs, loaded when it is used), with a comment on
+# its line or the line above that says why (`lazy: ...`); every other import sits at the top
+MAX_LAZY_IMPORTS = 10
+
+
+def _function_local_imports() -> list[tuple[str, int, str, bool]]:
+    """(file, line, the import, whether a `lazy:` comment explains it) for each import of an
+    iris_core or iris_jax module inside a function of either package."""
+    found = []
+    for package in ("iris_core", "iris_jax"):
+        for _, path in _modules(package).items():
+            text = path.read_text()
+            lines = text.splitlines()
+            seen = set()
+            for fn in ast.walk(ast.parse(text)):
+                if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    continue
+                for node in ast.walk(fn):
+                    if id(node) in seen or not isinstance(node, (ast.Import, ast.ImportFrom)):
+                        continue
+                    seen.add(id(node))
+                    names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+                    if not (getattr(node, "level", 0) or any(n.split(".")[0] in ("iris_core", "iris_jax")
+                                                             for n in names)):
+                        continue
+                    said = " ".join(lines[max(node.lineno - 2, 0):node.end_lineno])
+                    found.append((str(path.relative_to(ROOT)), node.lineno, ast.unparse(node), "lazy:" in said))
+    return found
+
+
+def test_function_local_imports_are_few_and_explained():
+    found = _function_local_imports()
+    unexplained = [f"{f}:{line}: {text}" for f, line, text, explained in found if not explained]
+    assert not unexplained, ("move these imports to the top of the module, or say why they are lazy in a "
+                             "`# lazy: ...` comment:\n" + "\n".join(unexplained))
+    assert len(found) <= MAX_LAZY_IMPORTS, (
+        f"{len(found)} function-local imports of iris's own modules (at most {MAX_LAZY_IMPORTS}): move some to "
+        "the top of their module:\n" + "\n".join(f"{f}:{line}: {text}" for f, line, text, _ in found))
 
 
 # a platform's own modules, reached only through its record in iris_core.platform (and by each

@@ -22,7 +22,7 @@ KIND_NAMES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "pperm
 (ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL, PPERMUTE, BROADCAST, RAGGED_ALL_TO_ALL, MATMUL_ALL_REDUCE,
  MATMUL_REDUCE_SCATTER, ALL_GATHER_MATMUL) = range(len(KIND_NAMES))
 # (from RAGGED_ALL_TO_ALL on, other kernels than the collective kernel: signatures only; ragged's is
-# iris_core.collectives.ragged, the fused GEMM ops' iris_core.kernels.fused, whose shapes do not fit a
+# iris_core.collectives.ragged, the fused GEMM ops' iris_core.gemm.fused, whose shapes do not fit a
 # signature's fields: FUSED_KINDS hash them, see iris_core.faults.shape_field)
 FUSED_KINDS = (MATMUL_ALL_REDUCE, MATMUL_REDUCE_SCATTER, ALL_GATHER_MATMUL)
 OP_NAMES = ("sum", "max", "min")

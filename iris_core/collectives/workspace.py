@@ -27,7 +27,7 @@ Every flag sits on its own 128-byte line. A call's flags carry stamps epoch * ST
 epoch's parity, so back-to-back calls need no reset and no host synchronization: a rank
 overwrites a buffer only after every peer that reads it has signalled a later round.
 
-Fused ops (iris_core.kernels.fused):
+Fused ops (iris_core.gemm.fused):
 
     epochs  [MAX_PROGRAMS]              at offset 0: fused calls each program has made (one line each)
     members [W]                         line i: [the last epoch member i announced (POISON + the epoch

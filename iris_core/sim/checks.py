@@ -24,6 +24,7 @@ import numpy as np
 
 from iris_core.errors import NotOnHeapError
 from iris_core.heap import status
+from iris_core.heap.shared_memory import heap_at
 
 CHECKED = os.environ.get("IRIS_SIM_CHECKED", "0") == "1"
 
@@ -75,8 +76,6 @@ def check_access(bad, offset, rank, rank_ok, from_base, from_rank, heap_size, ac
 
 
 def _check_allocation(offset, access, from_base, me, ranks, op_name, element) -> None:
-    from iris_core.heap.shared_memory import heap_at
-
     heap = heap_at(int(_values(from_base)[0]))
     if heap is None:
         return  # a context made up by hand: the bounds were checked, no allocations to check against

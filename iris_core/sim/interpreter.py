@@ -21,6 +21,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from iris_core.errors import IrisError
+from iris_core.sim import language
+from iris_core.sim.checks import running_kernel
+
 
 class Pointer:
     """A typed raw address, accepted wherever a kernel expects a tensor argument."""
@@ -76,8 +80,6 @@ def run_kernel(kernel, grid: Sequence[int], args: Sequence, constexprs: dict | N
     kernel compiled with debug=True (the interpreter's own option is always off).
     """
     from triton.runtime import interpreter as ti
-
-    from iris_core.sim.checks import running_kernel
 
     kernel = as_interpreted(kernel)
     fn = kernel.rewrite()
@@ -148,8 +150,6 @@ def _as_tensor(arg, ti):
 def _iris_cause(error: BaseException):
     """The iris error (NotOnHeapError, PeerTimeoutError, ...) that the interpreter wrapped
     in InterpreterErrors, one per call level, or None."""
-    from iris_core.errors import IrisError
-
     while error is not None and not isinstance(error, IrisError):
         error = error.__cause__
     return error
@@ -207,8 +207,6 @@ def _patch_interpreter(ti) -> None:
         return scope
 
     import triton.language as tl
-
-    from iris_core.sim import language
 
     _LANGS.extend([tl, tl.core])
     _keep_freed_memory()

@@ -34,8 +34,13 @@ def patch_attr(ti):
 
 
 def launch_patches(core):
-    """[(object, name, value)] to set while a launch runs."""
-    constexpr, ltuple, block_type = core.constexpr, core.tuple, core.block_type
+    """[(object, name, value)] to set while a launch runs: one per internal of Triton's made faster."""
+    return [_unwrap_patch(core), _tuple_eq_patch(core), _block_type_patch(core), _type_checking_patch(core)]
+
+
+def _unwrap_patch(core):
+    """core._unwrap_if_constexpr, answering the common classes without Triton's checks."""
+    constexpr = core.constexpr
     unwrap_original = core._unwrap_if_constexpr
     plain = {core.tensor, int, float, bool, str, type(None), core.dtype, core.pointer_type, core.block_type}
 
@@ -47,6 +52,12 @@ def launch_patches(core):
             return o
         return unwrap_original(o)
 
+    return core, "_unwrap_if_constexpr", unwrap
+
+
+def _tuple_eq_patch(core):
+    """A language tuple's ==, against a tuple or list of ints without building a language tuple."""
+    constexpr, ltuple = core.constexpr, core.tuple
     eq_original = ltuple.__eq__
 
     def tuple_eq(self, other):
@@ -68,6 +79,12 @@ def launch_patches(core):
             unwrapped.append(v)
         return constexpr(self.values == unwrapped)
 
+    return ltuple, "__eq__", tuple_eq
+
+
+def _block_type_patch(core):
+    """block_type.__init__, with each shape checked and its types built once per launch."""
+    constexpr, ltuple, block_type = core.constexpr, core.tuple, core.block_type
     init_original = block_type.__init__
     shapes: dict = {}  # the shape's ints -> (its tuple type, numel, its str)
     names: dict = {}
@@ -105,6 +122,11 @@ def launch_patches(core):
             name = names[key, element] = f"<{known[2]}, {element}>"
         self.name = name
 
+    return block_type, "__init__", block_init
+
+
+def _type_checking_patch(core):
+    """TritonSemantic.binary_op_type_checking_impl, answering the common cases without promotion."""
     from triton.language.semantic import TritonSemantic
 
     checking_original = TritonSemantic.binary_op_type_checking_impl
@@ -145,6 +167,4 @@ def launch_patches(core):
                 return self.broadcast_impl_value(self.scalar_constant(lhs, dtype=rs), rhs)
         return checking_original(self, lhs, rhs, allow_lhs_ptr, allow_rhs_ptr, arithmetic_check, div_or_mod)
 
-    return [(core, "_unwrap_if_constexpr", unwrap), (ltuple, "__eq__", tuple_eq),
-            (block_type, "__init__", block_init),
-            (TritonSemantic, "binary_op_type_checking_impl", binary_op_type_checking_impl)]
+    return TritonSemantic, "binary_op_type_checking_impl", binary_op_type_checking_impl

@@ -2,16 +2,14 @@
 
 import os
 import sys
+from multiprocessing.connection import Client
+
+from iris_core.sim.interpreter import enable_interpreter
+from iris_core.sim.world import _serve  # (python -m imported iris_core.sim, and with it world, already)
 
 
 def main() -> None:
-    from iris_core.sim.interpreter import enable_interpreter
-
     enable_interpreter()  # before any kernel is defined in this process
-    from multiprocessing.connection import Client
-
-    from iris_core.sim.world import _serve
-
     # the parent's import path (pytest's rootdirs, sys.path edits): modules whose functions
     # arrive pickled by reference must import here too
     sys.path.extend(p for p in os.environ.get("IRIS_SIM_SYS_PATH", "").split(os.pathsep) if p and p not in sys.path)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from iris_core.errors import IrisError
+from iris_core.tracing.export import chrome_trace, load_chrome_trace
 
 MAX_ROWS = 256  # rows drawn; more are summarized in the title
 
@@ -67,8 +68,6 @@ def plot(source, out_png: str, title: str | None = None, **options) -> str:
 
 
 def _document(source, options) -> dict:
-    from iris_core.tracing.export import chrome_trace, load_chrome_trace
-
     if isinstance(source, (str, bytes)) or hasattr(source, "__fspath__"):
         return load_chrome_trace(source)
     if isinstance(source, dict):

@@ -22,6 +22,7 @@ import numpy as np
 
 from iris_core.errors import IrisError
 from iris_core.tracing.buffers import DEFAULT_MAX_EVENTS, RankTrace, TraceBuffers
+from iris_core.tracing.export import write_chrome_trace
 
 
 class Tracer:
@@ -83,8 +84,6 @@ class Tracer:
         `options` go to `chrome_trace` (names, track, align). Warns when a rank dropped
         events (more than max_events).
         """
-        from iris_core.tracing.export import write_chrome_trace
-
         traces = self.read(ranks)
         _warn_dropped(traces)
         if merge:

@@ -22,9 +22,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from iris_core.collectives.workspace import MAX_PROGRAMS
 from iris_core.errors import IrisError, PeerTimeoutError, RankMismatchError
+from iris_core.heap.rendezvous import FileStore
 from iris_core.launch import GemmConfig
 from iris_core.platform import GPU, SIMULATOR
+from iris_core.sim import call_table
+from iris_core.sim.env import launched_rank
+from iris_core.sim.world import get_world
 
 SIM_LAUNCHED = "sim-launched"
 SIM_WORKERS = "sim-workers"
@@ -81,8 +86,6 @@ class Started:
 def select(devices: Sequence[jax.Device] | None) -> Backend:
     """The backend of this process's execution model, from what it finds (module docstring
     of iris_jax._runtime)."""
-    from iris_core.sim.env import launched_rank
-
     if launched_rank() is not None:
         return SimulatorLaunched()
     if jax.process_count() > 1:
@@ -146,8 +149,6 @@ class Backend:
 
     def fused_programs(self, devices: Sequence[jax.Device]) -> int:
         """The grid of every fused kernel: all programs co-resident (at most the SMs)."""
-        from iris_core.collectives.workspace import MAX_PROGRAMS  # (imports Triton)
-
         return min(self.sm_count(devices), MAX_PROGRAMS)
 
     def gemm_config(self, dtype, tile: tuple[int, ...] | None = None) -> GemmConfig:
@@ -315,8 +316,6 @@ class SimulatorWorkers(_SimulatorBackend):
     mode, process_per_rank, host_kernels = SIM_WORKERS, False, "worker"
 
     def start(self, heap_size, devices, domain_size, heap_allocator):
-        from iris_core.sim.world import get_world
-
         local = _local(devices)
         domains = _domains(len(local), domain_size)
         world = get_world(len(local))
@@ -332,9 +331,6 @@ class SimulatorLaunched(_SimulatorBackend):
     mode, process_per_rank, host_kernels = SIM_LAUNCHED, True, "here"
 
     def start(self, heap_size, devices, domain_size, heap_allocator):
-        from iris_core.heap.rendezvous import FileStore
-        from iris_core.sim.env import launched_rank
-
         launched = launched_rank()
         local = _local(devices)
         if len(local) != 1:
@@ -416,8 +412,6 @@ def _domains_by_host(hosts: Sequence[bytes]) -> tuple[tuple[int, ...], ...]:
 
 def _call_table(heap):
     """The simulator's call records, the first allocation of every heap (so at one offset everywhere)."""
-    from iris_core.sim import call_table
-
     return call_table.CallTable(heap, heap.allocate(call_table.NBYTES, zero=True))
 
 

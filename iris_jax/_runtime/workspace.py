@@ -31,6 +31,7 @@ import threading
 
 from iris_core import faults
 from iris_core.collectives.workspace import FusedLayout, WorkspaceLayout
+from iris_jax import _runtime as runtime_lib
 
 PARTS = ("collective", "fused")
 
@@ -73,7 +74,5 @@ class GroupWorkspaces:
 
 
 def workspaces(rt=None) -> GroupWorkspaces:
-    from iris_jax import _runtime as runtime_lib
-
     rt = rt or runtime_lib.runtime()
     return rt.service("group_workspaces", GroupWorkspaces)

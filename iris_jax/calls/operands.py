@@ -23,6 +23,7 @@ from iris_core.collectives import group_layout
 from iris_core.errors import IrisError
 from iris_jax import _runtime as runtime_lib
 from iris_jax._runtime.workspace import workspaces
+from iris_jax.compat import context_concrete_mesh
 
 
 def devices_of(ctx) -> list:
@@ -45,8 +46,6 @@ def devices_of(ctx) -> list:
 def concrete(mesh):
     """`mesh` itself if concrete; for an abstract one (a shard_map nested in another takes the
     outer one's abstract mesh), the context's concrete mesh of the same axes."""
-    from iris_jax.compat import context_concrete_mesh
-
     if isinstance(mesh, jax.sharding.Mesh):
         return mesh
     found = context_concrete_mesh()

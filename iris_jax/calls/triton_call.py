@@ -34,6 +34,7 @@ from iris_core import faults
 from iris_core.errors import IrisError
 from iris_jax import _runtime as runtime_lib
 from iris_jax import compat
+from iris_jax._runtime.arrays import require_symmetric
 from iris_jax.compat import triton_type
 
 
@@ -194,8 +195,6 @@ def vary(x, axes):
 
 
 def _check_symmetric(flat_args, symmetric):
-    from iris_jax._runtime.arrays import require_symmetric
-
     for i in symmetric:
         if not 0 <= i < len(flat_args):
             raise IndexError(f"symmetric index {i} out of range for {len(flat_args)} arguments")

@@ -25,9 +25,10 @@ stays in the domain). An iris collective equation then runs as:
 
 One mesh axis over two domains (a "gpu" axis of 8 over two hosts of 4) is across: lay the
 mesh out with one axis per level, e.g. ("node", "gpu"), so that iris runs within the node.
-The decision is made where the devices are known, at lowering (iris_jax.collectives.rules.lower_across);
-iris_jax.collectives.rules.plan states the same parts for `iris_jax.explain`. Each collective's rule
-(iris_jax.collectives.rules) names its composition; the compositions are here.
+The decision is made where the devices are known, at lowering (`lower_across`); `plan` states
+the same parts for `iris_jax.explain`. Each collective's rule (iris_jax.collectives.rules) names
+its composition; the compositions are here, and reach the rules through the registry
+(iris_jax.collectives.registry), so that this module imports no rule.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ import numpy as np
 from jax._src.lax import parallel as lax_parallel
 
 from iris_jax.collectives import lowering
+from iris_jax.collectives.registry import RULES, axes_of, lower
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,6 +81,28 @@ def scatters_hierarchically(nbytes: int, config) -> bool:
     return nbytes >= config.scatter_hierarchy_from
 
 
+def lower_across(collective, params: dict, config, inside: tuple, across: tuple, *xs) -> list:
+    """The outputs of `collective` over operands whose axes span domains: its rule's composition."""
+    rule = RULES[collective.name]
+    if not rule.has_kernel:
+        return list(xs)
+    if params.get("axis_index_groups") is not None:  # no composition of groups across domains
+        return lower_on_xla(collective, params, list(xs))
+    return rule.lower_across(collective, params, config, inside, across, list(xs))
+
+
+def plan(primitive_name: str, params: dict, nbytes: int, sizes: dict, inside: tuple, across: tuple,
+         config) -> list[Part]:
+    """The steps of a call of `primitive_name` over axes split into `inside` and `across`
+    (`sizes`: the mesh's axis sizes; `nbytes`: per rank), for `explain`."""
+    rule = RULES[primitive_name]
+    if not across:
+        return [Part(rule.name, axes_of(params), True, "", nbytes)]
+    if params.get("axis_index_groups") is not None:
+        return [Part(rule.name, axes_of(params), False, "axis_index_groups over axes that span domains", nbytes)]
+    return rule.plan(params, nbytes, sizes, inside, across, config)
+
+
 # -- the compositions: each collective's rule (iris_jax.collectives.rules) picks one -----
 # plan_*: the steps for `explain`; lower_*: the program, at lowering, inside the manual mesh.
 def plan_on_xla(name: str, axes: tuple, nbytes: int, inside: tuple) -> list[Part]:
@@ -110,14 +134,12 @@ def plan_reduction(name: str, axes: tuple, nbytes: int, sizes: dict, inside: tup
 
 
 def lower_reduction(collective, params, config, inside, across, xs, hierarchical: bool) -> list:
-    from iris_jax.collectives import rules
-
     if not inside:
         return lower_on_xla(collective, params, xs)
     nbytes = sum(x.size for x in xs) * xs[0].dtype.itemsize
     if hierarchical and scatters_hierarchically(nbytes, config):
         return _psum_scattered(collective, params, config, inside, across, xs)
-    partial = rules.lower(collective, {**params, "axes": inside}, config, *xs)
+    partial = lower(collective, {**params, "axes": inside}, config, *xs)
     return [_xla(collective, y, {**params, "axes": across}) for y in partial]
 
 
@@ -185,23 +207,19 @@ def lower_all_to_all_by_runs(collective, params, config, inside, xs) -> list:
 
 def _psum_scattered(collective, params, config, inside, across, xs) -> list:
     """iris psum_scatter inside, XLA psum across on each rank's share, iris all_gather inside."""
-    from iris_jax.collectives import rules
-
     G = math.prod(_sizes(inside))
     rows = [jnp.pad(x.reshape(-1), (0, -x.size % G)).reshape(G, -1) for x in xs]
     scatter = dict(axis_name=inside, scatter_dimension=0, axis_index_groups=None, axis_size=G, tiled=False)
-    shares = rules.lower(lax_parallel.reduce_scatter_p, scatter, config, *rows)
+    shares = lower(lax_parallel.reduce_scatter_p, scatter, config, *rows)
     summed = [_xla(collective, s, {**params, "axes": across}) for s in shares]
     gather = dict(axis_name=inside, all_gather_dimension=0, axis_index_groups=None, axis_size=G, tiled=False)
-    gathered = rules.lower(lax_parallel.all_gather_invariant_p, gather, config, *summed)
+    gathered = lower(lax_parallel.all_gather_invariant_p, gather, config, *summed)
     return [g.reshape(-1)[:x.size].reshape(x.shape) for g, x in zip(gathered, xs)]
 
 
 def _run(collective, params, config, on_iris, xs) -> list:
-    from iris_jax.collectives import rules
-
     if on_iris:
-        return rules.lower(collective, params, config, *xs)
+        return lower(collective, params, config, *xs)
     return lower_on_xla(collective, params, xs)
 
 

@@ -5,11 +5,8 @@ An equation of this primitive is a lax collective equation (`psum_invariant`, `a
 but the lowering is lax's own, applied through iris:
 
 * abstract eval: the lax primitive's, so shapes, varying axes, effects and errors are lax's;
-* jvp: the linear collectives map tangents through themselves; pmax/pmin (which lax cannot
-  differentiate) give the tangent of the members holding the extremum, averaged over ties;
-* transpose and batching: lax's rule, run by `iris_jax.collectives.rewrite.run_on_iris`, so the
-  collectives that lax's rule emits (psum_scatter for all_gather, psum for pvary, ...) are
-  iris collectives too;
+* jvp, transpose and batching: iris_jax.collectives.transforms (lax's rules, their collectives
+  on iris too);
 * lowering: iris kernels (each collective's rule, iris_jax.collectives.rules) on GPUs and on the simulator; XLA's own
   lowering where iris has nothing to do (see iris_jax.collectives.rewrite.placement); over axes that
   span domains, iris inside them and XLA across (iris_jax.collectives.domains); in a partially manual
@@ -27,12 +24,19 @@ from functools import partial
 
 import jax
 from jax._src import core
-from jax._src.interpreters import ad, batching
 from jax._src.interpreters import partial_eval as pe
 from jax.extend.core import Primitive
 from jax.interpreters import mlir
+from jax.sharding import AxisType, PartitionSpec
 
-from iris_jax.collectives import rules
+from iris_jax import _runtime, compat
+from iris_jax.calls import cpu_lowering
+from iris_jax.calls.operands import concrete
+from iris_jax.calls.triton_call import iris_kernel_effect
+from iris_jax.collectives import domains
+from iris_jax.collectives.lowering import lowers_on_iris
+from iris_jax.collectives import registry
+from iris_jax.collectives.registry import axes_of, rule_of
 
 iris_collective_p = Primitive("iris_collective")
 iris_collective_p.multiple_results = True
@@ -44,8 +48,8 @@ def freeze(params: dict) -> tuple:
 
 
 def calls(collective, xs) -> list[list]:
-    """An equation's operands cut into the lax calls they stand for (iris_jax.collectives.rules: Rule.operands)."""
-    n = rules.rule_of(collective.name).operands
+    """An equation's operands cut into the lax calls they stand for (iris_jax.collectives.registry: Rule.operands)."""
+    n = rule_of(collective.name).operands
     return [list(xs[i:i + n]) for i in range(0, len(xs), n)]
 
 
@@ -55,9 +59,9 @@ def _lax_bind(collective, xs, params: dict) -> list:
     return list(out) if collective.multiple_results else [out]
 
 
-def _whole_call(collective) -> bool:
+def whole_call(collective) -> bool:
     """Whether lax's own rules apply to the whole call (several operands per call)."""
-    return rules.rule_of(collective.name).operands > 1
+    return rule_of(collective.name).operands > 1
 
 
 def kernel_effects(collective) -> set:
@@ -65,9 +69,7 @@ def kernel_effects(collective) -> set:
     collective runs a kernel (a type cast such as pvary runs none). Programs with iris kernels
     then carry JAX's runtime tokens, so jax.effects_barrier() waits for every device's kernels
     (a replicated result is ready when its first device's copy is)."""
-    from iris_jax.calls.triton_call import iris_kernel_effect
-
-    return {iris_kernel_effect} if rules.rule_of(collective.name).has_kernel else set()
+    return {iris_kernel_effect} if rule_of(collective.name).has_kernel else set()
 
 
 def _abstract_eval(*avals, collective, params, config):
@@ -91,132 +93,6 @@ def _impl(*xs, **params):
 iris_collective_p.def_impl(_impl)
 
 
-# -- autodiff ---------------------------------------------------------------------------
-def _is_linear(collective) -> bool:
-    return collective in ad.primitive_transposes
-
-
-def _zero_like(x):
-    aval = core.typeof(x)
-    return ad.Zero(aval.to_tangent_aval())
-
-
-def _jvp(primals, tangents, *, collective, params, config):
-    if _whole_call(collective):
-        return _lax_jvp(primals, tangents, collective, dict(params), config)
-    outs = iris_collective_p.bind(*primals, collective=collective, params=params, config=config)
-    if _is_linear(collective):
-        live = [i for i, t in enumerate(tangents) if type(t) is not ad.Zero]
-        live_outs = iris_collective_p.bind(*[tangents[i] for i in live], collective=collective, params=params,
-                                           config=config) if live else []
-        tangents_out = [_zero_like(o) for o in outs]
-        for i, t in zip(live, live_outs):
-            tangents_out[i] = t
-        return outs, tangents_out
-    jvp = rules.rule_of(collective.name).jvp
-    if jvp is None:
-        raise NotImplementedError(f"Differentiation rule for '{collective.name}' not implemented")
-    found = jvp(primals, outs, tangents, dict(params), config)  # None where the tangent is zero
-    return outs, [t if t is not None else _zero_like(y) for t, y in zip(found, outs)]
-
-
-def _lax_jvp(primals, tangents, collective, kwargs, config):
-    """lax's jvp rule, its collectives on iris (the tangents of integer operands are zeros)."""
-    from iris_jax.collectives.rewrite import run_on_iris
-
-    outs = iris_collective_p.bind(*primals, collective=collective, params=freeze(kwargs), config=config)
-    live = [i for i, t in enumerate(tangents) if type(t) is not ad.Zero]
-    if not live:
-        return outs, [_zero_like(o) for o in outs]
-
-    def jvp(primals, live_tangents):
-        full = list(tangents)
-        for i, t in zip(live, live_tangents):
-            full[i] = t
-        _, out_tangent = ad.primitive_jvps[collective](primals, full, **kwargs)
-        return list(out_tangent) if collective.multiple_results else [out_tangent]
-
-    return outs, run_on_iris(jvp, (list(primals), [tangents[i] for i in live]), config, merge=False)
-
-
-def _lax_transpose(cts, args, collective, kwargs, config):
-    """lax's transpose rule of the whole call (or the collective's rule's, which has lax's
-    signature), its collectives on iris."""
-    from iris_jax.collectives.rewrite import run_on_iris
-
-    undefined = [ad.is_undefined_primal(a) for a in args]
-    if all(type(ct) is ad.Zero for ct in cts):
-        return [ad.Zero(a.aval) if u else None for a, u in zip(args, undefined)]
-    rule = rules.rule_of(collective.name).transpose or ad.primitive_transposes[collective]
-    known = [a for a, u in zip(args, undefined) if not u]
-
-    def transpose(cts, known):
-        known = iter(known)
-        full = [a if u else next(known) for a, u in zip(args, undefined)]
-        found = rule(cts if collective.multiple_results else cts[0], *full, **kwargs)
-        return [t if u else None for t, u in zip(found, undefined)]
-
-    return run_on_iris(transpose, ([ad.instantiate_zeros(ct) for ct in cts], known), config, merge=False)
-
-
-def _transpose(cts, *args, collective, params, config):
-    from iris_jax.collectives.rewrite import run_on_iris
-
-    if _whole_call(collective):
-        return _lax_transpose(cts, args, collective, dict(params), config)
-    override = rules.rule_of(collective.name).transpose
-    rule = ad.primitive_transposes.get(collective)
-    kwargs = dict(params)
-
-    def one(ct, arg):
-        if type(ct) is ad.Zero:
-            return ad.Zero(arg.aval.to_ct_aval()) if hasattr(arg.aval, "to_ct_aval") else ad.Zero(arg.aval)
-        if override is not None:  # where lax's rule does not serve (iris_jax.collectives.rules)
-            return override(collective, ct, kwargs, config)
-        if collective.multiple_results:
-            return run_on_iris(lambda c: rule([c], arg, **kwargs)[0], (ct,), config, merge=False)
-        return run_on_iris(lambda c: rule(c, arg, **kwargs)[0], (ct,), config, merge=False)
-
-    return [one(ct, arg) for ct, arg in zip(cts, args)]
-
-
-ad.primitive_jvps[iris_collective_p] = _jvp
-ad.primitive_transposes[iris_collective_p] = _transpose
-
-
-# -- vmap -------------------------------------------------------------------------------
-def _batch(axis_data, vals, dims, *, collective, params, config):
-    from iris_jax.collectives.rewrite import run_on_iris
-
-    rule = batching.fancy_primitive_batchers[collective]
-    kwargs = dict(params)
-    if _whole_call(collective):
-        found = {}
-
-        def batched(*vals):
-            out, out_dim = rule(axis_data, list(vals), list(dims), **kwargs)
-            found["dims"] = list(out_dim) if collective.multiple_results else [out_dim]
-            return list(out) if collective.multiple_results else [out]
-
-        return run_on_iris(batched, tuple(vals), config, merge=False), found["dims"]
-    outs, out_dims = [], []
-    for v, d in zip(vals, dims):
-        found = {}
-
-        def batched(v, d=d):
-            out, out_dim = rule(axis_data, [v], [d], **kwargs)
-            if collective.multiple_results:
-                out, out_dim = out[0], out_dim[0]
-            found["dim"] = out_dim
-            return out
-
-        outs.append(run_on_iris(batched, (v,), config, merge=False))
-        out_dims.append(found["dim"])
-    return outs, out_dims
-
-
-batching.fancy_primitive_batchers[iris_collective_p] = _batch
-
 
 # -- rematerialization ------------------------------------------------------------------
 def _remat(saveable, unks_in, inst_in, eqn):
@@ -239,13 +115,6 @@ pe.partial_eval_jaxpr_custom_rules[iris_collective_p] = _remat
 
 # -- lowering ---------------------------------------------------------------------------
 def _lowering(ctx, *xs, collective, params, config):
-    from iris_jax import _runtime
-    from iris_jax.calls import cpu_lowering
-    from iris_jax.calls.operands import concrete
-    from iris_jax.collectives import domains
-    from iris_jax.collectives.lowering import lowers_on_iris
-    from iris_jax.collectives.rules import axes_of
-
     kwargs = dict(params)
     if not lowers_on_iris(ctx, axes_of(kwargs)):
         on_xla = lambda *a: [y for call in calls(collective, a) for y in _lax_bind(collective, call, kwargs)]  # noqa: E731
@@ -254,11 +123,11 @@ def _lowering(ctx, *xs, collective, params, config):
     manual_mesh = axis_context.mesh.abstract_mesh.update_axis_types(
         {a: jax.sharding.AxisType.Manual for a in axis_context.manual_axes})
     automatic = tuple(a for a in manual_mesh.axis_names if a not in axis_context.manual_axes)
-    if automatic and rules.rule_of(collective.name).has_kernel:
+    if automatic and rule_of(collective.name).has_kernel:
         return _lower_per_shard(ctx, xs, manual_mesh, automatic, collective, params, config)
     inside, across = domains.split_axes(concrete(axis_context.mesh), axes_of(kwargs), _runtime.runtime())
-    lower = partial(rules.lower_across, collective, kwargs, config, inside, across) if across else partial(
-        rules.lower, collective, kwargs, config)
+    lower = partial(domains.lower_across, collective, kwargs, config, inside, across) if across else partial(
+        registry.lower, collective, kwargs, config)
     # the kernel calls lowered here were made at the collective's line (the simulator's call
     # records name it; lower_fun roots their own tracebacks at this rule)
     with jax.sharding.use_abstract_mesh(manual_mesh), cpu_lowering.calls_made_at(ctx):
@@ -271,12 +140,7 @@ def _lower_per_shard(ctx, xs, manual_mesh, automatic, collective, params, config
     shard, as every iris kernel needs (XLA's partitioner can neither replicate a kernel with
     side effects nor shard a custom call it has no rule for). The region's specs follow the
     operands' sharding (`shard_specs`): where they match XLA's choice it costs nothing."""
-    from jax.sharding import PartitionSpec
-
-    from iris_jax import compat
-    from iris_jax.calls.operands import concrete
-
-    rule = rules.rule_of(collective.name)
+    rule = rule_of(collective.name)
     if rule.operands > 1:  # (ragged_all_to_all) operands and results do not pair up: replicated over them
         in_specs, out_specs = (PartitionSpec(),) * len(ctx.avals_in), (PartitionSpec(),) * len(ctx.avals_out)
     else:
@@ -304,8 +168,6 @@ def _lower_per_shard(ctx, xs, manual_mesh, automatic, collective, params, config
 
 
 def _explicit_axes(mesh, automatic) -> set:
-    from jax.sharding import AxisType
-
     return {a for a, t in zip(mesh.axis_names, mesh.axis_types) if a in automatic and t == AxisType.Explicit}
 
 
@@ -339,8 +201,6 @@ def shard_specs(mesh, automatic: tuple, carried, avals_in, avals_out) -> tuple[t
     dimension the collective gathers, scatters or splits along is never sharded over them (an
     Explicit axis there is gathered first). Each result keeps its operand's axes on the dimension the operand's became.
     """
-    from jax.sharding import PartitionSpec
-
     explicit = _explicit_axes(mesh, automatic)
     auto = tuple(a for a in automatic if a not in explicit)
     auto_size = math.prod(mesh.shape[a] for a in auto)

@@ -33,9 +33,10 @@ from jax._src import core, source_info_util
 from jax._src.lib import xla_client
 
 from iris_jax.calls.triton_call import IrisKernelEffect
-from iris_jax.collectives import rules
+from iris_jax import _runtime
+from iris_jax.collectives import domains
 from iris_jax.collectives.primitive import freeze, iris_collective_p, kernel_effects
-from iris_jax.collectives.rules import axes_of
+from iris_jax.collectives.registry import Rule, axes_of, rule_of
 from iris_jax.compat import ClosedJaxpr, closed_jaxpr, is_closed_jaxpr, is_jaxpr, shard_map_manual_axes
 from iris_jax.config import CollectiveConfig, default_config
 from iris_jax.sync import guarded_call
@@ -76,7 +77,7 @@ def placement(name: str, params: dict, aval, scope: Scope) -> tuple[str | None, 
     """(why XLA runs this collective or None for iris, what the explicit API raises for it:
     UnsupportedCollectiveError, lax's own error type where lax refuses the call too, or None
     where the caller has nothing to fix)."""
-    rule = rules.rule_of(name)
+    rule = rule_of(name)
     if not rule.has_kernel:  # a type cast: runs on iris so that its transpose does too
         return None, None
     axes = axes_of(params)
@@ -93,7 +94,7 @@ def placement(name: str, params: dict, aval, scope: Scope) -> tuple[str | None, 
     if groups is not None and not rule.runs_groups:
         return f"axis_index_groups on {rule.name}", UnsupportedCollectiveError
     if groups is not None:
-        problem = groups_problem(rule.name, groups, members)
+        problem = groups_problem(rule, groups, members)
         if problem is not None:
             return problem
         members = len(groups[0])
@@ -104,8 +105,8 @@ def placement(name: str, params: dict, aval, scope: Scope) -> tuple[str | None, 
     return None, None
 
 
-def groups_problem(op: str, groups: tuple, members: int) -> tuple[str, type[Exception]] | None:
-    """Why iris does not run `op` over `axis_index_groups` of axes of `members` members, and the
+def groups_problem(rule: Rule, groups: tuple, members: int) -> tuple[str, type[Exception]] | None:
+    """Why iris does not run `rule`'s collective over `axis_index_groups` of axes of `members` members, and the
     error the explicit API raises: lax's where lax refuses them as well (at lowering or
     compilation, where iris raises while tracing), else UnsupportedCollectiveError. None: iris runs them.
     (lax itself checks that the groups hold each of 0 .. their total exactly once.)"""
@@ -116,8 +117,8 @@ def groups_problem(op: str, groups: tuple, members: int) -> tuple[str, type[Exce
         return (f"axis_index_groups {groups} do not cover the {members} members of the axes (XLA refuses it)",
                 jax.errors.JaxRuntimeError)
     if len({len(g) for g in groups}) > 1:
-        if op in ("all_gather", "psum_scatter", "all_to_all"):
-            return f"axis_index_groups {groups} of unequal sizes (lax's {op} needs equal ones)", ValueError
+        if rule.equal_groups_by_lax:
+            return f"axis_index_groups {groups} of unequal sizes (lax's {rule.name} needs equal ones)", ValueError
         return f"axis_index_groups {groups} of unequal sizes (iris runs equal-sized groups)", UnsupportedCollectiveError
     return None
 
@@ -157,7 +158,7 @@ class _Rewriter:
 
     def eqn(self, eqn, scope: Scope):
         name = eqn.primitive.name
-        rule = rules.rule_of(name)
+        rule = rule_of(name)
         if rule is not None:
             aval = eqn.invars[0].aval
             reason, refusal = placement(name, eqn.params, aval, scope)
@@ -237,7 +238,7 @@ def merge_launches(eqns: list) -> list:
     for eqn in eqns:
         for key in {owner[v] for v in eqn.invars if isinstance(v, core.Var) and v in owner}:
             flush(key)
-        rule = rules.rule_of(eqn.params["collective"].name) if eqn.primitive is iris_collective_p else None
+        rule = rule_of(eqn.params["collective"].name) if eqn.primitive is iris_collective_p else None
         if rule is not None and rule.has_kernel and rule.operands == 1:
             p = eqn.params
             key = (p["collective"], p["params"], p["config"], tuple(v.aval.dtype for v in eqn.invars))
@@ -340,16 +341,13 @@ def explain(f: Callable, *args, config: CollectiveConfig | None = None, **kwargs
                                                 decisions=decisions))(*args, **kwargs)
     rows = []
     for name, params, aval, reason, scope, used in decisions:  # used: the config the collective runs with
-        rule = rules.rule_of(name)
+        rule = rule_of(name)
         if not rule.has_kernel:
             continue
         nbytes = int(aval.size) * aval.dtype.itemsize
         if reason is None and scope.mesh is not None:  # where the axes span domains: a row per step
-            from iris_jax import _runtime
-            from iris_jax.collectives import domains
-
             inside, across = domains.split_axes(scope.mesh, axes_of(params), _runtime.runtime())
-            for part in rules.plan(name, params, nbytes, dict(scope.sizes), inside, across, used):
+            for part in domains.plan(name, params, nbytes, dict(scope.sizes), inside, across, used):
                 why = part.why or rule.detail(params, used) + _groups_detail(params)
                 rows.append(Placement(part.op, part.axes, tuple(aval.shape), aval.dtype.name, part.nbytes,
                                       "iris" if part.on_iris else "XLA", why))

@@ -28,8 +28,10 @@ from iris_core.errors import IrisError
 from iris_core.heap.context_layout import context_words
 from iris_core.platform import GPU, SIMULATOR
 from iris_jax import _runtime as runtime_lib
-from iris_jax.calls.operands import context_operand
+from iris_jax.calls import cpu_lowering
+from iris_jax.calls.operands import context_aval, context_operand
 from iris_jax.calls.triton_call import _check_symmetric, _like, _manual_axes, iris_kernel_effect, vary
+from iris_jax.pallas import _compat, simulator
 from iris_jax.pallas.context import PallasContext
 
 iris_pallas_call_p = Primitive("iris_pallas_call")
@@ -70,8 +72,6 @@ def pallas_call(kernel: Callable[..., None], out_shape: Any, *, grid: int | Sequ
       A function of the operands that returns the outputs; call it inside jax.jit
       (and jax.shard_map over several devices).
     """
-    from iris_jax.pallas import _compat
-
     _compat.require()
     symmetric = tuple(symmetric)
     aliases = dict(input_output_aliases or {})
@@ -156,9 +156,6 @@ iris_pallas_call_p.def_impl(lambda *args, **params: jax.jit(
 
 def _lowering(ctx, device_index, *args, inner, symmetric, interpreted, row_words, out_shapes):
     del device_index, out_shapes  # the index carries the outputs' varying axes only
-    from iris_jax.calls import cpu_lowering
-    from iris_jax.calls.operands import context_aval
-
     row = context_operand(ctx)
     avals = list(ctx.avals_in[1:])
     tail, tail_avals = [], []
@@ -171,8 +168,6 @@ def _lowering(ctx, device_index, *args, inner, symmetric, interpreted, row_words
     def body(row, *rest):
         operands, chain = rest[:len(avals)], rest[len(avals):]
         if interpreted:
-            from iris_jax.pallas import simulator
-
             target = simulator.address_target(len(symmetric), bool(chain), context_aval().shape[0])
             row = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct((row_words,), jnp.int32), has_side_effect=True)(
                 row, *[operands[i] for i in symmetric], *chain)

@@ -28,14 +28,15 @@ import functools
 from typing import Any
 
 import numpy as np
-from jax import tree_util
+import jax.numpy as jnp
+from jax import lax, tree_util
 from jax._src import core as jax_core
 from jax._src import state
 from jax._src.state import discharge as state_discharge
 from jax.interpreters import mlir
 
 from iris_core.platform import SIMULATOR
-from iris_jax.pallas import _compat
+from iris_jax.pallas import _compat, simulator
 
 LOADS = ("load", "load_acquire")
 RMW_OPS = ("add", "sub", "xchg", "and", "or", "xor", "min", "max")
@@ -103,11 +104,6 @@ def _abstract_eval(*avals_flat, args_tree, op, **_):
 # -- simulator: state discharge -------------------------------------------------------
 def _discharge_rule(in_avals, out_avals, *args_flat, args_tree, op, slot, sem, scope, volatile,
                     cache_modifier):
-    import jax.numpy as jnp
-    from jax import lax
-
-    from iris_jax.pallas import simulator
-
     del scope, volatile, cache_modifier  # one host: every access is coherent
     a = tree_util.tree_unflatten(args_tree, args_flat)
     ref_aval = tree_util.tree_unflatten(args_tree, in_avals).ref

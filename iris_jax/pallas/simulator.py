@@ -22,6 +22,7 @@ import numpy as np
 from iris_core.errors import NotOnHeapError
 from iris_core.heap.context_layout import HEADER_WORDS, context_words
 from iris_jax import _runtime as runtime_lib
+from iris_jax.calls._ffi import register_cpu_target
 
 _SEM = {"relaxed": "RELAXED", "acquire": "ACQUIRE", "release": "RELEASE", "acq_rel": "ACQUIRE_RELEASE"}
 _RMW = {"add": "ADD", "sub": "ADD", "xchg": "XCHG", "and": "AND", "or": "OR", "xor": "XOR", "min": "MIN",
@@ -100,8 +101,6 @@ def address_target(count: int, chained: bool, row_words: int) -> str:
     addresses of `count` symmetric operands, checked to lie on the calling rank's heap.
     Operands: the context row, the arrays, then (`chained`) one ignored operand that
     orders the call after the previous iris kernel."""
-    from iris_jax.calls._ffi import register_cpu_target
-
     with _targets_lock:
         key = (count, chained, row_words)
         if key not in _targets:

@@ -16,7 +16,7 @@ import triton.language as tl
 from iris_core.collectives import kernels as C
 from iris_core.collectives.workspace import FusedLayout, WorkspaceLayout
 from iris_core.device import Context
-from iris_core.kernels import fused as F
+from iris_core.gemm import fused as F
 from iris_core.launch import GemmConfig
 
 

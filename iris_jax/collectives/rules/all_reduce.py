@@ -11,9 +11,12 @@ from __future__ import annotations
 
 from functools import partial
 
+from jax._src import config as jax_config
+
 from iris_core.collectives import kernels as K
 from iris_jax.collectives import domains, lowering
-from iris_jax.collectives.rules import Rule, register
+from iris_jax.collectives.registry import Rule, register
+from iris_jax.compat import lax_parallel as lax
 
 _OPS = {"sum": K.SUM, "max": K.MAX, "min": K.MIN}
 
@@ -35,15 +38,9 @@ def _lower_across(collective, params, config, inside, across, xs, *, hierarchica
     return domains.lower_reduction(collective, params, config, inside, across, xs, hierarchical)
 
 
-def _extremum_jvp(primals, outs, tangents, params, config):
-    """d pmax: the tangent of the members whose x equals the result, averaged over them
+def _extremum_jvp(x, y, t, params):
+    """d pmax: the tangent of the members whose x equals the result y, averaged over them
     (as jnp.max shares the derivative among ties)."""
-    from jax._src import config as jax_config
-    from jax._src.interpreters import ad
-
-    from iris_jax.collectives.rewrite import run_on_iris
-    from iris_jax.compat import lax_parallel as lax
-
     axes, groups = params["axes"], params.get("axis_index_groups")
     if groups is not None and jax_config._check_vma.value:
         # lax types the result invariant over the axes although groups differ, so a cotangent
@@ -55,12 +52,8 @@ def _extremum_jvp(primals, outs, tangents, params, config):
     def total(v):  # over my group
         return lax.psum(v, axes) if groups is None else lax.psum_p.bind(v, axes=tuple(axes), axis_index_groups=groups)
 
-    def tangent(x, y, t):
-        holds = (x == y).astype(t.dtype)
-        return total(t * holds) / total(holds)
-
-    return [run_on_iris(tangent, (x, y, t), config, merge=False) if type(t) is not ad.Zero else None
-            for x, y, t in zip(primals, outs, tangents)]
+    holds = (x == y).astype(t.dtype)
+    return total(t * holds) / total(holds)
 
 
 def _variant_detail(params, config) -> str:
@@ -74,7 +67,7 @@ def _one_shot_detail(params, config) -> str:
 def _rule(name: str, primitives: tuple[str, ...], op: str, hierarchical: bool, **more) -> Rule:
     """The rule of one reduction `op`; `hierarchical`: a large call across domains runs as
     psum_scatter / psum / all_gather (domains.plan_reduction)."""
-    return Rule(name, primitives, lower=partial(_lower, op=op),
+    return Rule(name=name, primitives=primitives, lower=partial(_lower, op=op),
                 plan=partial(_plan, name=name, hierarchical=hierarchical),
                 lower_across=partial(_lower_across, hierarchical=hierarchical), runs_groups=True, **more)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from iris_core.collectives import kernels as K
 from iris_jax.collectives import domains, lowering
-from iris_jax.collectives.rules import Rule, register
+from iris_jax.collectives.registry import Rule, register
 
 
 def _lower(collective, params, config, axes, G, xs):
@@ -19,12 +19,10 @@ def _lower(collective, params, config, axes, G, xs):
     return [lowering.concatenated(r.reshape(ch.shape), x, s, c, G) for r, ch, x in zip(rows, chunks, xs)]
 
 
-def _transpose(collective, ct, params, config):
+def _transpose(collective, ct, params):
     """The primitive with its axes swapped (in its own, already reshaped, layout)."""
-    from iris_jax.collectives.rewrite import run_on_iris
-
     swapped = {**params, "split_axis": params["concat_axis"], "concat_axis": params["split_axis"]}
-    return run_on_iris(lambda c: collective.bind(c, **swapped), (ct,), config, merge=False)
+    return collective.bind(ct, **swapped)
 
 
 def _plan(params, nbytes, sizes, inside, across, config):
@@ -40,5 +38,5 @@ def _carried(params, ndim):
     return tuple(None if i in (params["split_axis"], params["concat_axis"]) else i for i in range(ndim))
 
 
-register(Rule("all_to_all", ("all_to_all",), _lower, _plan, _lower_across, transpose=_transpose, carried=_carried,
-              runs_groups=True))
+register(Rule(name="all_to_all", primitives=("all_to_all",), lower=_lower, plan=_plan, lower_across=_lower_across,
+              transpose=_transpose, carried=_carried, runs_groups=True, equal_groups_by_lax=True))

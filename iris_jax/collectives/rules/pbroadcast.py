@@ -11,8 +11,8 @@ import dataclasses
 import jax.numpy as jnp
 
 from iris_core.collectives import kernels as K
-from iris_jax.collectives import lowering
-from iris_jax.collectives.rules import Rule, register, rule_of
+from iris_jax.collectives import domains, lowering
+from iris_jax.collectives.registry import Rule, register, rule_of
 from iris_jax.compat import lax_parallel
 
 
@@ -24,15 +24,10 @@ def _lower(collective, params, config, axes, G, xs):
     return [r.reshape(x.shape) for r, x in zip(rows, xs)]
 
 
-def _transpose(collective, ct, params, config):
-    from iris_jax.collectives.rewrite import run_on_iris
-
-    def transposed(ct):
-        total = lax_parallel.psum(ct, params["axis_name"])
-        source = lax_parallel.axis_index(params["axis_name"]) == params["source"]
-        return jnp.where(source, total, jnp.zeros_like(total))
-
-    return run_on_iris(transposed, (ct,), config, merge=False)
+def _transpose(collective, ct, params):
+    total = lax_parallel.psum(ct, params["axis_name"])
+    source = lax_parallel.axis_index(params["axis_name"]) == params["source"]
+    return jnp.where(source, total, jnp.zeros_like(total))
 
 
 def _plan(params, nbytes, sizes, inside, across, config):
@@ -42,13 +37,12 @@ def _plan(params, nbytes, sizes, inside, across, config):
 
 
 def _lower_across(collective, params, config, inside, across, xs):
-    from iris_jax.collectives import rules
-
     axes = tuple(params["axis_name"])
     source = lax_parallel.axis_index(axes) == params["source"]
     masked = [jnp.where(source, x, jnp.zeros_like(x)) for x in xs]
-    return rules.lower_across(lax_parallel.psum_invariant_p, {"axes": axes}, config, inside, across, *masked)
+    return domains.lower_across(lax_parallel.psum_invariant_p, {"axes": axes}, config, inside, across, *masked)
 
 
-register(Rule("pbroadcast", ("pbroadcast",), _lower, _plan, _lower_across, sends_when_trivial=True,
+register(Rule(name="pbroadcast", primitives=("pbroadcast",), lower=_lower, plan=_plan, lower_across=_lower_across,
+              sends_when_trivial=True,
               transpose=_transpose))

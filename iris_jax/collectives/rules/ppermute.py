@@ -8,7 +8,7 @@ from __future__ import annotations
 from iris_core.collectives import kernels as K
 from iris_jax import compat
 from iris_jax.collectives import domains, lowering
-from iris_jax.collectives.rules import Rule, register
+from iris_jax.collectives.registry import Rule, register
 
 
 def _lower(collective, params, config, axes, G, xs):
@@ -38,4 +38,4 @@ def _lower_across(collective, params, config, inside, across, xs):
     return domains.lower_on_xla(collective, params, xs)
 
 
-register(Rule("ppermute", ("ppermute",), _lower, _plan, _lower_across))
+register(Rule(name="ppermute", primitives=("ppermute",), lower=_lower, plan=_plan, lower_across=_lower_across))

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 
 from iris_core.collectives import kernels as K
 from iris_jax.collectives import domains, lowering
-from iris_jax.collectives.rules import Rule, register
+from iris_jax.collectives.registry import Rule, register
 
 
 def _lower(collective, params, config, axes, G, xs):
@@ -39,5 +39,5 @@ def _carried(params, ndim):
     return tuple(None if i == d else i if i < d else i - 1 for i in range(ndim))
 
 
-register(Rule("psum_scatter", ("reduce_scatter",), _lower, _plan, _lower_across, carried=_carried,
-              runs_groups=True))
+register(Rule(name="psum_scatter", primitives=("reduce_scatter",), lower=_lower, plan=_plan,
+              lower_across=_lower_across, carried=_carried, runs_groups=True, equal_groups_by_lax=True))

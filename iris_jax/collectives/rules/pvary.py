@@ -3,11 +3,11 @@ that its transpose, a psum, does too."""
 
 from __future__ import annotations
 
-from iris_jax.collectives.rules import Rule, register
+from iris_jax.collectives.registry import Rule, register
 
 
 def _unused(*args, **kwargs):
     raise AssertionError("pvary has no kernel and no steps")  # rules.lower / lower_across return its inputs
 
 
-register(Rule("pvary", ("pvary",), None, _unused, _unused))
+register(Rule(name="pvary", primitives=("pvary",), lower=None, plan=_unused, lower_across=_unused))

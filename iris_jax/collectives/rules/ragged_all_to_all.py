@@ -17,12 +17,17 @@ import math
 
 import jax
 import jax.numpy as jnp
+from jax._src.interpreters import ad
 
 from iris_core import flag_protocol
 from iris_core.collectives import ragged
 from iris_core.launch import vector_width
+from iris_jax import _runtime as runtime_lib
+from iris_jax._runtime.workspace import workspaces
+from iris_jax.calls.triton_call import triton_call
+from iris_jax.calls.triton_call import varying_axes as vma
 from iris_jax.collectives import domains, lowering
-from iris_jax.collectives.rules import Rule, register
+from iris_jax.collectives.registry import Rule, register
 from iris_jax.compat import lax_parallel
 
 _TABLE_ENTRY = 3 * 8  # a slice's (input offset, size, output offset), int64
@@ -59,11 +64,6 @@ def _lower(collective, params, config, axes, G, xs):
 def launch(x, output, input_offsets, send_sizes, output_offsets, slices: int, axes, G: int, config, groups=None):
     """The ragged kernel on x [N, R] into output [M, R] (aliased); `groups`: lax's
     axis_index_groups (the kernel's group is then the device's group of them, of G members)."""
-    from iris_jax import _runtime as runtime_lib
-    from iris_jax._runtime.workspace import workspaces
-    from iris_jax.calls.triton_call import triton_call
-    from iris_jax.calls.triton_call import varying_axes as vma
-
     rt = runtime_lib.runtime()
     layout = workspaces(rt).layout
     (N, R), M, itemsize = x.shape, output.shape[0], x.dtype.itemsize
@@ -93,8 +93,6 @@ def _transpose(ct, operand, output, input_offsets, send_sizes, output_offsets, r
     cotangent is zero exactly on the received rows: lax's mask, a cumulative sum of slice
     starts and ends, is wrong where an empty slice starts at another's end (a common case:
     an expert that got no tokens). Traced on iris (run_on_iris), lax's signature."""
-    from jax._src.interpreters import ad
-
     lax = lax_parallel
     groups = axis_index_groups  # (lax's own transpose exchanges the offsets over the whole axis)
     output_at = lax.all_to_all(output_offsets, axis_name, 0, 0, tiled=True, axis_index_groups=groups)
@@ -131,5 +129,6 @@ def _detail(params, config) -> str:
     return "ragged kernel: receivers pull their slices into the output"
 
 
-register(Rule("ragged_all_to_all", ("ragged_all_to_all",), _lower, _plan, _lower_across, operands=6,
+register(Rule(name="ragged_all_to_all", primitives=("ragged_all_to_all",), lower=_lower, plan=_plan,
+              lower_across=_lower_across, operands=6,
               sends_when_trivial=True, transpose=_transpose, detail=_detail, runs_groups=True))

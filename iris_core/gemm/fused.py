@@ -71,7 +71,7 @@ from iris_core.collectives.workspace import FusedLayout
 from iris_core.device import Context, flags, global_timer
 from iris_core.device.faults import MISMATCH, PEER_FAILED, TIMEOUT, fail, signature
 from iris_core.device.flags import LINE, Flags
-from iris_core.kernels.gemm import aligned_rows, store_tile, tile_coords, tile_gemm
+from iris_core.gemm.gemm import aligned_rows, store_tile, tile_coords, tile_gemm
 from iris_core.launch import GemmConfig, kernel_constants
 
 # all_gather_matmul pushes A's rows in slices of at most this many columns (and at least
