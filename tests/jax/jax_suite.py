@@ -15,10 +15,14 @@ turns its result into pytest's.
 
 from __future__ import annotations
 
+import ast
+import functools
 import importlib.util
 import inspect
 import os
 import re
+import sys
+import textwrap
 import unittest
 
 import jax
@@ -48,16 +52,22 @@ def load(filename: str, module_name: str):
         return None
     spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module  # where inspect finds its classes' source
     spec.loader.exec_module(module)
     return module
 
 
-def patch_case(case: type, *, world: int, heap: int, lax_op_names: tuple[str, ...] = ()) -> None:
+def patch_case(case: type, *, world: int, heap: int, lax_op_names: tuple[str, ...] = (),
+               lax_primitives: tuple[str, ...] = ()) -> None:
     """Each test of `case` starts with JaxTestCase's setUp (JAX's strict settings; not the case's
-    own, which may skip on CPU) on the runtime over the first `world` devices with `heap` bytes;
-    `assertIn(member, ...)` / `assertNotIn` with a string member holding one of `lax_op_names`
-    (what lax's lowering or jaxpr holds and iris's does not) pass."""
+    own, which may skip on CPU) on the runtime over the first `world` devices with `heap` bytes.
+    Checks that grep lax's own names pass: `assertIn(member, ...)` / `assertNotIn` with a string
+    member holding one of `lax_op_names` (what lax's lowering or jaxpr holds and iris's does not),
+    and `assertEqual("iris_collective", name)` with `name` one of `lax_primitives` (an equation's
+    primitive compared with lax's: iris's primitive is there instead)."""
     from jax._src import test_util as jtu
+
+    assert_in, assert_not_in, assert_equal = case.assertIn, case.assertNotIn, case.assertEqual
 
     def set_up(self):
         jtu.JaxTestCase.setUp(self)
@@ -66,17 +76,24 @@ def patch_case(case: type, *, world: int, heap: int, lax_op_names: tuple[str, ..
     def lax_name(member) -> bool:
         return isinstance(member, str) and any(name in member for name in lax_op_names)
 
-    def assert_in(self, member, container, msg=None):
+    def patched_in(self, member, container, msg=None):
         if lax_name(member):
             return  # lax's op in the lowered module or jaxpr: iris's is there instead
-        return unittest.TestCase.assertIn(self, member, container, msg)
+        return assert_in(self, member, container, msg)
 
-    def assert_not_in(self, member, container, msg=None):
+    def patched_not_in(self, member, container, msg=None):
         if lax_name(member):
             return
-        return unittest.TestCase.assertNotIn(self, member, container, msg)
+        return assert_not_in(self, member, container, msg)
 
-    case.setUp, case.assertIn, case.assertNotIn = set_up, assert_in, assert_not_in
+    def patched_equal(self, first, second, msg=None):
+        if first == "iris_collective" and isinstance(second, str) and second in lax_primitives:
+            return  # an equation's primitive: iris's in place of lax's
+        return assert_equal(self, first, second, msg)
+
+    case.setUp, case.assertIn, case.assertNotIn = set_up, patched_in, patched_not_in
+    if lax_primitives:
+        case.assertEqual = patched_equal
 
 
 def tests_of(case: type) -> dict[str, unittest.TestCase]:
@@ -84,12 +101,26 @@ def tests_of(case: type) -> dict[str, unittest.TestCase]:
     return {t._testMethodName: t for t in unittest.TestLoader().loadTestsFromTestCase(case)}
 
 
+@functools.cache
+def methods_of(case: type) -> dict[str, str]:
+    """The source of each method defined in `case`'s class body, by name."""
+    text = textwrap.dedent(inspect.getsource(case))
+    body = ast.parse(text).body[0].body
+    return {node.name: ast.get_source_segment(text, node, padded=True) for node in body
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+
+
 def source_of(test: unittest.TestCase) -> str:
-    """The source of a test's method (absl's parametrized and JAX's decorated ones unwrapped)."""
-    try:
-        return inspect.getsource(inspect.unwrap(getattr(type(test), test._testMethodName)))
-    except (OSError, TypeError):
-        return ""
+    """The source of a test's method, decorators included. absl names a parametrized test
+    after its method with a suffix (`test_pbroadcast_fully_replicated`, `test_rule0`) and JAX's
+    decorators do not always keep the method's name, so the method is the one of that name, else
+    the longest whose name and a `_` or digit start the test's."""
+    methods = methods_of(type(test))
+    name = test._testMethodName
+    if name in methods:
+        return methods[name]
+    prefixes = [m for m in methods if re.match(re.escape(m) + r"[_0-9]", name)]
+    return methods[max(prefixes, key=len)] if prefixes else ""
 
 
 def uses(text: str, names=SWAPPED) -> list[str]:

@@ -1,0 +1,58 @@
+"""JAX's own shard_map tests that call a collective (its tests/shard_map_test.py), run on the
+simulator with lax's collectives swapped for iris's: `jax.lax.NAME = iris_jax.NAME` for each
+collective iris provides under lax's name (psum, pmean, pmax, pmin, all_gather, psum_scatter,
+all_to_all, ppermute, pshuffle, pswapaxes, pbroadcast, ragged_all_to_all: `jax_suite.SWAPPED`).
+JAX's file imports `from jax import lax` and calls `lax.psum` (or `jax.lax.psum`), both looked up
+on the jax.lax module when the test runs, which is where the swap is made.
+
+JAX's test files are not copied here: set IRIS_JAX_TESTS to the tests/ folder of a JAX source
+tree of the installed version (tests/jax/jax_suite.py, docs/testing.md); without it these skip.
+
+Selected: the tests of JAX's file whose method calls one of the swapped collectives
+(`lax.psum(...)`, `jax.lax.all_gather(...)`, ...; found in each method's source). Not selected:
+the rest, which run no collective iris provides (shard_map alone, lax.axis_index /
+lax.axis_size, which send nothing, lax.psend / precv, the systematic tests, whose functions call
+no collective, and the psum that shard_map inserts itself when transposing, which is lax's
+primitive, not a call of `lax.psum`).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.jax import jax_suite
+
+FILE = "shard_map_test.py"
+# what lax's jaxpr holds and iris's does not: iris's rewrite turns lax's collectives, and the
+# pvary (pcast to varying) that lax's put in front of them, into its `iris_collective` equations
+LAX_OP_NAMES = ("pvary[",)  # assertIn("pvary[axes=('x',)", str(jaxpr))
+LAX_PRIMITIVES = ("pvary", "psum_invariant")  # assertEqual(str(eqn.primitive), "pvary")
+HEAP = 64 << 20  # as the ragged suite's: both share one runtime over the 8 devices
+
+MODULE = jax_suite.load(FILE, "jax_shard_map_test")
+CASES = ("ShardMapTest", "SdyIntegrationTest", "CustomPartitionerTest", "ShardMapSystematicTest",
+         "SmapSystematicTest")
+
+
+def _selected() -> dict:
+    """JAX's tests that call a swapped collective, by `Case.test_name`."""
+    tests = {}
+    for name in CASES:
+        case = getattr(MODULE, name, None)
+        if case is None:
+            continue
+        jax_suite.patch_case(case, world=8, heap=HEAP, lax_op_names=LAX_OP_NAMES, lax_primitives=LAX_PRIMITIVES)
+        for test_name, test in jax_suite.tests_of(case).items():
+            if jax_suite.uses(jax_suite.source_of(test)):
+                tests[f"{name}.{test_name}"] = test
+    return tests
+
+
+TESTS = _selected() if MODULE else {}
+
+
+@pytest.mark.skipif(MODULE is None, reason=jax_suite.missing_reason(FILE))
+@pytest.mark.parametrize("name", sorted(TESTS) or ["(JAX's tests not found)"])
+def test_jax_shard_map_test(name, monkeypatch):
+    """One of JAX's shard_map tests, with iris's collectives in lax's place."""
+    jax_suite.run(TESTS[name], monkeypatch)
