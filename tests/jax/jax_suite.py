@@ -62,12 +62,14 @@ def patch_case(case: type, *, world: int, heap: int, lax_op_names: tuple[str, ..
     """Each test of `case` starts with JaxTestCase's setUp (JAX's strict settings; not the case's
     own, which may skip on CPU) on the runtime over the first `world` devices with `heap` bytes.
     Checks that grep lax's own names pass: `assertIn(member, ...)` / `assertNotIn` with a string
-    member holding one of `lax_op_names` (what lax's lowering or jaxpr holds and iris's does not),
+    member, and `assertRegex(text, regex)` with a regex, holding one of `lax_op_names` (what lax's
+    lowering or jaxpr holds and iris's does not),
     and `assertEqual("iris_collective", name)` with `name` one of `lax_primitives` (an equation's
     primitive compared with lax's: iris's primitive is there instead)."""
     from jax._src import test_util as jtu
 
     assert_in, assert_not_in, assert_equal = case.assertIn, case.assertNotIn, case.assertEqual
+    assert_regex = case.assertRegex
 
     def set_up(self):
         jtu.JaxTestCase.setUp(self)
@@ -86,12 +88,17 @@ def patch_case(case: type, *, world: int, heap: int, lax_op_names: tuple[str, ..
             return
         return assert_not_in(self, member, container, msg)
 
+    def patched_regex(self, text, regex, msg=None):
+        if lax_name(getattr(regex, "pattern", regex)):
+            return
+        return assert_regex(self, text, regex, msg)
+
     def patched_equal(self, first, second, msg=None):
         if first == "iris_collective" and isinstance(second, str) and second in lax_primitives:
             return  # an equation's primitive: iris's in place of lax's
         return assert_equal(self, first, second, msg)
 
-    case.setUp, case.assertIn, case.assertNotIn = set_up, patched_in, patched_not_in
+    case.setUp, case.assertIn, case.assertNotIn, case.assertRegex = set_up, patched_in, patched_not_in, patched_regex
     if lax_primitives:
         case.assertEqual = patched_equal
 
