@@ -5,6 +5,8 @@
 #   bash scripts/newest_stack.sh [pytest args...]     (default: the whole CPU suite)
 # The chroot is built once into $IRIS_CHROOT (default /var/tmp/iris-trixie; a minute or two here);
 # the repository is bind-mounted at /iris and its venv lives in the chroot (/opt/iris-venv).
+# IRIS_JAX_TESTS passes through (JAX's own suites, tests/jax/jax_suite.py): a path inside the
+# chroot, e.g. IRIS_JAX_TESTS=/iris/.jaxtests/main/tests for a copy at ./.jaxtests/main/tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -34,7 +36,8 @@ mountpoint -q "$DIR/iris" || mount --bind "$ROOT" "$DIR/iris"
 in_chroot() {
     chroot "$DIR" env -i HOME=/root PATH=/usr/local/bin:/usr/bin:/bin LANG=C.UTF-8 \
         PIP_CERT=/etc/host-ca.crt SSL_CERT_FILE=/etc/host-ca.crt PIP_DISABLE_PIP_VERSION_CHECK=1 \
-        IRIS_VENV=/opt/iris-venv IRIS_STACK=newest PYTHON=python3.13 "$@"
+        IRIS_VENV=/opt/iris-venv IRIS_STACK=newest PYTHON=python3.13 \
+        ${IRIS_JAX_TESTS:+IRIS_JAX_TESTS="$IRIS_JAX_TESTS"} "$@"
 }
 start=$(date +%s)
 in_chroot bash -c 'cd /iris && bash scripts/setup.sh && . /opt/iris-venv/bin/activate &&

@@ -418,15 +418,25 @@ def _axes_size(axis_name) -> int:
     return group_size(tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,))
 
 
+# the name lax's own unbound-axis error gives for the collective (jax._src.lax.parallel's
+# `_check_axis_names`: its reductions check as psum, pshuffle and pbroadcast as ppermute)
+_LAX_CHECK_NAME = {"pmean": "psum", "pmax": "psum", "pmin": "psum", "all_reduce": "psum", "pshuffle": "ppermute",
+                   "pbroadcast": "ppermute"}
+
+
 def check_bound(axis_name, what: str) -> None:
     """Raises NameError naming each axis of `axis_name` that is not bound where the collective is
     traced, and the axes that are (lax's own error is a bare AssertionError under check_vma).
-    Positional (integer) axes are left to the rewrite, which refuses them."""
+    The message starts with lax's own sentence for the first of them ("Found an unbound axis
+    name: x. To fix this, please call psum under `jax.shard_map`."), so that code matching lax's
+    error matches iris's. Positional (integer) axes are left to the rewrite, which refuses them."""
     axes = tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
     bound = tuple(core.unsafe_get_axis_names())
     unbound = [a for a in axes if not isinstance(a, int) and a not in bound]
     if not unbound:
         return
     where = (f"the axes bound here are {bound}" if bound else "no axis is bound here (outside jax.shard_map)")
-    raise NameError(f"iris_jax.{what}: unbound axis name: {', '.join(map(repr, unbound))}; {where}. Call it inside "
-                    "jax.shard_map over a mesh with that axis, or pass one of the bound axes")
+    lax_says = (f"Found an unbound axis name: {unbound[0]}. To fix this, please call "
+                f"{_LAX_CHECK_NAME.get(what, what)} under `jax.shard_map`.")
+    raise NameError(f"{lax_says} iris_jax.{what}: unbound axis name: {', '.join(map(repr, unbound))}; {where}. Call "
+                    "it inside jax.shard_map over a mesh with that axis, or pass one of the bound axes")

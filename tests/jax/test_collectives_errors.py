@@ -79,6 +79,26 @@ def test_outside_shard_map_is_a_name_error():
         jax.jit(lambda v: iris_jax.all_gather(v, "i")).trace(jnp.ones(3))
 
 
+@pytest.mark.parametrize("name", ["psum", "pmean", "pmax", "pmin", "all_gather", "psum_scatter", "all_to_all",
+                                  "ppermute", "pshuffle", "pswapaxes", "pbroadcast"])
+def test_unbound_axis_error_holds_lax_error(name):
+    """Outside shard_map, iris's NameError holds lax's own message where lax's is its sentence
+    "Found an unbound axis name: x. To fix this, please call psum under `jax.shard_map`." (code,
+    and JAX's test_psum_not_under_shmap_error, match that), then names iris's function."""
+    runtime()
+    args = {"all_to_all": (0, 0), "ppermute": ([(0, 1)],), "pshuffle": ([0],), "pswapaxes": (0,),
+            "pbroadcast": (0,)}.get(name, ())
+    errors = []
+    for lib in (lax, iris_jax):
+        with pytest.raises(NameError) as info:
+            jax.jit(lambda v: getattr(lib, name)(v, "x", *args)).trace(jnp.ones(4, F32))
+        errors.append(str(info.value))
+    lax_error, iris_error = errors
+    assert f"iris_jax.{name}: unbound axis name: 'x'; no axis is bound here" in iris_error
+    if lax_error.startswith("Found an unbound axis name"):
+        assert iris_error.startswith(lax_error), (lax_error, iris_error)
+
+
 @pytest.mark.parametrize("dtype", [jnp.int8, jnp.uint8, jnp.int16, jnp.uint32, jnp.bool_, jnp.complex64],
                          ids=lambda d: jnp.dtype(d).name)
 @pytest.mark.parametrize("name", list(ALL))

@@ -4,7 +4,7 @@ simulator with `jax.lax.ragged_all_to_all` swapped for `iris_jax.ragged_all_to_a
 JAX's test files are in neither its wheel nor its sdist, and are not copied here: set
 IRIS_JAX_TESTS to the tests/ folder of a JAX source tree of the installed version, e.g.
 `git clone --depth 1 --branch jax-v0.10.2 https://github.com/jax-ml/jax` and
-`IRIS_JAX_TESTS=jax/tests`; without it these tests skip.
+`IRIS_JAX_TESTS=jax/tests`; without it these tests skip (the loader: tests/jax/jax_suite.py).
 
 Changed in JAX's file, and only here: its skip on CPU (XLA:CPU has no ragged_all_to_all; iris
 runs it), and its checks that the lowered module holds lax's own op (`@ragged_all_to_all`, its
@@ -16,59 +16,22 @@ _degenerate_groups.
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import unittest
-
-import jax
 import pytest
 
-import iris_jax
-from tests.jax.helpers import use_runtime
+from tests.jax import jax_suite
 
-SOURCE = os.path.join(os.environ.get("IRIS_JAX_TESTS") or "<IRIS_JAX_TESTS unset>", "ragged_collective_test.py")
+FILE = "ragged_collective_test.py"
 LAX_OP_NAMES = ("@ragged_all_to_all", "replica_groups")  # what lax's lowering emits
 HEAP = 64 << 20  # the groups of test_vmap_basic each take a workspace
 
-
-def _jax_module():
-    """JAX's test module, its test case changed as the module docstring says (None: no sources)."""
-    if not os.path.isfile(SOURCE):
-        return None
-    from jax._src import test_util as jtu
-
-    spec = importlib.util.spec_from_file_location("jax_ragged_collective_test", SOURCE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    case = module.RaggedCollectiveTest
-
-    def set_up(self):  # JaxTestCase's (JAX's strict settings), without the skip on CPU
-        jtu.JaxTestCase.setUp(self)
-        use_runtime(8, heap_size=HEAP)
-
-    def assert_in(self, member, container, msg=None):
-        if isinstance(member, str) and any(name in member for name in LAX_OP_NAMES):
-            return  # lax's op in the lowered module: iris's is there instead
-        return unittest.TestCase.assertIn(self, member, container, msg)
-
-    case.setUp, case.assertIn = set_up, assert_in
-    return module
+MODULE = jax_suite.load(FILE, "jax_ragged_collective_test")
+if MODULE:
+    jax_suite.patch_case(MODULE.RaggedCollectiveTest, world=8, heap=HEAP, lax_op_names=LAX_OP_NAMES)
+TESTS = jax_suite.tests_of(MODULE.RaggedCollectiveTest) if MODULE else {}
 
 
-MODULE = _jax_module()
-TESTS = ({t._testMethodName: t for t in unittest.TestLoader().loadTestsFromTestCase(MODULE.RaggedCollectiveTest)}
-         if MODULE else {})
-
-
-@pytest.mark.skipif(MODULE is None, reason=f"JAX's tests/ragged_collective_test.py not found at {SOURCE!r}: set "
-                    "IRIS_JAX_TESTS to the tests/ folder of a JAX source tree of the installed version")
+@pytest.mark.skipif(MODULE is None, reason=jax_suite.missing_reason(FILE))
 @pytest.mark.parametrize("name", sorted(TESTS) or ["(JAX's tests not found)"])
 def test_jax_ragged_collective_test(name, monkeypatch):
     """One of JAX's tests, with iris's ragged_all_to_all in lax's place."""
-    monkeypatch.setattr(jax.lax, "ragged_all_to_all", iris_jax.ragged_all_to_all)
-    result = unittest.TestResult()
-    TESTS[name].run(result)
-    problems = [text for _, text in result.errors + result.failures]
-    assert not problems, "\n".join(problems)
-    if result.skipped:
-        pytest.skip(result.skipped[0][1])
+    jax_suite.run(TESTS[name], monkeypatch, names=("ragged_all_to_all",))
