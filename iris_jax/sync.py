@@ -128,6 +128,8 @@ def block_until_ready(x):
     Raises:
       PeerTimeoutError, PeerFailedError, RankMismatchError: a kernel of this process gave up
         (chained to JAX's error where the computation itself failed).
+      NotOnHeapError: the heap guard refused an access of the computation (on GPUs the fault
+        gate failed it; chained to JAX's error).
     """
     try:
         out = jax.block_until_ready(x)

@@ -157,8 +157,10 @@ class CudaHeap(SymmetricHeap):
         is none.
 
         Waits for the stream (one copy of the status word onto the fault page, then one
-        synchronize); reads host memory after that. Records stay for check_faults() to take.
-        The fault gate calls it from XLA's thread (iris_jax.calls.fault_gate).
+        synchronize); reads host memory after that. Records stay for check_faults() to take; a
+        refused access alone is reported once, here (its status word is cleared), as the
+        simulator's call raises it. The fault gate calls it from XLA's thread
+        (iris_jax.calls.fault_gate; fault_gate.c does the same).
         """
         driver = _driver()
         if stream is None:
@@ -174,7 +176,13 @@ class CudaHeap(SymmetricHeap):
                                                   ctypes.c_uint64(self.status_address(rank)),
                                                   ctypes.c_size_t(8), ctypes.c_void_p(stream)), "cuMemcpyDtoHAsync")
         _check_driver(driver.cuStreamSynchronize(ctypes.c_void_p(stream)), "cuStreamSynchronize")
-        return self.recorded(rank)
+        error, words = self.recorded(rank), self._pages[rank][1]
+        if words[faults.STATUS_COPY] and not words[faults.SLOTS_AT::faults.SLOT].any():
+            _check_driver(driver.cuMemsetD32Async(ctypes.c_uint64(self.status_address(rank)), ctypes.c_uint(0),
+                                                  ctypes.c_size_t(2), ctypes.c_void_p(stream)), "cuMemsetD32Async")
+            _check_driver(driver.cuStreamSynchronize(ctypes.c_void_p(stream)), "cuStreamSynchronize")
+            words[faults.STATUS_COPY] = 0
+        return error
 
     def recorded(self, rank: int) -> Exception | None:
         """The oldest fault local `rank` recorded, or the refused access last copied onto its page, as

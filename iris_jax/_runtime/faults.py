@@ -24,11 +24,12 @@ processes (on_fault="trap"). The simulator raises these errors in the kernel its
 from __future__ import annotations
 
 import os
+import re
 import sys
 import threading
 import time
 
-from iris_core import faults
+from iris_core import errors, faults
 from iris_core.heap.status import error_from_word
 
 WATCH_S = 0.2  # how often the watchdog reads the fault pages
@@ -117,10 +118,29 @@ class FaultWatch:
             self._thread.join(timeout=2 * WATCH_S + 1)
 
 
-def raise_first(errors: list[Exception], cause: BaseException | None = None) -> None:
-    """Raises the oldest of `errors` (the others follow in its message), chained to `cause`."""
-    if errors:
-        first = errors[0]
-        if len(errors) > 1:
-            first = type(first)("\n".join(str(e) for e in errors))
+def raise_first(found: list[Exception], cause: BaseException | None = None) -> None:
+    """Raises the oldest of `found` (the others follow in its message), chained to `cause`; with
+    none found, the iris error that `cause` carries, if any (carried)."""
+    if found:
+        first = found[0]
+        if len(found) > 1:
+            first = type(first)("\n".join(str(e) for e in found))
         raise first from cause
+    named = carried(cause) if cause is not None else None
+    if named is not None:
+        raise named from cause
+
+
+# a failed execution's message: "UNKNOWN: NotOnHeapError: <the error's words> [executable_name='jit_f']"
+_CARRIED = re.compile(r"\b([A-Z]\w*Error): (.*?)(?:\s*\[executable_name=[^\]]*\])?\s*$", re.S)
+
+
+def carried(error: BaseException) -> Exception | None:
+    """The iris error whose words a failed execution carries (the fault gate's, or a simulated
+    kernel's), as that error; None when it carries none. (A refusal that the gate reported is
+    not kept anywhere else: it is reported once.)"""
+    match = _CARRIED.search(str(error))
+    cls = getattr(errors, match.group(1), None) if match else None
+    if isinstance(cls, type) and issubclass(cls, errors.IrisError) and not isinstance(error, errors.IrisError):
+        return cls(match.group(2))
+    return None

@@ -30,12 +30,14 @@ enum { OFF = 0, STEP = 1, CALL = 2 };
 
 typedef int (*CtxGetDevice)(int *);
 typedef int (*MemcpyDtoHAsync)(void *, uint64_t, size_t, void *);
+typedef int (*MemsetD32Async)(uint64_t, unsigned int, size_t, void *);
 typedef int (*StreamSynchronize)(void *);
 typedef int (*CtxSynchronize)(void);
 typedef void (*Formatter)(int device, char *message, size_t size);  /* words the fault */
 
 static CtxGetDevice ctx_get_device;
 static MemcpyDtoHAsync memcpy_dtoh_async;
+static MemsetD32Async memset_d32_async;
 static StreamSynchronize stream_synchronize;
 static CtxSynchronize ctx_synchronize;
 static Formatter formatter;
@@ -53,10 +55,11 @@ int iris_gate_start(Formatter format) {
     if (!driver) return 1;
     ctx_get_device = (CtxGetDevice)dlsym(driver, "cuCtxGetDevice");
     memcpy_dtoh_async = (MemcpyDtoHAsync)dlsym(driver, "cuMemcpyDtoHAsync_v2");
+    memset_d32_async = (MemsetD32Async)dlsym(driver, "cuMemsetD32Async");
     stream_synchronize = (StreamSynchronize)dlsym(driver, "cuStreamSynchronize");
     ctx_synchronize = (CtxSynchronize)dlsym(driver, "cuCtxSynchronize");
     formatter = format;
-    return !(ctx_get_device && memcpy_dtoh_async && stream_synchronize && ctx_synchronize);
+    return !(ctx_get_device && memcpy_dtoh_async && memset_d32_async && stream_synchronize && ctx_synchronize);
 }
 
 void iris_gate_set_mode(int m) { mode = m; }
@@ -92,19 +95,29 @@ static void *error(CallFrame *frame, const char *message) {
     return ((ErrorCreate)frame->api->functions[ERROR_CREATE])(&args);
 }
 
-/* Whether the device's rank recorded a fault or a refused access, once `stream`'s work is done. */
-static int faulted(int device, void *stream, int have_stream) {
-    int64_t *page = pages[device];
-    if (!have_stream) {
-        ctx_synchronize();
-        stream = NULL;
-    }
-    memcpy_dtoh_async(page + STATUS_COPY, status_words[device], 8, stream);
-    stream_synchronize(stream);
-    if (page[STATUS_COPY]) return 1;
+static int recorded_a_fault(const int64_t *page) {
     for (int p = 0; p < SLOTS; p++)
         if (page[SLOTS_AT + p * SLOT]) return 1;
     return 0;
+}
+
+/* Whether the device's rank recorded a fault or a refused access, once `stream`'s work is done. */
+static int faulted(int device, void *stream) {
+    int64_t *page = pages[device];
+    memcpy_dtoh_async(page + STATUS_COPY, status_words[device], 8, stream);
+    stream_synchronize(stream);
+    return page[STATUS_COPY] || recorded_a_fault(page);
+}
+
+/* A refused access alone is reported once, by the execution that made it (as the simulator's call
+ * raises it): its status word is cleared. A fault record stays for check_faults (its group's flags
+ * are poisoned; the next call of the group fails as well). */
+static void report_refusal_once(int device, void *stream) {
+    int64_t *page = pages[device];
+    if (!page[STATUS_COPY] || recorded_a_fault(page)) return;
+    memset_d32_async(status_words[device], 0, 2, stream);
+    stream_synchronize(stream);
+    page[STATUS_COPY] = 0;
 }
 
 static void *gate(CallFrame *frame, int anchor) {
@@ -128,12 +141,16 @@ static void *gate(CallFrame *frame, int anchor) {
     }
     __atomic_add_fetch(&iris_gate_waited, 1, __ATOMIC_RELAXED);
     void *stream = NULL;
-    int have_stream = query(frame, STREAM_GET, &stream);
-    if (!faulted(device, stream, have_stream)) return NULL;
+    if (!query(frame, STREAM_GET, &stream)) {
+        ctx_synchronize();
+        stream = NULL;
+    }
+    if (!faulted(device, stream)) return NULL;
     anchors_pending = 0;  /* XLA runs nothing more of this execution */
     static __thread char message[4096];  /* XLA copies it */
     message[0] = 0;
     formatter(device, message, sizeof(message));
+    report_refusal_once(device, stream);
     return error(frame, message);
 }
 

@@ -16,9 +16,9 @@ survivors' next step (a new runtime, or the next call failing at once), and prin
     mismatch      rank 0 sums 64 elements where the others sum 65 (lax.cond on axis_index):
                   every rank gets RankMismatchError naming both calls; then a new runtime
     guard         a kernel stores through an array that is not on the heap: JAX's reads of its
-                  result, then check_faults(), raise NotOnHeapError (the watchdog reads host
-                  memory only, so it cannot see the guard's status word); nothing was
-                  written; the runtime goes on
+                  result and iris_jax.block_until_ready raise NotOnHeapError, once (check_faults()
+                  then raises nothing; the watchdog reads host memory only, so it cannot see
+                  the guard's status word); nothing was written; the runtime goes on
     exhausted     an allocation larger than the heap: HeapExhaustedError before anything runs
     missing_trap  as missing with on_fault="trap", through replace_lax_collectives: the CUDA
                   error of the trapped kernel comes as PeerTimeoutError (chained)
@@ -271,10 +271,11 @@ def guard(me, n, rt):
     f = _smap(store).lower(off_heap, x).compile()
     rt.sync_processes()
     start = time.monotonic()
-    reads = _reads(f(off_heap, x))  # the call's own outputs name the refusal: nothing was accessed
-    error, message, _, _ = _named(iris_jax.check_faults)
+    out = f(off_heap, x)
+    reads = _reads(out)  # the call's own outputs name the refusal: nothing was accessed
+    error, message, _, _ = _named(lambda: iris_jax.block_until_ready(out))
     result = {"error": error, "message": message, "seconds": time.monotonic() - start, "watchdog_s": None,
-              "reads": reads}
+              "reads": reads, "again": _named(iris_jax.check_faults)[0]}  # reported once: None
     left = np.asarray(off_heap.addressable_shards[0].data)
     result["untouched"] = bool((left == -7.0).all())
     got = _smap(_reduce)(x)

@@ -116,7 +116,7 @@ def test_kernel_refused_by_the_heap_guard(world, tmp_path):
     found, texts = _run("guard", world, tmp_path)
     for r in _survivors(found, texts, world, None):
         _named_in_time(r, "NotOnHeapError", "store to rank", "nothing was accessed", watchdog=False)
-        assert r["untouched"] and r["next"] == "same runtime: all_reduce OK", r
+        assert r["again"] is None and r["untouched"] and r["next"] == "same runtime: all_reduce OK", r
 
 
 @pytest.mark.parametrize("world", [2, 4])

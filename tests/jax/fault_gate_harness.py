@@ -18,6 +18,10 @@ int cuCtxGetDevice(int *device) { *device = 0; return 0; }
 int cuMemcpyDtoHAsync_v2(void *dst, uint64_t src, size_t n, void *stream) { memcpy(dst, (void *)src, n); return 0; }
 int cuStreamSynchronize(void *stream) { return 0; }
 int cuCtxSynchronize(void) { return 0; }
+int cuMemsetD32Async(uint64_t dst, unsigned int value, size_t n, void *stream) {
+    for (size_t i = 0; i < n; i++) ((uint32_t *)dst)[i] = value;
+    return 0;
+}
 """
 
 
@@ -122,10 +126,11 @@ def main():
     say("the next execution after that", *xla.execution([True]))
     page[faults.SLOTS_AT + 3 * faults.SLOT] = faults.TIMEOUT  # a record's code: program 3 gave up
     say("a fault, two anchors", *xla.execution([True, True]))
+    say("a fault stays until check_faults takes it", *xla.execution([True]))
     page[faults.SLOTS_AT + 3 * faults.SLOT] = 0
     status[0] = 1 << 60  # a refused access in the heap's status word
     say("a refused access", *xla.execution([True]))
-    status[0] = 0
+    say("a refused access is reported once", *xla.execution([True]))  # the gate cleared the status word
     lib.iris_gate_set_mode(2)  # call
     say("call mode, three anchors", *xla.execution([True, True, True]))
     lib.iris_gate_set_device(0, None, 0)

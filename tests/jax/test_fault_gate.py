@@ -17,7 +17,9 @@ EXPECTED = {
     "an anchor skipped by control flow": "waited 0, error None",  # the documented hole
     "the next execution after that": "waited 1, error None",  # a new run id: nothing carried over
     "a fault, two anchors": "waited 1, error RuntimeError: a fault on device 0",
+    "a fault stays until check_faults takes it": "waited 1, error RuntimeError: a fault on device 0",
     "a refused access": "waited 1, error RuntimeError: a fault on device 0",
+    "a refused access is reported once": "waited 1, error None",
     "call mode, three anchors": "waited 3, error None",
     "no runtime": "waited 0, error None",  # a device without a page (after shutdown): nothing read
 }

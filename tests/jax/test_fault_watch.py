@@ -177,3 +177,17 @@ def test_init_checks_on_fault():
     with pytest.raises(ValueError, match="unknown on_fault='bogus'"):
         iris_jax.init(heap_size=1 << 20, devices=jax.devices()[:2], on_fault="bogus")
     assert not iris_jax.is_initialized()
+
+
+def test_a_failed_execution_raises_the_error_it_carries():
+    """The fault gate fails an execution with the error's words (a refusal it reported is kept
+    nowhere else): iris_jax.block_until_ready and replace_lax_collectives raise it by its name."""
+    jax_error = RuntimeError("UNKNOWN: NotOnHeapError: an iris kernel on rank 1: store to rank 0 ... "
+                             "nothing was accessed. [executable_name='jit_step']")
+    with pytest.raises(NotOnHeapError) as info:
+        watch_lib.raise_first([], jax_error)
+    assert str(info.value) == "an iris kernel on rank 1: store to rank 0 ... nothing was accessed."
+    assert info.value.__cause__ is jax_error
+    watch_lib.raise_first([], RuntimeError("INTERNAL: ValueError: not iris's"))  # nothing to name: returns
+    with pytest.raises(PeerTimeoutError):  # a recorded fault comes first
+        watch_lib.raise_first([PeerTimeoutError("recorded")], jax_error)
