@@ -16,6 +16,7 @@ from iris_core.device import barrier as device_barrier_lib
 from iris_core.errors import PeerTimeoutError
 from iris_core.heap.status import error_from_word
 from iris_jax import _runtime as runtime_lib
+from iris_jax._runtime import faults
 from iris_jax.calls.triton_call import triton_call
 
 
@@ -88,8 +89,7 @@ def barrier() -> None:
     """
     rt = runtime_lib.runtime()
     try:
-        rt.backend.wait_for_devices(rt.devices)
-        jax.effects_barrier()
+        rt.backend.wait_for_executions(rt.devices)
     except Exception as e:  # a trapped kernel's CUDA error: the fault it stands for, if recorded
         rt.raise_faults(cause=e)
         raise
@@ -134,11 +134,20 @@ def block_until_ready(x):
     try:
         out = jax.block_until_ready(x)
     except Exception as e:
-        if runtime_lib.is_initialized():
-            runtime_lib.runtime().raise_faults(cause=e)
+        _raise_named(e)
         raise
     check_faults()
     return out
+
+
+def _raise_named(error: Exception) -> None:
+    """The fault that `error` (a failed execution, a trapped kernel's CUDA error) stands for: a
+    recorded one, or the iris error whose words the failed execution carries; else returns."""
+    if runtime_lib.is_initialized():
+        runtime_lib.runtime().raise_faults(cause=error)
+    named = faults.carried(error)
+    if named is not None:
+        raise named from error
 
 
 def guarded_call(fn, *args, **kwargs):
@@ -149,8 +158,7 @@ def guarded_call(fn, *args, **kwargs):
     try:
         return fn(*args, **kwargs)
     except Exception as e:
-        if runtime_lib.is_initialized():
-            runtime_lib.runtime().raise_faults(cause=e)
+        _raise_named(e)
         raise
 
 

@@ -53,6 +53,7 @@ RENDEZVOUS_TIMEOUT_S = float(os.environ.get("IRIS_RENDEZVOUS_TIMEOUT", 120))
 
 
 @dataclasses.dataclass
+
 class Started:
     """What `Backend.start` set up for a runtime.
 
@@ -165,6 +166,15 @@ class Backend:
         """Before heap errors are read: until every dispatched kernel was launched (the
         simulator raised them in the call already, and its barrier would raise them again)."""
 
+    def wait_for_executions(self, devices: Sequence[jax.Device]) -> None:
+        """`jax.effects_barrier()`, then the devices' work; a failed execution's error is not
+        raised again (its outputs raise it when read: the fault gate's error is reported once)."""
+        try:
+            jax.effects_barrier()
+        except jax.errors.JaxRuntimeError:
+            pass  # the failed execution ended; the devices' queues hold what came after it
+        self.wait_for_devices(devices)
+
     def heap_array(self, heap, rank: int, owner, shape: tuple, dtype: np.dtype, device: jax.Device,
                    value: jax.Array | None) -> jax.Array:
         """A jax.Array on `device` whose buffer is `shape`/`dtype` at `owner.offset` of rank's
@@ -204,7 +214,7 @@ class _GpuBackend(Backend):
             torch.cuda.synchronize(d.local_hardware_id)
 
     def wait_for_dispatch(self):
-        jax.effects_barrier()
+        self.wait_for_executions(jax.local_devices())
 
     def heap_array(self, heap, rank, owner, shape, dtype, device, value):
         import torch

@@ -119,16 +119,12 @@ class FaultWatch:
 
 
 def raise_first(found: list[Exception], cause: BaseException | None = None) -> None:
-    """Raises the oldest of `found` (the others follow in its message), chained to `cause`; with
-    none found, the iris error that `cause` carries, if any (carried)."""
+    """Raises the oldest of `found` (the others follow in its message), chained to `cause`."""
     if found:
         first = found[0]
         if len(found) > 1:
             first = type(first)("\n".join(str(e) for e in found))
         raise first from cause
-    named = carried(cause) if cause is not None else None
-    if named is not None:
-        raise named from cause
 
 
 # a failed execution's message: "UNKNOWN: NotOnHeapError: <the error's words> [executable_name='jit_f']"
@@ -138,7 +134,7 @@ _CARRIED = re.compile(r"\b([A-Z]\w*Error): (.*?)(?:\s*\[executable_name=[^\]]*\]
 def carried(error: BaseException) -> Exception | None:
     """The iris error whose words a failed execution carries (the fault gate's, or a simulated
     kernel's), as that error; None when it carries none. (A refusal that the gate reported is
-    not kept anywhere else: it is reported once.)"""
+    kept nowhere else: reading the failed execution's outputs is what raises it.)"""
     match = _CARRIED.search(str(error))
     cls = getattr(errors, match.group(1), None) if match else None
     if isinstance(cls, type) and issubclass(cls, errors.IrisError) and not isinstance(error, errors.IrisError):

@@ -184,10 +184,15 @@ def test_a_failed_execution_raises_the_error_it_carries():
     nowhere else): iris_jax.block_until_ready and replace_lax_collectives raise it by its name."""
     jax_error = RuntimeError("UNKNOWN: NotOnHeapError: an iris kernel on rank 1: store to rank 0 ... "
                              "nothing was accessed. [executable_name='jit_step']")
+    named = watch_lib.carried(jax_error)
+    assert type(named) is NotOnHeapError
+    assert str(named) == "an iris kernel on rank 1: store to rank 0 ... nothing was accessed."
+    assert watch_lib.carried(RuntimeError("INTERNAL: ValueError: not iris's")) is None
+
+    class Failed:  # what jax.block_until_ready meets: an output of the failed execution
+        def block_until_ready(self):
+            raise jax_error
+
     with pytest.raises(NotOnHeapError) as info:
-        watch_lib.raise_first([], jax_error)
-    assert str(info.value) == "an iris kernel on rank 1: store to rank 0 ... nothing was accessed."
+        iris_jax.block_until_ready(Failed())
     assert info.value.__cause__ is jax_error
-    watch_lib.raise_first([], RuntimeError("INTERNAL: ValueError: not iris's"))  # nothing to name: returns
-    with pytest.raises(PeerTimeoutError):  # a recorded fault comes first
-        watch_lib.raise_first([PeerTimeoutError("recorded")], jax_error)
