@@ -53,6 +53,13 @@ DTYPES = ("fp32", "bf16", "fp16", "fp64", "int32", "int64", "int16", "int8", "ui
 _NUMPY_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "fp64": "float64", "int1": "bool",
                 "fp8e4nv": "float8_e4m3fn", "fp8e5": "float8_e5m2"}
 SIGNED = 1 << 58
+# the tile-level collectives' flag words (iris_core.device.tile_collectives: int32 locks): bit 30 set
+# (a signed word is never 0 or 1 and stays below TILE_POISON), bits 28-29 the collective, 23-27 the
+# dtype, 0-22 a hash of the tile's blocks and the view's shape
+TILE_SIGNED = 1 << 30
+TILE_KINDS = ("all_reduce_one_shot", "all_reduce_two_shot", "reduce_scatter")
+TILE_SHAPE_MASK = (1 << 23) - 1
+TILE_POISON = (1 << 31) - 2  # a tile flag whose writer gave up (the largest int32 marks a wait that timed out)
 
 _names: dict[int, str] = {}  # what_id -> name, of every op this process launched
 _kernels: dict[int, str] = {}  # what_id -> the kernel that last ran the op
@@ -103,6 +110,26 @@ def signature_head(kind: int, op: int, variant: int, dtype, blocks: int) -> int:
             | (blocks & 255) << 32)
 
 
+@triton.constexpr_function  # called by device code, at compile time
+def tile_signature_head(kind: int, dtype) -> int:
+    """A tile flag word's collective and dtype (TILE_SIGNED; the shape hash is added at run time)."""
+    code = (signature_head(0, 0, 0, dtype, 0) >> 40) & 31
+    return TILE_SIGNED | (kind & 3) << 28 | code << 23
+
+
+@triton.constexpr_function  # called by device code, at compile time
+def tile_blocks_hash(block_m: int, block_n: int) -> int:
+    """The seed of a tile flag word's shape hash: the tile's blocks."""
+    return fnv1a(f"{block_m} x {block_n}")
+
+
+def describe_tile_signature(word: int) -> str:
+    """A tile flag word as a call, e.g. `tile all_reduce_one_shot of float32 (blocks and shape #1a2b3c)`."""
+    kind, dtype = (word >> 28) & 3, DTYPES[(word >> 23) & 31] if (word >> 23) & 31 < len(DTYPES) else "?"
+    name = TILE_KINDS[kind] if kind < len(TILE_KINDS) else f"#{kind}"
+    return f"tile {name} of {_NUMPY_NAMES.get(dtype, dtype)} (blocks and shape #{word & TILE_SHAPE_MASK:06x})"
+
+
 def signature(kind: int, op: int, variant: int, dtype: str, blocks: int, columns: int) -> int:
     return signature_head(kind, op, variant, dtype, blocks) | (columns & 0xFFFF_FFFF)
 
@@ -125,6 +152,8 @@ def matmul_shapes(M: int, N: int, K: int) -> int:
 
 def describe_signature(sig: int) -> str:
     """A signature as a call, e.g. `all_reduce(sum, one_shot) of float32[1, 64]`."""
+    if 0 < sig < (1 << 31) and sig & TILE_SIGNED:
+        return describe_tile_signature(sig)
     if not sig & SIGNED:
         return f"an unsigned call (0x{sig:x})"
 

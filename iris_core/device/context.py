@@ -449,7 +449,9 @@ class Context:
           dst_view: `TensorView` of my output.
           locks: int32 heap array, one single-use ready flag per tile (zeroed before the round).
           TIMEOUT_NS: how long to wait for a peer, in ns (a constexpr; default 60 s); then the
-            kernel records a fault naming the peer (the simulator raises PeerTimeoutError).
+            kernel records a fault naming the peer (the simulator raises PeerTimeoutError). A
+            peer whose call differs (collective, dtype, tile blocks, view shape) fails both with
+            RankMismatchError; a peer that gave up on the tile, with PeerFailedError.
         """
         tiles.all_reduce_one_shot(self, tile, src_view, dst_view, locks, TIMEOUT_NS)
 
@@ -463,7 +465,9 @@ class Context:
           dst_view: `TensorView` of a heap tensor that receives the sums on every rank.
           locks: int32 heap array, one single-use ready flag per tile (zeroed before the round).
           TIMEOUT_NS: how long to wait for a peer, in ns (a constexpr; default 60 s); then the
-            kernel records a fault naming the peer (the simulator raises PeerTimeoutError).
+            kernel records a fault naming the peer (the simulator raises PeerTimeoutError). A
+            peer whose call differs (collective, dtype, tile blocks, view shape) fails both with
+            RankMismatchError; a peer that gave up on the tile, with PeerFailedError.
         """
         tiles.all_reduce_two_shot(self, tile, src_view, dst_view, locks, TIMEOUT_NS)
 
@@ -477,7 +481,9 @@ class Context:
           dst_view: `TensorView` of my output (same tile positions).
           locks: int32 heap array, one single-use ready flag per tile (zeroed before the round).
           TIMEOUT_NS: how long to wait for a peer, in ns (a constexpr; default 60 s); then the
-            kernel records a fault naming the peer (the simulator raises PeerTimeoutError).
+            kernel records a fault naming the peer (the simulator raises PeerTimeoutError). A
+            peer whose call differs (collective, dtype, tile blocks, view shape) fails both with
+            RankMismatchError; a peer that gave up on the tile, with PeerFailedError.
         """
         tiles.reduce_scatter(self, tile, src_view, dst_view, locks, TIMEOUT_NS)
 

@@ -3,9 +3,16 @@
 Each function takes the kernel's `ctx` and a `Tile` (position + data) and moves that tile
 between ranks through views of symmetric-heap tensors. `locks` is an int32 array on the
 heap with one entry per tile (tile id = pid_m * tiles_n + pid_n); entries double as
-ready flags: a producer sets its entry to 1 after writing its tile, consumers wait for it.
+ready flags: a producer sets its entry after writing its tile, consumers wait for it.
 Flags are single-use: reset them (e.g. zero the array) before the next round.
 Completion on *other* ranks needs a barrier (or flags) before their data is read.
+
+A ready flag holds the call's signature (iris_core.faults.TILE_SIGNED: the collective, the
+dtype, a hash of the tile's blocks and the view's shape), which a consumer compares with its
+own: ranks whose calls differ fail with RankMismatchError naming both, instead of summing
+tiles that do not pair. A program that times out, or reads a poisoned flag, poisons its own
+flag of the tile (TILE_POISON), so a rank that reads it later fails at once with
+PeerFailedError.
 
 Flags and locks follow the flag protocol (iris_core.device.flags.Flags). The functions that wait
 take TIMEOUT_NS (a compile-time constant, default flags.DEFAULT_TIMEOUT_NS: 60 s), past which
@@ -21,10 +28,17 @@ import triton.language as tl
 
 from iris_core import faults, flag_protocol
 from iris_core.device import flags
+from iris_core.device.faults import MISMATCH, PEER_FAILED, TIMEOUT, fail
+from iris_core.device.intrinsics import global_timer
 
 _FLAG: tl.constexpr = tl.constexpr(faults.named("tile collective (flag)"))  # what their fault records name
 _LOCK: tl.constexpr = tl.constexpr(faults.named("tile collective (lock)"))
 _TIMEOUT_NS = flag_protocol.timeout_ns(flag_protocol.DEFAULT_TIMEOUT_S)  # a plain int: a parameter's default
+_POISON: tl.constexpr = tl.constexpr(faults.TILE_POISON)
+_SHAPE_MASK: tl.constexpr = tl.constexpr(faults.TILE_SHAPE_MASK)
+ONE_SHOT: tl.constexpr = tl.constexpr(0)  # faults.TILE_KINDS' order
+TWO_SHOT: tl.constexpr = tl.constexpr(1)
+REDUCE_SCATTER: tl.constexpr = tl.constexpr(2)
 
 
 @triton.jit
@@ -39,10 +53,33 @@ def _flags(ctx, WHAT: tl.constexpr = _FLAG, TIMEOUT_NS: tl.constexpr = _TIMEOUT_
 
 
 @triton.jit
-def _wait_flag(ctx, flag_ptr, rank, value, TIMEOUT_NS: tl.constexpr):
-    """Waits until `rank`'s flag reaches `value`, then a CTA barrier: every thread's later
-    reads see what the flag's writer wrote before raising it."""
-    _flags(ctx, _FLAG, TIMEOUT_NS).wait_or_fail(flag_ptr, value, rank, rank=rank)
+def _signature(KIND: tl.constexpr, tile, view):
+    """This call's ready-flag word (iris_core.faults.tile_signature_head): the collective, the
+    dtype, and an FNV-1a hash of the tile's blocks and the view's shape."""
+    h = tl.full((), faults.tile_blocks_hash(tile.block_m, tile.block_n), tl.int64)
+    h = ((h ^ (tl.full((), 0, tl.int64) + view.M)) * 16777619) & 0xFFFFFFFF  # (M, N: values or constants)
+    h = ((h ^ (tl.full((), 0, tl.int64) + view.N)) * 16777619) & 0xFFFFFFFF
+    return (faults.tile_signature_head(KIND, tile.data.dtype) | (h & _SHAPE_MASK)).to(tl.int32)
+
+
+@triton.jit
+def _wait_flag(ctx, flag_ptr, rank, sig, my_flag, TIMEOUT_NS: tl.constexpr):
+    """Waits until `rank`'s flag is raised, then a CTA barrier: every thread's later reads see
+    what the flag's writer wrote before raising it. A flag that is not `sig` fails: a peer whose
+    call differs (my flag keeps my signature, so that the peer reads the mismatch too), or that
+    gave up, or none within TIMEOUT_NS (these two poison `my_flag`: whoever reads it later
+    fails at once)."""
+    seen = _flags(ctx, _FLAG, TIMEOUT_NS).wait(flag_ptr, 1, global_timer(), rank=rank)
+    if seen != sig:
+        if flags.timed_out(seen) or seen == _POISON:
+            tl.atomic_xchg(my_flag, _POISON, sem="release", scope="sys")
+        if flags.timed_out(seen):
+            fail(ctx, TIMEOUT, _FLAG, rank, 1)
+        elif seen == _POISON:
+            fail(ctx, PEER_FAILED, _FLAG, rank)
+        else:
+            fail(ctx, MISMATCH, _FLAG, rank, 0, -1, sig, seen)
+    tl.debug_barrier()
 
 
 @triton.jit
@@ -67,24 +104,24 @@ def all_reduce_spinlock(ctx, tile, dst_view, locks, TIMEOUT_NS: tl.constexpr = _
 
 
 @triton.jit
-def _publish(ctx, tile, src_view, locks):
-    """Stores my tile into my `src_view` and raises its ready flag."""
+def _publish(ctx, tile, src_view, locks, sig):
+    """Stores my tile into my `src_view` and raises its ready flag to the call's signature."""
     ptrs, mask = src_view.tile_ptr(tile)
     tl.store(ptrs, tile.data, mask=mask)
     tl.debug_barrier()
-    _flags(ctx).set(locks + tile_id(tile, src_view), 1)
+    _flags(ctx).set(locks + tile_id(tile, src_view), sig)
     return ptrs, mask
 
 
 @triton.jit
-def _reduce_from_all(ctx, tile, src_view, locks, ptrs, mask, TIMEOUT_NS: tl.constexpr):
+def _reduce_from_all(ctx, tile, src_view, locks, ptrs, mask, sig, TIMEOUT_NS: tl.constexpr):
     lock = locks + tile_id(tile, src_view)
     if tile.data.dtype.is_floating():
         acc = tl.zeros_like(tile.data.to(tl.float32))  # fp16/bf16 accumulate in fp32
     else:
         acc = tl.zeros_like(tile.data)
     for r in range(ctx.world_size):
-        _wait_flag(ctx, lock, r, 1, TIMEOUT_NS)
+        _wait_flag(ctx, lock, r, sig, lock, TIMEOUT_NS)
         acc += ctx.load(ptrs, from_rank=r, mask=mask)
     return acc.to(tile.data.dtype)
 
@@ -92,8 +129,9 @@ def _reduce_from_all(ctx, tile, src_view, locks, ptrs, mask, TIMEOUT_NS: tl.cons
 @triton.jit
 def all_reduce_one_shot(ctx, tile, src_view, dst_view, locks, TIMEOUT_NS: tl.constexpr = _TIMEOUT_NS):
     """Publishes my tile, waits for every rank's, sums them into my `dst_view`."""
-    ptrs, mask = _publish(ctx, tile, src_view, locks)
-    result = _reduce_from_all(ctx, tile, src_view, locks, ptrs, mask, TIMEOUT_NS)
+    sig = _signature(ONE_SHOT, tile, src_view)
+    ptrs, mask = _publish(ctx, tile, src_view, locks, sig)
+    result = _reduce_from_all(ctx, tile, src_view, locks, ptrs, mask, sig, TIMEOUT_NS)
     dst, dst_mask = dst_view.tile_ptr(tile)
     tl.store(dst, result, mask=dst_mask)
 
@@ -102,9 +140,10 @@ def all_reduce_one_shot(ctx, tile, src_view, dst_view, locks, TIMEOUT_NS: tl.con
 def all_reduce_two_shot(ctx, tile, src_view, dst_view, locks, TIMEOUT_NS: tl.constexpr = _TIMEOUT_NS):
     """Publishes my tile; the tile's owner (tile id % W) reduces it and stores the sum into
     `dst_view` on every rank."""
-    ptrs, mask = _publish(ctx, tile, src_view, locks)
+    sig = _signature(TWO_SHOT, tile, src_view)
+    ptrs, mask = _publish(ctx, tile, src_view, locks, sig)
     if tile_id(tile, src_view) % ctx.world_size == ctx.rank:
-        result = _reduce_from_all(ctx, tile, src_view, locks, ptrs, mask, TIMEOUT_NS)
+        result = _reduce_from_all(ctx, tile, src_view, locks, ptrs, mask, sig, TIMEOUT_NS)
         dst, dst_mask = dst_view.tile_ptr(tile)
         for r in range(ctx.world_size):
             ctx.store(dst, result, to_rank=r, mask=dst_mask)
@@ -114,11 +153,12 @@ def all_reduce_two_shot(ctx, tile, src_view, dst_view, locks, TIMEOUT_NS: tl.con
 def reduce_scatter(ctx, tile, src_view, dst_view, locks, TIMEOUT_NS: tl.constexpr = _TIMEOUT_NS):
     """Publishes my tile; rank r keeps the sum of the r-th contiguous block of tiles in its
     `dst_view` (same tile positions)."""
-    ptrs, mask = _publish(ctx, tile, src_view, locks)
+    sig = _signature(REDUCE_SCATTER, tile, src_view)
+    ptrs, mask = _publish(ctx, tile, src_view, locks, sig)
     tiles = tl.cdiv(src_view.M, tile.block_m) * tl.cdiv(src_view.N, tile.block_n)
     per_rank = tl.cdiv(tiles, ctx.world_size)
     if tile_id(tile, src_view) // per_rank == ctx.rank:
-        result = _reduce_from_all(ctx, tile, src_view, locks, ptrs, mask, TIMEOUT_NS)
+        result = _reduce_from_all(ctx, tile, src_view, locks, ptrs, mask, sig, TIMEOUT_NS)
         dst, dst_mask = dst_view.tile_ptr(tile)
         tl.store(dst, result, mask=dst_mask)
 

@@ -5,6 +5,7 @@ import time
 import numpy as np
 import pytest
 
+from iris_core import faults
 from iris_core.sim import get_world, launch
 from tests.core import tile_kernels as K
 
@@ -58,6 +59,68 @@ def test_a_tile_collective_gives_up_after_its_own_timeout(sim_heap):
     error, seconds = world.run(_launch_alone, heap.session, offsets, 7, 0.5)[0]
     assert error is not None and "PeerTimeoutError" in error and "rank 1" in error, error
     assert seconds < 20, seconds  # 0.5 s, not the default 60 s (slack for a loaded machine)
+
+
+def _launch_catching(state, session, offsets, ops, Ns, timeout_s=20.0):
+    """Rank r runs ops[r] over an M x Ns[r] input (None: it does not call); returns its error."""
+    op, N = ops[state.rank], Ns[state.rank]
+    if op is None:
+        return None
+    heap = state.heap(session)
+    views = [heap.host_view(state.rank, o, (M, N), np.float32) for o in offsets[:3]]
+    views.append(heap.host_view(state.rank, offsets[3], (64,), np.int32))
+    try:
+        launch(K.tile_collective, (-(-M // BM), -(-N // BN)), heap.context(state.rank), *views, M, N, 1, OP=op,
+               W=state.world_size, BM=BM, BN=BN, NPR=BN, TIMEOUT_NS=int(timeout_s * 1e9))
+    except Exception as e:  # noqa: BLE001 - what the tests check
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+@pytest.mark.parametrize("ops, Ns, called", [
+    ((K.TWO_SHOT, K.ONE_SHOT), (7, 7), ("tile all_reduce_two_shot of float32", "tile all_reduce_one_shot of float32")),
+    ((K.ONE_SHOT, K.ONE_SHOT), (7, 6), ("tile all_reduce_one_shot of float32 (blocks and shape #",) * 2),
+    ((K.REDUCE_SCATTER, K.ONE_SHOT), (7, 7), ("tile reduce_scatter of float32", "tile all_reduce_one_shot")),
+])
+def test_tile_collectives_that_differ_fail_naming_both_calls(sim_heap, ops, Ns, called):
+    """Each ready flag carries its call's signature: ranks whose calls differ (the collective, or
+    the view's shape) get RankMismatchError naming both, and sum nothing that does not pair."""
+    world, heap = get_world(2), sim_heap(2, 1 << 16)
+    offsets = [heap.allocate(4 * 2 * M * 16) for _ in range(3)] + [heap.allocate(256)]
+    for op, N in set(zip(ops, Ns)):
+        world.run(_run_op, heap.session, offsets, op, N)
+    # (the simulator runs a rank's programs one after another: each rank's first program, tile 0,
+    # publishes and then waits, where on GPUs every program publishes before any waits)
+    errors = world.run(_launch_catching, heap.session, offsets, ops, Ns)
+    for r in range(2):
+        assert errors[r] is not None and errors[r].startswith("RankMismatchError"), errors
+        assert all(c in errors[r] for c in called), errors[r]
+        assert f"rank {1 - r} made a different call than rank {r}" in errors[r], errors[r]
+
+
+def _poison_peer_then_launch(state, session, offsets):
+    """Rank 1's flags read as given up (it writes them as rank 0 starts); rank 0 runs a one-shot
+    all-reduce alone."""
+    heap = state.heap(session)
+    if state.rank == 1:
+        heap.host_view(1, offsets[3], (64,), np.int32)[...] = faults.TILE_POISON
+    return _launch_catching(state, session, offsets, (K.ONE_SHOT, None), (7, 7))
+
+
+def test_a_flag_of_a_peer_that_gave_up_fails_at_once_and_poisons_mine(sim_heap):
+    world, heap = get_world(2), sim_heap(2, 1 << 16)
+    offsets = [heap.allocate(4 * 2 * M * 16) for _ in range(3)] + [heap.allocate(256)]
+    world.run(_run_op, heap.session, offsets, K.ONE_SHOT, 7)
+    start = time.monotonic()
+    error = world.run(_poison_peer_then_launch, heap.session, offsets)[0]
+    assert error is not None and error.startswith("PeerFailedError") and "rank 1 gave up" in error, error
+    assert time.monotonic() - start < 15, "not at once"  # (the timeout is 20 s)
+    mine = world.run(_flags, heap.session, offsets)[0]
+    assert mine[0] == faults.TILE_POISON, mine  # a rank that reads my flag later fails at once too
+
+
+def _flags(state, session, offsets):
+    return state.heap(session).host_view(state.rank, offsets[3], (4,), np.int32).copy()
 
 
 def _read(state, session, offsets, dst_shape):

@@ -20,6 +20,8 @@ survivors' next step (a new runtime, or the next call failing at once), and prin
                   then raises nothing; the watchdog reads host memory only, so it cannot see
                   the guard's status word); nothing was written; the runtime goes on
     exhausted     an allocation larger than the heap: HeapExhaustedError before anything runs
+    tile_mismatch rank 0 runs a two-shot tile all-reduce where the others run a one-shot one:
+                  every rank gets RankMismatchError naming both tile calls; then a new runtime
     missing_trap  as missing with on_fault="trap", through replace_lax_collectives: the CUDA
                   error of the trapped kernel comes as PeerTimeoutError (chained)
     fused_mismatch  rank 0 multiplies 32 rows in a matmul_all_reduce (impl="fused") where the
@@ -388,8 +390,37 @@ def fused_missing(me, n, rt):
     return result
 
 
+def tile_mismatch(me, n, rt):
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax import lax
+
+    import iris_jax
+    from tests.core import tile_kernels as K
+    from tests.gpu.kernels import tile_collective_call
+
+    M, B = 128, 64
+    x = iris_jax.to_heap(_put(np.ones((n * M, M), np.float32)))
+    src, dst = iris_jax.zeros_like(x), iris_jax.zeros_like(x)
+    locks = iris_jax.to_heap(_put(np.zeros((n, 64), np.int32)))
+
+    def tile(op):
+        return lambda x, s, d, lk: iris_jax.triton_call(
+            x, s, d, lk, M, M, kernel=tile_collective_call, out_shape=jax.ShapeDtypeStruct((1, 1), jnp.int32),
+            grid=(M // B, M // B), OP=op, W=n, BM=B, BN=B, NPR=B, num_warps=4, symmetric=(0, 1, 2, 3))
+
+    f = _smap(lambda *a: lax.cond(lax.axis_index("i") == 0, tile(K.TWO_SHOT), tile(K.ONE_SHOT), *a))
+    f = f.lower(x, src, dst, locks).compile()
+    result = _calls_then_check(rt, lambda: f(x, src, dst, locks), me, n, None)
+    rt.sync_processes()
+    result["next"] = _fresh_runtime(n)
+    return result
+
+
 CASES = {"missing": missing, "killed": killed, "mismatch": mismatch, "guard": guard, "exhausted": exhausted,
-         "missing_trap": missing_trap, "fused_mismatch": fused_mismatch, "fused_missing": fused_missing}
+         "missing_trap": missing_trap, "fused_mismatch": fused_mismatch, "fused_missing": fused_missing,
+         "tile_mismatch": tile_mismatch}
 
 if __name__ == "__main__":
     main()

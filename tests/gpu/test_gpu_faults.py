@@ -3,9 +3,9 @@
 Each case (tests/gpu/fault_matrix.py) starts its own processes: a rank that never calls, a
 rank SIGKILLed in a loop of collectives, ranks taking branches with collectives of different
 sizes, a kernel refused by the heap guard, an exhausted heap, (2 ranks) a rank that never
-calls with on_fault="trap", and for the fused GEMM ops calls that differ and a rank that never
-calls. Every other rank must get the error that names the op and the
-rank within the timeout plus a second (the watchdog's report as well), and then take its next
+calls with on_fault="trap", for the fused GEMM ops calls that differ and a rank that never
+calls, and tile-level collectives that differ. Every other rank must get the error that names
+the op and the rank within the timeout plus a second (the watchdog's report as well), and then take its next
 step: a new runtime that works, or a next call that fails at once. No process may hang: each
 run is bounded. The times go to benchmarks/RESULTS.md (the simulator's table is
 tests/jax/test_faults.py's).
@@ -107,6 +107,16 @@ def test_ranks_that_take_different_branches(world, tmp_path):
     found, texts = _run("mismatch", world, tmp_path)
     for r in _survivors(found, texts, world, None):
         _named_in_time(r, "RankMismatchError", "iris all_reduce(sum)", "float32[1, 64]", "float32[1, 65]")
+        assert r["seconds"] < SLACK_S, r
+        assert r["next"].startswith("new runtime OK"), r
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_tile_collectives_that_differ(world, tmp_path):
+    found, texts = _run("tile_mismatch", world, tmp_path)
+    for r in _survivors(found, texts, world, None):
+        _named_in_time(r, "RankMismatchError", "iris tile collective (flag)", "tile all_reduce_one_shot of float32",
+                       "tile all_reduce_two_shot of float32")
         assert r["seconds"] < SLACK_S, r
         assert r["next"].startswith("new runtime OK"), r
 
