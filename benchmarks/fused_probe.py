@@ -37,9 +37,9 @@ from iris_core.collectives import group_layout, kinds  # noqa: E402
 from iris_core.collectives.workspace import FusedLayout  # noqa: E402
 from iris_core.device import Context, flags  # noqa: E402
 from iris_core.device.flags import Flags  # noqa: E402
-from iris_core.heap.context_layout import encode_context  # noqa: E402
 from iris_core.gemm import fused as F  # noqa: E402
 from iris_core.gemm import gemm as Gm  # noqa: E402
+from iris_core.heap.context_layout import encode_context  # noqa: E402
 from iris_core.launch import GemmConfig, kernel_constants  # noqa: E402
 
 H200_SMS = 132  # --small compiles for the GPU the probe was written on

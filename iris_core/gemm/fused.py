@@ -385,8 +385,8 @@ def all_gather_matmul_kernel(context_ptr, group_ptr, a_ptr, b_ptr, out_ptr,
 
 
 def _flag_constants(layout: FusedLayout, poll_ns: int, timeout_ns: int, what: str) -> dict:
-    return dict(MEMBERS=layout.members, FLAGS=layout.flags, DATA=layout.data, DATA_BYTES=layout.data_bytes, POLL_NS=poll_ns,
-                TIMEOUT_NS=timeout_ns, WHAT=what)
+    return dict(MEMBERS=layout.members, FLAGS=layout.flags, DATA=layout.data, DATA_BYTES=layout.data_bytes,
+                POLL_NS=poll_ns, TIMEOUT_NS=timeout_ns, WHAT=what)
 
 
 def reduce_constants(*, M: int, N: int, K: int, scatter: bool, G: int, world: int, gemm: GemmConfig,

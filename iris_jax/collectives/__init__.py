@@ -14,6 +14,7 @@ rewrite, transforms and api imports only modules before it in this list. Importi
 registers the rules and the transforms.
 """
 
+from iris_jax.collectives import rules, transforms  # noqa: F401  (registers the rules and the primitive's transforms)
 from iris_jax.collectives.api import (
     OPS,
     all_gather,
@@ -31,7 +32,6 @@ from iris_jax.collectives.api import (
     pswapaxes,
     ragged_all_to_all,
 )
-from iris_jax.collectives import rules, transforms  # noqa: F401  (registers the rules and the primitive's transforms)
 
 __all__ = ["OPS", "all_gather", "all_reduce", "all_to_all", "broadcast", "pbroadcast", "pmax", "pmean", "pmin",
            "ppermute", "pshuffle", "psum", "psum_scatter", "pswapaxes", "ragged_all_to_all"]

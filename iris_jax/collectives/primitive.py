@@ -33,9 +33,8 @@ from iris_jax import _runtime, compat
 from iris_jax.calls import cpu_lowering
 from iris_jax.calls.operands import concrete
 from iris_jax.calls.triton_call import iris_kernel_effect
-from iris_jax.collectives import domains
+from iris_jax.collectives import domains, registry
 from iris_jax.collectives.lowering import lowers_on_iris
-from iris_jax.collectives import registry
 from iris_jax.collectives.registry import axes_of, rule_of
 
 iris_collective_p = Primitive("iris_collective")

@@ -32,8 +32,8 @@ from jax import tree_util
 from jax._src import core, source_info_util
 from jax._src.lib import xla_client
 
-from iris_jax.calls.triton_call import IrisKernelEffect
 from iris_jax import _runtime
+from iris_jax.calls.triton_call import IrisKernelEffect
 from iris_jax.collectives import domains
 from iris_jax.collectives.primitive import freeze, iris_collective_p, kernel_effects
 from iris_jax.collectives.registry import Rule, axes_of, rule_of

@@ -27,8 +27,8 @@ import dataclasses
 import functools
 from typing import Any
 
-import numpy as np
 import jax.numpy as jnp
+import numpy as np
 from jax import lax, tree_util
 from jax._src import core as jax_core
 from jax._src import state

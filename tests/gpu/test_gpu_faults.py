@@ -140,7 +140,7 @@ def test_heap_exhausted(world, tmp_path):
 @pytest.mark.parametrize("world", [2, 4])
 def test_fused_calls_that_differ(world, tmp_path):
     found, texts = _run("fused_mismatch", world, tmp_path)
-    for p, r in enumerate(_survivors(found, texts, world, None)):
+    for r in _survivors(found, texts, world, None):
         _named_in_time(r, "RankMismatchError", "iris matmul_all_reduce", "[32 x 32] @ [32 x 128]",
                        "[64 x 32] @ [32 x 128]")
         assert r["seconds"] < SLACK_S, r
