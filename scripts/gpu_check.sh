@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The GPU suite on the GPU machine (device tool, carry [".whl"]):
 #   bash scripts/gpu_check.sh [suite|shared|vmm|tests|all|STEP...]
-# `suite` (step gpu_suite, kind nvidia-h200) is the whole `pytest -m gpu` in one call: on one GPU the
-# shared runs plus the tests of a world of one (the tests that need two or more GPUs are deselected
-# there). `shared` (step gpu_shared, one GPU) runs world sizes 2, 4 and 8 as processes sharing GPU 0,
+# `suite` (steps gpu_suite and gpu_suite2, kind nvidia-h200, a device call each) is the whole
+# `pytest -m gpu`: on one GPU the shared runs plus the tests of a world of one (the tests that need two
+# or more GPUs are deselected there). `shared` (step gpu_shared, one GPU) runs world sizes 2, 4 and 8 as processes sharing GPU 0,
 # at most 360 + 90 s; `vmm` (step gpu_vmm, one GPU) the same harness at 2 and 4 ranks with each heap
 # allocator, 240 s; `tests` (kind nvidia-h200-x2) the tests that need two or more GPUs, file by file,
 # about 450 s when nothing hangs. A device call lasts at most 600 s, so name steps to split a longer
@@ -33,11 +33,16 @@ suite_steps() {
   step gpu_vmm 240 bash -c "IRIS_GPU_LOG_DIR=/tmp/iris_vmm python3 -m pytest -m gpu -q -rfE --tb=short \
     -p no:cacheprovider -o faulthandler_timeout=230 tests/gpu/test_gpu_vmm.py; rc=\$?; tar czf $OUT/vmm_logs.tgz \
     -C /tmp/iris_vmm . 2>/dev/null; exit \$rc"
-  # the whole `pytest -m gpu` in one step (one GPU: the shared runs and the tests of a world of one, such as
-  # test_gpu_pallas, whose in-process JAX must not preallocate the memory that the shared runs' ranks need)
+  # the whole `pytest -m gpu` in two steps, a device call each (one GPU; the three worlds' scenarios at once
+  # outlast one call, session 20): the first half of the shared scenarios, then the second half, the
+  # timeouts and the tests of a world of one, such as test_gpu_pallas, whose in-process JAX must not
+  # preallocate the memory that the shared runs' ranks need
   group=suite
-  step gpu_suite 580 bash -c "XLA_PYTHON_CLIENT_PREALLOCATE=false $shared tests/gpu --ignore=tests/gpu/test_gpu_faults.py; rc=\$?; tar czf \
-    $OUT/suite_logs.tgz -C /tmp/iris_shared . 2>/dev/null; exit \$rc"
+  step gpu_suite 580 bash -c "IRIS_GPU_SHARED_PART=1/2 IRIS_GPU_SHARED_LIMIT=500 $shared tests/gpu/test_gpu_shared.py; \
+    rc=\$?; tar czf $OUT/suite_logs.tgz -C /tmp/iris_shared . 2>/dev/null; exit \$rc"
+  step gpu_suite2 580 bash -c "IRIS_GPU_SHARED_PART=2/2 IRIS_GPU_SHARED_LIMIT=400 XLA_PYTHON_CLIENT_PREALLOCATE=false \
+    $shared tests/gpu --ignore=tests/gpu/test_gpu_faults.py; rc=\$?; tar czf $OUT/suite2_logs.tgz -C /tmp/iris_shared . \
+    2>/dev/null; exit \$rc"
   # the fault matrix (issue 34), 2 and 4 ranks sharing GPU 0, every case its own processes; its table
   # (`fault matrix | ...` lines) goes to benchmarks/RESULTS.md; logs in $OUT/fault_logs.tgz
   group=faults

@@ -12,8 +12,10 @@ Shows correctness and memory-model behaviour on real hardware with 2-8 ranks; sa
 about speed (the ranks share one GPU's SMs and memory; no NVLink is involved).
 
 Settings: IRIS_GPU_SHARED_WORLDS (default "2,4,8"), IRIS_GPU_SHARED_SCENARIOS (a comma list,
-default all), IRIS_GPU_SHARED_LIMIT (seconds for the main runs, default 360; the timeout runs
-take at most 150 more), IRIS_GPU_LOG_DIR (keep the processes' logs there).
+default all), IRIS_GPU_SHARED_PART ("1/2", "2/2": a part of those scenarios in their order, the
+timeouts in the last; all of them at once outlast one device call), IRIS_GPU_SHARED_LIMIT
+(seconds for the main runs, default 360; the timeout runs take at most 150 more),
+IRIS_GPU_LOG_DIR (keep the processes' logs there).
 """
 
 import os
@@ -30,6 +32,10 @@ WORLD_SIZES = [int(w) for w in os.environ.get("IRIS_GPU_SHARED_WORLDS", "2,4,8")
 _chosen = os.environ.get("IRIS_GPU_SHARED_SCENARIOS", "").split(",")
 SCENARIOS = [name for name in MAIN if name in _chosen] if _chosen != [""] else MAIN
 TIMEOUTS = _chosen == [""] or any(name in _chosen for name in ENDS_IN_FAILED_KERNELS)
+if os.environ.get("IRIS_GPU_SHARED_PART"):  # "K/P": the K-th of P equal parts, the timeouts in the last
+    _k, _parts = (int(v) for v in os.environ["IRIS_GPU_SHARED_PART"].split("/"))
+    SCENARIOS = SCENARIOS[(_k - 1) * len(SCENARIOS) // _parts:_k * len(SCENARIOS) // _parts]
+    TIMEOUTS = TIMEOUTS and _k == _parts
 LIMIT_S = float(os.environ.get("IRIS_GPU_SHARED_LIMIT", 360))
 TIMEOUT_LIMIT_S = 150
 
