@@ -53,7 +53,6 @@ RENDEZVOUS_TIMEOUT_S = float(os.environ.get("IRIS_RENDEZVOUS_TIMEOUT", 120))
 
 
 @dataclasses.dataclass
-
 class Started:
     """What `Backend.start` set up for a runtime.
 
