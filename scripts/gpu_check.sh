@@ -34,7 +34,7 @@ suite_steps() {
     -p no:cacheprovider -o faulthandler_timeout=230 tests/gpu/test_gpu_vmm.py; rc=\$?; tar czf $OUT/vmm_logs.tgz \
     -C /tmp/iris_vmm . 2>/dev/null; exit \$rc"
   # the whole `pytest -m gpu` in two steps, a device call each (one GPU; the three worlds' scenarios at once
-  # outlast one call, session 20): the first half of the shared scenarios, then the second half, the
+  # outlast one call, 2026-12-04): the first half of the shared scenarios, then the second half, the
   # timeouts and the tests of a world of one, such as test_gpu_pallas, whose in-process JAX must not
   # preallocate the memory that the shared runs' ranks need
   group=suite
