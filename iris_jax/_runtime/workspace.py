@@ -31,6 +31,8 @@ import threading
 
 from iris_core import faults
 from iris_core.collectives.workspace import FusedLayout, WorkspaceLayout
+from iris_core.errors import HeapExhaustedError
+from iris_core.heap.allocator import format_bytes
 from iris_jax import _runtime as runtime_lib
 
 PARTS = ("collective", "fused")
@@ -63,9 +65,22 @@ class GroupWorkspaces:
         with self._lock:
             offsets = self._offsets[part]
             if key not in offsets:
-                offsets[key] = self._rt.allocate_shared(self._sizes[part])
+                offsets[key] = self._allocate(key, part, len(offsets))
                 faults.name_workspace(offsets[key], key)  # what a fault record of its groups names
             return offsets[key]
+
+    def _allocate(self, key: tuple, part: str, kept: int) -> int:
+        """The workspace of a new partition; an exhausted heap is named as what it is."""
+        size = self._sizes[part]
+        try:
+            return self._rt.allocate_shared(size)
+        except HeapExhaustedError as e:
+            raise HeapExhaustedError(
+                f"iris needs a {part} workspace ({format_bytes(size)}) for a new partition of the ranks into "
+                f"groups {[list(g) for g in key]}, and the heap has no room for it: {e} Each partition that "
+                f"collectives or fused ops run over keeps its workspace as long as the runtime ({kept} kept, "
+                f"{format_bytes(kept * size)}); run over fewer distinct groupings of the mesh's axes, or shrink "
+                "the workspaces (IRIS_WORKSPACE_BYTES, IRIS_STREAM_BYTES, IRIS_FUSED_WORKSPACE_BYTES).") from None
 
     def offsets(self, part: str = "collective") -> list[int]:
         """Heap offsets of `part` of every partition's workspace allocated so far."""

@@ -366,3 +366,31 @@ def test_independent_collectives_in_one_jit(fresh_runtime, rng):
         out_specs=P()))
     for got, x in zip(f(tree), tree, strict=True):
         np.testing.assert_allclose(np.asarray(got), np.asarray(x).sum(0), rtol=1e-5, atol=1e-5)
+
+
+def test_a_workspace_that_does_not_fit_is_named_and_the_heap_stays_usable():
+    """Each partition of the ranks into groups keeps a workspace for the runtime's lifetime: the
+    one that no longer fits raises HeapExhaustedError naming the partition, before anything runs,
+    and the collectives over the partitions that fit still give lax's values."""
+    from tests.jax.helpers import use_runtime
+
+    use_runtime(8, heap_size=8 << 20)
+    try:
+        m = jax.sharding.Mesh(np.array(jax.devices()[:8]).reshape(2, 2, 2), ("a", "b", "c"))
+        x = rand(np.random.default_rng(3), (8, 4), F32)
+        spec = P(("a", "b", "c"))
+
+        def psum_over(axes):
+            return jax.jit(jax.shard_map(lambda v: iris_jax.psum(v, axes), mesh=m, in_specs=spec, out_specs=spec))
+
+        expected = {axes: jax.jit(jax.shard_map(lambda v, axes=axes: lax.psum(v, axes), mesh=m, in_specs=spec,
+                                                out_specs=spec))(x) for axes in ("a", "b", "c")}
+        for axes in ("a", "b"):
+            np.testing.assert_allclose(psum_over(axes)(x), expected[axes], rtol=1e-6)
+        with pytest.raises(iris_jax.HeapExhaustedError, match=r"collective workspace .* for a new partition of the "
+                           r"ranks into groups \[\[0, 1\], \[2, 3\], \[4, 5\], \[6, 7\]\].*\(2 kept"):
+            psum_over("c")(x)
+        for axes in ("a", "b"):  # nothing lost: the kept workspaces still serve
+            np.testing.assert_allclose(psum_over(axes)(x), expected[axes], rtol=1e-6)
+    finally:
+        iris_jax.shutdown()
