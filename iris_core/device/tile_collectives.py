@@ -36,9 +36,9 @@ _LOCK: tl.constexpr = tl.constexpr(faults.named("tile collective (lock)"))
 _TIMEOUT_NS = flag_protocol.timeout_ns(flag_protocol.DEFAULT_TIMEOUT_S)  # a plain int: a parameter's default
 _POISON: tl.constexpr = tl.constexpr(faults.TILE_POISON)
 _SHAPE_MASK: tl.constexpr = tl.constexpr(faults.TILE_SHAPE_MASK)
-ONE_SHOT: tl.constexpr = tl.constexpr(0)  # faults.TILE_KINDS' order
-TWO_SHOT: tl.constexpr = tl.constexpr(1)
-REDUCE_SCATTER: tl.constexpr = tl.constexpr(2)
+_ONE_SHOT: tl.constexpr = tl.constexpr(faults.TILE_KINDS.index("all_reduce_one_shot"))  # a signature's collective
+_TWO_SHOT: tl.constexpr = tl.constexpr(faults.TILE_KINDS.index("all_reduce_two_shot"))
+_REDUCE_SCATTER: tl.constexpr = tl.constexpr(faults.TILE_KINDS.index("reduce_scatter"))
 
 
 @triton.jit
@@ -129,7 +129,7 @@ def _reduce_from_all(ctx, tile, src_view, locks, ptrs, mask, sig, TIMEOUT_NS: tl
 @triton.jit
 def all_reduce_one_shot(ctx, tile, src_view, dst_view, locks, TIMEOUT_NS: tl.constexpr = _TIMEOUT_NS):
     """Publishes my tile, waits for every rank's, sums them into my `dst_view`."""
-    sig = _signature(ONE_SHOT, tile, src_view)
+    sig = _signature(_ONE_SHOT, tile, src_view)
     ptrs, mask = _publish(ctx, tile, src_view, locks, sig)
     result = _reduce_from_all(ctx, tile, src_view, locks, ptrs, mask, sig, TIMEOUT_NS)
     dst, dst_mask = dst_view.tile_ptr(tile)
@@ -140,7 +140,7 @@ def all_reduce_one_shot(ctx, tile, src_view, dst_view, locks, TIMEOUT_NS: tl.con
 def all_reduce_two_shot(ctx, tile, src_view, dst_view, locks, TIMEOUT_NS: tl.constexpr = _TIMEOUT_NS):
     """Publishes my tile; the tile's owner (tile id % W) reduces it and stores the sum into
     `dst_view` on every rank."""
-    sig = _signature(TWO_SHOT, tile, src_view)
+    sig = _signature(_TWO_SHOT, tile, src_view)
     ptrs, mask = _publish(ctx, tile, src_view, locks, sig)
     if tile_id(tile, src_view) % ctx.world_size == ctx.rank:
         result = _reduce_from_all(ctx, tile, src_view, locks, ptrs, mask, sig, TIMEOUT_NS)
@@ -153,7 +153,7 @@ def all_reduce_two_shot(ctx, tile, src_view, dst_view, locks, TIMEOUT_NS: tl.con
 def reduce_scatter(ctx, tile, src_view, dst_view, locks, TIMEOUT_NS: tl.constexpr = _TIMEOUT_NS):
     """Publishes my tile; rank r keeps the sum of the r-th contiguous block of tiles in its
     `dst_view` (same tile positions)."""
-    sig = _signature(REDUCE_SCATTER, tile, src_view)
+    sig = _signature(_REDUCE_SCATTER, tile, src_view)
     ptrs, mask = _publish(ctx, tile, src_view, locks, sig)
     tiles = tl.cdiv(src_view.M, tile.block_m) * tl.cdiv(src_view.N, tile.block_n)
     per_rank = tl.cdiv(tiles, ctx.world_size)
