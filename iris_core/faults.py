@@ -202,6 +202,12 @@ def read_records(words) -> list[Record]:
     return sorted(records, key=lambda r: r.time_ns)
 
 
+def has_records(words) -> bool:
+    """Whether a fault page (an int64 array) holds a record: a record's first word, its code, is
+    written last."""
+    return bool(words[SLOTS_AT::SLOT].any())
+
+
 def clear_records(words) -> None:
     """Empties every slot of a fault page (a writable int64 array)."""
     for p in range(SLOTS):

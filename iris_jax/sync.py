@@ -89,7 +89,8 @@ def barrier() -> None:
     """
     rt = runtime_lib.runtime()
     try:
-        rt.backend.wait_for_executions(rt.devices)
+        rt.backend.wait_for_devices(rt.devices)
+        rt.backend.wait_for_executions()
     except Exception as e:  # a trapped kernel's CUDA error: the fault it stands for, if recorded
         rt.raise_faults(cause=e)
         raise

@@ -177,7 +177,7 @@ class CudaHeap(SymmetricHeap):
                                                   ctypes.c_size_t(8), ctypes.c_void_p(stream)), "cuMemcpyDtoHAsync")
         _check_driver(driver.cuStreamSynchronize(ctypes.c_void_p(stream)), "cuStreamSynchronize")
         error, words = self.recorded(rank), self._pages[rank][1]
-        if words[faults.STATUS_COPY] and not words[faults.SLOTS_AT::faults.SLOT].any():
+        if words[faults.STATUS_COPY] and not faults.has_records(words):
             _check_driver(driver.cuMemsetD32Async(ctypes.c_uint64(self.status_address(rank)), ctypes.c_uint(0),
                                                   ctypes.c_size_t(2), ctypes.c_void_p(stream)), "cuMemsetD32Async")
             _check_driver(driver.cuStreamSynchronize(ctypes.c_void_p(stream)), "cuStreamSynchronize")
@@ -188,7 +188,7 @@ class CudaHeap(SymmetricHeap):
         """The oldest fault local `rank` recorded, or the refused access last copied onto its page, as
         the error it stands for (None: neither); reads host memory only."""
         words = self._pages[rank][1]
-        if words[faults.SLOTS_AT::faults.SLOT].any():  # a record's first word, its code, is set last
+        if faults.has_records(words):
             return faults.read_records(words)[0].error(rank)
         return error_from_word(int(words[faults.STATUS_COPY]), rank, self.heap_size)
 

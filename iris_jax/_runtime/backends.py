@@ -165,14 +165,13 @@ class Backend:
         """Before heap errors are read: until every dispatched kernel was launched (the
         simulator raised them in the call already, and its barrier would raise them again)."""
 
-    def wait_for_executions(self, devices: Sequence[jax.Device]) -> None:
-        """`jax.effects_barrier()`, then the devices' work; a failed execution's error is not
-        raised again (its outputs raise it when read: the fault gate's error is reported once)."""
+    def wait_for_executions(self) -> None:
+        """`jax.effects_barrier()` that does not raise a failed execution's error again (its outputs
+        raise it when read: the fault gate's error is reported once)."""
         try:
             jax.effects_barrier()
-        except jax.errors.JaxRuntimeError:
-            pass  # the failed execution ended; the devices' queues hold what came after it
-        self.wait_for_devices(devices)
+        except jax.errors.JaxRuntimeError:  # it stopped at the failed execution: wait for the rest
+            self.wait_for_devices(jax.local_devices())
 
     def heap_array(self, heap, rank: int, owner, shape: tuple, dtype: np.dtype, device: jax.Device,
                    value: jax.Array | None) -> jax.Array:
@@ -213,7 +212,7 @@ class _GpuBackend(Backend):
             torch.cuda.synchronize(d.local_hardware_id)
 
     def wait_for_dispatch(self):
-        self.wait_for_executions(jax.local_devices())
+        self.wait_for_executions()
 
     def heap_array(self, heap, rank, owner, shape, dtype, device, value):
         import torch
