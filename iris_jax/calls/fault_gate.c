@@ -24,6 +24,7 @@ typedef void *(*ErrorCreate)(ErrorCreateArgs *);
 typedef void *(*Query)(QueryArgs *);
 
 enum { METADATA_EXTENSION = 1, PREPARE = 1, EXECUTE = 3, UNKNOWN_ERROR = 2 };
+enum { NO_TRAITS = 0, COMMAND_BUFFER_COMPATIBLE = 1 };  /* XLA_FFI_Handler_TraitsBits */
 enum { ERROR_CREATE = 0, STREAM_GET = 4, RUN_ID_GET = 16 };  /* positions in Api.functions */
 enum { OFF = 0, STEP = 1, CALL = 2 };
 #define MAX_DEVICES 64
@@ -71,13 +72,13 @@ void iris_gate_set_device(int device, int64_t *page, uint64_t status_word) {
     pages[device] = page;
 }
 
-static int answered_metadata(CallFrame *frame) {
+static int answered_metadata(CallFrame *frame, uint32_t traits) {
     Extension *ext = frame->extension_start;
     if (!ext || ext->type != METADATA_EXTENSION) return 0;
     Metadata *metadata = ((MetadataExtension *)ext)->metadata;
     metadata->api_version.major = 0;
     metadata->api_version.minor = 1;
-    metadata->traits = 0;  /* not capturable: it runs on the host at every execution */
+    metadata->traits = traits;
     return 1;
 }
 
@@ -121,7 +122,7 @@ static void report_refusal_once(int device, void *stream) {
 }
 
 static void *gate(CallFrame *frame, int anchor) {
-    if (answered_metadata(frame)) return NULL;
+    if (answered_metadata(frame, NO_TRAITS)) return NULL;  /* not capturable: it runs on the host every time */
     void *run = NULL;
     if (query(frame, RUN_ID_GET, &run) && (int64_t)run != run_seen) {
         run_seen = (int64_t)run;  /* a new execution: an aborted one leaves no count behind */
@@ -156,3 +157,10 @@ static void *gate(CallFrame *frame, int anchor) {
 
 void *iris_fault_gate(CallFrame *frame) { return gate(frame, 1); }
 void *iris_fault_gate_nested(CallFrame *frame) { return gate(frame, 0); }
+
+/* An anchor that a later anchor of its function took over: XLA captures it into its CUDA graph,
+ * where it runs nothing (it only orders the chain of its function's gates). */
+void *iris_fault_gate_passed(CallFrame *frame) {
+    answered_metadata(frame, COMMAND_BUFFER_COMPATIBLE);
+    return NULL;
+}

@@ -18,7 +18,12 @@ Which gates wait (`init(fault_gate=...)`, environment IRIS_FAULT_GATE):
   that runs whatever the data (lowered outside `cond`, `switch`, `while_loop`, `scan` and the
   other control flow: an *anchor*) counts itself at XLA's PREPARE stage, which comes before every EXECUTE of an
   execution; a gate leaves the wait to a later one only while an anchor is still to run, so
-  the last anchor waits, and a gate inside control flow after it waits itself. One hole: JAX
+  the last anchor waits, and a gate inside control flow after it waits itself. The anchors of
+  one function form a chain (each takes the token of the one before): when a function's next
+  anchor is lowered, the one before it becomes a *passed* gate, which XLA captures into its
+  CUDA graph and which runs nothing. A host step cuts XLA's graph, so a function keeps one cut
+  however many iris calls it holds, and its one anchor runs after every kernel of the
+  function (the tokens order it so). One hole: JAX
   lowers a jitted function once per program, so a jitted function holding an iris call, used
   both outside and (with the same shapes) inside a `cond` or `while_loop` of one program,
   carries anchors into the control flow; a step whose branch skips it may then hand back a
@@ -49,6 +54,9 @@ import threading
 import warnings
 
 import jax
+from jax._src import core
+from jax._src.lib.mlir import ir
+from jax._src.lib.mlir.dialects import hlo
 
 from iris_core import faults
 from iris_core.platform import GPU
@@ -57,6 +65,7 @@ from iris_jax.calls import _ffi, kernel_cache
 
 TARGET = "iris_fault_gate"  # an anchor: lowered where it runs once per execution
 NESTED_TARGET = "iris_fault_gate_nested"  # inside control flow
+PASSED_TARGET = "iris_fault_gate_passed"  # an anchor that a later one of its function took over
 _MODE_CODES = {"off": 0, "step": 1, "call": 2}  # fault_gate.c's
 # JAX's lowering rules of regions that may run zero or many times per execution (cond, switch,
 # while, scan, fori_loop, map): a gate lowered beneath one of them is nested.
@@ -187,11 +196,13 @@ def _register() -> None:
         if "done" in _registered:
             return
         lib = _library()
-        for target, anchor in ((TARGET, True), (NESTED_TARGET, False)):
+        for target, anchor in ((TARGET, True), (NESTED_TARGET, False), (PASSED_TARGET, None)):
             if lib is not None:
                 capsule = _ffi.capsule_at(ctypes.cast(getattr(lib, target), ctypes.c_void_p).value)
                 jax.ffi.register_ffi_target(target, {"prepare": capsule, "execute": capsule},
                                             platform=GPU.xla_platform)
+            elif anchor is None:  # (not captured into XLA's graph as the C one is; it does nothing either)
+                _ffi.register_staged_target(target, GPU.xla_platform, lambda stage, run_id, stream: None)
             else:
                 _ffi.register_staged_target(target, GPU.xla_platform, functools.partial(_python_gate, anchor))
         _registered["done"] = True
@@ -217,7 +228,40 @@ def gated(ctx, results):
         return results
     _register()
     rt.service("fault_gate", _Attachment)
-    aliases = {i: i for i in range(len(results))}
-    target = TARGET if _runs_once() else NESTED_TARGET
+    if not _runs_once():
+        return _gate(ctx, NESTED_TARGET, results)
+    if rt.fault_gate == "call":
+        return _gate(ctx, TARGET, results)
+    return _chained_anchor(ctx, results)
+
+
+def _gate(ctx, target, results, token=None):
+    """A gate `target` whose results alias `results` (after a token, when one is given)."""
+    values, avals = list(results), list(ctx.avals_out)
+    if token is not None:
+        values, avals = [token, *values], [core.abstract_token, *avals]
+    aliases = {i: i for i in range(token is not None, len(values))}
     return jax.ffi.ffi_lowering(target, operand_output_aliases=aliases, has_side_effect=True)(
-        ctx.replace(avals_in=ctx.avals_out), *results)
+        ctx.replace(avals_in=avals, avals_out=avals), *values)
+
+
+# Each function's last anchor and its token, per module being lowered (kept in a dict that lives
+# as long as the module's lowering: JAX's cache of lowered primitives, shared by every context of
+# one module).
+_CHAINS = object()
+
+
+def _chained_anchor(ctx, results):
+    """An anchor after `results` that takes over the anchor lowered before it in this function (the
+    one before becomes a passed gate) and takes its token: one host step per function."""
+    chains = ctx.module_context.cached_primitive_lowerings.setdefault(_CHAINS, {})
+    block = ir.InsertionPoint.current.block
+    previous = chains.get(block)
+    if previous is None:
+        token = hlo.create_token()
+    else:
+        previous.attributes["call_target_name"] = ir.StringAttr.get(PASSED_TARGET)
+        token = previous.results[0]
+    token, *outputs = _gate(ctx, TARGET, results, token)
+    chains[block] = token.owner
+    return outputs

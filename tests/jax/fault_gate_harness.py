@@ -50,6 +50,20 @@ class _Api(ctypes.Structure):
                 ("internal", ctypes.c_void_p), ("functions", ctypes.c_void_p * 18)]
 
 
+class _Extension(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("type", ctypes.c_int), ("next", ctypes.c_void_p)]
+
+
+class _Metadata(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("version_size", ctypes.c_size_t), ("version_ext", ctypes.c_void_p),
+                ("major", ctypes.c_int), ("minor", ctypes.c_int), ("traits", ctypes.c_uint32),
+                ("state_type_id", ctypes.c_int64)]
+
+
+class _MetadataExtension(ctypes.Structure):
+    _fields_ = [("base", _Extension), ("metadata", ctypes.POINTER(_Metadata))]
+
+
 class _Frame(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_size_t), ("ext", ctypes.c_void_p), ("api", ctypes.POINTER(_Api)),
                 ("ctx", ctypes.c_void_p), ("stage", ctypes.c_int)]
@@ -83,7 +97,8 @@ class Xla:
         return 1  # any non-null pointer: an error
 
     def execution(self, gates, executed=None):
-        """One execution of `gates` (True: an anchor); `executed`: the indices that run (control flow)."""
+        """One execution of `gates` (True: an anchor, False: nested, None: passed); `executed`: the
+        indices that run (control flow)."""
         self.run += 1
         waited = self.waited()
         for anchor in gates:
@@ -93,9 +108,19 @@ class Xla:
 
     def _call(self, anchor, stage):
         frame = _Frame(ctypes.sizeof(_Frame), None, ctypes.pointer(self.api), None, stage)
-        gate = self.lib.iris_fault_gate if anchor else self.lib.iris_fault_gate_nested
+        gate = {True: self.lib.iris_fault_gate, False: self.lib.iris_fault_gate_nested,
+                None: self.lib.iris_fault_gate_passed}[anchor]
         gate.restype = ctypes.c_void_p
         return gate(ctypes.byref(frame))
+
+    def traits(self, name):
+        """What a gate answers to XLA's metadata query (1: it may be captured into a CUDA graph)."""
+        metadata = _Metadata(ctypes.sizeof(_Metadata))
+        extension = _MetadataExtension(_Extension(ctypes.sizeof(_MetadataExtension), 1, None),
+                                       ctypes.pointer(metadata))
+        frame = _Frame(ctypes.sizeof(_Frame), ctypes.addressof(extension), ctypes.pointer(self.api), None, 0)
+        getattr(self.lib, name)(ctypes.byref(frame))
+        return metadata.traits
 
     def waited(self):
         return ctypes.c_int64.in_dll(self.lib, "iris_gate_waited").value
@@ -117,8 +142,11 @@ def main():
     def say(name, waited, results):
         print(f"{name}: waited {waited}, error {xla.errors[-1] if any(results) else None}", flush=True)
 
+    for name in ("iris_fault_gate", "iris_fault_gate_nested", "iris_fault_gate_passed"):
+        print(f"traits of {name}: {xla.traits(name)}", flush=True)
     lib.iris_gate_set_mode(1)  # step
     say("three anchors", *xla.execution([True, True, True]))
+    say("two passed, then their anchor", *xla.execution([None, None, True]))
     say("anchor, nested, anchor", *xla.execution([True, False, True]))
     say("anchor then nested", *xla.execution([True, False]))
     say("nested only, twice", *xla.execution([False, False]))
@@ -126,6 +154,7 @@ def main():
     say("the next execution after that", *xla.execution([True]))
     page[faults.SLOTS_AT + 3 * faults.SLOT] = faults.TIMEOUT  # a record's code: program 3 gave up
     say("a fault, two anchors", *xla.execution([True, True]))
+    say("a fault, a passed gate and its anchor", *xla.execution([None, True]))
     say("a fault stays until check_faults takes it", *xla.execution([True]))
     page[faults.SLOTS_AT + 3 * faults.SLOT] = 0
     status[0] = 1 << 60  # a refused access in the heap's status word

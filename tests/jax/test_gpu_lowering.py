@@ -65,14 +65,16 @@ def _scale_into(context_ptr, x_ptr, n, one, factor, out_ptr, BLOCK: tl.constexpr
     tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) * factor, mask=mask)
 
 
+_GATE_TARGETS = (fault_gate.TARGET, fault_gate.NESTED_TARGET, fault_gate.PASSED_TARGET)
+
+
 def _hlo_calls(text: str) -> list[str]:
     """The kernel calls of a lowered program (its fault gates left out)."""
-    return [line for line in text.splitlines()
-            if "stablehlo.custom_call" in line and f"@{fault_gate.TARGET}" not in line]
+    return [line for line in text.splitlines() if "stablehlo.custom_call" in line and not _gates(line)]
 
 
-def _gates(text: str) -> list[str]:
-    return [line for line in text.splitlines() if f"@{fault_gate.TARGET}" in line]
+def _gates(text: str, *targets: str) -> list[str]:
+    return [line for line in text.splitlines() if any(f"@{t}(" in line for t in targets or _GATE_TARGETS)]
 
 
 def test_every_kernel_is_followed_by_a_fault_gate_that_aliases_its_outputs(jaxlib):
@@ -87,8 +89,54 @@ def test_every_kernel_is_followed_by_a_fault_gate_that_aliases_its_outputs(jaxli
     for kernel, gate in zip(kernels, gates):
         assert lines.index(gate) == lines.index(kernel) + 1  # each kernel's outputs go through its gate
         result = kernel.split("=")[0].strip()
-        assert f"({result})" in gate or f"({result}#0" in gate
+        assert f", {result})" in gate or f", {result}#0" in gate  # after the token of the function's chain
         assert "has_side_effect = true" in gate and "output_operand_aliases" in gate
+
+
+def _chain(text: str) -> list[tuple[str, str, str]]:
+    """(target, token in, token out) of each gate of a lowered program, in order."""
+    gates = _gates(text)
+    return [(next(t for t in _GATE_TARGETS if f"@{t}(" in g), g.split("(")[1].split(",")[0].strip(),
+             g.split("=")[0].split(":")[0].strip()) for g in gates]
+
+
+def test_a_function_waits_once_its_gates_chained_by_tokens(jaxlib):
+    """Step mode: the gates of one function pass a token along and only the last is an anchor (one
+    host step, after every kernel of the function); a jitted helper's function has its own chain."""
+    use_runtime(2)
+    mesh = jax.sharding.Mesh(jax.devices()[:2], ("x",))
+    helper = jax.jit(lambda v: iris_jax.psum(v, "x") + iris_jax.psum(v * 2, "x"))
+    step = lambda v: helper(iris_jax.psum(jnp.sin(v), "x") + iris_jax.pmax(v, "x") + iris_jax.psum(v, "x"))
+    f = jax.jit(jax.shard_map(step, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
+    text = f.trace(jax.ShapeDtypeStruct((2 * 64,), jnp.float32)).lower(lowering_platforms=("cuda",)).as_text()
+    functions = text.split("func.func")[1:]
+    chains = [_chain(body) for body in functions if _gates(body)]
+    assert sorted(len(c) for c in chains) == [2, 3]  # the helper's two calls, the step's three
+    for chain in chains:
+        targets = [target for target, _, _ in chain]
+        assert targets == [fault_gate.PASSED_TARGET] * (len(chain) - 1) + [fault_gate.TARGET]
+        for (_, _, out), (_, token, _) in zip(chain, chain[1:]):
+            assert token == f"{out}#0"  # the gate before's token
+    assert "stablehlo.create_token" in text
+
+
+def test_every_gate_is_an_anchor_in_call_mode_and_gates_in_control_flow_are_nested(jaxlib):
+    rt = use_runtime(2)
+    mesh = jax.sharding.Mesh(jax.devices()[:2], ("x",))
+    step = lambda v: jax.lax.cond(v[0] > 0, lambda u: iris_jax.psum(u, "x"), lambda u: u,
+                                  iris_jax.psum(v, "x") + iris_jax.psum(v * 2, "x"))
+    x = jax.ShapeDtypeStruct((2 * 64,), jnp.float32)
+    for mode, anchors in (("step", 1), ("call", 2)):
+        gate, rt.fault_gate = rt.fault_gate, mode
+        try:  # (a new jit: JAX keeps a function's lowering)
+            f = jax.jit(jax.shard_map(step, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
+            text = f.trace(x).lower(lowering_platforms=("cuda",)).as_text()
+        finally:
+            rt.fault_gate = gate
+        assert len(_gates(text, fault_gate.TARGET)) == anchors
+        assert len(_gates(text, fault_gate.PASSED_TARGET)) == 2 - anchors
+        assert len(_gates(text, fault_gate.NESTED_TARGET)) == 1  # the psum inside the cond
+        assert ("stablehlo.token" in text) == (mode == "step")
 
 
 def test_no_fault_gate_is_lowered_when_it_is_off(jaxlib):
