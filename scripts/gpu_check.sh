@@ -43,8 +43,9 @@ suite_steps() {
   step gpu_suite2 580 bash -c "IRIS_GPU_SHARED_PART=2/2 IRIS_GPU_SHARED_LIMIT=400 XLA_PYTHON_CLIENT_PREALLOCATE=false \
     $shared tests/gpu --ignore=tests/gpu/test_gpu_faults.py; rc=\$?; tar czf $OUT/suite2_logs.tgz -C /tmp/iris_shared . \
     2>/dev/null; exit \$rc"
-  # the fault matrix (issue 34), 2 and 4 ranks sharing GPU 0, every case its own processes; its table
-  # (`fault matrix | ...` lines) goes to benchmarks/RESULTS.md; logs in $OUT/fault_logs.tgz
+  # the fault matrix (issue 34), 2 and 4 ranks sharing GPU 0, every case its own processes, three
+  # worlds at a time (IRIS_GPU_FAULT_JOBS; 1 runs them one after another); its table (`fault matrix | ...`
+  # lines) goes to benchmarks/RESULTS.md; logs in $OUT/fault_logs.tgz
   group=faults
   step gpu_faults 420 bash -c "IRIS_GPU_LOG_DIR=/tmp/iris_faults $t -s tests/gpu/test_gpu_faults.py; rc=\$?; \
     tar czf $OUT/fault_logs.tgz -C /tmp/iris_faults . 2>/dev/null; exit \$rc"

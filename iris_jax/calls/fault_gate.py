@@ -55,6 +55,7 @@ import warnings
 
 import jax
 from jax._src import core
+from jax._src.lib import xla_client
 from jax._src.lib.mlir import ir
 from jax._src.lib.mlir.dialects import hlo
 
@@ -196,16 +197,28 @@ def _register() -> None:
         if "done" in _registered:
             return
         lib = _library()
-        for target, anchor in ((TARGET, True), (NESTED_TARGET, False), (PASSED_TARGET, None)):
+        for target, anchor in ((TARGET, True), (NESTED_TARGET, False)):
             if lib is not None:
                 capsule = _ffi.capsule_at(ctypes.cast(getattr(lib, target), ctypes.c_void_p).value)
                 jax.ffi.register_ffi_target(target, {"prepare": capsule, "execute": capsule},
                                             platform=GPU.xla_platform)
-            elif anchor is None:  # (not captured into XLA's graph as the C one is; it does nothing either)
-                _ffi.register_staged_target(target, GPU.xla_platform, lambda stage, run_id, stream: None)
             else:
                 _ffi.register_staged_target(target, GPU.xla_platform, functools.partial(_python_gate, anchor))
+        if lib is None:  # (a host step, as the C one is where XLA cannot capture it; it does nothing either)
+            _ffi.register_staged_target(PASSED_TARGET, GPU.xla_platform, lambda stage, run_id, stream: None)
+        else:
+            _register_passed(_ffi.capsule_at(ctypes.cast(lib.iris_fault_gate_passed, ctypes.c_void_p).value))
         _registered["done"] = True
+
+
+def _register_passed(capsule) -> None:
+    """The passed gate, command-buffer compatible where jaxlib takes handler traits (so XLA captures
+    it into its CUDA graph; jaxlib 0.10 says "does not support custom call traits")."""
+    try:
+        jax.ffi.register_ffi_target(PASSED_TARGET, capsule, platform=GPU.xla_platform,
+                                    traits=xla_client.CustomCallTargetTraits.COMMAND_BUFFER_COMPATIBLE)
+    except Exception:  # a host step that does nothing: correct, one graph cut per passed gate
+        jax.ffi.register_ffi_target(PASSED_TARGET, capsule, platform=GPU.xla_platform)
 
 
 def _runs_once() -> bool:

@@ -9,6 +9,13 @@ the op and the rank within the timeout plus a second (the watchdog's report as w
 step: a new runtime that works, or a next call that fails at once. No process may hang: each
 run is bounded. The times go to benchmarks/RESULTS.md (the simulator's table is
 tests/jax/test_faults.py's).
+
+The worlds run JOBS at a time (IRIS_GPU_FAULT_JOBS, default 3; 1 runs them one after another):
+the module's first test starts the worlds of every selected test in the background, in the
+tests' order, and each test waits for its own (examples/10's world runs alone, last). A world
+spends most of its time starting its processes and in 3-s timeouts, so five runs of the matrix
+fit one device call this way. Few at a time: the timed calls share GPU 0 and the CPUs with the
+other worlds' start-up.
 """
 
 import json
@@ -16,7 +23,9 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -30,18 +39,29 @@ SCRIPT = Path(__file__).with_name("fault_matrix.py")
 LIMIT_S = 90
 SLACK_S = 1.0  # the issue's bound: the configured timeout plus a second
 LINE = re.compile(r"^fault (\S+) process (\d+): (\{.*\})$", re.M)
+JOBS = int(os.environ.get("IRIS_GPU_FAULT_JOBS", "3"))
 RESULTS = {}  # (case, world) -> {process: result}, printed at the end for RESULTS.md
+_PORTS = set()  # given to a world: its coordinator binds the port only once jax is imported
+_PORTS_LOCK = threading.Lock()
 
 
-def _run(case: str, world: int, tmp_path) -> dict:
-    if launcher.gpu_count() < 1:
-        pytest.fail("the gpu tests need a GPU (they never skip)")
-    port = launcher._free_port()
+def _port() -> int:
+    """A free port that no other world of this session was given."""
+    with _PORTS_LOCK:
+        port = launcher._free_port()
+        while port in _PORTS:
+            port = launcher._free_port()
+        _PORTS.add(port)
+    return port
+
+
+def _run(case: str, world: int, log_dir: Path) -> tuple[dict, list[str]]:
+    """Runs `case` at `world` ranks, ending what still runs LIMIT_S after its start; returns each
+    process's report and the logs."""
+    port = _port()
     env = dict(os.environ, PYTHONUNBUFFERED="1", XLA_PYTHON_CLIENT_PREALLOCATE="false",
                XLA_PYTHON_CLIENT_MEM_FRACTION="0.05", PYTHONPATH=f"{launcher.ROOT}{os.pathsep}"
                f"{os.environ.get('PYTHONPATH', '')}")
-    log_dir = Path(os.environ.get("IRIS_GPU_LOG_DIR") or tmp_path) / "faults"
-    log_dir.mkdir(parents=True, exist_ok=True)
     logs = [log_dir / f"{case}_w{world}_p{p}.log" for p in range(world)]
     procs = [subprocess.Popen([sys.executable, str(SCRIPT), case, str(p), str(world), str(port)], cwd=launcher.ROOT,
                               env=env, stdout=open(logs[p], "w"), stderr=subprocess.STDOUT, start_new_session=True)
@@ -63,6 +83,26 @@ def _run(case: str, world: int, tmp_path) -> dict:
     return found, texts
 
 
+@pytest.fixture(scope="module")
+def worlds(request, tmp_path_factory):
+    """(case, world) -> the future of _run: the world of every selected test of this module,
+    started JOBS at a time in the tests' order."""
+    if launcher.gpu_count() < 1:
+        pytest.fail("the gpu tests need a GPU (they never skip)")
+    log_dir = Path(os.environ.get("IRIS_GPU_LOG_DIR") or tmp_path_factory.mktemp("fault_matrix")) / "faults"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    keys = dict.fromkeys((item.callspec.params["case"], item.callspec.params["world"])
+                         for item in request.session.items if item.parent is request.node and hasattr(item, "callspec"))
+    pool = ThreadPoolExecutor(JOBS)
+    yield {key: pool.submit(_run, *key, log_dir) for key in keys}
+    pool.shutdown(cancel_futures=True)  # after -x: no new world; the running ones end by their limit
+
+
+def _worlds(case: str, *sizes: int):
+    """Parametrizes a test with fault_matrix.py's `case` at each of `sizes` ranks (ids: the sizes)."""
+    return pytest.mark.parametrize(("case", "world"), [(case, n) for n in sizes], ids=[str(n) for n in sizes])
+
+
 def _survivors(found, texts, world, absent):
     for p in range(world):
         if p != absent:
@@ -82,9 +122,9 @@ def _named_in_time(r, error, *words, watchdog=True, reads=True):
         assert r["watchdog_s"] is not None and r["watchdog_s"] < TIMEOUT_S + SLACK_S, r
 
 
-@pytest.mark.parametrize("world", [2, 4])
-def test_rank_that_never_calls(world, tmp_path):
-    found, texts = _run("missing", world, tmp_path)
+@_worlds("missing", 2, 4)
+def test_rank_that_never_calls(worlds, case, world):
+    found, texts = worlds[case, world].result()
     for r in _survivors(found, texts, world, world - 1):
         _named_in_time(r, "PeerTimeoutError", "iris all_reduce(sum)", f"rank {world - 1}", "group of ranks")
     for p in range(world):
@@ -92,9 +132,9 @@ def test_rank_that_never_calls(world, tmp_path):
     assert "iris watchdog: PeerTimeoutError" in texts[0]
 
 
-@pytest.mark.parametrize("world", [2, 4])
-def test_rank_killed_mid_loop(world, tmp_path):
-    found, texts = _run("killed", world, tmp_path)
+@_worlds("killed", 2, 4)
+def test_rank_killed_mid_loop(worlds, case, world):
+    found, texts = worlds[case, world].result()
     assert world - 1 not in found  # it died
     for r in _survivors(found, texts, world, world - 1):
         _named_in_time(r, "PeerTimeoutError", "iris all_reduce(sum)", f"rank {world - 1}")
@@ -102,10 +142,10 @@ def test_rank_killed_mid_loop(world, tmp_path):
         assert float(r["next"].split()[2]) < SLACK_S, r["next"]  # at once
 
 
-def _calls_that_differ(case, world, tmp_path, *words) -> list:
+def _calls_that_differ(worlds, case, world, *words) -> list:
     """Every rank gets RankMismatchError naming both calls, within the slack, and then a new
     runtime works; returns the ranks' results."""
-    found, texts = _run(case, world, tmp_path)
+    found, texts = worlds[case, world].result()
     survivors = _survivors(found, texts, world, None)
     for r in survivors:
         _named_in_time(r, "RankMismatchError", *words)
@@ -114,44 +154,44 @@ def _calls_that_differ(case, world, tmp_path, *words) -> list:
     return survivors
 
 
-@pytest.mark.parametrize("world", [2, 4])
-def test_ranks_that_take_different_branches(world, tmp_path):
-    _calls_that_differ("mismatch", world, tmp_path, "iris all_reduce(sum)", "float32[1, 64]", "float32[1, 65]")
+@_worlds("mismatch", 2, 4)
+def test_ranks_that_take_different_branches(worlds, case, world):
+    _calls_that_differ(worlds, case, world, "iris all_reduce(sum)", "float32[1, 64]", "float32[1, 65]")
 
 
-@pytest.mark.parametrize("world", [2, 4])
-def test_tile_collectives_that_differ(world, tmp_path):
-    _calls_that_differ("tile_mismatch", world, tmp_path, "iris tile collective (flag)",
+@_worlds("tile_mismatch", 2, 4)
+def test_tile_collectives_that_differ(worlds, case, world):
+    _calls_that_differ(worlds, case, world, "iris tile collective (flag)",
                        "tile all_reduce_one_shot of float32", "tile all_reduce_two_shot of float32")
 
 
-@pytest.mark.parametrize("world", [2, 4])
-def test_kernel_refused_by_the_heap_guard(world, tmp_path):
-    found, texts = _run("guard", world, tmp_path)
+@_worlds("guard", 2, 4)
+def test_kernel_refused_by_the_heap_guard(worlds, case, world):
+    found, texts = worlds[case, world].result()
     for r in _survivors(found, texts, world, None):
         _named_in_time(r, "NotOnHeapError", "store to rank", "nothing was accessed", watchdog=False)
         assert r["again"] is None and r["untouched"] and r["next"] == "same runtime: all_reduce OK", r
 
 
-@pytest.mark.parametrize("world", [2, 4])
-def test_heap_exhausted(world, tmp_path):
-    found, texts = _run("exhausted", world, tmp_path)
+@_worlds("exhausted", 2, 4)
+def test_heap_exhausted(worlds, case, world):
+    found, texts = worlds[case, world].result()
     for r in _survivors(found, texts, world, None):
         _named_in_time(r, "HeapExhaustedError", watchdog=False, reads=False)  # nothing ran
         assert r["next"] == "same runtime: all_reduce OK", r
 
 
-@pytest.mark.parametrize("world", [2, 4])
-def test_fused_calls_that_differ(world, tmp_path):
-    for r in _calls_that_differ("fused_mismatch", world, tmp_path, "iris matmul_all_reduce", "[32 x 32] @ [32 x 128]",
+@_worlds("fused_mismatch", 2, 4)
+def test_fused_calls_that_differ(worlds, case, world):
+    for r in _calls_that_differ(worlds, case, world, "iris matmul_all_reduce", "[32 x 32] @ [32 x 128]",
                                 "[64 x 32] @ [32 x 128]"):
         assert r["poisoned"].startswith("PeerFailedError after"), r["poisoned"]
         assert float(r["poisoned"].split()[2]) < SLACK_S, r["poisoned"]  # at once
 
 
-@pytest.mark.parametrize("world", [2, 4])
-def test_fused_call_without_a_rank(world, tmp_path):
-    found, texts = _run("fused_missing", world, tmp_path)
+@_worlds("fused_missing", 2, 4)
+def test_fused_call_without_a_rank(worlds, case, world):
+    found, texts = worlds[case, world].result()
     for r in _survivors(found, texts, world, world - 1):
         _named_in_time(r, "PeerTimeoutError", "iris matmul_all_reduce", f"rank {world - 1}")
     for p in range(world):  # the absent rank too: the survivors poisoned their lines in its workspace
@@ -160,8 +200,9 @@ def test_fused_call_without_a_rank(world, tmp_path):
         assert found[p]["next"].startswith("new runtime OK"), (p, found[p])
 
 
-def test_trapped_kernel_named_through_replace_lax_collectives(tmp_path):
-    found, texts = _run("missing_trap", 2, tmp_path)
+@_worlds("missing_trap", 2)
+def test_trapped_kernel_named_through_replace_lax_collectives(worlds, case, world):
+    found, texts = worlds[case, world].result()
     (r,) = _survivors(found, texts, 2, 1)
     _named_in_time(r, "PeerTimeoutError", "iris all_reduce(sum)", "rank 1", reads=False)  # a CUDA error
 
@@ -176,13 +217,13 @@ def test_zz_print_the_matrix():
               f" | next: {sorted({str(r.get('next'))[:60] for r in found.values()})}")
 
 
-def test_survivors_reform_and_finish(tmp_path):
+def test_survivors_reform_and_finish():
     """examples/10 on GPU 0 as 4 processes: the last SIGKILLs itself at step 3; each survivor's step
     fails naming it within the psum's timeout plus a second, the survivors form a world of 3 over
     JAX's live devices and finish with numpy's parameters."""
     if launcher.gpu_count() < 1:
         pytest.fail("the gpu tests need a GPU (they never skip)")
-    port = launcher._free_port()
+    port = _port()
     env = dict(os.environ, PYTHONUNBUFFERED="1", XLA_PYTHON_CLIENT_PREALLOCATE="false",
                XLA_PYTHON_CLIENT_MEM_FRACTION="0.05", IRIS_HEAP_SIZE=str(256 << 20),
                PYTHONPATH=f"{launcher.ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
