@@ -204,7 +204,7 @@ def _register() -> None:
                                             platform=GPU.xla_platform)
             else:
                 _ffi.register_staged_target(target, GPU.xla_platform, functools.partial(_python_gate, anchor))
-        if lib is None:  # (a host step, as the C one is where XLA cannot capture it; it does nothing either)
+        if lib is None:  # a Python step that does nothing (XLA cannot capture it: a graph cut, no wait)
             _ffi.register_staged_target(PASSED_TARGET, GPU.xla_platform, lambda stage, run_id, stream: None)
         else:
             _register_passed(_ffi.capsule_at(ctypes.cast(lib.iris_fault_gate_passed, ctypes.c_void_p).value))
@@ -258,9 +258,9 @@ def _gate(ctx, target, results, token=None):
         ctx.replace(avals_in=avals, avals_out=avals), *values)
 
 
-# Each function's last anchor and its token, per module being lowered (kept in a dict that lives
-# as long as the module's lowering: JAX's cache of lowered primitives, shared by every context of
-# one module).
+# The last anchor lowered in each function (its first result is the chain's token), per module
+# being lowered: kept in a dict that lives as long as the module's lowering, JAX's cache of
+# lowered primitives, which every context of one module shares.
 _CHAINS = object()
 
 
