@@ -4,7 +4,8 @@ XLA calls a handler with an `XLA_FFI_CallFrame` (xla/ffi/api/c_api.h). `register
 reads the buffer pointers of the operands and results and hands them to a Python callable;
 it runs on the device's own thread, so the devices of one program call concurrently.
 `register_staged_target` (the GPU fault gate) is called at the prepare and execute stages
-of every execution with the call's stream.
+of every execution with the call's stream. `register_capturable` registers a handler that XLA
+may capture into its CUDA graphs (command buffers).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import traceback
 from collections.abc import Callable
 
 import jax
+from jax._src.lib import xla_client
 
 
 class _Extension(ctypes.Structure):
@@ -141,6 +143,18 @@ def register_staged_target(name: str, platform: str, fn: Callable[[int, int | No
 
     capsule = _capsule(handler)
     jax.ffi.register_ffi_target(name, {"prepare": capsule, "execute": capsule}, platform=platform)
+
+
+def register_capturable(name: str, handler, platform: str) -> Exception | None:
+    """Registers `handler` (a capsule, or a dict of them by stage) as the FFI target `name`,
+    command-buffer compatible; returns why not where jaxlib refuses handler traits (jaxlib 0.10
+    says "does not support custom call traits"), having registered nothing."""
+    try:
+        jax.ffi.register_ffi_target(name, handler, platform=platform,
+                                    traits=xla_client.CustomCallTargetTraits.COMMAND_BUFFER_COMPATIBLE)
+    except Exception as e:  # any refusal: the caller keeps a host step
+        return e
+    return None
 
 
 def _answered_metadata(frame) -> bool:

@@ -55,7 +55,6 @@ import warnings
 
 import jax
 from jax._src import core
-from jax._src.lib import xla_client
 from jax._src.lib.mlir import ir
 from jax._src.lib.mlir.dialects import hlo
 
@@ -207,18 +206,11 @@ def _register() -> None:
         if lib is None:  # a Python step that does nothing (XLA cannot capture it: a graph cut, no wait)
             _ffi.register_staged_target(PASSED_TARGET, GPU.xla_platform, lambda stage, run_id, stream: None)
         else:
-            _register_passed(_ffi.capsule_at(ctypes.cast(lib.iris_fault_gate_passed, ctypes.c_void_p).value))
+            capsule = _ffi.capsule_at(ctypes.cast(lib.iris_fault_gate_passed, ctypes.c_void_p).value)
+            if _ffi.register_capturable(PASSED_TARGET, capsule, GPU.xla_platform) is not None:
+                # a host step that does nothing: correct, one graph cut per passed gate
+                jax.ffi.register_ffi_target(PASSED_TARGET, capsule, platform=GPU.xla_platform)
         _registered["done"] = True
-
-
-def _register_passed(capsule) -> None:
-    """The passed gate, command-buffer compatible where jaxlib takes handler traits (so XLA captures
-    it into its CUDA graph; jaxlib 0.10 says "does not support custom call traits")."""
-    try:
-        jax.ffi.register_ffi_target(PASSED_TARGET, capsule, platform=GPU.xla_platform,
-                                    traits=xla_client.CustomCallTargetTraits.COMMAND_BUFFER_COMPATIBLE)
-    except Exception:  # a host step that does nothing: correct, one graph cut per passed gate
-        jax.ffi.register_ffi_target(PASSED_TARGET, capsule, platform=GPU.xla_platform)
 
 
 def _runs_once() -> bool:

@@ -28,7 +28,7 @@ from jax.interpreters import mlir
 from iris_core.errors import IrisError
 from iris_core.platform import GPU
 from iris_jax import compat
-from iris_jax.calls import fault_gate, kernel_cache
+from iris_jax.calls import _ffi, fault_gate, kernel_cache
 from iris_jax.calls.autotune import resolve_call
 from iris_jax.calls.operands import extra_operands
 from iris_jax.calls.triton_call import aval_nbytes, iris_triton_call_p, kernel_arguments, normalize_grid
@@ -141,18 +141,16 @@ def graph_target() -> str | None:
 
 
 def _register() -> str | None:
-    from jax._src.lib import gpu_triton, xla_client
+    from jax._src.lib import gpu_triton
 
     plugin = getattr(gpu_triton, GPU.jaxlib_triton, None)
     handler = plugin.registrations().get("triton_kernel_call_ffi") if plugin else None
     if handler is None:
         return None
-    try:
-        jax.ffi.register_ffi_target(GRAPH_TARGET, handler, platform=GPU.xla_platform,
-                                    traits=xla_client.CustomCallTargetTraits.COMMAND_BUFFER_COMPATIBLE)
-    except Exception as e:  # any refusal means: keep the host-launched call
+    refusal = _ffi.register_capturable(GRAPH_TARGET, handler, GPU.xla_platform)
+    if refusal is not None:  # keep the host-launched call
         warnings.warn(f"iris kernels fall back to jaxlib's host-launched call (outside XLA's CUDA graphs, "
-                      f"a host launch per call): registering {GRAPH_TARGET} failed: {e}", stacklevel=2)
+                      f"a host launch per call): registering {GRAPH_TARGET} failed: {refusal}", stacklevel=2)
         return None
     return GRAPH_TARGET
 

@@ -50,20 +50,6 @@ class _Api(ctypes.Structure):
                 ("internal", ctypes.c_void_p), ("functions", ctypes.c_void_p * 18)]
 
 
-class _Extension(ctypes.Structure):
-    _fields_ = [("struct_size", ctypes.c_size_t), ("type", ctypes.c_int), ("next", ctypes.c_void_p)]
-
-
-class _Metadata(ctypes.Structure):
-    _fields_ = [("struct_size", ctypes.c_size_t), ("version_size", ctypes.c_size_t), ("version_ext", ctypes.c_void_p),
-                ("major", ctypes.c_int), ("minor", ctypes.c_int), ("traits", ctypes.c_uint32),
-                ("state_type_id", ctypes.c_int64)]
-
-
-class _MetadataExtension(ctypes.Structure):
-    _fields_ = [("base", _Extension), ("metadata", ctypes.POINTER(_Metadata))]
-
-
 class _Frame(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_size_t), ("ext", ctypes.c_void_p), ("api", ctypes.POINTER(_Api)),
                 ("ctx", ctypes.c_void_p), ("stage", ctypes.c_int)]
@@ -115,9 +101,11 @@ class Xla:
 
     def traits(self, name):
         """What a gate answers to XLA's metadata query (1: it may be captured into a CUDA graph)."""
-        metadata = _Metadata(ctypes.sizeof(_Metadata))
-        extension = _MetadataExtension(_Extension(ctypes.sizeof(_MetadataExtension), 1, None),
-                                       ctypes.pointer(metadata))
+        from iris_jax.calls import _ffi  # (XLA's structures, as the Python steps read them)
+
+        metadata = _ffi._Metadata(ctypes.sizeof(_ffi._Metadata))
+        extension = _ffi._MetadataExtension(_ffi._Extension(ctypes.sizeof(_ffi._MetadataExtension),
+                                                            _ffi._METADATA_EXTENSION, None), ctypes.pointer(metadata))
         frame = _Frame(ctypes.sizeof(_Frame), ctypes.addressof(extension), ctypes.pointer(self.api), None, 0)
         getattr(self.lib, name)(ctypes.byref(frame))
         return metadata.traits
