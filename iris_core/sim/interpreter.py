@@ -19,6 +19,7 @@ import sys
 import threading
 from collections.abc import Sequence
 
+import ml_dtypes
 import numpy as np
 
 from iris_core.errors import IrisError
@@ -260,6 +261,8 @@ def _patch_builder(ti) -> None:
     other goes through Triton's own loop. Its dtype lookup builds a dict of dtypes at every
     call, its pointer arithmetic makes four passes over the offsets, and it fills a tile
     with a scalar wherever one meets a tile."""
+    import triton.language as tl
+
     builder = ti.InterpreterBuilder
     masked_load, masked_store = builder.create_masked_load, builder.create_masked_store
     rmw = builder.create_atomic_rmw
@@ -318,7 +321,20 @@ def _patch_builder(ti) -> None:
         value = arg.data.reshape(-1)[:1].astype(cached_np_dtype(arg.dtype))
         return ti.TensorHandle(np.broadcast_to(value, tuple(ret_ty.shape)), arg.dtype.scalar)
 
+    cast = builder.cast_impl
+
+    def cast_rounded(self, src, dst_type):
+        # bfloat16 (held as uint16 here) converted as a GPU converts it, rounding to nearest even:
+        # Triton's interpreter truncates float32 -> bfloat16 and reinterprets other types' bits
+        if tl.bfloat16 not in (src.dtype.scalar, dst_type.scalar):
+            return cast(self, src, dst_type)
+        data = src.data.view(ml_dtypes.bfloat16) if src.dtype.scalar == tl.bfloat16 else src.data
+        if dst_type.scalar == tl.bfloat16:
+            return ti.TensorHandle(data.astype(ml_dtypes.bfloat16).view(np.uint16), dst_type.scalar)
+        return ti.TensorHandle(data.astype(cached_np_dtype(dst_type.scalar)), dst_type.scalar)
+
     ti._get_np_dtype = cached_np_dtype
+    builder.cast_impl = cast_rounded
     builder.create_masked_load, builder.create_masked_store = load, store
     builder.create_atomic_rmw = atomic_rmw
     builder.create_addptr, builder.create_splat = addptr, broadcast
