@@ -10,6 +10,8 @@ from iris_core.device import global_timer
 
 @triton.jit
 def all_reduce(g, c, ws, locks, c0, width, tiles, stamp, LOCKED: tl.constexpr):
+    """`ws`: my accumulator, in the accumulator's type (c.ACC: each element is rounded to the
+    output's type once); `locks`: a lock per tile (LOCKED)."""
     lanes = tl.arange(0, c.BLOCK)
     for t in range(g.pid, tiles, g.programs):  # 1. zero my accumulator (and my locks)
         cols = t * c.BLOCK + lanes
@@ -27,7 +29,7 @@ def all_reduce(g, c, ws, locks, c0, width, tiles, stamp, LOCKED: tl.constexpr):
                 if g.flags.lock(locks + t, g.rank(i), global_timer()) != 0:
                     g.give_up(g.rank(i), stamp)
                 current = g.ctx.load(ws + cols, from_rank=g.rank(i), mask=mask, cache_modifier=".cg")
-                total = (current.to(c.ACC) + value.to(c.ACC)).to(ws.dtype.element_ty)
+                total = current + value.to(c.ACC)
                 g.ctx.store(ws + cols, total, to_rank=g.rank(i), mask=mask)
                 tl.debug_barrier()
                 g.flags.unlock(locks + t, g.rank(i))
@@ -38,4 +40,5 @@ def all_reduce(g, c, ws, locks, c0, width, tiles, stamp, LOCKED: tl.constexpr):
     for t in range(g.pid, tiles, g.programs):  # 3. my accumulator holds the sum
         cols = t * c.BLOCK + lanes
         mask = cols < width
-        tl.store(c.out_ptr + (c0 + cols).to(tl.int64), tl.load(ws + cols, mask=mask, cache_modifier=".cg"), mask=mask)
+        total = tl.load(ws + cols, mask=mask, cache_modifier=".cg")
+        tl.store(c.out_ptr + (c0 + cols).to(tl.int64), total.to(c.out_ptr.dtype.element_ty), mask=mask)

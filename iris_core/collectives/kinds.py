@@ -61,3 +61,15 @@ def pipelined(kind, variant):
 def every_pair(kind, variant):
     """Whether every member sends to every other (the kinds that can be streamed)."""
     return variant == ONE_SHOT if kind == ALL_REDUCE else combines(kind) or gathers(kind)
+
+
+def accumulator(dtype: str) -> str:
+    """The type the members' contributions are combined in (the kernel's ACC), for a dtype by
+    its numpy name: float32 for the 16-bit floats, so that a sum is rounded to the output's
+    type once per element (as XLA and NCCL reduce bfloat16); every other dtype is its own
+    (integer sums wrap as lax's do, maxima and minima are exact)."""
+    return "float32" if dtype in ("float16", "bfloat16") else dtype
+
+
+# the all-reduce algorithms that keep partial results in their workspace buffers, in ACC
+KEEPS_PARTIALS = (RING, ATOMIC, SPINLOCK)

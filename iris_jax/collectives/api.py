@@ -31,7 +31,7 @@ from jax._src import core
 from iris_core.collectives.algorithms import ALGORITHMS
 from iris_jax.calls.triton_call import vary
 from iris_jax.collectives.lowering import group_size
-from iris_jax.collectives.rewrite import SUPPORTED_DTYPES, UnsupportedCollectiveError, run_on_iris
+from iris_jax.collectives.rewrite import run_on_iris
 from iris_jax.compat import lax_parallel
 from iris_jax.config import VARIANTS, CollectiveConfig, default_config
 
@@ -63,6 +63,8 @@ def psum(x, axis_name, *, axis_index_groups=None, variant: str | None = None, co
         unequal sizes); iris never falls back to XLA silently.
     """
     check_bound(axis_name, "psum")
+    if _constant(x):  # lax's answer while tracing (a Python number for a Python number): nothing to send
+        return lax_parallel.psum(x, axis_name, axis_index_groups=axis_index_groups)
     return run_on_iris(lambda v: lax_parallel.psum(v, axis_name, axis_index_groups=axis_index_groups), (x,),
                        _config(config, variant=variant))
 
@@ -87,6 +89,8 @@ def pmean(x, axis_name, *, axis_index_groups=None, variant: str | None = None,
         unequal sizes); iris never falls back to XLA silently.
     """
     check_bound(axis_name, "pmean")
+    if _constant(x):  # as psum's
+        return lax_parallel.pmean(x, axis_name, axis_index_groups=axis_index_groups)
     return run_on_iris(lambda v: lax_parallel.pmean(v, axis_name, axis_index_groups=axis_index_groups), (x,),
                        _config(config, variant=variant))
 
@@ -170,7 +174,6 @@ def all_reduce(x, axis_name, op: str = "sum", variant: str = "auto", *, timeout_
     if named:
         named.check(op)
     for leaf in tree_util.tree_leaves(x):
-        _check_dtype(leaf, "all_reduce")
         if named:
             named.check(op, jnp.dtype(leaf.dtype).name)
     if named:
@@ -407,11 +410,11 @@ def broadcast(x, axis_name, root: int = 0, *, config: CollectiveConfig | None = 
     return pbroadcast(x, axis_name, root, config=config)
 
 
-def _check_dtype(x, what):
-    if jnp.dtype(x.dtype) not in [jnp.dtype(d) for d in SUPPORTED_DTYPES]:
-        raise UnsupportedCollectiveError(
-            f"iris_jax.{what}: unsupported dtype {jnp.dtype(x.dtype).name}; supported: "
-            f"{', '.join(jnp.dtype(d).name for d in SUPPORTED_DTYPES)} (use jax.lax for others)")
+def _constant(x) -> bool:
+    """Whether no leaf of `x` is a tracer: lax's psum then computes its result while tracing
+    (`psum(1, axis)` is the axis's size as a Python int, a shape or a loop bound), and so does
+    iris's, with lax's own code."""
+    return not any(isinstance(leaf, core.Tracer) for leaf in tree_util.tree_leaves(x))
 
 
 def _axes_size(axis_name) -> int:

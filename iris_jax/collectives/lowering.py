@@ -180,15 +180,18 @@ def launch(kind: int, x2d, axes, out_blocks: int, config: CollectiveConfig, *, o
     G = group_size(axes, groups)
     XB, m = x2d.shape
     itemsize = x2d.dtype.itemsize
+    accumulator = kinds.accumulator(x2d.dtype.name)
+    # a buffer's elements: the accumulator's where the algorithm keeps partial results there
+    slot_itemsize = jnp.dtype(accumulator).itemsize if variant in kinds.KEEPS_PARTIALS else itemsize
     largest_block, max_programs, num_warps = launch_config(rt, config)
     if rt.backend.tile_fits_data:
         largest_block = min(largest_block, max(MIN_BLOCK, 1 << max(m - 1, 0).bit_length()))
     nbytes = XB * m * itemsize
 
     def tiling(buffer_bytes, slots):  # a buffer holds a slot per sender (push) or my input blocks (pull)
-        block = fitting_block(largest_block, buffer_bytes, slots, itemsize)
+        block = fitting_block(largest_block, buffer_bytes, slots, slot_itemsize)
         cap = config.chunk_bytes or NO_CHUNK_CAP
-        return block, max(block, min(buffer_bytes // slots, cap) // itemsize // block * block)
+        return block, max(block, min(buffer_bytes // slots, cap) // slot_itemsize // block * block)
 
     senders_per_buffer = max(G - 1, 1)  # push: every member but the buffer's owner
     stream = (streams(kind, variant, nbytes, G, config)
@@ -203,7 +206,6 @@ def launch(kind: int, x2d, axes, out_blocks: int, config: CollectiveConfig, *, o
     if stream:
         senders, receivers = stream_programs(tiles, max_programs, config.stream_senders_percent)
         programs = senders + receivers
-    floating = jnp.issubdtype(x2d.dtype, jnp.floating)
     return triton_call(
         x2d, m, kernel=K.collective_kernel, out_shape=jax.ShapeDtypeStruct((out_blocks, m), x2d.dtype),
         grid=(programs,), num_warps=num_warps, group_axes=axes, axis_index_groups=groups,
@@ -211,7 +213,7 @@ def launch(kind: int, x2d, axes, out_blocks: int, config: CollectiveConfig, *, o
         **K.launch_constants(
             KIND=kind, OP=op, VARIANT=variant, G=G, WORLD=rt.world_size, XB=XB, OB=out_blocks,
             SOURCES=tuple(sources) if sources is not None else tuple([-1] * G),
-            ACC=tl.float32 if floating else tl.int32, BLOCK=block, CHUNK=chunk, REGIONS=ws.layout.regions,
+            ACC=getattr(tl, accumulator), BLOCK=block, CHUNK=chunk, REGIONS=ws.layout.regions,
             TIMEOUT_NS=flag_protocol.timeout_ns(config.timeout_s), WHAT=what,
             ZERO_COPY=not push and zero_copy(kind, variant, nbytes, config), HEAP_BYTES=rt.heap_size,
             VEC=vector_width(m, itemsize), TRACING=rt.tracing.enabled, PUSH=push,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
+from iris_jax.collectives import dtypes
 from iris_jax.collectives.lowering import group_size
 from iris_jax.config import CollectiveConfig
 
@@ -66,6 +67,7 @@ class Rule:
     runs_groups: bool = False  # lower runs lax's axis_index_groups (each group a sub-group of members)
     equal_groups_by_lax: bool = False  # lax itself refuses axis_index_groups of unequal sizes (ValueError)
     carried: Callable = elementwise
+    reduces: str | None = None  # "sum", "max", "min": how it combines members (None: it moves data)
 
     @property
     def has_kernel(self) -> bool:
@@ -94,4 +96,8 @@ def lower(collective, params: dict, config: CollectiveConfig, *xs) -> list:
     if not rule.has_kernel:
         return list(xs)
     axes = axes_of(params)
-    return rule.lower(collective, params, config, axes, group_size(axes, params.get("axis_index_groups")), list(xs))
+    groups = params.get("axis_index_groups")
+    if rule.operands > 1:  # the rule encodes its own data operands (ragged_all_to_all)
+        return rule.lower(collective, params, config, axes, group_size(axes, groups), list(xs))
+    encoded, decode = dtypes.encode_all(list(xs), rule.reduces)  # each dtype as the kernels take it
+    return decode(rule.lower(collective, params, config, axes, group_size(axes, groups), encoded))

@@ -6,13 +6,16 @@ that iris can run into an `iris_collective` equation (iris_jax.collectives.primi
 result. The public collectives (`iris_jax.psum` = lax.psum run this way, ...) and
 `replace_lax_collectives` are this one mechanism; `explain` shows its decisions.
 
-Where iris does not run a collective (placement): positional axes, dtypes other than
-float32/bfloat16/float16/int32, collectives over axes that are not manual shard_map axes (an
-automatic axis of a partially manual shard_map), `axis_index_groups` of unequal sizes or that do not partition the
-axes' members, and calls with nothing to send (a group of one member, zero-size arrays), which
-XLA removes. The explicit API raises for the first two and for such groups (lax's own error
-type where lax refuses them too; `strict`); replace_lax_collectives leaves them to XLA.
-Equal-sized groups that partition the members run on iris, each group as a mesh axis's would.
+Where iris does not run a collective (placement): positional axes, what lax refuses too (a
+pmax of complex numbers, a psum_scatter of bools: iris_jax.collectives.dtypes.refusal;
+`axis_index_groups` that do not partition the axes' members, or of unequal sizes where lax
+needs equal ones), collectives over axes that are not manual shard_map axes (an automatic axis
+of a partially manual shard_map), and calls with nothing to send (a group of one member,
+zero-size arrays), which XLA removes. The explicit API raises for positional axes
+(UnsupportedCollectiveError) and for what lax refuses (lax's own error type; `strict`);
+replace_lax_collectives leaves them to XLA. Every dtype lax takes runs on iris
+(iris_jax.collectives.dtypes), and so do groups that partition the members, each group as a
+mesh axis's would (groups of unequal sizes: iris_jax.collectives.rules.all_reduce).
 An iris equation over axes that span domains is split at lowering, where the devices are
 known: iris inside each domain, XLA across (iris_jax.collectives.domains; `explain` shows the steps where
 the shard_map names its mesh).
@@ -27,21 +30,18 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
-import jax.numpy as jnp
 from jax import tree_util
 from jax._src import core, source_info_util
 from jax._src.lib import xla_client
 
 from iris_jax import _runtime
 from iris_jax.calls.triton_call import IrisKernelEffect
-from iris_jax.collectives import domains
+from iris_jax.collectives import domains, dtypes
 from iris_jax.collectives.primitive import freeze, iris_collective_p, kernel_effects
 from iris_jax.collectives.registry import Rule, axes_of, rule_of
 from iris_jax.compat import ClosedJaxpr, closed_jaxpr, is_closed_jaxpr, is_jaxpr, shard_map_manual_axes
 from iris_jax.config import CollectiveConfig, default_config
 from iris_jax.sync import guarded_call
-
-SUPPORTED_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16, jnp.int32)
 
 
 class UnsupportedCollectiveError(TypeError):
@@ -83,9 +83,9 @@ def placement(name: str, params: dict, aval, scope: Scope) -> tuple[str | None, 
     axes = axes_of(params)
     if any(isinstance(a, int) for a in axes):
         return "positional (integer) axes", UnsupportedCollectiveError
-    if aval.dtype not in [jnp.dtype(d) for d in SUPPORTED_DTYPES]:
-        return (f"dtype {aval.dtype.name} (iris runs {', '.join(jnp.dtype(d).name for d in SUPPORTED_DTYPES)})",
-                UnsupportedCollectiveError)
+    refused = dtypes.refusal(aval.dtype, rule.reduces)
+    if refused is not None:
+        return refused
     sizes = dict(scope.sizes)
     if any(a not in scope.manual for a in axes):
         return f"axes {axes} are not all manual shard_map axes here", None
@@ -97,7 +97,7 @@ def placement(name: str, params: dict, aval, scope: Scope) -> tuple[str | None, 
         problem = groups_problem(rule, groups, members)
         if problem is not None:
             return problem
-        members = len(groups[0])
+        members = max(len(g) for g in groups)
     if not rule.sends_when_trivial and members == 1:
         return "a group of one member: nothing to send (XLA removes it)", None
     if not rule.sends_when_trivial and aval.size == 0:
@@ -111,15 +111,15 @@ def groups_problem(rule: Rule, groups: tuple, members: int) -> tuple[str, type[E
     compilation, where iris raises while tracing), else UnsupportedCollectiveError. None: iris runs them.
     (lax itself checks that the groups hold each of 0 .. their total exactly once.)"""
     total = sum(len(g) for g in groups)
+    fix = "; pass groups that together hold each index of the axes once"
     if total > members:  # lax indexes the axis with them
-        return f"axis_index_groups {groups} name members beyond the {members} of the axes", IndexError
+        return f"axis_index_groups {groups} name members beyond the {members} of the axes{fix}", IndexError
     if total < members:
-        return (f"axis_index_groups {groups} do not cover the {members} members of the axes (XLA refuses it)",
+        return (f"axis_index_groups {groups} do not cover the {members} members of the axes (XLA refuses it){fix}",
                 jax.errors.JaxRuntimeError)
-    if len({len(g) for g in groups}) > 1:
-        if rule.equal_groups_by_lax:
-            return f"axis_index_groups {groups} of unequal sizes (lax's {rule.name} needs equal ones)", ValueError
-        return f"axis_index_groups {groups} of unequal sizes (iris runs equal-sized groups)", UnsupportedCollectiveError
+    if len({len(g) for g in groups}) > 1 and rule.equal_groups_by_lax:
+        return (f"axis_index_groups {groups} of unequal sizes (lax's {rule.name} needs equal ones); pass groups "
+                "of equal size", ValueError)
     return None
 
 
@@ -172,8 +172,7 @@ class _Rewriter:
                     f"iris_jax.{rule.name}: unsupported {reason}; use jax.lax.{rule.name} "
                     "(or iris_jax.replace_lax_collectives, which leaves such calls to XLA)")
             if self.strict and refusal is not None:  # lax refuses the call too, later
-                raise refusal(f"iris_jax.{rule.name}: {reason}; pass groups of equal size that together hold "
-                              "each index of the axes once")
+                raise refusal(f"iris_jax.{rule.name}: {reason}")
             return eqn
         if eqn.primitive is iris_collective_p:
             self.decisions.append(Decision(eqn.params["collective"].name, dict(eqn.params["params"]),

@@ -166,26 +166,32 @@ def test_replace_lax_collectives_runs_groups_on_iris(rng):
     assert f"over axis_index_groups {pairs}" in rows[0].why and f"over axis_index_groups {quads}" in rows[4].why
 
 
-def test_unequal_reduction_groups_stay_on_xla(rng):
-    """lax runs pmax / psum over groups of unequal sizes; iris leaves them to XLA (the
-    explicit API refuses them), and groups of one member (nothing to send) too."""
+@pytest.mark.parametrize("dtype", [F32, BF16, I32], ids=lambda d: jnp.dtype(d).name)
+def test_unequal_reduction_groups(rng, dtype):
+    """lax runs psum / pmean / pmax / pmin over groups of unequal sizes, and so does iris (the
+    operands gathered over the axis, each member combining its group's in the group's order,
+    rounded once): bit for bit lax's. Groups of one member only stay on XLA (nothing to send)."""
     mesh = mesh_of((8,), ("i",))
-    x = _x(mesh, rng)
-    uneven, singles = ((0, 1, 2), (3, 4, 5, 6, 7)), tuple((i,) for i in range(8))
+    x = shard(mesh, (rng.standard_normal((8, 6)) * 8).astype(dtype), P("i"))
+    uneven, lone, singles = ((0, 1, 2), (3, 4, 5, 6, 7)), ((5,), (0, 1, 2, 3, 4, 6, 7)), tuple((i,) for i in range(8))
 
-    def body(v):
-        return lax.pmax(v, "i", axis_index_groups=uneven) + lax.psum(v, "i", axis_index_groups=singles)
+    def body(module):
+        def f(v):
+            parts = [module.pmax(v, "i", axis_index_groups=uneven), module.pmin(v, "i", axis_index_groups=lone),
+                     module.psum(v, "i", axis_index_groups=uneven), module.psum(v, "i", axis_index_groups=singles)]
+            if dtype != I32:
+                parts.append(module.pmean(v, "i", axis_index_groups=lone))
+            return jnp.stack(parts)
+        return jax.shard_map(f, mesh=mesh, in_specs=P("i"), out_specs=P(None, "i"), check_vma=False)
 
-    program = jax.shard_map(body, mesh=mesh, in_specs=P("i"), out_specs=P("i"), check_vma=False)
-    replaced = iris_jax.replace_lax_collectives(program)
-    np.testing.assert_allclose(np.asarray(replaced(x)), np.asarray(jax.jit(program)(x)), rtol=1e-6)
-    assert kernels(replaced.lower(x)) == 0
-    rows = iris_jax.explain(program, x)
-    assert [r.runs_on for r in rows] == ["XLA", "XLA"]
-    assert "unequal sizes" in rows[0].why and "one member" in rows[1].why
-    with pytest.raises(iris_jax.UnsupportedCollectiveError, match="unequal sizes"):
-        jax.jit(jax.shard_map(lambda v: iris_jax.pmax(v, "i", axis_index_groups=uneven), mesh=mesh,
-                              in_specs=P("i"), out_specs=P("i")))(x)
+    want = np.asarray(jax.jit(body(lax))(x))
+    np.testing.assert_array_equal(np.asarray(jax.jit(body(iris_jax))(x)), want)
+    replaced = iris_jax.replace_lax_collectives(body(lax))
+    np.testing.assert_array_equal(np.asarray(replaced(x)), want)
+    assert xla_collectives(replaced.lower(x)) == 1  # the groups of one
+    rows = iris_jax.explain(body(lax), x)
+    assert [r.runs_on for r in rows] == ["iris", "iris", "iris", "XLA"] + (["iris"] if dtype != I32 else [])
+    assert f"over axis_index_groups {uneven}" in rows[0].why and "one member" in rows[3].why
 
 
 # -- errors: lax's types, raised while tracing -----------------------------------------------------

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 from functools import partial
 
+import jax.numpy as jnp
+import numpy as np
 from jax._src import config as jax_config
 
 from iris_core.collectives import kernels as K
+from iris_core.collectives import kinds
 from iris_jax.collectives import domains, lowering
 from iris_jax.collectives.registry import Rule, register
 from iris_jax.compat import lax_parallel as lax
@@ -22,12 +25,41 @@ _OPS = {"sum": K.SUM, "max": K.MAX, "min": K.MIN}
 
 
 def _lower(collective, params, config, axes, G, xs, *, op: str):
+    groups = params.get("axis_index_groups")
+    if groups is not None and len({len(g) for g in groups}) > 1:
+        return _over_unequal_groups(xs, axes, groups, op, config)
     nbytes = sum(x.size for x in xs) * xs[0].dtype.itemsize
     variant = lowering.effective_variant(config.variant, op, xs[0].dtype, nbytes, G, config)
     rows = lowering.launch_many(K.ALL_REDUCE, [x.reshape(1, -1) for x in xs], axes, 1, config, op=_OPS[op],
                                 variant=variant, out_invariant=True, groups=params.get("axis_index_groups"),
                                 what=f"all_reduce({op})")
     return [r.reshape(x.shape) for r, x in zip(rows, xs)]
+
+
+def _over_unequal_groups(xs, axes, groups, op: str, config) -> list:
+    """lax's reduction over axis_index_groups of unequal sizes (which lax runs for psum, pmax
+    and pmin): every member's operand gathered over the whole axes on iris, then each member
+    combines its own group's rows, in the group's order and in the accumulator's type (each
+    element rounded once, as the kernel's reductions)."""
+    members = sum(len(g) for g in groups)
+    rows = lowering.launch_many(K.ALL_GATHER, [x.reshape(1, -1) for x in xs], axes, members, config,
+                                out_invariant=True, what="all_gather")
+    combine = {"sum": jnp.add, "max": jnp.maximum, "min": jnp.minimum}[op]
+    group_of = np.zeros(members, np.int32)
+    for k, group in enumerate(groups):
+        group_of[list(group)] = k
+    mine = jnp.asarray(group_of)[lax.axis_index(axes)]
+    outs = []
+    for gathered, x in zip(rows, xs):
+        wide = gathered.astype(kinds.accumulator(x.dtype.name))
+        per_group = []
+        for group in groups:
+            acc = wide[group[0]]
+            for i in group[1:]:
+                acc = combine(acc, wide[i])
+            per_group.append(acc)
+        outs.append(jnp.stack(per_group)[mine].astype(x.dtype).reshape(x.shape))
+    return outs
 
 
 def _plan(params, nbytes, sizes, inside, across, config, *, name: str, hierarchical: bool):
@@ -69,7 +101,7 @@ def _rule(name: str, primitives: tuple[str, ...], op: str, hierarchical: bool, *
     psum_scatter / psum / all_gather (domains.plan_reduction)."""
     return Rule(name=name, primitives=primitives, lower=partial(_lower, op=op),
                 plan=partial(_plan, name=name, hierarchical=hierarchical),
-                lower_across=partial(_lower_across, hierarchical=hierarchical), runs_groups=True, **more)
+                lower_across=partial(_lower_across, hierarchical=hierarchical), runs_groups=True, reduces=op, **more)
 
 
 register(_rule("psum", ("psum", "psum_invariant"), op="sum", hierarchical=True, detail=_variant_detail))

@@ -40,4 +40,5 @@ def _carried(params, ndim):
 
 
 register(Rule(name="psum_scatter", primitives=("reduce_scatter",), lower=_lower, plan=_plan,
-              lower_across=_lower_across, carried=_carried, runs_groups=True, equal_groups_by_lax=True))
+              lower_across=_lower_across, carried=_carried, runs_groups=True, equal_groups_by_lax=True,
+              reduces="sum"))

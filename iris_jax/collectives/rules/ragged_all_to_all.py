@@ -26,7 +26,7 @@ from iris_jax import _runtime as runtime_lib
 from iris_jax._runtime.workspace import workspaces
 from iris_jax.calls.triton_call import triton_call
 from iris_jax.calls.triton_call import varying_axes as vma
-from iris_jax.collectives import domains, lowering
+from iris_jax.collectives import domains, dtypes, lowering
 from iris_jax.collectives.registry import Rule, register
 from iris_jax.compat import lax_parallel
 
@@ -56,9 +56,12 @@ def _lower(collective, params, config, axes, G, xs):
     R = math.prod(operand.shape[1:])
     if N == 0 or M == 0 or R == 0:  # nothing can be sent or received
         return [output]
-    out = launch(operand.reshape(N, R), output.reshape(M, R), input_offsets, send_sizes, output_offsets, slices,
+    rows, _ = dtypes.encode(operand, None)  # rows move as the kernel takes them
+    buffer, decode = dtypes.encode(output, None)
+    R = math.prod(rows.shape[1:])
+    out = launch(rows.reshape(N, R), buffer.reshape(M, R), input_offsets, send_sizes, output_offsets, slices,
                  axes, G, config, params.get("axis_index_groups"))
-    return [out.reshape(output.shape)]
+    return [decode(out.reshape(buffer.shape))]
 
 
 def launch(x, output, input_offsets, send_sizes, output_offsets, slices: int, axes, G: int, config, groups=None):
