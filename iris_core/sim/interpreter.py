@@ -335,6 +335,10 @@ def _patch_builder(ti) -> None:
 
     ti._get_np_dtype = cached_np_dtype
     builder.cast_impl = cast_rounded
+    # tl.maximum / tl.minimum without propagate_nan: a NaN loses, as in the GPU's max.f32 (and in
+    # NCCL's and XLA:CPU's reductions); Triton's interpreter let it win, like propagate_nan=ALL
+    builder.create_maxnumf = lambda self, lhs, rhs: self.binary_op(lhs, rhs, np.fmax)
+    builder.create_minnumf = lambda self, lhs, rhs: self.binary_op(lhs, rhs, np.fmin)
     builder.create_masked_load, builder.create_masked_store = load, store
     builder.create_atomic_rmw = atomic_rmw
     builder.create_addptr, builder.create_splat = addptr, broadcast
