@@ -22,6 +22,8 @@ from iris_core.errors import (  # noqa: E402
     PeerFailedError,
     PeerTimeoutError,
     RankDivergenceWarning,
+    RaceError,
+    RaceWarning,
     RankMismatchError,
 )
 from iris_jax import ops, tracing  # noqa: E402
@@ -90,5 +92,5 @@ __all__ = [
     "ops", "tracing",
     # errors
     "CrossDomainError", "HeapExhaustedError", "IrisError", "NotOnHeapError", "PeerFailedError", "PeerTimeoutError",
-    "RankDivergenceWarning", "RankMismatchError", "UnsupportedCollectiveError",
+    "RaceError", "RaceWarning", "RankDivergenceWarning", "RankMismatchError", "UnsupportedCollectiveError",
 ]
