@@ -21,9 +21,9 @@ from iris_core.errors import (  # noqa: E402
     NotOnHeapError,
     PeerFailedError,
     PeerTimeoutError,
-    RankDivergenceWarning,
     RaceError,
     RaceWarning,
+    RankDivergenceWarning,
     RankMismatchError,
 )
 from iris_jax import ops, tracing  # noqa: E402

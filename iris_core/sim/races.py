@@ -41,6 +41,7 @@ import warnings
 import numpy as np
 
 from iris_core.errors import RaceError, RaceWarning
+from iris_core.heap.shared_memory import SHM_DIR
 
 MODES = ("raise", "warn")
 GRANULE = 4  # bytes of heap per shadow word
@@ -72,8 +73,7 @@ def env_mode() -> str | None:
 
 
 def shadow_path(session: str) -> str:
-    from iris_core.heap.shared_memory import SHM_DIR  # the heap's directory, so its clean-ups find it
-
+    """In the heap's directory, named so that its clean-ups (remove_session_segments) find it."""
     return os.path.join(SHM_DIR, f"iris-{session}-r-races")
 
 

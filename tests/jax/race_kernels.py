@@ -86,3 +86,20 @@ def pair_exchange(context_ptr, data_ptr, data_flag_ptr, ack_ptr, ready_ptr, coun
         ctx.store(counter_ptr, ctx.rank + 1, to_rank=ctx.rank - ctx.rank % 2)
     else:
         ctx.atomic_add(counter_ptr, ctx.rank + 1, to_rank=ctx.rank - ctx.rank % 2, sem="relaxed", scope="sys")
+
+
+@triton.jit
+def store_to_next(context_ptr, inbox_ptr, x_ptr, out_ptr, W: tl.constexpr, BLOCK: tl.constexpr):
+    """Stores my x into the next rank's inbox (ordered for its reader only by what follows)."""
+    ctx = Context.initialize(context_ptr, W)
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs)
+    ctx.store(inbox_ptr + offs, x, to_rank=(ctx.rank + 1) % W)
+    tl.store(out_ptr + offs, x)
+
+
+@triton.jit
+def read_own(context_ptr, inbox_ptr, out_ptr, BLOCK: tl.constexpr):
+    """Reads my inbox with a plain load."""
+    offs = tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, tl.load(inbox_ptr + offs))
