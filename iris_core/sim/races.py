@@ -49,8 +49,8 @@ RING = 1 << 16  # access records kept per rank
 _WRITE, _READ, _ATOMIC, _SYNC, _WEAK = range(5)
 _PLANES = 5
 _RECORD_WORDS = 8  # clock, site, program, kind, heap rank, first byte, end byte, 0
-KINDS = ("load", "store", "atomic")
-LOAD, STORE, ATOMIC = range(3)
+KINDS = ("load", "store", "atomic", "flag load")
+LOAD, STORE, ATOMIC, FLAG_LOAD = range(4)  # FLAG_LOAD: volatile or acquiring (PTX: relaxed / acquire at sys)
 
 
 def mode_of(value) -> str | None:
@@ -284,10 +284,13 @@ class Detector:
                 recorded, checked = _WRITE, (_WRITE, _READ, _ATOMIC)
             elif kind == LOAD:
                 recorded, checked = _READ, (_WRITE, _ATOMIC)
+            elif kind == FLAG_LOAD:  # races with plain stores only; not recorded (atomics never race with it)
+                recorded, checked = None, (_WRITE,)
             else:
                 recorded, checked = _ATOMIC, (_WRITE, _READ)
                 self._publish(heap, where, sem, scope)
-            planes[recorded, rank, heap][where] = clock  # record, then check: of two racing ranks one sees the other
+            if recorded is not None:  # record, then check: of two racing ranks one sees the other
+                planes[recorded, rank, heap][where] = clock
             for plane in checked:
                 seen = planes[plane, :, heap][:, where]  # (ranks, words): index the words last
                 late = seen.max(axis=1) > vc
@@ -341,7 +344,8 @@ class Detector:
         racing = granules[seen[other] > self.vc[other]] if seen.ndim == 2 and seen.shape[1] == granules.size else \
             granules
         first, end = int(racing.min()) * GRANULE, (int(racing.max()) + 1) * GRANULE
-        mine = KINDS[kind] + (f" (sem={sem}, scope={scope})" if kind == ATOMIC else "")
+        mine = KINDS[kind] + (f" (sem={sem}, scope={scope})" if kind == ATOMIC else
+                              " (volatile)" if kind == FLAG_LOAD and not sem else "")
         lines = [
             f"data race on rank {heap}'s heap, {self._region(first, end)}:",
             f"  {other_kind} by rank {other}, program {int(record[2]) if known else '?'}: {other_site}",
@@ -440,11 +444,12 @@ def builder_patches(ti, detector: Detector) -> list:
 
     def masked_load(self, ptrs, mask, other, *policy):
         volatile = bool(policy[-1]) if policy else False
-        if _ACQUIRING.active or volatile:  # a flag read: an atomic load, never a race by itself
+        if _ACQUIRING.active or volatile:  # a flag read: a strong load, which races only with plain stores
+            sem = "acquire" if _ACQUIRING.active else ""
+            touched = detector.access(self, ptrs, mask, FLAG_LOAD, sem, "sys")
             out = load(self, ptrs, mask, other, *policy)
-            touched = detector._where(ptrs, mask)
             if touched:
-                detector.acquire(touched, "acquire" if _ACQUIRING.active else "", "sys")
+                detector.acquire(touched, sem, "sys")
             return out
         detector.access(self, ptrs, mask, LOAD)
         return load(self, ptrs, mask, other, *policy)
