@@ -31,7 +31,9 @@ than 4 bytes are not checked (two ranks writing neighbouring bytes of one word d
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
+import glob
 import mmap
 import os
 import sys
@@ -79,10 +81,9 @@ def shadow_path(session: str) -> str:
 
 def remove(session: str) -> None:
     """Unlinks a session's shadow files (its owner, when the heaps go)."""
-    path = shadow_path(session)
-    for p in [path, path + "-lock"] + [path + f"-sites-{r}" for r in range(256)]:
+    for path in glob.glob(shadow_path(session) + "*"):
         try:
-            os.unlink(p)
+            os.unlink(path)
         except FileNotFoundError:
             pass
 
@@ -211,11 +212,25 @@ class Detector:
         self._reported: set = set()
         self.kernel = "?"
         self.allocations = None  # a function: (starts, sizes) of the heap's live allocations
+        self._starts = None  # its last answer
+        self._heap_views: dict = {}  # (heap rank, element bytes) -> that heap as unsigned ints
 
     # a launch --------------------------------------------------------------------------------
     def begin(self, kernel: str) -> None:
         self.kernel = kernel
         np.maximum(self.vc, self.shadow.clocks[1], out=self.vc)
+        if self.allocations is not None and self._heap_changed():
+            # memory freed and allocated again keeps its old accesses in the shadow: a freed array's
+            # uses were over when the host freed it, so what finished before counts as before
+            np.maximum(self.vc, self.shadow.clocks[0], out=self.vc)
+
+    def _heap_changed(self) -> bool:
+        """Whether the heap's allocations changed since the last launch (a worker's table is a new
+        array at every change; a process that allocates builds a new one at every look)."""
+        starts, _ = self.allocations()
+        changed = starts is not self._starts
+        self._starts = starts
+        return changed
 
     def end(self) -> list[str]:
         self.shadow.clocks[0, self.rank] = self.vc[self.rank]
@@ -223,36 +238,62 @@ class Detector:
         return reports
 
     # an access ---------------------------------------------------------------------------------
-    def _where(self, ptrs, mask):
+    def _where(self, ptrs, mask, value=None):
         """[(heap rank, granule indices, byte offsets, element bytes)] of the lanes in `mask` that lie
-        in a heap (none for elements under 4 bytes)."""
+        in a heap (none for elements under 4 bytes). With a store's `value`, only the lanes whose
+        bytes it changes: a store of what a word already holds writes nothing a reader could see
+        (the collectives rewrite a signature beside their flag each round, a race in name only)."""
         element = max(1, ptrs.get_element_ty().primitive_bitwidth // 8)
         if element < GRANULE:
             return []
         addresses = ptrs.data.reshape(-1)
+        lanes = None
         if mask is not None:
-            lanes = np.broadcast_to(mask.data, ptrs.data.shape).reshape(-1)
-            if not lanes.all():
-                addresses = addresses[lanes.astype(bool)]
+            lanes = np.broadcast_to(mask.data, ptrs.data.shape).reshape(-1).astype(bool)
+            if lanes.all():
+                lanes = None
+            else:
+                addresses = addresses[lanes]
         if addresses.size == 0:
             return []
+        values = None
+        if value is not None:
+            values = np.broadcast_to(value.data, ptrs.data.shape).reshape(-1)
+            values = values[lanes] if lanes is not None else values
         found = []
         low, high = int(addresses.min()), int(addresses.max())
         for h in self.order:
             base = int(self.bases[h])
             if high < base or low >= base + self.heap_size:
                 continue
-            if base <= low and high < base + self.heap_size:
-                offsets = addresses - np.uint64(base)
-            else:
+            inside = None
+            if not (base <= low and high < base + self.heap_size):
                 inside = (addresses >= base) & (addresses < base + self.heap_size)
-                offsets = addresses[inside] - np.uint64(base)
+            offsets = (addresses if inside is None else addresses[inside]) - np.uint64(base)
             offsets = offsets.astype(np.int64)
+            if values is not None:
+                offsets = self._changed(h, offsets, values if inside is None else values[inside], element)
+                if offsets.size == 0:
+                    continue
             granules = offsets // GRANULE
             if element > GRANULE:
                 granules = (granules[:, None] + np.arange(element // GRANULE)).reshape(-1)
             found.append((int(h), granules, offsets, element))
         return found
+
+    def _changed(self, heap: int, offsets, values, element: int):
+        """The offsets (of aligned elements) whose bytes `values` change."""
+        if (offsets % element).any():
+            return offsets  # unaligned: take every lane
+        view = self._heap_views.get((heap, element))
+        if view is None:
+            raw = (ctypes.c_char * self.heap_size).from_address(int(self.bases[heap]))
+            view = self._heap_views[heap, element] = np.frombuffer(raw, f"u{element}")
+        now = view[offsets // element]
+        new = np.ascontiguousarray(values).view(f"u{element}") if values.dtype.itemsize == element else None
+        if new is None:
+            return offsets
+        return offsets[now != new]
 
     def _site(self) -> int:
         text = f"kernel {self.kernel} at {_site_text()}"
@@ -263,17 +304,18 @@ class Detector:
                 f.write(f"{number}\t{text}\n")
         return number
 
-    def access(self, builder, ptrs, mask, kind: int, sem: str = "", scope: str = "") -> list:
-        """Records and checks one load, store or atomic before it runs; returns what `acquire`
-        needs afterwards (the heap words it touched)."""
-        touched = self._where(ptrs, mask)
+    def access(self, builder, ptrs, mask, kind: int, sem: str = "", scope: str = "", value=None) -> list:
+        """Records and checks one load, store (`value`: what it stores) or atomic before it runs;
+        returns what `acquire` needs afterwards (the heap words it touched)."""
+        touched = self._where(ptrs, mask, value)
         if not touched:
             return touched
         rank, vc, planes = self.rank, self.vc, self.shadow.planes
         vc[rank] += 1
         clock = int(vc[rank])
         site = self._site()
-        program = builder.grid_idx[0] if hasattr(builder, "grid_idx") else 0
+        x, y, z = getattr(builder, "grid_idx", (0, 0, 0))
+        program = int(x) | int(y) << 20 | int(z) << 40
         for heap, granules, offsets, element in touched:
             record = (clock, site, int(program), kind, heap, int(offsets.min()), int(offsets.max()) + element, 0)
             self.shadow.log[rank, clock % RING] = record
@@ -348,8 +390,8 @@ class Detector:
                               " (volatile)" if kind == FLAG_LOAD and not sem else "")
         lines = [
             f"data race on rank {heap}'s heap, {self._region(first, end)}:",
-            f"  {other_kind} by rank {other}, program {int(record[2]) if known else '?'}: {other_site}",
-            f"  {mine} by rank {self.rank}, program {int(program)}: {self.shadow.site(self.rank, site)}",
+            f"  {other_kind} by rank {other}, program {_program(int(record[2])) if known else '?'}: {other_site}",
+            f"  {mine} by rank {self.rank}, program {_program(program)}: {self.shadow.site(self.rank, site)}",
             "  " + self._remedy(other, other_kind, KINDS[kind], other_clock),
         ]
         self.reports.append("\n".join(lines))
@@ -389,9 +431,11 @@ class Detector:
                       "lacks acquire / release at system scope")
         return order + "."
 
-    def raise_or_warn(self, reports: list[str]) -> None:
-        if reports:
-            emit(self.mode, reports)
+
+def _program(packed: int) -> str:
+    """A program id as access records pack it: "3", or "(3, 1)" / "(3, 1, 2)" in 2-D / 3-D grids."""
+    x, y, z = packed & 0xFFFFF, packed >> 20 & 0xFFFFF, packed >> 40
+    return f"({x}, {y}, {z})" if z else f"({x}, {y})" if y else str(x)
 
 
 def emit(mode: str, reports: list[str]) -> None:
@@ -455,7 +499,7 @@ def builder_patches(ti, detector: Detector) -> list:
         return load(self, ptrs, mask, other, *policy)
 
     def masked_store(self, ptrs, value, mask, *policy):
-        detector.access(self, ptrs, mask, STORE)
+        detector.access(self, ptrs, mask, STORE, value=value)
         return store(self, ptrs, value, mask, *policy)
 
     def atomic_rmw(self, op, ptr, value, mask, sem, scope):
