@@ -157,6 +157,7 @@ def host_barrier(session: str, world_size: int, heap_size: int) -> None:
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _DEVICE = os.path.join(os.path.dirname(_HERE), "device")
 _TRITON = os.path.dirname(os.path.dirname(os.path.abspath(np.__file__)))  # site-packages: triton, numpy
+_DYNAMIC = "<dynamic-code>"
 _CATEGORY: dict = {}  # code object -> 0 (skip: Triton, the simulator), 1 (the device API), 2 (kernel code)
 
 
@@ -438,9 +439,14 @@ def _program(packed: int) -> str:
     return f"({x}, {y}, {z})" if z else f"({x}, {y})" if y else str(x)
 
 
-def emit(mode: str, reports: list[str]) -> None:
-    """Raises RaceError (mode "raise") or warns RaceWarning naming every race found."""
+def emit(mode: str, reports: list[str], kernel=None) -> None:
+    """Raises RaceError (mode "raise") or warns RaceWarning naming every race found. `kernel`: the
+    kernel that ran, whose file names the lines of functions pickled by value into a rank's worker
+    (cloudpickle calls their file "<dynamic-code>"; they come from the host's __main__ script)."""
     text = "\n".join(reports)
+    code = getattr(getattr(kernel, "fn", kernel), "__code__", None)
+    if code is not None and not code.co_filename.startswith("<"):
+        text = text.replace(_DYNAMIC, _short(code.co_filename))
     if mode == "raise":
         raise RaceError(text)
     warnings.warn(text, RaceWarning, stacklevel=3)

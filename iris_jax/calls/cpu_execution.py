@@ -118,7 +118,7 @@ def _execute(rt, spec: KernelSpec, ins: list[int], outs: list[int]) -> None:
     if problem:
         raise RankMismatchError(problem)
     if found:
-        races.emit(rt.detect_races, found)
+        races.emit(rt.detect_races, found, spec.kernel)
     divergence = call and rt.call_table.divergence(call, members)
     if divergence:
         warnings.warn(f"rank {rank}: {divergence}", RankDivergenceWarning, stacklevel=1)
