@@ -14,7 +14,12 @@ memory model (docs/device-api.md):
   atomic with sem acquire or acq_rel at system scope, and the simulator's `load_acquire`
   (Flags.wait on my own flag), join what is published there. Relaxed atomics, GPU or CTA
   scope and volatile loads make no edge;
-* a host barrier (iris_jax.barrier) orders everything before it before everything after.
+* a host barrier (iris_jax.barrier) orders everything before it before everything after; a
+  change of the heap's allocations between launches orders the launches that had finished
+  before the next (a freed array's uses were over; its words keep their history).
+
+Volatile and acquiring loads are atomic (flag reads): they race with plain stores only. A
+store of the bytes a word already holds is no access.
 
 Shadow memory lives in one sparse shared-memory file per heap session, mapped by every
 process that runs kernels: for each rank, each heap and each 4-byte word, the clock of that
@@ -200,9 +205,9 @@ def _short(path: str) -> str:
 class Detector:
     """One rank's vector clock and its view of the shadow memory (kept across launches)."""
 
-    def __init__(self, session: str, world_size: int, heap_size: int, heap_bases, rank: int, mode: str):
+    def __init__(self, session: str, world_size: int, heap_size: int, heap_bases, rank: int):
         self.shadow = shadow(session, world_size, heap_size)
-        self.rank, self.world_size, self.heap_size, self.mode = rank, world_size, heap_size, mode
+        self.rank, self.world_size, self.heap_size = rank, world_size, heap_size
         self.bases = np.asarray([int(b) for b in heap_bases], np.uint64)
         self.order = np.argsort(self.bases)
         self.vc = np.zeros(world_size, np.int64)  # what this rank has seen of every rank's accesses
@@ -531,11 +536,10 @@ def builder_patches(ti, detector: Detector) -> list:
 _DETECTORS: dict = {}
 
 
-def detector(session: str, world_size: int, heap_size: int, heap_bases, rank: int, mode: str) -> Detector:
+def detector(session: str, world_size: int, heap_size: int, heap_bases, rank: int) -> Detector:
     """This process's detector of `rank` in `session` (its clock lives as long as the process)."""
     key = (session, rank)
     found = _DETECTORS.get(key)
     if found is None:
-        found = _DETECTORS[key] = Detector(session, world_size, heap_size, heap_bases, rank, mode)
-    found.mode = mode
+        found = _DETECTORS[key] = Detector(session, world_size, heap_size, heap_bases, rank)
     return found

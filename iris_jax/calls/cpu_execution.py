@@ -134,7 +134,7 @@ def _detector(rt, rank: int):
     if not rt.detect_races:
         return None
     heap = rt.heap
-    detector = races.detector(heap.session, rt.world_size, rt.heap_size, heap.heap_bases, rank, rt.detect_races)
+    detector = races.detector(heap.session, rt.world_size, rt.heap_size, heap.heap_bases, rank)
     detector.allocations = heap.allocation_table
     return detector
 
@@ -230,7 +230,7 @@ def _run_in_worker(state, session, area_path, area_size, kernel, grid, args, con
 
     detector = None
     if detect_races:
-        detector = races.detector(session, heap.world_size, heap.heap_size, heap.heap_bases, rank, detect_races)
+        detector = races.detector(session, heap.world_size, heap.heap_size, heap.heap_bases, rank)
         detector.allocations = heap.allocation_table
     return run_kernel(kernel, grid, [resolve(a) for a in args], constexprs, debug=debug, detector=detector)
 
