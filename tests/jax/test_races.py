@@ -221,3 +221,20 @@ def test_examples_are_not_reported(example):
     result = run_python([f"examples/{example}"], timeout=300, IRIS_DETECT_RACES="1",
                         XLA_FLAGS="--xla_force_host_platform_device_count=4")
     assert result.returncode == 0 and "OK:" in result.stdout, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("bug", ["none", "read_before_flag", "plain_stores"])
+def test_launched_ranks(bug):
+    """One process per rank (python -m iris_core.sim): the same detector, in each rank's process."""
+    from tests.jax.helpers import run_python
+
+    code = race_kernels.NONE if bug == "none" else race_kernels.BUGS[bug]
+    result = run_python(["-m", "iris_core.sim", "-n", "2", "--timeout", "240", "tests/jax/launched_races.py",
+                         str(code)], timeout=300, IRIS_DETECT_RACES="warn")
+    assert result.returncode == 0, result.stdout + result.stderr
+    counts = [int(line.rsplit(" ", 1)[1]) for line in result.stdout.splitlines() if "RACES" in line]
+    assert len(counts) == 2, result.stdout
+    if bug == "none":
+        assert counts == [0, 0], result.stdout
+    else:
+        assert sum(counts) > 0 and "data race on rank" in result.stdout, result.stdout
