@@ -1080,6 +1080,79 @@ def _grouped_reference(name: str, xs, r: int, groups):
     return np.concatenate([row[p * block:(p + 1) * block] for row in mine])  # all_to_all
 
 
+# every dtype lax takes (iris_jax.collectives.dtypes), each kind of carrier: words, widened bytes, float32 sums
+EVERY_DTYPE = ("bool", "int4", "int8", "uint8", "int16", "uint16", "uint32", "float8_e4m3fn", "float8_e5m2",
+               "float16", "bfloat16", "complex64")
+# a float sum's tolerance: one rounding of the dtype (relative to the largest magnitude)
+ROUNDING = {"float8_e4m3fn": 2.0**-3, "float8_e5m2": 2.0**-2, "float16": 2.0**-10, "bfloat16": 2.0**-7,
+            "complex64": 1e-6}
+
+
+def _dtype_values(rng, dtype, shape) -> np.ndarray:
+    """Values whose integer sums over 8 ranks stay in range (int4: -1 or 0), normal floats."""
+    if dtype == np.bool_:
+        return rng.integers(0, 2, shape).astype(bool)
+    if np.issubdtype(dtype, np.complexfloating):
+        return (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(dtype)
+    if dtype.kind in "iu" or dtype.name in ("int4", "uint4"):
+        low, high = (-1, 1) if dtype.name == "int4" else (-8, 8) if dtype.kind == "i" else (0, 16)
+        return rng.integers(low, high, shape).astype(dtype)
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def dtypes(world: World) -> None:
+    """Every dtype lax takes (EVERY_DTYPE) through psum, pmax, all_gather, psum_scatter, all_to_all and
+    ppermute, against numpy: data movement and integer reductions bit for bit, maxima exact, float sums
+    within one rounding of the exact sum (16-bit and 8-bit floats are summed in float32)."""
+    import jax.numpy as jnp
+    from jax.sharding import PartitionSpec as P
+
+    import iris_jax
+
+    W = world.size
+    n = 16 * W
+    block = n // W
+    perm = [(i, (i + 1) % W) for i in range(W)]
+    for k, name in enumerate(EVERY_DTYPE):
+        dtype = jnp.dtype(name)
+        xs = _dtype_values(np.random.default_rng(100 + k), dtype, (W, n))
+        calls = {"all_gather": (lambda v: iris_jax.all_gather(v, "i"), P("i")),
+                 "all_to_all": (lambda v: iris_jax.all_to_all(v, "i", 0, 0, tiled=True), P("i")),
+                 "ppermute": (lambda v: iris_jax.ppermute(v, "i", perm), P("i")),
+                 "psum": (lambda v: iris_jax.psum(v, "i"), P())}
+        if name != "complex64":
+            calls["pmax"] = (lambda v: iris_jax.pmax(v, "i"), P())
+        if name != "bool":
+            calls["psum_scatter"] = (lambda v: iris_jax.psum_scatter(v, "i", tiled=True), P("i"))
+        f = world.smap(lambda v: tuple(fn(v) for fn, _ in calls.values()), P("i"),
+                       tuple(spec for _, spec in calls.values()))
+        outs = dict(zip(calls, f(world.put(xs)), strict=True))
+        total = xs.astype(np.int32).sum(0) if name == "bool" else xs.astype(
+            np.complex128 if name == "complex64" else np.int64 if dtype.kind in "iub" or name == "int4" else
+            np.float64).sum(0)
+        for me in world.ranks:
+            moved = {"all_gather": xs, "ppermute": xs[(me - 1) % W],
+                     "all_to_all": np.concatenate([row[me * block:(me + 1) * block] for row in xs])}
+            for op, want in moved.items():
+                got = world.shard(outs[op], me)
+                world.require(f"{op} of {name} on rank {me}: bytes", got.dtype == want.dtype and np.array_equal(
+                    got.view(np.uint8), np.ascontiguousarray(want).view(np.uint8)))
+            if "pmax" in outs:
+                world.require(f"pmax of {name} on rank {me}", np.array_equal(world.shard(outs["pmax"], me),
+                                                                             xs.max(0)))
+            for op in ("psum", "psum_scatter"):
+                if op not in outs:
+                    continue
+                got = world.shard(outs[op], me)
+                want = total if op == "psum" else total[me * block:(me + 1) * block]
+                if name in ROUNDING:
+                    scale = ROUNDING[name] * max(1.0, float(np.abs(want).max()))
+                    world.require(f"{op} of {name} on rank {me}", np.allclose(
+                        got.astype(np.complex128 if name == "complex64" else np.float64), want, rtol=0, atol=scale))
+                else:  # integers wrap as lax's: the exact sum, narrowed
+                    world.require(f"{op} of {name} on rank {me}", np.array_equal(got, want.astype(got.dtype)))
+
+
 def axis_index_groups(world: World) -> None:
     """The collectives that take lax's axis_index_groups, over partitions of the ranks (each group a
     sub-group the kernel runs over), against numpy: psum (its groups need check_vma=False, so every
@@ -1210,6 +1283,7 @@ SCENARIOS = {
     "ragged": (ragged, {}),
     "moe": (moe, {}),
     "axis_index_groups": (axis_index_groups, {}),
+    "dtypes": (dtypes, {}),
     "tp_fsdp": (tp_fsdp, {}),  # its own test (tests/gpu/test_gpu_partially_manual.py), at 4 ranks
     "fused": (fused, {}),
     "tiles": (tiles, {}),

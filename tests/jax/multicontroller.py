@@ -112,7 +112,7 @@ def device_barriers(world) -> None:
 
 SCENARIOS = {"heap_arrays": heap_arrays, "ring_kernels": kernels, "collectives_beside_lax": collectives,
              "device_barriers": device_barriers}
-GPU_SCENARIOS = ["pallas"]  # tests/gpu/scenarios.py's own, run as on GPUs after these
+GPU_SCENARIOS = ["pallas", "dtypes"]  # tests/gpu/scenarios.py's own, run as on GPUs after these
 
 
 def main():
