@@ -291,7 +291,15 @@ class _SimulatorBackend(Backend):
     # so 4 x fewer chunk rounds; the tests' 16 MiB heaps keep the small ones
     large_heap_bytes, large_workspace_bytes = 64 << 20, 1 << 20
     fused_comm_programs, fused_reduce_programs, fused_poll_ns = 1, 1, 0
-    default_heap_size = int(os.environ.get("IRIS_HEAP_SIZE", 64 << 20))
+    # the heap's upper bound (IRIS_HEAP_SIZE): a sparse file per rank, memory only where written;
+    # it maps min(bound, initial_heap_bytes) at start and grows from there
+    default_heap_size = int(os.environ.get("IRIS_HEAP_SIZE", 64 << 30))
+    initial_heap_bytes = 64 << 20
+
+    def heap_options(self, bound: int) -> dict:
+        """SharedMemoryHeap's growth settings for a heap of upper bound `bound`."""
+        return dict(mapped_size=min(bound, self.initial_heap_bytes),
+                    device_memory=sim_device_memory(os.environ.get("IRIS_SIM_DEVICE_MEMORY", "")))
 
     def sm_count(self, devices):
         return SIM_SMS
@@ -327,7 +335,8 @@ class SimulatorWorkers(_SimulatorBackend):
         local = _local(devices)
         domains = _domains(len(local), domain_size)
         world = get_world(len(local))
-        heap = world.create_heaps(heap_size or self.default_heap_size)
+        bound = heap_size or self.default_heap_size
+        heap = world.create_heaps(bound, **self.heap_options(bound))
         return Started(len(local), domains, heap, {d: r for r, d in enumerate(local)},
                        call_table=_call_table(heap), sim_world=world)
 
@@ -361,12 +370,25 @@ class SimulatorLaunched(_SimulatorBackend):
         # a world of fewer ranks (the survivors of a dead process) maps heaps of its own: its ranks'
         # numbers may be a dead process's, whose segments the launcher removes only at the end
         heap_session = launched.session if world_size == launched.world_size else f"{launched.session}-{session}"
-        heap = SIMULATOR.heap_class()(world_size, heap_size or self.default_heap_size, [rank], heap_session,
-                                      store, timeout_s=RENDEZVOUS_TIMEOUT_S)
+        bound = heap_size or self.default_heap_size
+        heap = SIMULATOR.heap_class()(world_size, bound, [rank], heap_session, store, timeout_s=RENDEZVOUS_TIMEOUT_S,
+                                      **self.heap_options(bound))
         seen = _seen_by(store, session, rank, world_size, heap) if joined else {}
         return Started(world_size, domains, heap, {local[0]: rank}, store, session, call_table=_call_table(heap),
                        members=everyone, **seen)
 
+
+
+def sim_device_memory(setting: str) -> dict[int, int]:
+    """IRIS_SIM_DEVICE_MEMORY: "RANK:BYTES,..." (each named rank's simulated device memory, past
+    which its heap cannot grow); "" none."""
+    found = {}
+    for item in filter(None, (part.strip() for part in setting.split(","))):
+        rank, sep, nbytes = item.partition(":")
+        if not sep or not rank.strip().isdigit() or not nbytes.strip().isdigit():
+            raise ValueError(f"IRIS_SIM_DEVICE_MEMORY={setting!r}: expected RANK:BYTES items separated by commas")
+        found[int(rank)] = int(nbytes)
+    return found
 
 
 class _HostBytes:
