@@ -78,6 +78,8 @@ class SymmetricHeap(abc.ABC):
         try:
             offset = self.allocator.allocate(nbytes)
         except HeapExhaustedError:
+            offset = None  # (grown outside the handler: its error names the heap's holders, unchained)
+        if offset is None:
             self._grow_for(nbytes)
             offset = self.allocator.allocate(nbytes)
         with self._requested_lock:
