@@ -139,18 +139,23 @@ class SymmetricHeap(abc.ABC):
             new = min(-(-wanted // self.GROWTH_STEP) * self.GROWTH_STEP, self.heap_size)
             if new < wanted:
                 raise HeapExhaustedError(self.exhausted_message(nbytes, "it would pass the heap's upper bound"))
-            failure = None
-            try:
-                self._map(old, new)
-            except HeapExhaustedError as e:
-                failure = f"rank {', '.join(map(str, self.local_ranks)) or '-'}: {e}"
-            failures = self.agree(failure)
-            if failures:
-                if failure is None:
-                    self._unmap(old, new)
-                raise HeapExhaustedError(self.exhausted_message(
-                    nbytes, f"growing the heap from {format_bytes(old)} to {format_bytes(new)} failed on "
-                    f"{'; '.join(failures)}; nothing was changed"))
+            # two rounds, each agreed on by every process before the next: map my ranks' new
+            # bytes, then map (import) every peer's; a failure anywhere undoes both everywhere
+            for step, undo in ((self._map, self._unmap), (self._map_peers, self._unmap_peers)):
+                failure = None
+                try:
+                    step(old, new)
+                except HeapExhaustedError as e:
+                    failure = f"rank {', '.join(map(str, self.local_ranks)) or '-'}: {e}"
+                failures = self.agree(failure)
+                if failures:
+                    if failure is None:
+                        undo(old, new)
+                    if step == self._map_peers:
+                        self._unmap(old, new)
+                    raise HeapExhaustedError(self.exhausted_message(
+                        nbytes, f"growing the heap from {format_bytes(old)} to {format_bytes(new)} failed on "
+                        f"{'; '.join(failures)}; nothing was changed"))
             self.allocator.grow(new)
             self.mapped_size = new
             self.growths += 1
@@ -163,6 +168,14 @@ class SymmetricHeap(abc.ABC):
 
     def _unmap(self, old: int, new: int) -> None:  # noqa: B027  (heaps that map nothing undo nothing)
         """Undoes `_map(old, new)` (another rank failed to grow)."""
+
+    def _map_peers(self, old: int, new: int) -> None:  # noqa: B027  (peers' ranges need nothing on most heaps)
+        """After every process mapped its own ranks' bytes [old, new): makes the other processes'
+        reachable here (GPU VMM heaps import each peer's new allocation); raises
+        HeapExhaustedError where it cannot."""
+
+    def _unmap_peers(self, old: int, new: int) -> None:  # noqa: B027
+        """Undoes `_map_peers(old, new)`."""
 
     # -- statistics -----------------------------------------------------------
     def usage(self) -> dict[str, tuple[int, int]]:

@@ -131,7 +131,7 @@ class Backend:
     fused_comm_programs: int
     fused_reduce_programs: int
     fused_poll_ns: int
-    default_heap_size: int
+    default_heap_size: int | None
 
     def start(self, heap_size: int | None, devices: Sequence[jax.Device] | None, domain_size: int | None,
               heap_allocator: str) -> Started:
@@ -192,7 +192,9 @@ class _GpuBackend(Backend):
     collective_block = GPU_BLOCK
     workspace_bytes, fused_workspace_bytes, fused_flags = 16 << 20, 128 << 20, 1 << 16
     fused_comm_programs, fused_reduce_programs, fused_poll_ns = 8, 16, 500
-    default_heap_size = int(os.environ.get("IRIS_HEAP_SIZE", 1 << 30))
+    # IRIS_HEAP_SIZE, else None: the heap's own default (iris_core.heap.cuda: a cudaMalloc heap of
+    # 1 GiB; a VMM heap bounded by the device's memory, 1 GiB mapped at init)
+    default_heap_size = int(os.environ["IRIS_HEAP_SIZE"]) if os.environ.get("IRIS_HEAP_SIZE") else None
 
     def sm_count(self, devices):
         return int(getattr(devices[0], "core_count", None) or FALLBACK_SMS)
