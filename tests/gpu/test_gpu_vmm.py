@@ -8,7 +8,7 @@ fallback fails), and every process must shut down cleanly (the mappings released
 worlds run at once. Says nothing about fabric handles (no multi-node NVLink here) or speed.
 
 Settings: IRIS_GPU_VMM_WORLDS (default "2,4"), IRIS_GPU_VMM_SCENARIOS (default
-"kernels,device_barrier,collectives"), IRIS_GPU_VMM_LIMIT (seconds, default 220),
+"kernels,device_barrier,collectives,heap_growth"), IRIS_GPU_VMM_LIMIT (seconds, default 220),
 IRIS_GPU_LOG_DIR (keep the processes' logs there).
 """
 
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.gpu
 
 ALLOCATORS = ["vmm", "malloc"]
 WORLD_SIZES = [int(w) for w in os.environ.get("IRIS_GPU_VMM_WORLDS", "2,4").split(",")]
-SCENARIOS = os.environ.get("IRIS_GPU_VMM_SCENARIOS", "kernels,device_barrier,collectives").split(",")
+SCENARIOS = os.environ.get("IRIS_GPU_VMM_SCENARIOS", "kernels,device_barrier,collectives,heap_growth").split(",")
 LIMIT_S = float(os.environ.get("IRIS_GPU_VMM_LIMIT", 220))
 
 
