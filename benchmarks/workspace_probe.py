@@ -7,7 +7,11 @@ then matmul_reduce_scatter over two of them; every value checked against lax. Pr
 memory_stats after each step and a table (RESULTS.md records it). --small: 2 x 2 x 1 ranks on
 the simulator's default sizes, the same steps.
 
-    python benchmarks/workspace_probe.py [--elements N] [--small]
+--compilations N: then N compilations of psum over changing meshes (device orders, shapes),
+groupings (axes, axis tuples, axis_index_groups) and sizes (new shapes each time; every 50th
+run and checked against lax), printing the workspaces' bytes after each cycle of them.
+
+    python benchmarks/workspace_probe.py [--elements N] [--compilations N] [--small]
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ GPU_DEFAULTS = {"IRIS_HEAP_SIZE": str(1 << 30), "IRIS_WORKSPACE_BYTES": str(16 <
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--elements", type=int, default=64, help="float32 elements per rank of each collective")
+    parser.add_argument("--compilations", type=int, default=0, help="then this many compilations (see above)")
     small.add_flag(parser, "2 x 2 x 1 ranks, the simulator's default sizes")
     args = parser.parse_args()
     shape = (2, 2, 1) if args.small else (2, 2, 2)
@@ -102,6 +107,51 @@ def main() -> None:
     pool = workspaces()
     print(f"one partition's largest classes: collective {pool.layout.total_bytes:,} bytes, fused "
           f"{pool.fused_layout.total_bytes:,} bytes; stats: {iris_jax.memory_stats()}")
+    if args.compilations:
+        compilations(args.compilations, mesh, rng)
+
+
+def compilations(count: int, mesh, rng) -> None:
+    """`count` compilations over a cycle of meshes, groupings and sizes; the workspaces per cycle."""
+    import jax
+    import numpy as np
+    from jax import lax
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    import iris_jax
+
+    devices = list(mesh.devices.flat)
+    n_dev = len(devices)
+    meshes = [jax.make_mesh((n_dev,), ("i",), devices=devices), jax.make_mesh((n_dev,), ("i",), devices=devices[::-1]),
+              jax.make_mesh((2, n_dev // 2), ("a", "b"), devices=devices),
+              jax.make_mesh((n_dev // 2, 2), ("a", "b"), devices=devices[::-1])]
+    groupings = [(m, axes, None) for m in meshes for axes in [*m.axis_names, m.axis_names]]
+    half = n_dev // 2
+    groupings += [(meshes[0], "i", (tuple(range(half)), tuple(range(half, n_dev)))),
+                  (meshes[0], "i", (tuple(range(0, n_dev, 2)), tuple(range(1, n_dev, 2))))]
+    cases = [(g, size) for g in groupings for size in (64, 20_000)]
+    print(f"\n{count} compilations, a cycle of {len(cases)} (meshes x groupings x sizes):")
+    print("| compilations | workspaces (bytes) | workspaces | s |")
+    print("|---|---|---|---|")
+    start = time.perf_counter()
+    for n in range(count):
+        (m, axes, groups), size = cases[n % len(cases)]
+        spec = P(m.axis_names)
+        x = jax.device_put(rng.standard_normal(n_dev * (size + n)).astype(np.float32), NamedSharding(m, spec))
+
+        def body(v, ax=axes, g=groups, use=iris_jax):
+            return use.psum(v, ax, axis_index_groups=g)
+
+        smap = dict(mesh=m, in_specs=spec, out_specs=spec, check_vma=False)  # (lax's grouped psum needs it)
+        compiled = jax.jit(jax.shard_map(body, **smap)).lower(x).compile()
+        if n % 50 == 0:
+            want = jax.jit(jax.shard_map(lambda v, ax=axes, g=groups: body(v, ax, g, lax), **smap))(x)
+            np.testing.assert_allclose(np.asarray(compiled(x)), np.asarray(want), rtol=1e-5, atol=1e-5)
+        if (n + 1) % len(cases) == 0 or n + 1 == count:
+            stats = iris_jax.memory_stats()
+            print(f"| {n + 1} | {stats['workspaces_bytes_in_use']:,} | {stats['num_workspaces']} | "
+                  f"{time.perf_counter() - start:.0f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -66,11 +66,6 @@ class Workspace(NamedTuple):
     def nbytes(self) -> int:
         return self.layout.total_bytes
 
-    @property
-    def name(self) -> str:
-        """How explain() and errors name it: part, class and groups."""
-        return f"{self.part} workspace {format_bytes(self.size)} over {[list(g) for g in self.groups]}"
-
 
 def workspace_key(part: str, size: int | None = None) -> str:
     """The `workspace` parameter of a kernel call (iris_jax.calls.triton_call): `part`, and
