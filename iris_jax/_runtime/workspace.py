@@ -98,10 +98,13 @@ class GroupWorkspaces:
         self._lock = threading.Lock()
 
     # -- size classes --------------------------------------------------------------------
+    def largest(self, part: str) -> WorkspaceLayout | FusedLayout:
+        """`part`'s largest class: the configured sizes."""
+        return self.layout if part == "collective" else self.fused_layout
+
     def classes(self, part: str = "collective") -> list[WorkspaceLayout | FusedLayout]:
         """The layouts of `part`'s size classes, largest first."""
-        largest = self.layout if part == "collective" else self.fused_layout
-        found = [largest]
+        found = [self.largest(part)]
         while True:
             smaller = _shrunk(found[-1], CLASS_STEP)
             if smaller is None:
@@ -113,12 +116,11 @@ class GroupWorkspaces:
         streamed buffer with `streamed`, else its data buffer; a fused parity buffer); the
         largest if none does."""
         fits = [c for c in self.classes(part) if _capacity(c, streamed) >= need]
-        return fits[-1] if fits else self.layout if part == "collective" else self.fused_layout
+        return fits[-1] if fits else self.largest(part)
 
     def key(self, part: str, layout) -> str:
         """The kernel call's `workspace` parameter for `layout`, a class of `part`."""
-        largest = self.layout if part == "collective" else self.fused_layout
-        return workspace_key(part, None if layout == largest else layout.data_bytes)
+        return workspace_key(part, None if layout == self.largest(part) else layout.data_bytes)
 
     def layout_of(self, key: str) -> WorkspaceLayout | FusedLayout:
         part, size = parse_key(key)
