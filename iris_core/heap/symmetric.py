@@ -75,13 +75,14 @@ class SymmetricHeap(abc.ABC):
           HeapExhaustedError: it fits neither the mapped memory nor, grown, the upper bound
             (or a rank could not map more), with what holds the heap.
         """
-        try:
-            offset = self.allocator.allocate(nbytes)
-        except HeapExhaustedError:
-            offset = None  # (grown outside the handler: its error names the heap's holders, unchained)
-        if offset is None:
-            self._grow_for(nbytes)
-            offset = self.allocator.allocate(nbytes)
+        offset = None
+        while offset is None:  # (another thread may take what a growth made room for: grow again)
+            try:
+                offset = self.allocator.allocate(nbytes)
+            except HeapExhaustedError:
+                pass  # (grown outside the handler: its error names the heap's holders, unchained)
+            if offset is None:
+                self._grow_for(nbytes)
         with self._requested_lock:
             self._requested[offset] = nbytes
             self._owners[offset] = owner
