@@ -162,9 +162,9 @@ class SymmetricHeap(abc.ABC):
             self.growths += 1
 
     def _map(self, old: int, new: int) -> None:
-        """Makes bytes [old, new) of every rank's range memory, on this process's ranks and in
-        its views of the peers'; raises HeapExhaustedError where a rank has no memory for
-        it. Heaps that cannot grow refuse."""
+        """Makes bytes [old, new) of this process's ranks' ranges memory (the peers' follow in
+        `_map_peers`); raises HeapExhaustedError where a rank has no memory for it, having
+        mapped nothing. Heaps that cannot grow refuse."""
         raise HeapExhaustedError(f"{type(self).__name__} heaps do not grow (the whole heap is mapped at init)")
 
     def _unmap(self, old: int, new: int) -> None:  # noqa: B027  (heaps that map nothing undo nothing)

@@ -1195,10 +1195,12 @@ def tp_fsdp(world: World) -> None:
 
 
 def heap_growth(world: World) -> None:
-    """The heap grows (VMM heaps, the default with one process per GPU): an array larger than
-    what is free of the heap's mapped bytes (1 GiB at init) maps more on every rank at once; an
-    array placed in the grown range then goes through a psum, against numpy, and an array placed
-    before keeps its offset and values. A cudaMalloc heap maps its whole size and never grows."""
+    """The heap grows (VMM heaps, the default with one process per GPU, when their upper bound
+    exceeds what they mapped at init: 1 GiB): an array larger than what is free of the mapped
+    bytes maps more on every rank at once; an array placed in the grown range then goes through a
+    psum, against numpy, and an array placed before keeps its offset and values. A heap mapped
+    up to its bound (cudaMalloc heaps always, VMM heaps of mp_script's default 768 MiB): an array
+    past the bound raises HeapExhaustedError on every rank and changes nothing."""
     import jax.numpy as jnp
     from jax.sharding import PartitionSpec as P
 
@@ -1207,6 +1209,13 @@ def heap_growth(world: World) -> None:
     before = iris_jax.memory_stats()
     if world.runtime.heap_allocator == "malloc":
         world.require("a cudaMalloc heap maps its whole size", before["bytes_mapped"] == before["bytes_limit"], before)
+    if before["bytes_mapped"] == before["bytes_limit"]:
+        try:
+            iris_jax.empty((world.size * (before["bytes_limit"] // 4),), jnp.float32, sharding=world.rows)
+            world.require("an array past the heap's bound raises HeapExhaustedError", False, "it did not")
+        except iris_jax.HeapExhaustedError as e:
+            world.require("the error names what holds the heap", "upper bound" in str(e), str(e)[:300])
+        world.require("nothing changed", iris_jax.memory_stats() == before, (before, iris_jax.memory_stats()))
         return
     kept = world.inputs(SMALL, "float32", 51)
     first = world.heap(kept)
