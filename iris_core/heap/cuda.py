@@ -245,15 +245,16 @@ class CudaHeap(SymmetricHeap):
     def _map(self, old: int, new: int) -> None:
         if self.heap_allocator == "malloc":
             super()._map(old, new)  # refuses
+        rt = _cudart()
         try:
             self._map_local(old, new)
+            for rank, dev in self.devices.items():  # zeroed, as the heap is at init
+                _check(rt.cudaSetDevice(dev), "cudaSetDevice")
+                _check(rt.cudaMemset(self.heap_bases[rank] + old, 0, new - old), "cudaMemset")
+            _check(rt.cudaDeviceSynchronize(), "cudaDeviceSynchronize")
         except IrisError as e:  # out of memory, or any failed call: the growth fails on every rank
+            self._drop_chunks(old, self.local_ranks)
             raise HeapExhaustedError(str(e)) from None
-        rt = _cudart()
-        for rank, dev in self.devices.items():
-            _check(rt.cudaSetDevice(dev), "cudaSetDevice")
-            _check(rt.cudaMemset(self.heap_bases[rank] + old, 0, new - old), "cudaMemset")
-        _check(rt.cudaDeviceSynchronize(), "cudaDeviceSynchronize")
 
     def _unmap(self, old: int, new: int) -> None:
         self._drop_chunks(old, self.local_ranks)
