@@ -198,8 +198,10 @@ def launch(kind: int, x2d, axes, out_blocks: int, config: CollectiveConfig, *, o
     block, chunk = tiling(ws.layout.stream_capacity if stream else ws.layout.data_bytes, slots)
     layout = ws.layout  # the largest class decided the above; a call of one chunk takes the least that holds it
     if m <= chunk:
-        layout = ws.fitting("collective", one_chunk_bytes(m, block, slots, itemsize, G, stream), streamed=stream)
-        block, chunk = tiling(layout.stream_capacity if stream else layout.data_bytes, slots)
+        fitted = ws.fitting("collective", one_chunk_bytes(m, block, slots, itemsize, G, stream), streamed=stream)
+        fitted_block, fitted_chunk = tiling(fitted.stream_capacity if stream else fitted.data_bytes, slots)
+        if (fitted_block, min(fitted_chunk, m)) == (block, m):  # the same tile, still one chunk
+            layout, chunk = fitted, fitted_chunk
     tiles = math.ceil(min(m, chunk) / block)
     if stream and tiles > max_programs // 2:  # more than a round of tiles: the streamed launch configuration
         _, max_programs, num_warps = launch_config(rt, config, streamed=True)
