@@ -48,9 +48,10 @@ def init(heap_size: int | None = None, devices: Sequence[jax.Device] | None = No
 
     Args:
       heap_size: the most bytes each device's heap may hold (environment IRIS_HEAP_SIZE); heaps
-        map a part at init and grow as allocations need, up to it. Default: 64 GiB on the
-        simulator (64 MiB mapped at start), the device's memory for GPU VMM heaps (1 GiB mapped
-        at start), 1 GiB for cudaMalloc heaps (which do not grow). See docs/settings.md.
+        map a part at init and grow as allocations need, up to it. Default: the host's memory
+        divided by the ranks on the simulator (64 MiB mapped at start), the device's memory for
+        GPU VMM heaps (1 GiB mapped at start), 1 GiB for cudaMalloc heaps (which do not grow).
+        See docs/settings.md.
       devices: the devices that get a heap (default: every local device).
       domain_size: ranks r // domain_size form a domain (default: environment IRIS_DOMAIN_SIZE,
         else one domain per process or, with one process per GPU, per host).

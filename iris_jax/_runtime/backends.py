@@ -293,10 +293,19 @@ class _SimulatorBackend(Backend):
     # so 4 x fewer chunk rounds; the tests' 16 MiB heaps keep the small ones
     large_heap_bytes, large_workspace_bytes = 64 << 20, 1 << 20
     fused_comm_programs, fused_reduce_programs, fused_poll_ns = 1, 1, 0
-    # the heap's upper bound (IRIS_HEAP_SIZE): a sparse file per rank, memory only where written;
-    # it maps min(bound, initial_heap_bytes) at start and grows from there
-    default_heap_size = int(os.environ.get("IRIS_HEAP_SIZE", 64 << 30))
+    # the heap's upper bound (IRIS_HEAP_SIZE; None: the ranks' share of the host's memory): a
+    # sparse file per rank, memory only where written; it maps min(bound, initial_heap_bytes) at
+    # start and grows from there
+    default_heap_size = int(os.environ["IRIS_HEAP_SIZE"]) if os.environ.get("IRIS_HEAP_SIZE") else None
     initial_heap_bytes = 64 << 20
+
+    def heap_bound(self, heap_size: int | None, ranks: int) -> int:
+        """The upper bound of each of `ranks` heaps: `heap_size`, IRIS_HEAP_SIZE, or the host's
+        memory shared by its ranks (at least initial_heap_bytes, in its multiples)."""
+        if heap_size or self.default_heap_size:
+            return heap_size or self.default_heap_size
+        host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        return max(host // ranks // self.initial_heap_bytes, 1) * self.initial_heap_bytes
 
     def heap_options(self, bound: int) -> dict:
         """SharedMemoryHeap's growth settings for a heap of upper bound `bound`."""
@@ -337,7 +346,7 @@ class SimulatorWorkers(_SimulatorBackend):
         local = _local(devices)
         domains = _domains(len(local), domain_size)
         world = get_world(len(local))
-        bound = heap_size or self.default_heap_size
+        bound = self.heap_bound(heap_size, len(local))
         heap = world.create_heaps(bound, **self.heap_options(bound))
         return Started(len(local), domains, heap, {d: r for r, d in enumerate(local)},
                        call_table=_call_table(heap), sim_world=world)
@@ -372,7 +381,7 @@ class SimulatorLaunched(_SimulatorBackend):
         # a world of fewer ranks (the survivors of a dead process) maps heaps of its own: its ranks'
         # numbers may be a dead process's, whose segments the launcher removes only at the end
         heap_session = launched.session if world_size == launched.world_size else f"{launched.session}-{session}"
-        bound = heap_size or self.default_heap_size
+        bound = self.heap_bound(heap_size, launched.world_size)  # (the launcher's ranks share this host)
         heap = SIMULATOR.heap_class()(world_size, bound, [rank], heap_session, store, timeout_s=RENDEZVOUS_TIMEOUT_S,
                                       **self.heap_options(bound))
         seen = _seen_by(store, session, rank, world_size, heap) if joined else {}
