@@ -47,7 +47,7 @@ class SymmetricHeap(abc.ABC):
         self.allocator = HeapAllocator(self.mapped_size)
         self.allocator.allocate(RESERVED_BYTES)  # offset 0: the status line (iris_core.heap.status)
         self._requested: dict[int, int] = {}  # live allocations: offset -> bytes asked for
-        self._owners: dict[int, str] = {}  # live allocations: offset -> what holds it ("arrays", ...)
+        self._owners: dict[int, str] = {0: "runtime"}  # live allocations: offset -> what holds it ("arrays", ...)
         self._requested_lock = threading.Lock()
         self._grow_lock = threading.Lock()
         self.peak_used = self.allocator.used
