@@ -27,7 +27,7 @@ from iris_core.errors import (  # noqa: E402
     RankMismatchError,
 )
 from iris_jax import ops, tracing  # noqa: E402
-from iris_jax._runtime import Runtime, init, is_initialized, runtime, shutdown  # noqa: E402
+from iris_jax._runtime import Runtime, init, is_initialized, memory_stats, runtime, shutdown  # noqa: E402
 from iris_jax._runtime.arrays import (  # noqa: E402
     arange,
     empty,
@@ -79,7 +79,7 @@ _gpu_lowering.register()
 
 __all__ = [
     # runtime and heap arrays
-    "Runtime", "init", "is_initialized", "runtime", "shutdown",
+    "Runtime", "init", "is_initialized", "memory_stats", "runtime", "shutdown",
     "arange", "empty", "empty_like", "full", "full_like", "heap_offset", "is_symmetric", "ones", "ones_like",
     "rand", "randn", "to_heap", "zeros", "zeros_like",
     # kernels and synchronization

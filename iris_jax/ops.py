@@ -233,7 +233,7 @@ def _launch_reduce(a, b, axes, scatter: bool, what, config):
     """Kernel launches (row chunks) of matmul_reduce_kernel. a: (NB*M) x K, NB = G if scatter."""
     rt = runtime_lib.runtime()
     fs = settings()
-    layout = workspaces(rt).fused_layout
+    ws = workspaces(rt)
     G = group_size(axes)
     gemm = fs.gemm(a.dtype, config)
     BM, BN = gemm.BM, gemm.BN
@@ -242,8 +242,9 @@ def _launch_reduce(a, b, axes, scatter: bool, what, config):
     M = a.shape[0] // NB
     tiles_n = math.ceil(N / BN)
     # every rank keeps all tiles it computes (NB row blocks) for its peers to pull, and a flag
-    # per tile and member
+    # per tile and member; the smallest workspace class that holds them all (else the largest, in chunks)
     row_tile_bytes = NB * tiles_n * BM * BN * a.dtype.itemsize
+    layout = ws.fitting("fused", row_tile_bytes * math.ceil(M / BM))
     row_tiles = min(layout.data_bytes // row_tile_bytes, layout.flag_count // (NB * tiles_n * G))
     if row_tiles < 1:
         raise IrisError(f"iris_jax.ops.{what}: N={N} is too wide for the fused workspace "
@@ -261,7 +262,7 @@ def _launch_reduce(a, b, axes, scatter: bool, what, config):
         gemm_programs = fs.programs if tiles <= fs.programs else fs.programs - fs.reduce_programs(config)
         outs.append(triton_call(
             part, b, kernel=F.matmul_reduce_kernel, out_shape=jax.ShapeDtypeStruct((r1 - r0, N), a.dtype),
-            grid=(fs.programs,), group_axes=axes, workspace="fused", out_varying=out_varying,
+            grid=(fs.programs,), group_axes=axes, workspace=ws.key("fused", layout), out_varying=out_varying,
             **F.reduce_constants(M=r1 - r0, N=N, K=K, scatter=scatter, G=G, world=rt.world_size, gemm=gemm,
                                  gemm_programs=gemm_programs, layout=layout, **_waits(fs, config), what=what),
             **gemm.options()))
@@ -398,13 +399,14 @@ def matmul_reduce_scatter(a, b, axis_name, scatter_dimension: int = 0, *, impl: 
 def _launch_gather(a, b, axes, config):
     rt = runtime_lib.runtime()
     fs = settings()
-    layout = workspaces(rt).fused_layout
+    ws = workspaces(rt)
     G = group_size(axes)
     gemm = fs.gemm(a.dtype, config)
     BM = gemm.BM
     M, K = a.shape
     N = b.shape[1]
     row_tile_bytes = G * BM * K * a.dtype.itemsize
+    layout = ws.fitting("fused", row_tile_bytes * math.ceil(M / BM))  # as in _launch_reduce
     row_tiles = min(layout.data_bytes // row_tile_bytes, layout.flag_count // G)
     if row_tiles < 1:
         raise IrisError(f"iris_jax.ops.all_gather_matmul: K={K} is too large for the fused workspace "
@@ -417,7 +419,7 @@ def _launch_gather(a, b, axes, config):
         out = triton_call(
             part, b, kernel=F.all_gather_matmul_kernel,
             out_shape=jax.ShapeDtypeStruct((G * (r1 - r0), N), a.dtype), grid=(fs.programs,), group_axes=axes,
-            workspace="fused", out_varying=out_varying,
+            workspace=ws.key("fused", layout), out_varying=out_varying,
             **F.gather_constants(M=r1 - r0, N=N, K=K, G=G, world=rt.world_size, gemm=gemm,
                                  comm_programs=fs.comm_programs, layout=layout, **_waits(fs, config)),
             **gemm.options())

@@ -72,6 +72,35 @@ class HeapAllocator:
             "heap with init(heap_size=...) (environment: IRIS_HEAP_SIZE)."
         )
 
+    def grow(self, size: int) -> None:
+        """Extends the managed range to `size` bytes (a multiple of the alignment); the new
+        bytes join the free block that ends where the range did. Live blocks never move."""
+        if size % self.alignment or size < self.size:
+            raise ValueError(f"cannot grow a heap of {self.size} bytes to {size}")
+        with self._lock:
+            tail = self._tail_free_start()
+            if tail is None:
+                self._free_offsets.append(self.size)
+                self._free_sizes[self.size] = size - self.size
+            else:
+                self._free_sizes[tail] += size - self.size
+            self.size = size
+
+    def _tail_free_start(self) -> int | None:
+        """The start of the free block that ends the range, if one does (under the lock)."""
+        if self._free_offsets:
+            last = self._free_offsets[-1]
+            if last + self._free_sizes[last] == self.size:
+                return last
+        return None
+
+    @property
+    def tail_free(self) -> int:
+        """Bytes of the free block that ends the range (0: none): what growth extends."""
+        with self._lock:
+            tail = self._tail_free_start()
+            return 0 if tail is None else self._free_sizes[tail]
+
     def free(self, offset: int) -> None:
         """Returns a block to the heap, merging it with adjacent free blocks."""
         with self._lock:

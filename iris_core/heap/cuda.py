@@ -23,7 +23,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from iris_core import faults
-from iris_core.errors import IrisError, RankMismatchError
+from iris_core.errors import HeapExhaustedError, IrisError, RankMismatchError
 from iris_core.heap import fd_exchange, vmm
 from iris_core.heap.rendezvous import KeyValueStore
 from iris_core.heap.status import STATUS_OFFSET, error_from_word
@@ -62,11 +62,24 @@ def _check(result, what: str):
     return values[0] if len(values) == 1 else values
 
 
+DEFAULT_HEAP_BYTES = 1 << 30  # a cudaMalloc heap's size, and what a VMM heap maps at init, unless told
+
+
 class CudaHeap(SymmetricHeap):
     """Heaps in GPU memory.
 
+    A "malloc" heap is one cudaMalloc of `heap_size` (default DEFAULT_HEAP_BYTES) and cannot grow.
+    A VMM heap ("vmm", "fabric") reserves `heap_size` bytes of address space per rank in every
+    process (default: the device's memory, so that only the device's free memory bounds it),
+    maps min(heap_size, DEFAULT_HEAP_BYTES) at init and grows by allocations of GROWTH_STEP
+    bytes and more (SymmetricHeap's growth): each process creates and maps its ranks' new
+    allocation at `base + old` (`_map`), then, once every process did, imports every peer's
+    into its reserved range for that peer (`_map_peers`), all before the allocation that asked
+    returns, so no kernel can address a range that a process has not mapped.
+
     Args:
-      world_size, heap_size: as for every SymmetricHeap.
+      world_size: as for every SymmetricHeap.
+      heap_size: the heap's size ("malloc") or upper bound (VMM); None: the defaults above.
       local_ranks: ranks whose heaps this process allocates.
       devices: the CUDA ordinal of each local rank.
       store, session: needed when some ranks live in other processes.
@@ -82,12 +95,12 @@ class CudaHeap(SymmetricHeap):
     """
 
     ALLOCATORS = HEAP_ALLOCATORS  # what `heap_allocator` may name
+    GROWTH_STEP = 256 << 20  # a VMM heap grows by at least this much (a multiple of the granularity)
 
-    def __init__(self, world_size: int, heap_size: int, local_ranks: Sequence[int],
+    def __init__(self, world_size: int, heap_size: int | None, local_ranks: Sequence[int],
                  devices: Sequence[int], store: KeyValueStore | None = None,
                  session: str = "iris", timeout_s: float = 300.0, reachable: Sequence[int] | None = None,
                  heap_allocator: str = "auto", across_hosts: bool = False):
-        super().__init__(world_size, heap_size, local_ranks)
         if len(devices) != len(local_ranks):
             raise RankMismatchError(f"{len(local_ranks)} local ranks but {len(devices)} devices")
         remote = [r for r in range(world_size) if r not in local_ranks and (reachable is None or r in reachable)]
@@ -96,15 +109,22 @@ class CudaHeap(SymmetricHeap):
                 "multi-process heaps need exactly one GPU per process "
                 f"(got local ranks {list(local_ranks)}); start one process per GPU"
             )
+        chosen = choose_allocator(heap_allocator, devices, exporting=bool(remote), across_hosts=across_hosts)
+        rt = _cudart()
+        bound, mapped = _sizes(rt, chosen, devices, heap_size)
+        if remote:  # every process must decide its growth alike: the least of each size
+            bound, mapped = _least_sizes(store, session, local_ranks[0], remote, bound, mapped, timeout_s)
+        super().__init__(world_size, bound, local_ranks, mapped)
+        self.heap_allocator = chosen
         self.devices = dict(zip(local_ranks, devices))
         self._owned: list[tuple[int, int]] = []  # (device, pointer) of cudaMalloc
         self._opened: list[tuple[int, int]] = []  # (device, pointer) of cudaIpcOpenMemHandle
-        self._mapped: list[tuple[int, vmm.Mapping]] = []  # (device, mapping): VMM, own and peers'
+        self._ranges: dict[int, int] = {}  # rank -> its reserved range here (VMM): own and peers'
+        self._chunks: list[tuple[int, int, int, vmm.Mapping]] = []  # (rank, offset, device, mapping), in order
         self._pages: dict[int, tuple[int, np.ndarray]] = {}  # local rank -> (pinned pointer, its words)
         self._peek_streams: dict[int, object] = {}  # local rank -> the stream peek_status copies on
-        self.heap_allocator = choose_allocator(heap_allocator, devices, exporting=bool(remote),
-                                               across_hosts=across_hosts)
-        rt = _cudart()
+        self._store, self._session, self._timeout_s, self._remote = store, session, timeout_s, remote
+        self._peer_mappings = 0  # growths whose peers' memory was mapped here (keys their exchange)
         bases = [0] * world_size
         try:
             if remote:
@@ -112,12 +132,19 @@ class CudaHeap(SymmetricHeap):
             _enable_peer_access(rt, devices)
             for rank, dev in self.devices.items():
                 _check(rt.cudaSetDevice(dev), f"cudaSetDevice({dev})")
-                bases[rank] = self._allocate(dev, heap_size, devices)
-                _check(rt.cudaMemset(bases[rank], 0, heap_size), "cudaMemset")
+                bases[rank] = self._allocate(rank, dev, devices)
+            self.heap_bases = bases  # (the VMM mappings below are made at these bases)
+            if self.heap_allocator != "malloc":
+                self._map_local(0, self.mapped_size)
+            for rank, dev in self.devices.items():
+                _check(rt.cudaSetDevice(dev), f"cudaSetDevice({dev})")
+                _check(rt.cudaMemset(bases[rank], 0, self.mapped_size), "cudaMemset")
             if remote:
                 _check(rt.cudaSetDevice(devices[0]), "cudaSetDevice")
-                exchange = self._exchange_ipc if self.heap_allocator == "malloc" else self._exchange_vmm
-                exchange(bases, local_ranks[0], remote, store, session, timeout_s)
+                if self.heap_allocator == "malloc":
+                    self._exchange_ipc(bases, local_ranks[0], remote, store, session, timeout_s)
+                else:
+                    self._map_peer_chunks(0, self.mapped_size, session)
             _check(rt.cudaDeviceSynchronize(), "cudaDeviceSynchronize")
             for rank in self.local_ranks:
                 self._pages[rank] = _fault_page(rt)
@@ -204,16 +231,106 @@ class CudaHeap(SymmetricHeap):
             rt.cudaMemsetAsync(self.heap_bases[rank] + STATUS_OFFSET, 0, 8, self._peek_streams[rank])
             rt.cudaStreamSynchronize(self._peek_streams[rank])
 
-    def _allocate(self, dev: int, heap_size: int, devices: Sequence[int]) -> int:
-        """This process's heap on GPU `dev` (current); every local device may access it."""
+    def _allocate(self, rank: int, dev: int, devices: Sequence[int]) -> int:
+        """The base of local `rank`'s heap on GPU `dev` (current): a cudaMalloc every local device
+        may access, or (VMM) its reserved range, mapped by `_map_local`."""
         if self.heap_allocator == "malloc":
-            ptr = int(_check(_cudart().cudaMalloc(heap_size), f"cudaMalloc({heap_size}) on GPU {dev}"))
+            ptr = int(_check(_cudart().cudaMalloc(self.heap_size), f"cudaMalloc({self.heap_size}) on GPU {dev}"))
             self._owned.append((dev, ptr))
             return ptr
-        kind = self.heap_allocator
-        mapping = vmm.create(dev, vmm.rounded_size(dev, kind, heap_size), kind, access_devices=devices)
-        self._mapped.append((dev, mapping))
-        return mapping.pointer
+        self._ranges[rank] = vmm.reserve(self.heap_size)
+        return self._ranges[rank]
+
+    # -- growth (VMM heaps; SymmetricHeap._grow_for calls these) -------------------------------
+    def _map(self, old: int, new: int) -> None:
+        if self.heap_allocator == "malloc":
+            super()._map(old, new)  # refuses
+        rt = _cudart()
+        try:
+            self._map_local(old, new)
+            for rank, dev in self.devices.items():  # zeroed, as the heap is at init
+                _check(rt.cudaSetDevice(dev), "cudaSetDevice")
+                _check(rt.cudaMemset(self.heap_bases[rank] + old, 0, new - old), "cudaMemset")
+            _check(rt.cudaDeviceSynchronize(), "cudaDeviceSynchronize")
+        except IrisError as e:  # out of memory, or any failed call: the growth fails on every rank
+            self._drop_chunks(old, self.local_ranks)
+            raise HeapExhaustedError(str(e)) from None
+
+    def _unmap(self, old: int, new: int) -> None:
+        self._drop_chunks(old, self.local_ranks)
+
+    def _map_peers(self, old: int, new: int) -> None:
+        if not self._remote:
+            return
+        try:
+            self._peer_mappings += 1  # (every process counts alike: this runs where every process grew its own)
+            self._map_peer_chunks(old, new, f"{self._session}/grow/{self._peer_mappings}")
+        except (IrisError, OSError) as e:
+            raise HeapExhaustedError(f"mapping the peers' new memory failed: {e}") from None
+
+    def _unmap_peers(self, old: int, new: int) -> None:
+        self._drop_chunks(old, self._remote)
+
+    def _map_local(self, old: int, new: int) -> None:
+        """Creates bytes [old, new) of every local rank's heap on its GPU and maps them at its
+        base (read-write for every local GPU); all or none."""
+        made = len(self._chunks)
+        access = list(self.devices.values())
+        try:
+            for rank, dev in self.devices.items():
+                mapping = vmm.create_at(dev, self.heap_bases[rank] + old, new - old, self.heap_allocator, access)
+                self._chunks.append((rank, old, dev, mapping))
+        except BaseException:
+            for _, _, _, mapping in reversed(self._chunks[made:]):
+                vmm.unmap(mapping)
+            del self._chunks[made:]
+            raise
+
+    def _map_peer_chunks(self, old: int, new: int, session: str) -> None:
+        """Publishes this process's allocation of bytes [old, new) (its size, and for fabric its
+        handle, in the store; "vmm": file descriptors over sockets) and maps every peer's at
+        `old` of the peer's range here, reserving that range the first time."""
+        (rank,) = self.local_ranks
+        kind, dev, store, timeout_s = self.heap_allocator, self.devices[rank], self._store, self._timeout_s
+        mine = next(m for r, at, _, m in self._chunks if r == rank and at == old)
+        shareable = vmm.export(mine, kind)
+        fds: dict[int, int] = {}
+        made = len(self._chunks)
+        try:
+            store.set(f"iris/{session}/vmm/{rank}", _SIZE.pack(mine.size) + (shareable if kind == "fabric" else b""))
+            if kind == "vmm":
+                fds = fd_exchange.exchange_fds(shareable, rank, self._remote, store, session, timeout_s)
+            for peer in self._remote:
+                record = store.get(f"iris/{session}/vmm/{peer}", timeout_s)
+                size, = _SIZE.unpack_from(record)
+                if size != new - old:
+                    raise RankMismatchError(f"rank {peer} mapped {size} bytes at heap offset {old}, rank {rank} "
+                                            f"{new - old}: the processes' heaps differ")
+                if peer not in self._ranges:
+                    self._ranges[peer] = vmm.reserve(self.heap_size)
+                    self.heap_bases[peer] = self._ranges[peer]
+                mapping = vmm.open_at(fds.get(peer, record[_SIZE.size:]), self._ranges[peer] + old, size, kind, dev)
+                self._chunks.append((peer, old, dev, mapping))
+        except BaseException:
+            for _, _, _, mapping in reversed(self._chunks[made:]):
+                vmm.unmap(mapping)
+            del self._chunks[made:]
+            raise
+        finally:  # imported allocations hold their own references: no descriptor outlives the exchange
+            for fd in fds.values():
+                os.close(fd)
+            if kind == "vmm":
+                os.close(shareable)
+
+    def _drop_chunks(self, offset: int, ranks) -> None:
+        """Unmaps the allocations of `ranks` made at `offset` (a growth undone)."""
+        keep = []
+        for chunk in self._chunks:
+            if chunk[0] in ranks and chunk[1] == offset:
+                vmm.unmap(chunk[3])
+            else:
+                keep.append(chunk)
+        self._chunks = keep
 
     def _exchange_ipc(self, bases, rank, remote, store, session, timeout_s) -> None:
         """Publishes the heap's cudaIpc handle in the store and opens every peer's here."""
@@ -228,30 +345,6 @@ class CudaHeap(SymmetricHeap):
                 peer_handle, rt.cudaIpcMemLazyEnablePeerAccess), "cudaIpcOpenMemHandle"))
             self._opened.append((dev, ptr))
             bases[peer] = ptr
-
-    def _exchange_vmm(self, bases, rank, remote, store, session, timeout_s) -> None:
-        """Publishes the heap's mapped size (and, for fabric, its handle) in the store, passes
-        file descriptors over sockets ("vmm"), and maps every peer's heap here."""
-        kind, dev = self.heap_allocator, self.devices[rank]
-        (_, mine), = self._mapped
-        shareable = vmm.export(mine, kind)
-        fds: dict[int, int] = {}
-        try:
-            store.set(f"iris/{session}/vmm/{rank}",
-                      _SIZE.pack(mine.size) + (shareable if kind == "fabric" else b""))
-            if kind == "vmm":
-                fds = fd_exchange.exchange_fds(shareable, rank, remote, store, session, timeout_s)
-            for peer in remote:
-                record = store.get(f"iris/{session}/vmm/{peer}", timeout_s)
-                size, = _SIZE.unpack_from(record)
-                mapping = vmm.open_shared(fds.get(peer, record[_SIZE.size:]), size, kind, dev)
-                self._mapped.append((dev, mapping))
-                bases[peer] = mapping.pointer
-        finally:  # imported allocations hold their own references: no descriptor outlives the exchange
-            for fd in fds.values():
-                os.close(fd)
-            if kind == "vmm":
-                os.close(shareable)
 
     def torch_tensor(self, rank: int, offset: int, shape, dtype, owner: object = None):
         """A torch tensor over rank's heap at `offset` (rank must be local); the tensor's
@@ -285,15 +378,17 @@ class CudaHeap(SymmetricHeap):
 
     def _release(self) -> None:
         rt = _cudart()
-        for dev in {dev for dev, _ in self._owned + self._mapped}:  # no kernel may still use a heap
-            rt.cudaSetDevice(dev)
+        for dev in {dev for dev, _ in self._owned} | {dev for _, _, dev, _ in self._chunks}:  # no kernel may
+            rt.cudaSetDevice(dev)                                                            # still use a heap
             rt.cudaDeviceSynchronize()
         for dev, ptr in self._opened:
             rt.cudaSetDevice(dev)
             rt.cudaIpcCloseMemHandle(ptr)
-        for dev, mapping in reversed(self._mapped):  # peers' mappings first, then this process's heaps
+        for _, _, dev, mapping in reversed(self._chunks):  # the latest first, peers' before this process's
             rt.cudaSetDevice(dev)
-            vmm.release(mapping)
+            vmm.unmap(mapping)
+        for pointer in self._ranges.values():
+            vmm.free_range(pointer, self.heap_size)
         for dev, ptr in self._owned:
             rt.cudaSetDevice(dev)
             rt.cudaFree(ptr)
@@ -302,10 +397,39 @@ class CudaHeap(SymmetricHeap):
         for ptr, _ in self._pages.values():
             rt.cudaFreeHost(ptr)
         self._opened.clear()
-        self._mapped.clear()
+        self._chunks.clear()
+        self._ranges.clear()
         self._owned.clear()
         self._pages.clear()
         self._peek_streams.clear()
+
+
+def _sizes(rt, allocator: str, devices: Sequence[int], heap_size: int | None) -> tuple[int, int]:
+    """(upper bound, bytes mapped at init) of a heap: "malloc" maps `heap_size` (default
+    DEFAULT_HEAP_BYTES), fixed; VMM reserves `heap_size` (default: the smallest local device's
+    memory) and maps up to DEFAULT_HEAP_BYTES of it, both rounded to the allocation granularity."""
+    if allocator == "malloc":
+        return (heap_size or DEFAULT_HEAP_BYTES,) * 2
+    if heap_size is None:
+        totals = []
+        for dev in devices:
+            _check(rt.cudaSetDevice(dev), f"cudaSetDevice({dev})")
+            totals.append(int(_check(rt.cudaMemGetInfo(), "cudaMemGetInfo")[1]))
+        heap_size = min(totals)
+    bound = max(vmm.rounded_size(dev, allocator, heap_size) for dev in devices)
+    return bound, max(vmm.rounded_size(dev, allocator, min(bound, DEFAULT_HEAP_BYTES)) for dev in devices)
+
+
+def _least_sizes(store: KeyValueStore, session: str, rank: int, peers: Sequence[int], bound: int, mapped: int,
+                 timeout_s: float) -> tuple[int, int]:
+    """The least upper bound and initial mapping of this process's and its peers' (GPUs with less
+    memory bound them all)."""
+    store.set(f"iris/{session}/heap-sizes/{rank}", _SIZE.pack(bound) + _SIZE.pack(mapped))
+    for peer in peers:
+        record = store.get(f"iris/{session}/heap-sizes/{peer}", timeout_s)
+        bound = min(bound, _SIZE.unpack_from(record)[0])
+        mapped = min(mapped, _SIZE.unpack_from(record, _SIZE.size)[0])
+    return bound, mapped
 
 
 def _fault_page(rt) -> tuple[int, np.ndarray]:

@@ -22,7 +22,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from iris_core.errors import PeerTimeoutError
+from iris_core.errors import HeapExhaustedError, PeerTimeoutError
+from iris_core.heap.allocator import format_bytes
 from iris_core.heap.rendezvous import KeyValueStore
 from iris_core.heap.symmetric import SymmetricHeap
 
@@ -110,8 +111,17 @@ def _unlink(paths) -> list[str]:
 class SharedMemoryHeap(SymmetricHeap):
     """Heaps in named shared host memory (the CPU simulator's backend).
 
+    Each segment is a sparse file of `heap_size` bytes (the upper bound), mapped whole by every
+    process: the host gives it memory only where it is written, so growing (`_map`) allocates
+    nothing here; it moves the allocator's end, collectively as on GPUs, and fails where a
+    rank's `device_memory` would be passed.
+
     Args:
       world_size, heap_size: as for every SymmetricHeap.
+      mapped_size: the bytes the allocator starts with (None: `heap_size`); it grows from
+        there.
+      device_memory: rank -> bytes its simulated device has: growth past it fails on that rank
+        (as a GPU out of memory would); ranks not named have no limit.
       local_ranks: ranks whose segment this process creates and owns (may be empty for
         a process that only attaches, such as a simulator worker).
       session: names the segments; every process of one run passes the same value.
@@ -122,12 +132,14 @@ class SharedMemoryHeap(SymmetricHeap):
     """
 
     def __init__(self, world_size: int, heap_size: int, local_ranks: Sequence[int],
-                 session: str, store: KeyValueStore | None = None, timeout_s: float = 120.0):
+                 session: str, store: KeyValueStore | None = None, timeout_s: float = 120.0,
+                 mapped_size: int | None = None, device_memory: dict[int, int] | None = None):
         self.session = session
         self._store, self._timeout_s = store, timeout_s
         self._maps: dict[int, mmap.mmap] = {}
         self._arrays: dict[int, np.ndarray] = {}
-        super().__init__(world_size, heap_size, local_ranks)
+        self.device_memory = dict(device_memory or {})
+        super().__init__(world_size, heap_size, local_ranks, mapped_size)
         generation = next(_GENERATIONS.setdefault((session, self.local_ranks), itertools.count()))
         self._keys = f"iris/{session}/{generation}"
         try:
@@ -196,6 +208,12 @@ class SharedMemoryHeap(SymmetricHeap):
                     f"{self._timeout_s:g} s (it hangs or died while initializing); removing the heap "
                     "anyway, so that rank fails if it still tries", RuntimeWarning, stacklevel=3)
                 return
+
+    def _map(self, old: int, new: int) -> None:
+        short = [r for r in self.local_ranks if new > self.device_memory.get(r, new)]
+        if short:
+            raise HeapExhaustedError(", ".join(
+                f"rank {r}'s simulated device has {format_bytes(self.device_memory[r])}" for r in short))
 
     def host_view(self, rank: int, offset: int, shape, dtype) -> np.ndarray:
         """A numpy view of rank's heap at `offset` (shared: writes are seen by all ranks)."""

@@ -9,7 +9,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from iris_core.heap.allocator import HeapAllocator, format_bytes
+from iris_core.errors import HeapExhaustedError
+from iris_core.heap.allocator import ALIGNMENT, HeapAllocator, format_bytes
 from iris_core.heap.context_layout import encode_context
 from iris_core.heap.status import RESERVED_BYTES, STATUS_OFFSET
 
@@ -21,35 +22,71 @@ class SymmetricHeap(abc.ABC):
     rank per process otherwise, none for a process that only attaches) and maps the other
     ranks' heaps. `heap_bases[r]` is rank
     r's heap as seen by this process; one allocator hands out offsets valid on every heap.
+
+    Growth: every rank's heap is a range of `heap_size` bytes (its upper bound, reserved up
+    front: the bases never change), of which the first `mapped_size` are memory. An
+    allocation that does not fit maps more (`_map`, the heap type's own), on every rank at
+    once, as collective as the allocation that asks for it: every process decides alike
+    (their allocators made the same calls) and `agree` (the runtime's: a process barrier that
+    shares each one's outcome) makes one rank's failure every rank's HeapExhaustedError.
+    A live block never moves (its offset is its address on every rank).
     """
 
-    def __init__(self, world_size: int, heap_size: int, local_ranks: Sequence[int]):
+    GROWTH_STEP = 64 << 20  # a growth maps at least this much more (and a multiple of it)
+
+    def __init__(self, world_size: int, heap_size: int, local_ranks: Sequence[int], mapped_size: int | None = None):
         if world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
         bad = [r for r in local_ranks if not 0 <= r < world_size]
         if bad:
             raise ValueError(f"local ranks {list(local_ranks)} invalid for world size {world_size}")
         self.world_size = world_size
-        self.heap_size = heap_size
+        self.heap_size = heap_size  # the upper bound: every rank's reserved range
+        self.mapped_size = min(mapped_size or heap_size, heap_size)
         self.local_ranks = tuple(local_ranks)
-        self.allocator = HeapAllocator(heap_size)
+        self.allocator = HeapAllocator(self.mapped_size)
         self.allocator.allocate(RESERVED_BYTES)  # offset 0: the status line (iris_core.heap.status)
         self._requested: dict[int, int] = {}  # live allocations: offset -> bytes asked for
+        self._owners: dict[int, str] = {0: "runtime"}  # live allocations: offset -> what holds it ("arrays", ...)
         self._requested_lock = threading.Lock()
+        self._grow_lock = threading.Lock()
+        self.peak_used = self.allocator.used
+        self.growths = 0
+        # (failure or None) -> every process's failures; the runtime's shares them between processes
+        self.agree = lambda failure: [failure] if failure else []
         self.heap_bases: list[int] = []
         self._closed = False
 
     # -- memory ---------------------------------------------------------------
-    def allocate(self, nbytes: int, zero: bool = False) -> int:
+    def allocate(self, nbytes: int, zero: bool = False, owner: str = "runtime") -> int:
         """Reserves `nbytes` at one offset on every heap; returns the offset.
 
         Freed memory is reused as it is; with `zero=True` the block is zeroed on this
         process's heaps (flags and counters that kernels compare against need that; other
-        processes zero their own heaps when they make the same allocation).
+        processes zero their own heaps when they make the same allocation). Where the mapped
+        memory has no room, the heap grows (see the class), up to `heap_size`.
+
+        Args:
+          nbytes: the block's size.
+          zero: zero it on this process's heaps.
+          owner: what holds it, as memory_stats() and HeapExhaustedError count it.
+
+        Raises:
+          HeapExhaustedError: it fits neither the mapped memory nor, grown, the upper bound
+            (or a rank could not map more), with what holds the heap.
         """
-        offset = self.allocator.allocate(nbytes)
+        offset = None
+        while offset is None:  # (another thread may take what a growth made room for: grow again)
+            try:
+                offset = self.allocator.allocate(nbytes)
+            except HeapExhaustedError:
+                pass  # (grown outside the handler: its error names the heap's holders, unchained)
+            if offset is None:
+                self._grow_for(nbytes)
         with self._requested_lock:
             self._requested[offset] = nbytes
+            self._owners[offset] = owner
+            self.peak_used = max(self.peak_used, self.allocator.used)
             self._allocations_changed()
         if zero:
             try:
@@ -87,7 +124,79 @@ class SymmetricHeap(abc.ABC):
         self.allocator.free(offset)
         with self._requested_lock:
             self._requested.pop(offset, None)
+            self._owners.pop(offset, None)
             self._allocations_changed()
+
+    # -- growth ---------------------------------------------------------------
+    def _grow_for(self, nbytes: int) -> None:
+        """Maps enough more memory for a block of `nbytes` at the end of the range, on every
+        rank; raises HeapExhaustedError (on every process alike) where it cannot."""
+        with self._grow_lock:
+            need = -(-max(nbytes, 1) // ALIGNMENT) * ALIGNMENT
+            if self.allocator.largest_free_block >= need:
+                return  # another thread grew it meanwhile
+            old = self.mapped_size
+            wanted = old + need - self.allocator.tail_free
+            new = min(-(-wanted // self.GROWTH_STEP) * self.GROWTH_STEP, self.heap_size)
+            if new < wanted:
+                raise HeapExhaustedError(self.exhausted_message(nbytes, "it would pass the heap's upper bound"))
+            # two rounds, each agreed on by every process before the next: map my ranks' new
+            # bytes, then map (import) every peer's; a failure anywhere undoes both everywhere
+            for step, undo in ((self._map, self._unmap), (self._map_peers, self._unmap_peers)):
+                failure = None
+                try:
+                    step(old, new)
+                except HeapExhaustedError as e:
+                    failure = f"rank {', '.join(map(str, self.local_ranks)) or '-'}: {e}"
+                failures = self.agree(failure)
+                if failures:
+                    if failure is None:
+                        undo(old, new)
+                    if step == self._map_peers:
+                        self._unmap(old, new)
+                    raise HeapExhaustedError(self.exhausted_message(
+                        nbytes, f"growing the heap from {format_bytes(old)} to {format_bytes(new)} failed on "
+                        f"{'; '.join(failures)}; nothing was changed"))
+            self.allocator.grow(new)
+            self.mapped_size = new
+            self.growths += 1
+
+    def _map(self, old: int, new: int) -> None:
+        """Makes bytes [old, new) of this process's ranks' ranges memory (the peers' follow in
+        `_map_peers`); raises HeapExhaustedError where a rank has no memory for it, having
+        mapped nothing. Heaps that cannot grow refuse."""
+        raise HeapExhaustedError(f"{type(self).__name__} heaps do not grow (the whole heap is mapped at init)")
+
+    def _unmap(self, old: int, new: int) -> None:  # noqa: B027  (heaps that map nothing undo nothing)
+        """Undoes `_map(old, new)` (another rank failed to grow)."""
+
+    def _map_peers(self, old: int, new: int) -> None:  # noqa: B027  (peers' ranges need nothing on most heaps)
+        """After every process mapped its own ranks' bytes [old, new): makes the other processes'
+        reachable here (GPU VMM heaps import each peer's new allocation); raises
+        HeapExhaustedError where it cannot."""
+
+    def _unmap_peers(self, old: int, new: int) -> None:  # noqa: B027
+        """Undoes `_map_peers(old, new)`."""
+
+    # -- statistics -----------------------------------------------------------
+    def usage(self) -> dict[str, tuple[int, int]]:
+        """Bytes in use and allocations per owner ("arrays", "workspaces", "runtime", ...)."""
+        found: dict[str, list[int]] = {}
+        with self._requested_lock:
+            for offset, owner in self._owners.items():
+                entry = found.setdefault(owner, [0, 0])
+                entry[0] += self.allocator.size_of(offset)
+                entry[1] += 1
+        return {owner: (used, count) for owner, (used, count) in sorted(found.items())}
+
+    def exhausted_message(self, nbytes: int, why: str) -> str:
+        """HeapExhaustedError's message: what was asked, why it failed, what holds the heap."""
+        held = ", ".join(f"{owner} {format_bytes(used)} ({count})" for owner, (used, count) in self.usage().items())
+        return (f"symmetric heap exhausted: requested {format_bytes(nbytes)} ({nbytes} bytes): {why}. In use "
+                f"{format_bytes(self.allocator.used)} of {format_bytes(self.mapped_size)} mapped (upper bound "
+                f"{format_bytes(self.heap_size)}): {held or 'nothing'}; largest free block "
+                f"{format_bytes(self.allocator.largest_free_block)}. Free arrays you no longer need, or raise the "
+                "upper bound with init(heap_size=...) (environment: IRIS_HEAP_SIZE).")
 
     def allocations(self) -> list[tuple[int, int]]:
         """The live allocations as (offset, bytes requested), by offset."""

@@ -1,13 +1,17 @@
 """GPU heaps through CUDA's virtual memory API: exportable allocations, mapped by each process.
 
 cuMemCreate makes the physical allocation; every process that uses it (its owner too)
-reserves an address range, maps the allocation there (cuMemMap) and grants its own devices
-read-write access (cuMemSetAccess). Other processes get it from a shareable handle:
+maps it into an address range it reserved (cuMemMap) and grants its own devices read-write
+access (cuMemSetAccess). Other processes get it from a shareable handle:
 
 * "vmm": a POSIX file descriptor, valid within one host; it cannot travel through the
   key-value store, so it goes over a Unix socket (iris_core.heap.fd_exchange);
 * "fabric": a 64-byte fabric handle, valid across the hosts of one NVLink domain (multi-node
   NVLink: the driver must offer it, and the processes need an IMEX channel); plain bytes.
+
+A heap (iris_core.heap.cuda) reserves its whole range once per rank (`reserve`: the heap's
+upper bound) and maps allocations into it one after another as it grows (`create_at`, `open_at`);
+its base never changes.
 
 cuda.bindings is imported on first use: importing this module needs neither it nor a GPU.
 """
@@ -53,19 +57,6 @@ def rounded_size(device: int, kind: str, nbytes: int) -> int:
     return -(-nbytes // step) * step
 
 
-def create(device: int, size: int, kind: str, access_devices: Sequence[int]) -> Mapping:
-    """A new allocation of `size` bytes (a multiple of the granularity) on GPU `device`,
-    exportable as `kind`, mapped here with read-write access for `access_devices`."""
-    d = _driver()
-    handle = _call(d.cuMemCreate(size, _properties(device, kind), 0),
-                   f"cuMemCreate({size} bytes on GPU {device}, {kind} handles)")
-    try:
-        return _map(handle, size, access_devices)
-    except BaseException:
-        d.cuMemRelease(handle)
-        raise
-
-
 def export(mapping: Mapping, kind: str) -> int | bytes:
     """The shareable handle of an allocation made here: a file descriptor (the caller closes
     it) for "vmm", the handle's 64 bytes for "fabric"."""
@@ -77,9 +68,50 @@ def export(mapping: Mapping, kind: str) -> int | bytes:
     return bytes(shareable.data) if kind == "fabric" else int(shareable)
 
 
-def open_shared(shareable: int | bytes, size: int, kind: str, device: int) -> Mapping:
+def reserve(size: int) -> int:
+    """A range of `size` bytes of this process's device address space, nothing mapped yet."""
+    return int(_call(_driver().cuMemAddressReserve(size, 0, 0, 0), f"cuMemAddressReserve({size} bytes)"))
+
+
+def free_range(pointer: int, size: int) -> None:
+    """Returns a reserved range (its mappings unmapped first; teardown: errors ignored)."""
+    _driver().cuMemAddressFree(pointer, size)
+
+
+def create_at(device: int, pointer: int, size: int, kind: str, access_devices: Sequence[int]) -> Mapping:
+    """A new allocation of `size` bytes (a multiple of the granularity) on GPU `device`,
+    exportable as `kind`, mapped at `pointer` (inside a reserved range) with read-write access
+    for `access_devices`."""
+    d = _driver()
+    handle = _call(d.cuMemCreate(size, _properties(device, kind), 0),
+                   f"cuMemCreate({size} bytes on GPU {device}, {kind} handles)")
+    try:
+        return _map(handle, size, access_devices, pointer)
+    except BaseException:
+        d.cuMemRelease(handle)
+        raise
+
+
+def open_at(shareable: int | bytes, pointer: int, size: int, kind: str, device: int) -> Mapping:
     """Maps another process's allocation (its `export`ed handle; a descriptor stays open: the
-    caller closes it) with read-write access for GPU `device`."""
+    caller closes it) at `pointer` (inside a reserved range), read-write for GPU `device`."""
+    handle = _import(shareable, kind)
+    try:
+        return _map(handle, size, [device], pointer)
+    except BaseException:
+        _driver().cuMemRelease(handle)
+        raise
+
+
+def unmap(mapping: Mapping) -> None:
+    """Unmaps an allocation mapped into a reserved range and drops this process's reference;
+    the range stays reserved (errors ignored: teardown, or undoing a growth)."""
+    d = _driver()
+    d.cuMemUnmap(mapping.pointer, mapping.size)
+    d.cuMemRelease(mapping.handle)
+
+
+def _import(shareable: int | bytes, kind: str):
     d = _driver()
     if kind == "fabric":
         fabric = d.CUmemFabricHandle()
@@ -87,37 +119,20 @@ def open_shared(shareable: int | bytes, size: int, kind: str, device: int) -> Ma
         os_handle = fabric.getPtr()  # the driver reads the handle's bytes from there
     else:
         os_handle = shareable  # the descriptor itself, as the pointer-sized value
-    handle = _call(d.cuMemImportFromShareableHandle(os_handle, _handle_type(kind)),
-                   f"cuMemImportFromShareableHandle({kind})")
-    try:
-        return _map(handle, size, [device])
-    except BaseException:
-        d.cuMemRelease(handle)
-        raise
+    return _call(d.cuMemImportFromShareableHandle(os_handle, _handle_type(kind)),
+                 f"cuMemImportFromShareableHandle({kind})")
 
 
-def release(mapping: Mapping) -> None:
-    """Unmaps the allocation and drops this process's reference (teardown: errors ignored)."""
+def _map(handle, size: int, access_devices: Sequence[int], pointer: int) -> Mapping:
+    """Maps `handle` at `pointer` with read-write access for `access_devices` (all or nothing)."""
     d = _driver()
-    d.cuMemUnmap(mapping.pointer, mapping.size)
-    d.cuMemAddressFree(mapping.pointer, mapping.size)
-    d.cuMemRelease(mapping.handle)
-
-
-def _map(handle, size: int, access_devices: Sequence[int]) -> Mapping:
-    d = _driver()
-    pointer = _call(d.cuMemAddressReserve(size, 0, 0, 0), f"cuMemAddressReserve({size} bytes)")
-    mapped = False
+    _call(d.cuMemMap(pointer, size, 0, handle, 0), "cuMemMap")
     try:
-        _call(d.cuMemMap(pointer, size, 0, handle, 0), "cuMemMap")
-        mapped = True
         access = [_read_write(dev) for dev in access_devices]
         _call(d.cuMemSetAccess(pointer, size, access, len(access)),
               f"cuMemSetAccess(read-write for GPUs {list(access_devices)})")
     except BaseException:
-        if mapped:
-            d.cuMemUnmap(pointer, size)
-        d.cuMemAddressFree(pointer, size)
+        d.cuMemUnmap(pointer, size)
         raise
     return Mapping(int(pointer), size, handle)
 

@@ -165,14 +165,15 @@ class SimWorld:
         if self._attached.pop(session, None) is not None and self._workers is not None:
             self.run(_detach, session)
 
-    def create_heaps(self, heap_size: int) -> SharedMemoryHeap:
-        """Creates one heap per rank, owned by this process and mapped by every worker.
+    def create_heaps(self, heap_size: int, **options) -> SharedMemoryHeap:
+        """Creates one heap per rank, owned by this process and mapped by every worker
+        (`options`: SharedMemoryHeap's, such as mapped_size).
 
         Close the returned heap (or use it as a context manager) to unmap and remove it.
         """
         remove_stale_segments()
         session = new_session(self.id)
-        heap = _WorldHeap(self, self.world_size, heap_size, range(self.world_size), session)
+        heap = _WorldHeap(self, self.world_size, heap_size, range(self.world_size), session, **options)
         self.attach_heaps(session, self.world_size, heap_size)
         return heap
 
@@ -294,9 +295,9 @@ def _detach(state: RankState, session: str) -> None:
 class _WorldHeap(SharedMemoryHeap):
     """A SharedMemoryHeap whose workers detach when it closes."""
 
-    def __init__(self, world: SimWorld, *args):
+    def __init__(self, world: SimWorld, *args, **options):
         self._world = world
-        super().__init__(*args)
+        super().__init__(*args, **options)
 
     def _release(self) -> None:
         try:

@@ -48,8 +48,11 @@ def init(heap_size: int | None = None, devices: Sequence[jax.Device] | None = No
     """Sets up one symmetric heap per participating device and returns the runtime.
 
     Args:
-      heap_size: bytes per device heap (default 1 GiB on GPUs, 64 MiB on the simulator;
-        environment IRIS_HEAP_SIZE).
+      heap_size: the most bytes each device's heap may hold (environment IRIS_HEAP_SIZE); heaps
+        map a part at init and grow as allocations need, up to it. Default: the host's memory
+        divided by the ranks on the simulator (64 MiB mapped at start), the device's memory for
+        GPU VMM heaps (1 GiB mapped at start), 1 GiB for cudaMalloc heaps (which do not grow).
+        See docs/settings.md.
       devices: the devices that get a heap (default: every local device).
       domain_size: ranks r // domain_size form a domain (default: environment IRIS_DOMAIN_SIZE,
         else one domain per process or, with one process per GPU, per host).
@@ -120,6 +123,28 @@ def runtime() -> Runtime:
     return _runtime if _runtime is not None else init()
 
 
+def memory_stats(device: jax.Device | None = None) -> dict[str, int]:
+    """The symmetric heap's use on `device`'s rank, in the spirit of `jax.Device.memory_stats()`.
+
+    Every rank's heap holds the same allocations at the same offsets, so the numbers are the
+    same on every rank of the runtime.
+
+    Args:
+      device: a device of the runtime (None: this process's first).
+
+    Returns:
+      Bytes (and counts): `bytes_limit` (the heap's upper bound: init(heap_size=...)),
+      `bytes_mapped` (memory the heap holds now; it grows up to the limit as allocations need),
+      `bytes_in_use`, `peak_bytes_in_use`, `largest_free_block_bytes` (inside the mapped
+      bytes), `num_allocs`; of the bytes in use, `arrays_bytes_in_use` (heap arrays),
+      `workspaces_bytes_in_use` (the collectives' and fused ops' workspaces,
+      `num_workspaces` of them) and `runtime_bytes_in_use` (barriers, tracing, the status
+      line); `num_growths`: how often the heap grew.
+    """
+    rt = runtime()
+    return rt.memory_stats(None if device is None else rt.rank_of(device))
+
+
 def is_initialized() -> bool:
     """Whether a runtime exists (`init()` ran, or a call created one, and no `shutdown()` since)."""
     return _runtime is not None
@@ -159,4 +184,4 @@ def _forget_failed_calls() -> None:
         pass
 
 
-__all__ = ["Runtime", "current", "init", "is_initialized", "runtime", "shutdown", "stale_program_error"]
+__all__ = ["Runtime", "current", "init", "is_initialized", "memory_stats", "runtime", "shutdown", "stale_program_error"]

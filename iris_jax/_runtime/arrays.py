@@ -51,7 +51,7 @@ def _place(values: jax.Array | None, shape, dtype, sharding: Sharding) -> jax.Ar
     devices = sorted(sharding.addressable_devices, key=lambda d: d.id)
     for d in devices:
         rt.rank_of(d)  # raises for devices without a heap, before anything is allocated
-    owner = _Allocation(rt.heap, rt.heap.allocate(nbytes))
+    owner = _Allocation(rt.heap, rt.heap.allocate(nbytes, owner="arrays"))
     source = {s.device: s.data for s in values.addressable_shards} if values is not None else {}
     buffers = [_wrap(rt, rt.rank_of(d), owner, shard_shape, dtype, d, source.get(d)) for d in devices]
     rt.backend.wait_for_devices(devices)

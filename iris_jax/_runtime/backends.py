@@ -131,7 +131,7 @@ class Backend:
     fused_comm_programs: int
     fused_reduce_programs: int
     fused_poll_ns: int
-    default_heap_size: int
+    default_heap_size: int | None
 
     def start(self, heap_size: int | None, devices: Sequence[jax.Device] | None, domain_size: int | None,
               heap_allocator: str) -> Started:
@@ -192,7 +192,9 @@ class _GpuBackend(Backend):
     collective_block = GPU_BLOCK
     workspace_bytes, fused_workspace_bytes, fused_flags = 16 << 20, 128 << 20, 1 << 16
     fused_comm_programs, fused_reduce_programs, fused_poll_ns = 8, 16, 500
-    default_heap_size = int(os.environ.get("IRIS_HEAP_SIZE", 1 << 30))
+    # IRIS_HEAP_SIZE, else None: the heap's own default (iris_core.heap.cuda: a cudaMalloc heap of
+    # 1 GiB; a VMM heap bounded by the device's memory, 1 GiB mapped at init)
+    default_heap_size = int(os.environ["IRIS_HEAP_SIZE"]) if os.environ.get("IRIS_HEAP_SIZE") else None
 
     def sm_count(self, devices):
         return int(getattr(devices[0], "core_count", None) or FALLBACK_SMS)
@@ -291,7 +293,24 @@ class _SimulatorBackend(Backend):
     # so 4 x fewer chunk rounds; the tests' 16 MiB heaps keep the small ones
     large_heap_bytes, large_workspace_bytes = 64 << 20, 1 << 20
     fused_comm_programs, fused_reduce_programs, fused_poll_ns = 1, 1, 0
-    default_heap_size = int(os.environ.get("IRIS_HEAP_SIZE", 64 << 20))
+    # the heap's upper bound (IRIS_HEAP_SIZE; None: the ranks' share of the host's memory): a
+    # sparse file per rank, memory only where written; it maps min(bound, initial_heap_bytes) at
+    # start and grows from there
+    default_heap_size = int(os.environ["IRIS_HEAP_SIZE"]) if os.environ.get("IRIS_HEAP_SIZE") else None
+    initial_heap_bytes = 64 << 20
+
+    def heap_bound(self, heap_size: int | None, ranks: int) -> int:
+        """The upper bound of each of `ranks` heaps: `heap_size`, IRIS_HEAP_SIZE, or the host's
+        memory shared by its ranks (at least initial_heap_bytes, in its multiples)."""
+        if heap_size or self.default_heap_size:
+            return heap_size or self.default_heap_size
+        host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        return max(host // ranks // self.initial_heap_bytes, 1) * self.initial_heap_bytes
+
+    def heap_options(self, bound: int) -> dict:
+        """SharedMemoryHeap's growth settings for a heap of upper bound `bound`."""
+        return dict(mapped_size=min(bound, self.initial_heap_bytes),
+                    device_memory=sim_device_memory(os.environ.get("IRIS_SIM_DEVICE_MEMORY", "")))
 
     def sm_count(self, devices):
         return SIM_SMS
@@ -327,7 +346,8 @@ class SimulatorWorkers(_SimulatorBackend):
         local = _local(devices)
         domains = _domains(len(local), domain_size)
         world = get_world(len(local))
-        heap = world.create_heaps(heap_size or self.default_heap_size)
+        bound = self.heap_bound(heap_size, len(local))
+        heap = world.create_heaps(bound, **self.heap_options(bound))
         return Started(len(local), domains, heap, {d: r for r, d in enumerate(local)},
                        call_table=_call_table(heap), sim_world=world)
 
@@ -361,12 +381,25 @@ class SimulatorLaunched(_SimulatorBackend):
         # a world of fewer ranks (the survivors of a dead process) maps heaps of its own: its ranks'
         # numbers may be a dead process's, whose segments the launcher removes only at the end
         heap_session = launched.session if world_size == launched.world_size else f"{launched.session}-{session}"
-        heap = SIMULATOR.heap_class()(world_size, heap_size or self.default_heap_size, [rank], heap_session,
-                                      store, timeout_s=RENDEZVOUS_TIMEOUT_S)
+        bound = self.heap_bound(heap_size, launched.world_size)  # (the launcher's ranks share this host)
+        heap = SIMULATOR.heap_class()(world_size, bound, [rank], heap_session, store, timeout_s=RENDEZVOUS_TIMEOUT_S,
+                                      **self.heap_options(bound))
         seen = _seen_by(store, session, rank, world_size, heap) if joined else {}
         return Started(world_size, domains, heap, {local[0]: rank}, store, session, call_table=_call_table(heap),
                        members=everyone, **seen)
 
+
+
+def sim_device_memory(setting: str) -> dict[int, int]:
+    """IRIS_SIM_DEVICE_MEMORY: "RANK:BYTES,..." (each named rank's simulated device memory, past
+    which its heap cannot grow); "" none."""
+    found = {}
+    for item in filter(None, (part.strip() for part in setting.split(","))):
+        rank, sep, nbytes = item.partition(":")
+        if not sep or not rank.strip().isdigit() or not nbytes.strip().isdigit():
+            raise ValueError(f"IRIS_SIM_DEVICE_MEMORY={setting!r}: expected RANK:BYTES items separated by commas")
+        found[int(rank)] = int(nbytes)
+    return found
 
 
 class _HostBytes:

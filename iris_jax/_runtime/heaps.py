@@ -77,6 +77,9 @@ class Runtime:
         self._running = 0
         self.closed = False
         self._faults = self.service("faults", lambda rt: faults.FaultWatch(rt, self.on_fault))  # the watchdog
+        self._growths = itertools.count(1)
+        if self.backend.process_per_rank:
+            self.heap.agree = self._agree_on_growth  # one rank's failed growth fails it on every rank
 
     # -- ranks and contexts ------------------------------------------------------
     @property
@@ -175,7 +178,7 @@ class Runtime:
         """The context's tracing words: () while tracing is off (see iris_jax.tracing)."""
         return self.tracing.words()
 
-    def allocate_shared(self, nbytes: int) -> int:
+    def allocate_shared(self, nbytes: int, owner: str = "runtime") -> int:
         """A zeroed block at one offset on every heap, for state that the kernels of all ranks
         compare against (flags, epochs, counters); lives as long as the runtime.
 
@@ -185,6 +188,7 @@ class Runtime:
 
         Args:
           nbytes: the block's size.
+          owner: what holds it, as memory_stats counts it.
 
         Returns:
           Its offset in every heap.
@@ -192,7 +196,7 @@ class Runtime:
         Raises:
           HeapExhaustedError: the heap has no room for it.
         """
-        offset = self.heap.allocate(nbytes, zero=True)
+        offset = self.heap.allocate(nbytes, zero=True, owner=owner)
         self.sync_processes()
         return offset
 
@@ -208,6 +212,37 @@ class Runtime:
                           self.rank_of(self.devices[0]), self.world_size, RENDEZVOUS_TIMEOUT_S)
         if self.detect_races and self.sim_session is not None:  # what every rank did so far precedes what follows
             races.host_barrier(self.sim_session, self.world_size, self.heap_size)
+
+    def _agree_on_growth(self, failure: str | None) -> list[str]:
+        """Every process's failure to grow the heap (theirs and ours), through the store: the
+        heap grows only where none failed, and before any kernel can address the new bytes."""
+        key = f"iris/{self._session}/grow/{next(self._growths)}"
+        rank = self.rank_of(self.devices[0])
+        self.store.set(f"{key}/{rank}", (failure or "").encode())
+        found = [self.store.get(f"{key}/{r}", RENDEZVOUS_TIMEOUT_S).decode() for r in range(self.world_size)]
+        return [f for f in found if f]
+
+    def memory_stats(self, rank: int | None = None) -> dict[str, int]:
+        """The heap's use on `rank` (None: this process's first), as iris_jax.memory_stats gives it."""
+        rank = self.rank_of(self.devices[0]) if rank is None else rank
+        if not 0 <= rank < self.world_size:
+            raise RankMismatchError(f"rank {rank} is not in this runtime's world of {self.world_size} ranks")
+        heap = self.heap
+        usage = heap.usage()
+        return {
+            "bytes_limit": heap.heap_size,
+            "bytes_mapped": heap.mapped_size,
+            "bytes_in_use": heap.used,
+            "peak_bytes_in_use": heap.peak_used,
+            "largest_free_block_bytes": heap.largest_free_block,
+            "num_allocs": sum(count for _, count in usage.values()),
+            "arrays_bytes_in_use": usage.get("arrays", (0, 0))[0],
+            "workspaces_bytes_in_use": usage.get("workspaces", (0, 0))[0],
+            "runtime_bytes_in_use": sum(used for owner, (used, _) in usage.items()
+                                        if owner not in ("arrays", "workspaces")),
+            "num_workspaces": usage.get("workspaces", (0, 0))[1],
+            "num_growths": heap.growths,
+        }
 
     def service(self, name: str, factory):
         """Per-runtime singleton (workspaces, barrier state), created on first use.

@@ -29,7 +29,7 @@ from iris_core import flag_protocol
 from iris_core.collectives import kernels as K
 from iris_core.collectives import kinds
 from iris_core.collectives.algorithms import ALGORITHMS, BY_VARIANT
-from iris_core.collectives.workspace import MAX_PROGRAMS
+from iris_core.collectives.workspace import MAX_PROGRAMS, STREAM_BYTES_PER_COUNTER
 from iris_core.launch import vector_width
 from iris_core.platform import GPU, SIMULATOR
 from iris_jax import _runtime as runtime_lib
@@ -197,8 +197,14 @@ def launch(kind: int, x2d, axes, out_blocks: int, config: CollectiveConfig, *, o
     stream = (streams(kind, variant, nbytes, G, config)
               and m <= tiling(ws.layout.stream_capacity, senders_per_buffer)[1])
     push = stream or pushes(kind, variant, nbytes, config)
-    block, chunk = tiling(ws.layout.stream_capacity if stream else ws.layout.data_bytes,
-                          senders_per_buffer if push else XB)
+    slots = senders_per_buffer if push else XB
+    block, chunk = tiling(ws.layout.stream_capacity if stream else ws.layout.data_bytes, slots)
+    layout = ws.layout  # the largest class decided the above; a call of one chunk takes the least that holds it
+    if m <= chunk:
+        fitted = ws.fitting("collective", one_chunk_bytes(m, block, slots, slot_itemsize, G, stream), streamed=stream)
+        fitted_block, fitted_chunk = tiling(fitted.stream_capacity if stream else fitted.data_bytes, slots)
+        if (fitted_block, min(fitted_chunk, m)) == (block, m):  # the same tile, still one chunk
+            layout, chunk = fitted, fitted_chunk
     tiles = math.ceil(min(m, chunk) / block)
     if stream and tiles > max_programs // 2:  # more than a round of tiles: the streamed launch configuration
         _, max_programs, num_warps = launch_config(rt, config, streamed=True)
@@ -209,15 +215,25 @@ def launch(kind: int, x2d, axes, out_blocks: int, config: CollectiveConfig, *, o
     return triton_call(
         x2d, m, kernel=K.collective_kernel, out_shape=jax.ShapeDtypeStruct((out_blocks, m), x2d.dtype),
         grid=(programs,), num_warps=num_warps, group_axes=axes, axis_index_groups=groups,
+        workspace=ws.key("collective", layout),
         out_varying=tuple(a for a in _vma(x2d) | set(axes) if not (out_invariant and a in axes)),
         **K.launch_constants(
             KIND=kind, OP=op, VARIANT=variant, G=G, WORLD=rt.world_size, XB=XB, OB=out_blocks,
             SOURCES=tuple(sources) if sources is not None else tuple([-1] * G),
-            ACC=getattr(tl, accumulator), BLOCK=block, CHUNK=chunk, REGIONS=ws.layout.regions,
+            ACC=getattr(tl, accumulator), BLOCK=block, CHUNK=chunk, REGIONS=layout.regions,
             TIMEOUT_NS=flag_protocol.timeout_ns(config.timeout_s), WHAT=what,
             ZERO_COPY=not push and zero_copy(kind, variant, nbytes, config), HEAP_BYTES=rt.heap_size,
             VEC=vector_width(m, itemsize), TRACING=rt.tracing.enabled, PUSH=push,
             STREAM=stream, SENDERS=senders))
+
+
+def one_chunk_bytes(m: int, block: int, slots: int, itemsize: int, G: int, stream: bool) -> int:
+    """The buffer that holds a call of m columns in one chunk of tiles of `block`: a slot of
+    whole tiles per sender or input block; streamed, also a delivery counter per tile and member
+    (iris_core.collectives.workspace)."""
+    tiles = math.ceil(m / block)
+    need = slots * tiles * block * itemsize
+    return max(need, G * tiles * STREAM_BYTES_PER_COUNTER) if stream else need
 
 
 def zero_copy(kind: int, variant: int, nbytes: int, config: CollectiveConfig) -> bool:

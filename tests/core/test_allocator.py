@@ -256,3 +256,20 @@ def test_thread_safety():
     check_totals(a, used=0, largest=a.size)
     assert a.num_allocations == 0
     assert a.allocate(a.size) == 0
+
+
+def test_grow_extends_the_free_block_at_the_end():
+    a = HeapAllocator(4 * UNIT)
+    first = a.allocate(2 * UNIT)
+    assert a.tail_free == 2 * UNIT
+    a.grow(8 * UNIT)  # the tail block grows: one free block of 6 units
+    assert (a.size, a.tail_free, a.largest_free_block) == (8 * UNIT, 6 * UNIT, 6 * UNIT)
+    assert a.allocate(6 * UNIT) == 2 * UNIT and a.tail_free == 0
+    a.grow(10 * UNIT)  # the range ended in a live block: a new free block
+    assert a.tail_free == 2 * UNIT and a.allocate(2 * UNIT) == 8 * UNIT
+    a.free(first)
+    assert a.allocate(2 * UNIT) == first  # live blocks never moved; freed ones reused
+    with pytest.raises(ValueError):
+        a.grow(9 * UNIT)  # never shrinks
+    with pytest.raises(ValueError):
+        a.grow(10 * UNIT + 1)  # whole alignment units

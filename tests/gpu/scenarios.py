@@ -1267,6 +1267,49 @@ def tp_fsdp(world: World) -> None:
                              want[shard.index], "float32")
 
 
+def heap_growth(world: World) -> None:
+    """The heap grows (VMM heaps, the default with one process per GPU, when their upper bound
+    exceeds what they mapped at init: 1 GiB): an array larger than what is free of the mapped
+    bytes maps more on every rank at once; an array placed in the grown range then goes through a
+    psum, against numpy, and an array placed before keeps its offset and values. A heap mapped
+    up to its bound (cudaMalloc heaps always, VMM heaps of mp_script's default 768 MiB): an array
+    past the bound raises HeapExhaustedError on every rank and changes nothing."""
+    import jax.numpy as jnp
+    from jax.sharding import PartitionSpec as P
+
+    import iris_jax
+
+    before = iris_jax.memory_stats()
+    if world.runtime.heap_allocator == "malloc":
+        world.require("a cudaMalloc heap maps its whole size", before["bytes_mapped"] == before["bytes_limit"], before)
+    if before["bytes_mapped"] == before["bytes_limit"]:
+        try:
+            iris_jax.empty((world.size * (before["bytes_limit"] // 4),), jnp.float32, sharding=world.rows)
+            world.require("an array past the heap's bound raises HeapExhaustedError", False, "it did not")
+        except iris_jax.HeapExhaustedError as e:
+            world.require("the error names what holds the heap", "upper bound" in str(e), str(e)[:300])
+        world.require("nothing changed", iris_jax.memory_stats() == before, (before, iris_jax.memory_stats()))
+        return
+    kept = world.inputs(SMALL, "float32", 51)
+    first = world.heap(kept)
+    offset = iris_jax.heap_offset(first)
+    free = before["bytes_mapped"] - before["bytes_in_use"]
+    filler = iris_jax.empty((world.size * (free // 4 + 4096),), jnp.float32, sharding=world.rows)
+    grown = iris_jax.memory_stats()
+    world.require("the heap grew once", grown["bytes_mapped"] > before["bytes_mapped"]
+                  and grown["num_growths"] == before["num_growths"] + 1, (before, grown))
+    xs = world.inputs(MID, "float32", 52)
+    x = world.heap(xs)
+    world.require("an array in the grown range", iris_jax.heap_offset(x) >= before["bytes_mapped"],
+                  (iris_jax.heap_offset(x), before["bytes_mapped"]))
+    out = world.smap(lambda v: iris_jax.psum(v, "i"), P("i"), P("i"))(x)
+    for r in world.ranks:
+        world.expect(f"psum over the grown range, rank {r}", world.shard(out, r), xs.sum(0), "float32")
+        world.expect(f"the earlier array, rank {r}", world.shard(first, r), kept[r], exact=True)
+    world.require("the earlier array kept its offset", iris_jax.heap_offset(first) == offset)
+    del filler
+
+
 SCENARIOS = {
     "kernels": (kernels, {}),
     "atomics": (atomics, {}),
@@ -1287,6 +1330,7 @@ SCENARIOS = {
     "tp_fsdp": (tp_fsdp, {}),  # its own test (tests/gpu/test_gpu_partially_manual.py), at 4 ranks
     "fused": (fused, {}),
     "tiles": (tiles, {}),
+    "heap_growth": (heap_growth, {}),
     "pallas": (pallas, {}),
     "tracing": (tracing, {}),  # last but timeouts: enabling tracing clears JAX's caches
     "timeouts": (timeouts, {}),

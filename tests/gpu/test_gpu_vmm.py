@@ -8,7 +8,7 @@ fallback fails), and every process must shut down cleanly (the mappings released
 worlds run at once. Says nothing about fabric handles (no multi-node NVLink here) or speed.
 
 Settings: IRIS_GPU_VMM_WORLDS (default "2,4"), IRIS_GPU_VMM_SCENARIOS (default
-"kernels,device_barrier,collectives"), IRIS_GPU_VMM_LIMIT (seconds, default 220),
+"kernels,device_barrier,collectives,heap_growth"), IRIS_GPU_VMM_LIMIT (seconds, default 220),
 IRIS_GPU_LOG_DIR (keep the processes' logs there).
 """
 
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.gpu
 
 ALLOCATORS = ["vmm", "malloc"]
 WORLD_SIZES = [int(w) for w in os.environ.get("IRIS_GPU_VMM_WORLDS", "2,4").split(",")]
-SCENARIOS = os.environ.get("IRIS_GPU_VMM_SCENARIOS", "kernels,device_barrier,collectives").split(",")
+SCENARIOS = os.environ.get("IRIS_GPU_VMM_SCENARIOS", "kernels,device_barrier,collectives,heap_growth").split(",")
 LIMIT_S = float(os.environ.get("IRIS_GPU_VMM_LIMIT", 220))
 
 
@@ -37,8 +37,10 @@ def worlds(tmp_path_factory):
     for allocator in ALLOCATORS:
         log_dir = Path(root) / f"vmm_{allocator}" if root else tmp_path_factory.mktemp(f"heap_{allocator}")
         for w in WORLD_SIZES:
+            # VMM heaps bounded at 4 GiB map 1 GiB at init: heap_growth then grows them
             runs[allocator, w] = launcher.start(w, SCENARIOS, shared=True, log_dir=log_dir, limit_s=LIMIT_S,
-                                                env={"IRIS_HEAP_ALLOCATOR": allocator})
+                                                env={"IRIS_HEAP_ALLOCATOR": allocator},
+                                                heap_mib=4096 if allocator == "vmm" else 768)
     results = {key: run.wait() for key, run in runs.items()}
     launcher.SUMMARY.extend(results.values())
     return results

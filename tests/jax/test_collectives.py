@@ -92,13 +92,13 @@ def poison():
         area = staging.for_rank(rank)
         with area.lock:
             area.ensure(1 << 20).buffer[:] = POISON_BYTE
-        for offset in pool.offsets():  # one workspace per partition of the ranks
-            data = rt.heap.host_view(rank, offset + pool.layout.data, (4 * pool.layout.data_bytes,), np.uint8)
+        for ws in pool.allocated("collective"):  # one workspace per partition of the ranks and size class
+            offset, layout = ws.offset, ws.layout
+            data = rt.heap.host_view(rank, offset + layout.data, (4 * layout.data_bytes,), np.uint8)
             data[:] = POISON_BYTE
             del data
             # the streamed calls' buffers (after their `failed` line)
-            sdata = rt.heap.host_view(rank, offset + pool.layout.stream + 128, (2 * pool.layout.stream_capacity,),
-                                      np.uint8)
+            sdata = rt.heap.host_view(rank, offset + layout.stream + 128, (2 * layout.stream_capacity,), np.uint8)
             sdata[:] = POISON_BYTE
             del sdata
 

@@ -39,8 +39,8 @@ def _staged_bytes_untouched() -> bool:
     rt = iris_jax.runtime()
     pool = workspaces(rt)
     for rank in range(rt.world_size):
-        for offset in pool.offsets():
-            data = rt.heap.host_view(rank, offset + pool.layout.data, (2 * pool.layout.data_bytes,), np.uint8)
+        for ws in pool.allocated("collective"):
+            data = rt.heap.host_view(rank, ws.offset + ws.layout.data, (2 * ws.layout.data_bytes,), np.uint8)
             if not (data == POISON_BYTE).all():
                 return False
     return True

@@ -376,7 +376,8 @@ def set_failed_word(rank: int, member: int, code: int) -> None:
 
     rt = iris_jax.runtime()
     pool = workspaces(rt)
-    layout, (offset,) = pool.layout, pool.offsets()
+    (ws,) = pool.allocated("collective")  # the group's one workspace (its calls' size class)
+    layout, offset = ws.layout, ws.offset
     region = offset + layout.stream
     counters = -(-STREAM_COUNTER_ARRAYS * 4 * (layout.stream_capacity // STREAM_BYTES_PER_COUNTER) // 8) * 8
     calls_at = region + 128 + 2 * layout.stream_capacity + counters + 2 * 8 * rt.world_size  # see streamed.py

@@ -33,3 +33,17 @@ def test_processes_a_test_starts_run_under_the_suites_strict_settings():
     result = run_python(["-c", script], timeout=120)
     assert result.returncode == 0, result.stdout
     assert "strict True raise strict" in result.stdout, result.stdout
+
+
+def test_the_heap_grows_on_every_rank_and_a_rank_out_of_memory_fails_it_everywhere():
+    """launched_growth.py: two processes grow their heaps together past the initial mapping and
+    address the new range from a kernel; a growth past rank 1's simulated device memory raises
+    HeapExhaustedError on both ranks and changes nothing."""
+    result = run_python(["-m", "iris_core.sim", "-n", "2", "--timeout", "240", "tests/jax/launched_growth.py"],
+                        timeout=300, IRIS_SIM_DEVICE_MEMORY=f"1:{160 << 20}")
+    assert result.returncode == 0, result.stdout
+    for rank, prev in ((0, 1), (1, 0)):
+        assert f"[rank {rank}] rank {rank}: grew to 128 MiB, received from rank {prev} in the new range OK" \
+            in result.stdout, result.stdout
+        assert f"[rank {rank}] rank {rank}: HeapExhaustedError naming rank 1's device" in result.stdout, result.stdout
+        assert f"[rank {rank}] rank {rank}: nothing changed, smaller arrays still fit" in result.stdout, result.stdout

@@ -187,3 +187,34 @@ def test_shared_state_is_zeroed_even_where_freed_arrays_left_data():
             assert not rt.heap.host_view(r, shared, (4096,), np.int32).any()
     finally:
         rt.heap.free(shared)
+
+
+def test_the_heap_grows_past_its_first_mapping_and_moves_nothing(rng):
+    """heap_size is an upper bound: the simulator maps 64 MiB at start and grows as arrays and
+    workspaces need, every rank at once; arrays already on the heap keep their offsets and
+    values, and a collective over arrays and a workspace in the grown range equals lax's."""
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    MiB = 1 << 20
+    rt = use_runtime(4, heap_size=512 * MiB)
+    mesh = jax.make_mesh((4,), ("i",), devices=jax.devices()[:4])
+    sharding = NamedSharding(mesh, P("i"))
+    start, bases = iris_jax.memory_stats(), list(rt.heap.heap_bases)
+    assert start["bytes_limit"] == 512 * MiB and start["bytes_mapped"] == 64 * MiB, start
+    host = rng.standard_normal(4 * 1024).astype(np.float32)
+    first = iris_jax.to_heap(jax.device_put(host, sharding))
+    offset = iris_jax.heap_offset(first)
+    filler = iris_jax.empty((4 * (64 * MiB - offset) // 4,), jnp.float32, sharding=sharding)  # past 64 MiB
+    stats = iris_jax.memory_stats()
+    assert stats["bytes_mapped"] > 64 * MiB and stats["num_growths"] == start["num_growths"] + 1, stats
+    assert stats["arrays_bytes_in_use"] >= 64 * MiB - offset, stats
+    x = iris_jax.to_heap(jax.device_put(rng.standard_normal(4 * 65536).astype(np.float32), sharding))
+    assert iris_jax.heap_offset(x) >= 64 * MiB  # in the grown range
+    psum = jax.jit(jax.shard_map(lambda v: iris_jax.psum(v, "i"), mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+    want = jax.jit(jax.shard_map(lambda v: jax.lax.psum(v, "i"), mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+    np.testing.assert_allclose(np.asarray(psum(x)), np.asarray(want(x)), rtol=1e-5, atol=1e-5)
+    assert iris_jax.heap_offset(first) == offset
+    np.testing.assert_array_equal(np.asarray(first), host)
+    assert rt.heap.heap_bases == bases
+    del filler
