@@ -285,7 +285,8 @@ def int_other_rank(state):
     return out.astype(np.float32)
 
 
-@pytest.mark.xfail(reason="Triton 3.6 interpreter: int -> bfloat16 casts the integer into bf16's uint16 "
-                          "storage (-7 becomes bits 0xfff9); compiled kernels give -7.0", strict=False)
 def test_interpreter_int_other_for_bfloat16():
+    """An int `other` of a bfloat16 load is converted as compiled kernels convert it (-7.0): Triton
+    3.6's interpreter cast the integer into bf16's uint16 storage (bits 0xfff9); the simulator's
+    bfloat16 conversions (iris_core.sim.interpreter) fix it."""
     np.testing.assert_array_equal(get_world(2).call(0, int_other_rank), [1, 1, -7, -7])
