@@ -110,22 +110,32 @@ def tests_of(case: type) -> dict[str, unittest.TestCase]:
 
 @functools.cache
 def methods_of(case: type) -> dict[str, str]:
-    """The source of each method defined in `case`'s class body, by name."""
-    text = textwrap.dedent(inspect.getsource(case))
-    body = ast.parse(text).body[0].body
-    return {node.name: ast.get_source_segment(text, node, padded=True) for node in body
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    """The source of each method defined in `case`'s class body, by name, its decorators included
+    (absl's parameters may name the collective: `@parameterized.named_parameters(("Gather",
+    lax.all_gather), ...)`)."""
+    lines = textwrap.dedent(inspect.getsource(case)).splitlines()
+    body = ast.parse("\n".join(lines)).body[0].body
+    return {node.name: "\n".join(lines[min([node.lineno] + [d.lineno for d in node.decorator_list]) - 1:
+                                        node.end_lineno])
+            for node in body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
 
 
 def source_of(test: unittest.TestCase) -> str:
     """The source of a test's method, decorators included. absl names a parametrized test
-    after its method with a suffix (`test_pbroadcast_fully_replicated`, `test_rule0`) and JAX's
-    decorators do not always keep the method's name, so the method is the one of that name, else
-    the longest whose name and a `_` or digit start the test's."""
+    after its method with a suffix (`test_pbroadcast_fully_replicated`, `test_rule0`,
+    `testVmapOfGather`) and JAX's decorators do not always keep the method's name, so the method
+    is the one of that name, else the one named by a function the test's wraps (absl's
+    `bound_param_test` wraps the method itself), else the longest whose name and a `_` or digit
+    start the test's."""
     methods = methods_of(type(test))
     name = test._testMethodName
     if name in methods:
         return methods[name]
+    function = getattr(type(test), name, None)
+    while function is not None:
+        if getattr(function, "__name__", None) in methods:
+            return methods[function.__name__]
+        function = getattr(function, "__wrapped__", None)
     prefixes = [m for m in methods if re.match(re.escape(m) + r"[_0-9]", name)]
     return methods[max(prefixes, key=len)] if prefixes else ""
 
@@ -135,14 +145,63 @@ def uses(text: str, names=SWAPPED) -> list[str]:
     return sorted({m.group(1) for m in re.finditer(r"\blax\.(\w+)\b", text) if m.group(1) in names})
 
 
+def bound_parameters(test: unittest.TestCase):
+    """The closure cell in which absl keeps the parameters of a parametrized test (its
+    `bound_param_test`, found through the decorators that wrap it), or None."""
+    method = getattr(type(test), test._testMethodName)
+    while method is not None:
+        code = getattr(method, "__code__", None)
+        if code is not None and "testcase_params" in code.co_freevars:
+            return method.__closure__[code.co_freevars.index("testcase_params")]
+        method = getattr(method, "__wrapped__", None)
+    return None
+
+
+def swapped(params, swaps: dict):
+    """absl's parameters of one test (a mapping or a sequence) with each function of `swaps`'
+    keys, by identity, replaced by its value."""
+    if isinstance(params, dict):
+        return {key: swaps.get(id(value), value) for key, value in params.items()}
+    if isinstance(params, (tuple, list)):
+        return type(params)(swaps.get(id(value), value) for value in params)
+    return swaps.get(id(params), params)
+
+
+def selected(module, cases: tuple[str, ...], *, world: int, heap: int, **checks) -> dict[str, unittest.TestCase]:
+    """The tests of `module`'s test cases named `cases` (those it defines) that call a swapped
+    collective, by `Case.test_name`; each case patched first (`patch_case(case, world=world,
+    heap=heap, **checks)`)."""
+    tests = {}
+    for name in cases:
+        case = getattr(module, name, None)
+        if case is None:
+            continue
+        patch_case(case, world=world, heap=heap, **checks)
+        for test_name, test in tests_of(case).items():
+            if uses(source_of(test)):
+                tests[f"{name}.{test_name}"] = test
+    return tests
+
+
 def run(test: unittest.TestCase, monkeypatch, names=SWAPPED) -> None:
     """Runs one of JAX's tests with `jax.lax.NAME = iris_jax.NAME` for each of `names` (the test
     file's `from jax import lax` is that module); a failure or error fails the pytest test, a
-    skip skips it."""
+    skip skips it. A parametrized test whose parameters absl bound to lax's function when the
+    file was imported (`@parameterized.named_parameters(("Gather", lax.all_gather), ...)`) gets
+    iris's in its place for this run."""
+    swaps = {id(getattr(jax.lax, name)): getattr(iris_jax, name) for name in names}
     for name in names:
         monkeypatch.setattr(jax.lax, name, getattr(iris_jax, name))
+    cell = bound_parameters(test)
+    if cell is not None:
+        params = cell.cell_contents
+        cell.cell_contents = swapped(params, swaps)
     result = unittest.TestResult()
-    test.run(result)
+    try:
+        test.run(result)
+    finally:
+        if cell is not None:
+            cell.cell_contents = params
     problems = [text for _, text in result.errors + result.failures]
     assert not problems, "\n".join(problems)
     if result.skipped:

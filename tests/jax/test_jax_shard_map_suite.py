@@ -61,21 +61,8 @@ CASES = ("ShardMapTest", "SdyIntegrationTest", "CustomPartitionerTest", "ShardMa
          "SmapSystematicTest")
 
 
-def _selected() -> dict:
-    """JAX's tests that call a swapped collective, by `Case.test_name`."""
-    tests = {}
-    for name in CASES:
-        case = getattr(MODULE, name, None)
-        if case is None:
-            continue
-        jax_suite.patch_case(case, world=8, heap=HEAP, lax_op_names=LAX_OP_NAMES, lax_primitives=LAX_PRIMITIVES)
-        for test_name, test in jax_suite.tests_of(case).items():
-            if jax_suite.uses(jax_suite.source_of(test)):
-                tests[f"{name}.{test_name}"] = test
-    return tests
-
-
-TESTS = _selected() if MODULE else {}
+TESTS = jax_suite.selected(MODULE, CASES, world=8, heap=HEAP, lax_op_names=LAX_OP_NAMES,
+                           lax_primitives=LAX_PRIMITIVES) if MODULE else {}
 
 
 @pytest.mark.skipif(MODULE is None, reason=jax_suite.missing_reason(FILE))

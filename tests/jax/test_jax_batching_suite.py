@@ -1,0 +1,33 @@
+"""JAX's own vmap tests that call a collective (its tests/batching_test.py: collectives over
+vmap's named axes, `vmap(f, axis_name="i")`), run with lax's collectives swapped for iris's:
+`jax.lax.NAME = iris_jax.NAME` for each collective iris provides under lax's name
+(`jax_suite.SWAPPED`).
+
+JAX's test files are not copied here: set IRIS_JAX_TESTS to the tests/ folder of a JAX source
+tree of the installed version (tests/jax/jax_suite.py, docs/testing.md); without it these skip.
+
+Selected: the tests of JAX's file whose method calls one of the swapped collectives. Not
+selected: the rest, which run no collective iris provides.
+
+What passes (docs/testing.md): TODO.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.jax import jax_suite
+
+FILE = "batching_test.py"
+HEAP = 64 << 20
+
+MODULE = jax_suite.load(FILE, "jax_batching_test")
+CASES = ("BatchingTest", "VmappableTest")
+TESTS = jax_suite.selected(MODULE, CASES, world=8, heap=HEAP) if MODULE else {}
+
+
+@pytest.mark.skipif(MODULE is None, reason=jax_suite.missing_reason(FILE))
+@pytest.mark.parametrize("name", sorted(TESTS) or ["(JAX's tests not found)"])
+def test_jax_batching_test(name, monkeypatch):
+    """One of JAX's batching tests, with iris's collectives in lax's place."""
+    jax_suite.run(TESTS[name], monkeypatch)
