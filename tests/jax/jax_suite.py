@@ -2,15 +2,18 @@
 tests/jax/test_jax_*_suite.py).
 
 JAX's test files are in neither its wheel nor its sdist, and are not copied into this repository:
-IRIS_JAX_TESTS names the tests/ folder of a JAX source tree of the installed version (e.g.
-`git clone --depth 1 --branch jax-v0.10.2 https://github.com/jax-ml/jax`, then
-`IRIS_JAX_TESTS=jax/tests`); without it the suites skip.
+IRIS_JAX_TESTS names a folder holding them for the installed version: the tests/ folder of a JAX
+source tree (e.g. `git clone --depth 1 --branch jax-v0.10.2 https://github.com/jax-ml/jax`, then
+`IRIS_JAX_TESTS=jax/tests`), or one revision folder of the copies beside the repository that CI
+uses (`../shared/jax-tests/jax-v0.10.2`; `.ci/run` and scripts/newest_stack.sh set it); without
+it the suites skip.
 
 `load` imports one of those files as a module of its own; `patch_case` changes a test case of it
 (and only it) so that each test starts on the simulator's runtime and passes over the checks that
 grep lax's own op names in a lowered module or jaxpr (with iris swapped in, iris's call is there
-instead); `run` runs one test with the swaps made (pytest's monkeypatch, undone after the test) and
-turns its result into pytest's.
+instead); `selected` picks a file's tests that call a swapped collective; `run` runs one test
+with the swaps made (pytest's monkeypatch, undone after the test; absl's parameters that hold
+lax's function get iris's) and turns its result into pytest's.
 """
 
 from __future__ import annotations
@@ -36,6 +39,9 @@ ROOT = os.environ.get("IRIS_JAX_TESTS") or "<IRIS_JAX_TESTS unset>"
 SWAPPED = tuple(name for name in iris_jax.collectives.__all__ if name != "broadcast" and hasattr(jax.lax, name))
 
 
+_runtime_of = [None]  # the module of JAX's tests that the runtime was last used by (patch_case)
+
+
 def source(filename: str) -> str:
     return os.path.join(ROOT, filename)
 
@@ -58,21 +64,34 @@ def load(filename: str, module_name: str):
 
 
 def patch_case(case: type, *, world: int, heap: int, lax_op_names: tuple[str, ...] = (),
-               lax_primitives: tuple[str, ...] = ()) -> None:
+               lax_primitives: tuple[str, ...] = (), device_skips_dropped: tuple[str, ...] = ()) -> None:
     """Each test of `case` starts with JaxTestCase's setUp (JAX's strict settings; not the case's
-    own, which may skip on CPU) on the runtime over the first `world` devices with `heap` bytes.
+    own, which may skip on CPU) on the runtime over the first `world` devices with `heap` bytes,
+    one of the test file's own: the first test of a file shuts down the runtime that tests before
+    it left (the workspaces their partitions of the ranks keep for the runtime's life are not this
+    file's to fill: the ragged suite, run after the pmap suite on its runtime, ran out of heap).
     Checks that grep lax's own names pass: `assertIn(member, ...)` / `assertNotIn` with a string
     member, and `assertRegex(text, regex)` with a regex, holding one of `lax_op_names` (what lax's
     lowering or jaxpr holds and iris's does not),
     and `assertEqual("iris_collective", name)` with `name` one of `lax_primitives` (an equation's
-    primitive compared with lax's: iris's primitive is there instead)."""
+    primitive compared with lax's: iris's primitive is there instead). The methods named in
+    `device_skips_dropped` lose JAX's device filter (`@jtu.run_on_devices("gpu")`,
+    `@jtu.skip_on_devices("cpu")`), so they run on the CPU."""
     from jax._src import test_util as jtu
+
+    for name in device_skips_dropped:
+        method = case.__dict__[name]
+        assert method.__code__.co_name == "test_method_wrapper", f"{name}: not under JAX's device filter"
+        setattr(case, name, method.__wrapped__)
 
     assert_in, assert_not_in, assert_equal = case.assertIn, case.assertNotIn, case.assertEqual
     assert_regex = case.assertRegex
 
     def set_up(self):
         jtu.JaxTestCase.setUp(self)
+        if _runtime_of[0] != case.__module__ and iris_jax.is_initialized():
+            iris_jax.shutdown()
+        _runtime_of[0] = case.__module__
         use_runtime(world, heap_size=heap)
 
     def lax_name(member) -> bool:
@@ -167,16 +186,18 @@ def swapped(params, swaps: dict):
     return swaps.get(id(params), params)
 
 
-def selected(module, cases: tuple[str, ...], *, world: int, heap: int, **checks) -> dict[str, unittest.TestCase]:
+def selected(module, cases: tuple[str, ...], *, world: int, heap: int, device_skips_dropped: dict | None = None,
+             **checks) -> dict[str, unittest.TestCase]:
     """The tests of `module`'s test cases named `cases` (those it defines) that call a swapped
     collective, by `Case.test_name`; each case patched first (`patch_case(case, world=world,
-    heap=heap, **checks)`)."""
+    heap=heap, device_skips_dropped=device_skips_dropped[name], **checks)`)."""
     tests = {}
     for name in cases:
         case = getattr(module, name, None)
         if case is None:
             continue
-        patch_case(case, world=world, heap=heap, **checks)
+        patch_case(case, world=world, heap=heap, device_skips_dropped=(device_skips_dropped or {}).get(name, ()),
+                   **checks)
         for test_name, test in tests_of(case).items():
             if uses(source_of(test)):
                 tests[f"{name}.{test_name}"] = test

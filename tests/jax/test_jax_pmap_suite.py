@@ -22,12 +22,16 @@ import pytest
 from tests.jax import jax_suite
 
 FILE = "pmap_test.py"
-HEAP = 64 << 20
+HEAP = 64 << 20  # 44.6 MiB in use after these tests at jax-v0.10.2 (partitions' workspaces)
+# JAX's skips by device: pbroadcast has no lowering on XLA:CPU (iris runs it); testCollectivePermuteGrad
+# is skipped on CPU with no reason given (it passes there with lax's ppermute and with iris's)
+DEVICE_SKIPS_DROPPED = {"PythonPmapTest": ("testCollectiveBroadcast", "testCollectiveBroadcastVmap",
+                                           "testCollectiveBroadcastGrad", "testCollectivePermuteGrad")}
 
 MODULE = jax_suite.load(FILE, "jax_pmap_test")
 CASES = ("PythonPmapTest", "VmapOfPmapTest", "VmapPmapCollectivesTest", "PmapWithDevicesTest", "ArrayTest",
          "ArrayPmapTest", "PmapShmapMergeTest")
-TESTS = jax_suite.selected(MODULE, CASES, world=8, heap=HEAP) if MODULE else {}
+TESTS = jax_suite.selected(MODULE, CASES, world=8, heap=HEAP, device_skips_dropped=DEVICE_SKIPS_DROPPED) if MODULE else {}
 
 
 @pytest.mark.skipif(MODULE is None, reason=jax_suite.missing_reason(FILE))

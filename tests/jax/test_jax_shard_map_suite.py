@@ -50,10 +50,9 @@ LAX_OP_NAMES = (
     r"mesh = (@mesh|#sdy\.mesh)",  # ... and the mesh they cite (assertRegex of the _rgv3 tests)
 )
 LAX_PRIMITIVES = ("pvary", "psum_invariant")  # assertEqual(str(eqn.primitive), "pvary")
-# after these tests a 64 MiB heap (the ragged suite's) had 63.5 MiB in use, and the ragged suite,
-# run next in the same process on that runtime, ran out of heap (test_vmap_basic and
-# _degenerate_groups_single_axis_name): a heap of another size, so that the next suite gets a
-# fresh runtime (use_runtime re-initializes on a different size)
+# after these tests a 64 MiB heap had 63.5 MiB in use (the workspaces of the partitions of the
+# ranks that they run over): twice that leaves room (each of JAX's files gets a runtime of its
+# own, jax_suite.patch_case)
 HEAP = 128 << 20
 
 MODULE = jax_suite.load(FILE, "jax_shard_map_test")
