@@ -6,10 +6,15 @@ vmap's named axes, `vmap(f, axis_name="i")`), run with lax's collectives swapped
 JAX's test files are not copied here: set IRIS_JAX_TESTS to the tests/ folder of a JAX source
 tree of the installed version (tests/jax/jax_suite.py, docs/testing.md); without it these skip.
 
-Selected: the tests of JAX's file whose method calls one of the swapped collectives. Not
-selected: the rest, which run no collective iris provides.
+Selected: the tests of JAX's file whose method calls one of the swapped collectives (118 of
+BatchingTest's tests at both revisions, of 227 at jax-v0.10.2): psum / pmax / pmin over one or
+several named axes (testCommAssocCollective*), all_to_all, all_gather, ppermute and psum_scatter
+under vmap. Not selected: the rest (VmappableTest's tests and BatchingTest's others), which call
+none of them.
 
-What passes (docs/testing.md): TODO.
+Nothing in JAX's file is changed or passed over. What passes (docs/testing.md): 118 of 118 on
+jax 0.10.2 (JAX's tests at jax-v0.10.2) and on the newest stack (jax 0.12.0.1; JAX's tests at
+main-cec06d1).
 """
 
 from __future__ import annotations
