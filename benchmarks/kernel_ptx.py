@@ -63,6 +63,16 @@ def cases() -> dict:
         out[f"all_reduce {name} G4"] = dict(KIND=C.ALL_REDUCE, VARIANT=variant, G=4)
         out[f"all_reduce {name} G2 zero_copy"] = dict(KIND=C.ALL_REDUCE, VARIANT=variant, G=2, ZERO_COPY=True)
     out["all_reduce pull G4 max"] = dict(KIND=C.ALL_REDUCE, VARIANT=C.ONE_SHOT, G=4, OP=C.MAX)
+    # every dtype the kernels take (iris_jax.collectives.dtypes.KERNEL_DTYPES; others travel as one of them)
+    for dtype in ("fp16", "fp64", "i8", "u8", "i16", "u16", "u32", "i64", "u64"):
+        out[f"all_reduce pull G4 {dtype}"] = dict(KIND=C.ALL_REDUCE, VARIANT=C.ONE_SHOT, G=4, dtype=dtype)
+        out[f"all_reduce pull G4 max {dtype}"] = dict(KIND=C.ALL_REDUCE, VARIANT=C.ONE_SHOT, G=4, OP=C.MAX, dtype=dtype)
+        out[f"reduce_scatter stream G4 {dtype}"] = dict(KIND=C.REDUCE_SCATTER, VARIANT=C.ONE_SHOT, G=4, PUSH=True,
+                                                        STREAM=True, dtype=dtype)
+        out[f"all_gather push G4 {dtype}"] = dict(KIND=C.ALL_GATHER, VARIANT=C.ONE_SHOT, G=4, PUSH=True, dtype=dtype)
+    for variant, name in [(C.TWO_SHOT, "two_shot"), (C.SPINLOCK, "spinlock"), (C.RING, "ring")]:
+        for dtype in ("bf16", "fp64", "u8"):
+            out[f"all_reduce {name} G4 {dtype}"] = dict(KIND=C.ALL_REDUCE, VARIANT=variant, G=4, dtype=dtype)
     out["all_reduce push G4 traced"] = dict(KIND=C.ALL_REDUCE, VARIANT=C.ONE_SHOT, G=4, PUSH=True, TRACING=True)
     out["all_reduce two_shot G4 traced"] = dict(KIND=C.ALL_REDUCE, VARIANT=C.TWO_SHOT, G=4, TRACING=True)
     return out
@@ -157,6 +167,10 @@ def other_kernels() -> dict:
     return out
 
 
+_NUMPY_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "fp64": "float64", "i8": "int8",
+                "u8": "uint8", "i16": "int16", "u16": "uint16", "i32": "int32", "u32": "uint32", "i64": "int64",
+                "u64": "uint64"}
+
 # --small: one configuration of each kernel, exactly as named
 SMALL = ("all_reduce pull G2 bf16", "fused matmul_all_reduce G2 bf16", "fused all_gather_matmul G2 bf16",
          "device_barrier W2", "ragged_all_to_all G2 slices 1 bf16", "tile all_gather W4")
@@ -170,6 +184,7 @@ def measure(only: str | None = None, names: tuple[str, ...] | None = None) -> di
     import triton.language as tl
 
     from iris_core.collectives import kernels as C
+    from iris_core.collectives import kinds
     from iris_core.collectives.workspace import WorkspaceLayout
 
     results = {}
@@ -182,15 +197,17 @@ def measure(only: str | None = None, names: tuple[str, ...] | None = None) -> di
             continue
         case = dict(case)
         G = case.pop("G")
-        bf16 = case.pop("dtype", "fp32") == "bf16"
+        dtype = case.pop("dtype", "fp32")
+        itemsize = int(dtype.lstrip("fpiub")) // 8
         blocks = G if case["KIND"] in (C.REDUCE_SCATTER, C.ALL_TO_ALL) else 1
         out_blocks = G if case["KIND"] in (C.ALL_GATHER, C.ALL_TO_ALL) else 1
         layout = WorkspaceLayout(G, 1 << 20)
-        dtype = "*bf16" if bf16 else "*fp32"
-        signature = {"context_ptr": "*i32", "group_ptr": "*i32", "x_ptr": dtype, "m": "i32", "out_ptr": dtype}
+        signature = {"context_ptr": "*i32", "group_ptr": "*i32", "x_ptr": f"*{dtype}", "m": "i32",
+                     "out_ptr": f"*{dtype}"}
+        accumulator = getattr(tl, kinds.accumulator(_NUMPY_NAMES[dtype]))
         common = dict(OP=C.SUM, G=G, WORLD=G, XB=blocks, OB=out_blocks, SOURCES=tuple((i + 1) % G for i in range(G)),
-                      ACC=tl.float32, BLOCK=4096, CHUNK=(1 << 20) // (4 * blocks), REGIONS=layout.regions,
-                      TIMEOUT_NS=10**9, WHAT="collective", HEAP_BYTES=1 << 30, VEC=8 if bf16 else 4, SENDERS=4)
+                      ACC=accumulator, BLOCK=4096, CHUNK=(1 << 20) // (4 * blocks), REGIONS=layout.regions,
+                      TIMEOUT_NS=10**9, WHAT="collective", HEAP_BYTES=1 << 30, VEC=16 // itemsize, SENDERS=4)
         constexprs = C.launch_constants(**(common | case))
         ptx = compile_ptx(C.collective_kernel, signature, constexprs, num_warps=8)
         results[name] = dict(count_instructions(ptx), fingerprint=_fingerprint(ptx), memory=_memory(ptx))

@@ -1,12 +1,15 @@
 """The CPU simulator's time per collective call, by size (one process, simulated ranks).
 
     python benchmarks/sim_speed.py [--ranks 4] [--sizes 4K,64K,256K,1M,4M] [--ops psum,...] [--reps 3]
+                                   [--detect-races]
 
 Each point: a jitted shard_map over `--ranks` CPU devices calling the iris collective on
 float32 of the given bytes per rank; checked against the lax op once, then timed over
 `--reps` calls after a warm-up call (compilation left out); the median is printed. What it
 measures is the simulator (Triton's interpreter running the collective kernel in the ranks'
 worker processes), for choosing sizes to debug with; GPU speed is benchmarks/collectives.py.
+With --detect-races, the table is measured twice, without and with the race detector
+(iris_jax.init(detect_races=True)), and a third table gives the slowdown (with / without).
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ def main():
     parser.add_argument("--sizes", default=SIZES)
     parser.add_argument("--ops", default=OPS)
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--detect-races", action="store_true", help="also time with the race detector on")
     small.add_flag(parser, "psum of 4 KiB per rank on 2 ranks, once")
     opts = parser.parse_args()
     if opts.small:
@@ -59,17 +63,30 @@ def main():
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                                + f" --xla_force_host_platform_device_count={opts.ranks}").strip()
 
+    tables = [_table(opts, detect_races=False)]
+    if opts.detect_races:
+        tables.append(_table(opts, detect_races=True))
+        print(f"slowdown with the race detector (with / without)\n{'op':<14}"
+              + "".join(f"{s:>10}" for s in opts.sizes.split(",")))
+        for name in opts.ops.split(","):
+            print(f"{name:<14}" + "".join(f"{b / a:>9.1f}x" for a, b in zip(tables[0][name], tables[1][name])))
+
+
+def _table(opts, detect_races: bool) -> dict:
+    """Seconds per call of every op and size: {op: [seconds by size]}; prints the table."""
     import jax
     import numpy as np
     from jax.sharding import PartitionSpec as P
 
     import iris_jax
 
-    rt = iris_jax.init()
+    rt = iris_jax.init(detect_races=detect_races)
     W = rt.world_size
     mesh = jax.make_mesh((W,), ("i",), devices=rt.devices)
     ops = _ops("i")
-    print(f"simulator, {W} ranks, {os.cpu_count()} cores: seconds per call (median of {opts.reps})")
+    table = {}
+    detector = ", race detector on" if detect_races else ""
+    print(f"simulator, {W} ranks, {os.cpu_count()} cores{detector}: seconds per call (median of {opts.reps})")
     print(f"{'op':<14}" + "".join(f"{s:>10}" for s in opts.sizes.split(",")))
     for name in opts.ops.split(","):
         iris_op, lax_op = ops[name]
@@ -89,7 +106,9 @@ def main():
             cells.append(statistics.median(times))
             print(f"  {name} {size}: {cells[-1]:.3f} s", file=sys.stderr, flush=True)
         print(f"{name:<14}" + "".join(f"{t:>10.3f}" for t in cells), flush=True)
+        table[name] = cells
     iris_jax.shutdown()
+    return table
 
 
 if __name__ == "__main__":

@@ -30,6 +30,12 @@ class PeerFailedError(IrisError, RuntimeError):
     flags no longer agree, so every later collective of the group fails with this error."""
 
 
+class RaceError(IrisError, RuntimeError):
+    """The simulator's race detector (iris_jax.init(detect_races=True)) saw two ranks access one
+    heap word, at least one writing, with nothing ordering them; the message names both accesses
+    and the synchronization that would order them."""
+
+
 class SimulatedRankError(IrisError, RuntimeError):
     """A simulated rank raised; the message carries that rank's traceback."""
 
@@ -38,3 +44,7 @@ class RankDivergenceWarning(UserWarning):
     """The simulator saw the ranks of a group make a call from different lines of the program
     (iris_core.sim.call_table): a collective that only some ranks make, or a rank-dependent
     branch with a collective in each arm (which GPUs run correctly)."""
+
+
+class RaceWarning(UserWarning):
+    """A race the simulator's detector found, with iris_jax.init(detect_races="warn") (RaceError's message)."""

@@ -21,6 +21,8 @@ from iris_core.errors import (  # noqa: E402
     NotOnHeapError,
     PeerFailedError,
     PeerTimeoutError,
+    RaceError,
+    RaceWarning,
     RankDivergenceWarning,
     RankMismatchError,
 )
@@ -90,5 +92,5 @@ __all__ = [
     "ops", "tracing",
     # errors
     "CrossDomainError", "HeapExhaustedError", "IrisError", "NotOnHeapError", "PeerFailedError", "PeerTimeoutError",
-    "RankDivergenceWarning", "RankMismatchError", "UnsupportedCollectiveError",
+    "RaceError", "RaceWarning", "RankDivergenceWarning", "RankMismatchError", "UnsupportedCollectiveError",
 ]

@@ -29,7 +29,7 @@ def all_reduce(g, c, ws, locks, c0, width, tiles, stamp, LOCKED: tl.constexpr):
                 if g.flags.lock(locks + t, g.rank(i), global_timer()) != 0:
                     g.give_up(g.rank(i), stamp)
                 current = g.ctx.load(ws + cols, from_rank=g.rank(i), mask=mask, cache_modifier=".cg")
-                total = current + value.to(c.ACC)
+                total = (current.to(c.ACC) + value.to(c.ACC)).to(ws.dtype.element_ty)
                 g.ctx.store(ws + cols, total, to_rank=g.rank(i), mask=mask)
                 tl.debug_barrier()
                 g.flags.unlock(locks + t, g.rank(i))
@@ -40,5 +40,5 @@ def all_reduce(g, c, ws, locks, c0, width, tiles, stamp, LOCKED: tl.constexpr):
     for t in range(g.pid, tiles, g.programs):  # 3. my accumulator holds the sum
         cols = t * c.BLOCK + lanes
         mask = cols < width
-        total = tl.load(ws + cols, mask=mask, cache_modifier=".cg")
-        tl.store(c.out_ptr + (c0 + cols).to(tl.int64), total.to(c.out_ptr.dtype.element_ty), mask=mask)
+        tl.store(c.out_ptr + (c0 + cols).to(tl.int64),
+                 tl.load(ws + cols, mask=mask, cache_modifier=".cg").to(c.out_ptr.dtype.element_ty), mask=mask)

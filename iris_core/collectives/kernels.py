@@ -78,22 +78,21 @@ def _one_chunk_at_a_time(g, c, epoch, in_place, VARIANT: tl.constexpr, DATA: tl.
         epoch += 1
         stamp = flags.stamp(epoch)  # the chunk's rounds: stamp, stamp + 1, ...
         ws = buffer(g.ws_base, epoch, DATA, DATA_BYTES, c.x_ptr.dtype)
-        # partial sums are kept in the accumulator's type: each element is rounded once, at the end
-        partials = buffer(g.ws_base, epoch, DATA2, DATA_BYTES, tl.pointer_type(c.ACC))
+        ws2 = buffer(g.ws_base, epoch, DATA2, DATA_BYTES, c.x_ptr.dtype)
         transfer = g.ctx.tracing.record_event_start(EVENT_TRANSFER, g.ctx.rank, None, c0 // c.CHUNK, 0)
+        # partial results are kept in the accumulator's type: each element is rounded once, at the end
         if VARIANT == kinds.ATOMIC or VARIANT == kinds.SPINLOCK:
-            sums = buffer(g.ws_base, epoch, DATA, DATA_BYTES, tl.pointer_type(c.ACC))
             locks = buffer(g.ws_base, epoch, DATA2, DATA_BYTES, tl.pointer_type(tl.int32))
-            atomic.all_reduce(g, c, sums, locks, c0, width, tiles, stamp, VARIANT == kinds.SPINLOCK)
+            atomic.all_reduce(g, c, tl.cast(ws, tl.pointer_type(c.ACC)), locks, c0, width, tiles, stamp,
+                              VARIANT == kinds.SPINLOCK)
         else:
             if not in_place:
                 stage(g, c, ws, c0, width, tiles)
             g.signal(stamp)
             if VARIANT == kinds.RING:
-                ring.all_reduce(g, c, ws, partials, c0, width, tiles, stamp)
+                ring.all_reduce(g, c, ws, tl.cast(ws2, tl.pointer_type(c.ACC)), c0, width, tiles, stamp)
             else:
                 tl.static_assert(VARIANT == kinds.TWO_SHOT, "an all-reduce algorithm without its branch here")
-                ws2 = buffer(g.ws_base, epoch, DATA2, DATA_BYTES, c.x_ptr.dtype)
                 two_shot.all_reduce(g, c, ws, ws2, c0, width, tiles, stamp)
         g.ctx.tracing.record_event_end(transfer)
     return epoch

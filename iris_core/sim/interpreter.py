@@ -23,7 +23,7 @@ import ml_dtypes
 import numpy as np
 
 from iris_core.errors import IrisError
-from iris_core.sim import language
+from iris_core.sim import language, races
 from iris_core.sim.checks import running_kernel
 
 
@@ -72,13 +72,15 @@ _INTERPRETED: dict = {}
 
 
 def run_kernel(kernel, grid: Sequence[int], args: Sequence, constexprs: dict | None = None,
-               debug: bool = False) -> None:
+               debug: bool = False, detector: races.Detector | None = None) -> list[str]:
     """Runs `kernel[grid](*args, **constexprs)` under the interpreter, in this thread.
 
     Pointer arguments must be `Pointer`s (or anything with data_ptr() and dtype); Python
     scalars pass as scalars. Not thread-safe: the interpreter patches global state.
     `debug`: device-side assertions (tl.device_assert) raise, as they trap on GPUs for a
     kernel compiled with debug=True (the interpreter's own option is always off).
+    `detector`: this rank's race detector (iris_core.sim.races), which sees every heap access
+    of the launch. Returns the races it found (none without one).
     """
     from triton.runtime import interpreter as ti
 
@@ -110,6 +112,10 @@ def run_kernel(kernel, grid: Sequence[int], args: Sequence, constexprs: dict | N
     fast_scope = ti._LangPatchScope()
     for obj, name, value in _FAST_LANGUAGE:
         fast_scope.set_attr(obj, name, value)
+    if detector is not None:
+        detector.begin(kernel.fn.__name__)
+        for obj, name, value in races.builder_patches(ti, detector):
+            fast_scope.set_attr(obj, name, value)
     options = ti.interpreter_builder.options
     # overflow checks only matter where asserts fire (debug), as on GPUs; without them each
     # integer add of a tile costs 5 more array operations for a check that is thrown away
@@ -129,6 +135,8 @@ def run_kernel(kernel, grid: Sequence[int], args: Sequence, constexprs: dict | N
         ti.interpreter_builder.options = options
         fast_scope.restore()
         patch_scope.restore()
+        found = detector.end() if detector is not None else []
+    return found
 
 
 # Triton's type names of pointer arguments (what triton.runtime.jit.mangle_type says)
@@ -335,6 +343,10 @@ def _patch_builder(ti) -> None:
 
     ti._get_np_dtype = cached_np_dtype
     builder.cast_impl = cast_rounded
+    # tl.maximum / tl.minimum without propagate_nan: a NaN loses, as in the GPU's max.f32 (and in
+    # NCCL's and XLA:CPU's reductions); Triton's interpreter let it win, like propagate_nan=ALL
+    builder.create_maxnumf = lambda self, lhs, rhs: self.binary_op(lhs, rhs, np.fmax)
+    builder.create_minnumf = lambda self, lhs, rhs: self.binary_op(lhs, rhs, np.fmin)
     builder.create_masked_load, builder.create_masked_store = load, store
     builder.create_atomic_rmw = atomic_rmw
     builder.create_addptr, builder.create_splat = addptr, broadcast

@@ -11,6 +11,8 @@ import time
 
 import triton.language as tl
 
+from iris_core.sim import races
+
 # the simulator: how long a flag read first yields the core, doubling up to _MAX_POLL_S
 # while the same flag keeps its value (ranks outnumber cores in tests, and a rank spinning
 # in the interpreter takes the core from the one that would set its flag)
@@ -34,7 +36,8 @@ def load_acquire(ptr):
     flag = ptr.handle.data.tobytes()
     again = flag == _last_poll["flag"]
     time.sleep(min(_POLL_S * 2 ** _last_poll["misses"], _MAX_POLL_S) if again else _POLL_S)
-    value = tl.load(ptr, volatile=True)
+    with races.acquiring():  # what the race detector takes for an acquiring flag read
+        value = tl.load(ptr, volatile=True)
     seen = value.handle.data.tobytes()
     unchanged = again and seen == _last_poll["value"]
     _last_poll.update(flag=flag, value=seen, misses=min(_last_poll["misses"] + 1, 16) if unchanged else 0)

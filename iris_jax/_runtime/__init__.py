@@ -31,6 +31,7 @@ from collections.abc import Sequence
 import jax
 
 from iris_core.errors import IrisError
+from iris_core.sim import races
 from iris_jax._runtime.heaps import Runtime, check_heap_allocator, stale_program_error
 
 _runtime: Runtime | None = None
@@ -43,7 +44,7 @@ _runtime_lock = threading.Lock()
 
 def init(heap_size: int | None = None, devices: Sequence[jax.Device] | None = None,
          domain_size: int | None = None, heap_allocator: str | None = None, on_fault: str | None = None,
-         fault_gate: str | None = None) -> Runtime:
+         fault_gate: str | None = None, detect_races: bool | str | None = None) -> Runtime:
     """Sets up one symmetric heap per participating device and returns the runtime.
 
     Args:
@@ -66,6 +67,10 @@ def init(heap_size: int | None = None, devices: Sequence[jax.Device] | None = No
         else "step"): "step" the last of each execution, "call" every one, "off" none is lowered
         (a failed call's outputs then read as numbers until an iris entry point raises). Programs
         are lowered with the setting of their first trace.
+      detect_races: the simulator checks every heap access of every rank for races between ranks
+        (docs/device-api.md, "Finding races"; default: environment IRIS_DETECT_RACES, else off):
+        True or "raise" raises RaceError naming both accesses after the kernel that made the
+        second, "warn" warns RaceWarning instead. A no-op on GPUs.
 
     Raises:
       IrisError: when a runtime with different settings already exists (call shutdown()).
@@ -93,12 +98,15 @@ def init(heap_size: int | None = None, devices: Sequence[jax.Device] | None = No
             if fault_gate is not None and fault_gate != _runtime.fault_gate:
                 raise IrisError(f"iris is already initialized with fault_gate={_runtime.fault_gate!r}; init("
                                 f"fault_gate={fault_gate!r}) conflicts. Call iris_jax.shutdown() first.")
+            if detect_races is not None and races.mode_of(detect_races) != _runtime.detect_races:
+                raise IrisError(f"iris is already initialized with detect_races={_runtime.detect_races!r}; init("
+                                f"detect_races={detect_races!r}) conflicts. Call iris_jax.shutdown() first.")
             if heap_allocator not in (None, "auto", _runtime.heap_allocator) and _runtime.heap_allocator:
                 raise IrisError(
                     f"iris is already initialized with heap_allocator={_runtime.heap_allocator!r}; init("
                     f"heap_allocator={heap_allocator!r}) conflicts. Call iris_jax.shutdown() first.")
             return _runtime
-        _runtime = Runtime(heap_size, devices, domain_size, heap_allocator, on_fault, fault_gate)
+        _runtime = Runtime(heap_size, devices, domain_size, heap_allocator, on_fault, fault_gate, detect_races)
         _generation.set_global(next(_generations))
         return _runtime
 

@@ -17,6 +17,7 @@ from iris_core.heap.allocator import format_bytes
 from iris_core.heap.context_layout import encode_context
 from iris_core.heap.rendezvous import store_barrier
 from iris_core.platform import GPU
+from iris_core.sim import races
 from iris_jax._runtime import backends, faults
 from iris_jax._runtime.backends import RENDEZVOUS_TIMEOUT_S
 from iris_jax._runtime.tracer import RuntimeTracer
@@ -44,7 +45,9 @@ class Runtime:
 
     def __init__(self, heap_size: int | None = None, devices: Sequence[jax.Device] | None = None,
                  domain_size: int | None = None, heap_allocator: str | None = None, on_fault: str | None = None,
-                 fault_gate: str | None = None):
+                 fault_gate: str | None = None, detect_races: bool | str | None = None):
+        # the simulator's race detector (iris_core.sim.races): "raise", "warn" or None; GPUs ignore it
+        self.detect_races = races.env_mode() if detect_races is None else races.mode_of(detect_races)
         self.on_fault = on_fault or faults.DEFAULT_ON_FAULT
         faults.check_mode(self.on_fault)
         self.fault_gate = fault_gate or faults.DEFAULT_FAULT_GATE
@@ -193,11 +196,18 @@ class Runtime:
         self.sync_processes()
         return offset
 
+    @property
+    def sim_session(self) -> str | None:
+        """The shared-memory session of the simulator's heaps (None on GPUs)."""
+        return getattr(self.heap, "session", None) if self.backend.host_kernels is not None else None
+
     def sync_processes(self) -> None:
         """Host barrier between the processes of a multi-process run; no-op in one process."""
         if self.backend.process_per_rank:
             store_barrier(self.store, f"iris/{self._session}/sync/{next(self._syncs)}",
                           self.rank_of(self.devices[0]), self.world_size, RENDEZVOUS_TIMEOUT_S)
+        if self.detect_races and self.sim_session is not None:  # what every rank did so far precedes what follows
+            races.host_barrier(self.sim_session, self.world_size, self.heap_size)
 
     def service(self, name: str, factory):
         """Per-runtime singleton (workspaces, barrier state), created on first use.
@@ -266,6 +276,8 @@ class Runtime:
         self._services.clear()
         self.tracing.close()
         self.heap.close()
+        if self.detect_races and self.sim_session is not None and self.heap.local_ranks:
+            races.remove(self.sim_session)
 
     def __repr__(self) -> str:
         allocator = f"heap_allocator={self.heap_allocator!r}, " if self.heap_allocator else ""

@@ -29,7 +29,7 @@ from iris_core.collectives import group_layout
 from iris_core.errors import IrisError, NotOnHeapError, PeerTimeoutError, RankDivergenceWarning, RankMismatchError
 from iris_core.heap.context_layout import TRACE_WORDS, context_words, trace_offset
 from iris_core.heap.shared_memory import SHM_DIR
-from iris_core.sim import call_table
+from iris_core.sim import call_table, races
 from iris_core.sim.interpreter import Pointer, run_kernel
 from iris_jax import _runtime as runtime_lib
 from iris_jax.calls.triton_call import kernel_arguments
@@ -103,9 +103,9 @@ def _execute(rt, spec: KernelSpec, ins: list[int], outs: list[int]) -> None:
                                    spec.what, spec.site)
     try:
         if rt.backend.host_kernels == "worker":
-            execute_in_worker(rt, rank, spec, row_ptr, group_ptr, operand_ptrs, outs)
+            found = execute_in_worker(rt, rank, spec, row_ptr, group_ptr, operand_ptrs, outs)
         else:
-            execute_here(spec, row_ptr, group_ptr, operand_ptrs, outs)
+            found = execute_here(spec, row_ptr, group_ptr, operand_ptrs, outs, _detector(rt, rank))
     except PeerTimeoutError as e:  # a mismatch can also make the kernels wait for each other
         problem = call and rt.call_table.mismatch(call, members)
         if problem:
@@ -117,6 +117,8 @@ def _execute(rt, spec: KernelSpec, ins: list[int], outs: list[int]) -> None:
     problem = call and rt.call_table.mismatch(call, members)
     if problem:
         raise RankMismatchError(problem)
+    if found:
+        races.emit(rt.detect_races, found, spec.kernel)
     divergence = call and rt.call_table.divergence(call, members)
     if divergence:
         warnings.warn(f"rank {rank}: {divergence}", RankDivergenceWarning, stacklevel=1)
@@ -127,21 +129,32 @@ def _kernel_args(spec: KernelSpec, context, group, operands: list, results: list
     return kernel_arguments(lead + operands, spec.scalars, [results[o] for o in spec.result_params])
 
 
-def execute_here(spec, row_ptr, group_ptr, operand_ptrs, outs):
-    """Runs the kernel in this process, on XLA's pointers (a launched rank)."""
+def _detector(rt, rank: int):
+    """This process's race detector of `rank` (None unless detection is on)."""
+    if not rt.detect_races:
+        return None
+    heap = rt.heap
+    detector = races.detector(heap.session, rt.world_size, rt.heap_size, heap.heap_bases, rank)
+    detector.allocations = heap.allocation_table
+    return detector
+
+
+def execute_here(spec, row_ptr, group_ptr, operand_ptrs, outs, detector=None) -> list[str]:
+    """Runs the kernel in this process, on XLA's pointers (a launched rank); returns the races found."""
     for i in spec.zeroed:
         ctypes.memset(outs[i], 0, spec.result_nbytes[i])
     operands = [Pointer(p, d) for p, d in zip(operand_ptrs, spec.operand_dtypes)]
     results = [Pointer(p, d) for p, d in zip(outs, spec.result_dtypes)]
     with _interpreter_lock:
         group = Pointer(group_ptr, np.int32) if spec.group else None
-        run_kernel(spec.kernel, spec.grid,
-                   _kernel_args(spec, Pointer(row_ptr, np.int32), group, operands, results), spec.constexprs,
-                   debug=spec.debug)
+        return run_kernel(spec.kernel, spec.grid,
+                          _kernel_args(spec, Pointer(row_ptr, np.int32), group, operands, results), spec.constexprs,
+                          debug=spec.debug, detector=detector)
 
 
-def execute_in_worker(rt, rank, spec, row_ptr, group_ptr, operand_ptrs, outs):
-    """Runs the kernel in rank's worker process, XLA's buffers staged through shared memory."""
+def execute_in_worker(rt, rank, spec, row_ptr, group_ptr, operand_ptrs, outs) -> list[str]:
+    """Runs the kernel in rank's worker process, XLA's buffers staged through shared memory;
+    returns the races found."""
     trace_words = _trace_words(row_ptr, rt.world_size)
     staging = rt.service("cpu_staging", lambda _: StagingAreas()).for_rank(rank)
     with staging.lock:
@@ -174,11 +187,13 @@ def execute_in_worker(rt, rank, spec, row_ptr, group_ptr, operand_ptrs, outs):
         for i in spec.zeroed:
             ctypes.memset(area.address + results[i][1], 0, spec.result_nbytes[i])
         args = _kernel_args(spec, ("context", trace_words), group, operands, results)
-        rt.sim_world.call(rank, _run_in_worker, rt.heap.session, area.path, area.size, spec.kernel,
-                          spec.grid, args, spec.constexprs, rank, spec.debug, what=f"kernel {spec.kernel_name}")
+        found = rt.sim_world.call(rank, _run_in_worker, rt.heap.session, area.path, area.size, spec.kernel,
+                                  spec.grid, args, spec.constexprs, rank, spec.debug, rt.detect_races,
+                                  what=f"kernel {spec.kernel_name}")
         for desc, ptr, nbytes in zip(results, outs, spec.result_nbytes):
             if nbytes:
                 ctypes.memmove(ptr, area.address + desc[1], nbytes)
+    return found
 
 
 def _trace_words(row_ptr: int, world_size: int) -> tuple[int, ...]:
@@ -188,7 +203,8 @@ def _trace_words(row_ptr: int, world_size: int) -> tuple[int, ...]:
     return tuple(words[trace_offset(world_size):trace_offset(world_size) + TRACE_WORDS])
 
 
-def _run_in_worker(state, session, area_path, area_size, kernel, grid, args, constexprs, rank, debug=False):
+def _run_in_worker(state, session, area_path, area_size, kernel, grid, args, constexprs, rank, debug=False,
+                   detect_races=None):
     heap = state.heaps[session]
     areas = state.cache.setdefault("staging", {})
     if areas.get(rank, (None,))[0] != area_path:
@@ -212,7 +228,11 @@ def _run_in_worker(state, session, area_path, area_size, kernel, grid, args, con
             return Pointer(heap.address(arg[1], arg[2]), arg[3])
         return Pointer(base + arg[1], arg[2])
 
-    run_kernel(kernel, grid, [resolve(a) for a in args], constexprs, debug=debug)
+    detector = None
+    if detect_races:
+        detector = races.detector(session, heap.world_size, heap.heap_size, heap.heap_bases, rank)
+        detector.allocations = heap.allocation_table
+    return run_kernel(kernel, grid, [resolve(a) for a in args], constexprs, debug=debug, detector=detector)
 
 
 class _Area:

@@ -8,12 +8,13 @@ the `iris_collective` primitive's rules (iris_jax.collectives.primitive). How th
 iris_jax.collectives.lowering.
 
 Each function takes `config=` (an iris_jax.CollectiveConfig; default: the environment's).
-The explicit API never falls back to XLA silently: a call iris cannot run (float64,
-positional axes, axis_index_groups of unequal sizes for pmax / pmin / psum) raises
-UnsupportedCollectiveError; calls with nothing to send (a group of one, zero-size arrays) emit
-no kernel, as with lax. `axis_index_groups` (where lax takes them: pmax, pmin, all_gather,
+Every dtype lax takes runs on iris (iris_jax.collectives.dtypes), psum / pmean of constants give
+lax's trace-time answer, and `axis_index_groups` (where lax takes them: pmax, pmin, all_gather,
 psum_scatter, all_to_all, ragged_all_to_all, and psum / pmean under `check_vma=False`) run on
-iris, each group as a mesh axis's group would. An axis name that is not bound where a
+iris, each group as a mesh axis's group would (groups of unequal sizes too, where lax takes
+them). The explicit API never falls back to XLA silently: positional axes raise
+UnsupportedCollectiveError; calls with nothing to send (a group of one, zero-size arrays) emit
+no kernel, as with lax. An axis name that is not bound where a
 collective is called raises NameError naming it and the bound axes (`check_bound`). Over axes that span
 domains (ranks whose heaps cannot map each other), iris runs inside each domain and XLA across
 (iris_jax.collectives.domains).
@@ -50,7 +51,7 @@ def psum(x, axis_name, *, axis_index_groups=None, variant: str | None = None, co
     Args:
       x: an array or a pytree of arrays (bool sums as int32, as lax's).
       axis_name: a mesh axis name of the enclosing `shard_map`, or a tuple of them.
-      axis_index_groups: lax's groups of axis indices, each reduced on its own (equal sizes).
+      axis_index_groups: lax's groups of axis indices, each reduced on its own.
       variant: the all-reduce algorithm (see `all_reduce`; default: by size).
       config: an iris_jax.CollectiveConfig (default: the environment's, `default_config()`).
 
@@ -59,8 +60,8 @@ def psum(x, axis_name, *, axis_index_groups=None, variant: str | None = None, co
 
     Raises:
       NameError: `axis_name` names an axis that is not bound here.
-      UnsupportedCollectiveError: a call iris cannot run (float64, positional axes, groups of
-        unequal sizes); iris never falls back to XLA silently.
+      UnsupportedCollectiveError: positional (integer) axes; iris never falls back to XLA
+        silently.
     """
     check_bound(axis_name, "psum")
     if _constant(x):  # lax's answer while tracing (a Python number for a Python number): nothing to send
@@ -76,7 +77,7 @@ def pmean(x, axis_name, *, axis_index_groups=None, variant: str | None = None,
     Args:
       x: an array or a pytree of arrays.
       axis_name: a mesh axis name, or a tuple of them.
-      axis_index_groups: lax's groups of axis indices, each reduced on its own (equal sizes).
+      axis_index_groups: lax's groups of axis indices, each reduced on its own.
       variant: the all-reduce algorithm (see `all_reduce`).
       config: an iris_jax.CollectiveConfig (default: the environment's, `default_config()`).
 
@@ -85,8 +86,8 @@ def pmean(x, axis_name, *, axis_index_groups=None, variant: str | None = None,
 
     Raises:
       NameError: `axis_name` names an axis that is not bound here.
-      UnsupportedCollectiveError: a call iris cannot run (float64, positional axes, groups of
-        unequal sizes); iris never falls back to XLA silently.
+      UnsupportedCollectiveError: positional (integer) axes; iris never falls back to XLA
+        silently.
     """
     check_bound(axis_name, "pmean")
     if _constant(x):  # as psum's
@@ -103,7 +104,7 @@ def pmax(x, axis_name, *, axis_index_groups=None, config: CollectiveConfig | Non
     Args:
       x: an array or a pytree of arrays.
       axis_name: a mesh axis name, or a tuple of them.
-      axis_index_groups: lax's groups of axis indices, each reduced on its own (equal sizes).
+      axis_index_groups: lax's groups of axis indices, each reduced on its own.
       config: an iris_jax.CollectiveConfig (default: the environment's, `default_config()`).
 
     Returns:
@@ -111,8 +112,8 @@ def pmax(x, axis_name, *, axis_index_groups=None, config: CollectiveConfig | Non
 
     Raises:
       NameError: `axis_name` names an axis that is not bound here.
-      UnsupportedCollectiveError: a call iris cannot run (float64, positional axes, groups of
-        unequal sizes); iris never falls back to XLA silently.
+      UnsupportedCollectiveError: positional (integer) axes; iris never falls back to XLA
+        silently.
     """
     check_bound(axis_name, "pmax")
     return run_on_iris(lambda v: lax_parallel.pmax(v, axis_name, axis_index_groups=axis_index_groups), (x,),
@@ -125,7 +126,7 @@ def pmin(x, axis_name, *, axis_index_groups=None, config: CollectiveConfig | Non
     Args:
       x: an array or a pytree of arrays.
       axis_name: a mesh axis name, or a tuple of them.
-      axis_index_groups: lax's groups of axis indices, each reduced on its own (equal sizes).
+      axis_index_groups: lax's groups of axis indices, each reduced on its own.
       config: an iris_jax.CollectiveConfig (default: the environment's, `default_config()`).
 
     Returns:
@@ -133,8 +134,8 @@ def pmin(x, axis_name, *, axis_index_groups=None, config: CollectiveConfig | Non
 
     Raises:
       NameError: `axis_name` names an axis that is not bound here.
-      UnsupportedCollectiveError: a call iris cannot run (float64, positional axes, groups of
-        unequal sizes); iris never falls back to XLA silently.
+      UnsupportedCollectiveError: positional (integer) axes; iris never falls back to XLA
+        silently.
     """
     check_bound(axis_name, "pmin")
     return run_on_iris(lambda v: lax_parallel.pmin(v, axis_name, axis_index_groups=axis_index_groups), (x,),
@@ -189,7 +190,7 @@ def all_gather(x, axis_name, *, axis_index_groups=None, axis: int = 0, tiled: bo
     Args:
       x: an array or a pytree of arrays.
       axis_name: a mesh axis name, or a tuple of them.
-      axis_index_groups: lax's groups of axis indices, each reduced on its own (equal sizes).
+      axis_index_groups: lax's groups of axis indices, each reduced on its own.
       axis: where the members' blocks go.
       tiled: concatenate along `axis` instead of stacking on a new one.
       to: "varying" (lax's type) or "invarying" (the result has the same type on every member).
@@ -200,8 +201,8 @@ def all_gather(x, axis_name, *, axis_index_groups=None, axis: int = 0, tiled: bo
 
     Raises:
       NameError: `axis_name` names an axis that is not bound here.
-      UnsupportedCollectiveError: a call iris cannot run (float64, positional axes, groups of
-        unequal sizes); iris never falls back to XLA silently.
+      UnsupportedCollectiveError: positional (integer) axes; iris never falls back to XLA
+        silently.
     """
     check_bound(axis_name, "all_gather")
     return run_on_iris(lambda v: lax_parallel.all_gather(v, axis_name, axis_index_groups=axis_index_groups, axis=axis,
@@ -216,7 +217,7 @@ def psum_scatter(x, axis_name, *, scatter_dimension: int = 0, axis_index_groups=
       x: an array or a pytree of arrays.
       axis_name: a mesh axis name, or a tuple of them.
       scatter_dimension: the dimension split among the members.
-      axis_index_groups: lax's groups of axis indices, each reduced on its own (equal sizes).
+      axis_index_groups: lax's groups of axis indices, each reduced on its own.
       tiled: keep the split dimension (each member's block) instead of removing it.
       config: an iris_jax.CollectiveConfig (default: the environment's, `default_config()`).
 
@@ -225,8 +226,8 @@ def psum_scatter(x, axis_name, *, scatter_dimension: int = 0, axis_index_groups=
 
     Raises:
       NameError: `axis_name` names an axis that is not bound here.
-      UnsupportedCollectiveError: a call iris cannot run (float64, positional axes, groups of
-        unequal sizes); iris never falls back to XLA silently.
+      UnsupportedCollectiveError: positional (integer) axes; iris never falls back to XLA
+        silently.
     """
     check_bound(axis_name, "psum_scatter")
     return run_on_iris(lambda v: lax_parallel.psum_scatter(v, axis_name, scatter_dimension=scatter_dimension,
@@ -244,7 +245,7 @@ def all_to_all(x, axis_name, split_axis: int, concat_axis: int, *, axis_index_gr
       axis_name: a mesh axis name, or a tuple of them.
       split_axis: the dimension split among the members.
       concat_axis: the dimension the received blocks are placed along.
-      axis_index_groups: lax's groups of axis indices, each reduced on its own (equal sizes).
+      axis_index_groups: lax's groups of axis indices, each reduced on its own.
       tiled: split and concatenate within the dimensions instead of adding one.
       config: an iris_jax.CollectiveConfig (default: the environment's, `default_config()`).
 
@@ -253,8 +254,8 @@ def all_to_all(x, axis_name, split_axis: int, concat_axis: int, *, axis_index_gr
 
     Raises:
       NameError: `axis_name` names an axis that is not bound here.
-      UnsupportedCollectiveError: a call iris cannot run (float64, positional axes, groups of
-        unequal sizes); iris never falls back to XLA silently.
+      UnsupportedCollectiveError: positional (integer) axes; iris never falls back to XLA
+        silently.
     """
     check_bound(axis_name, "all_to_all")
     return run_on_iris(lambda v: lax_parallel.all_to_all(v, axis_name, split_axis, concat_axis,
@@ -276,8 +277,8 @@ def ppermute(x, axis_name, perm: Sequence[tuple[int, int]], *, config: Collectiv
 
     Raises:
       NameError: `axis_name` names an axis that is not bound here.
-      UnsupportedCollectiveError: a call iris cannot run (float64, positional axes, groups of
-        unequal sizes); iris never falls back to XLA silently.
+      UnsupportedCollectiveError: positional (integer) axes; iris never falls back to XLA
+        silently.
     """
     check_bound(axis_name, "ppermute")
     return run_on_iris(lambda v: lax_parallel.ppermute(v, axis_name, perm), (x,), _config(config))
@@ -297,8 +298,8 @@ def pshuffle(x, axis_name, perm: Sequence[int], *, config: CollectiveConfig | No
 
     Raises:
       NameError: `axis_name` names an axis that is not bound here.
-      UnsupportedCollectiveError: a call iris cannot run (float64, positional axes, groups of
-        unequal sizes); iris never falls back to XLA silently.
+      UnsupportedCollectiveError: positional (integer) axes; iris never falls back to XLA
+        silently.
     """
     check_bound(axis_name, "pshuffle")
     return run_on_iris(lambda v: lax_parallel.pshuffle(v, axis_name, perm), (x,), _config(config))
@@ -311,7 +312,7 @@ def pswapaxes(x, axis_name, axis: int, *, axis_index_groups=None, config: Collec
       x: an array or a pytree of arrays.
       axis_name: a mesh axis name, or a tuple of them.
       axis: the positional axis swapped with the mapped one.
-      axis_index_groups: lax's groups of axis indices, each reduced on its own (equal sizes).
+      axis_index_groups: lax's groups of axis indices, each reduced on its own.
       config: an iris_jax.CollectiveConfig (default: the environment's, `default_config()`).
 
     Returns:
@@ -319,8 +320,8 @@ def pswapaxes(x, axis_name, axis: int, *, axis_index_groups=None, config: Collec
 
     Raises:
       NameError: `axis_name` names an axis that is not bound here.
-      UnsupportedCollectiveError: a call iris cannot run (float64, positional axes, groups of
-        unequal sizes); iris never falls back to XLA silently.
+      UnsupportedCollectiveError: positional (integer) axes; iris never falls back to XLA
+        silently.
     """
     check_bound(axis_name, "pswapaxes")
     return run_on_iris(lambda v: lax_parallel.pswapaxes(v, axis_name, axis, axis_index_groups=axis_index_groups),
@@ -381,8 +382,8 @@ def pbroadcast(x, axis_name, source: int, *, config: CollectiveConfig | None = N
 
     Raises:
       NameError: `axis_name` names an axis that is not bound here.
-      UnsupportedCollectiveError: a call iris cannot run (float64, positional axes, groups of
-        unequal sizes); iris never falls back to XLA silently.
+      UnsupportedCollectiveError: positional (integer) axes; iris never falls back to XLA
+        silently.
     """
     check_bound(axis_name, "pbroadcast")
     if not 0 <= source < _axes_size(axis_name):
@@ -404,8 +405,8 @@ def broadcast(x, axis_name, root: int = 0, *, config: CollectiveConfig | None = 
 
     Raises:
       NameError: `axis_name` names an axis that is not bound here.
-      UnsupportedCollectiveError: a call iris cannot run (float64, positional axes, groups of
-        unequal sizes); iris never falls back to XLA silently.
+      UnsupportedCollectiveError: positional (integer) axes; iris never falls back to XLA
+        silently.
     """
     return pbroadcast(x, axis_name, root, config=config)
 

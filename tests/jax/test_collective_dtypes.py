@@ -185,3 +185,19 @@ def test_constants_are_laxs(rng):
     with jax.enable_x64(True):  # a Python int stays one (lax's int64 constant path)
         jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P(("x", "y")), out_specs=P(("x", "y"))))(x)
         assert type(seen["size"]) is int and seen["size"] == 4
+
+
+def test_nan_loses_a_maximum(rng):
+    """pmax / pmin drop a NaN unless every member holds one, as XLA's and NCCL's reductions (and the
+    GPU's max.f32, which the simulator follows) do: lax's values, infinities included. (Where every
+    member holds NaN, iris gives NaN, as NCCL does; XLA:CPU gives -inf / inf, its reduction's start.)"""
+    mesh = mesh_of((W,), ("x",))
+    v = rng.standard_normal((W, 8)).astype(np.float32)
+    v[0, 1] = v[2, 1] = v[1, 4] = v[0, 6] = np.nan
+    v[3, 2], v[1, 3] = np.inf, -np.inf
+    x = shard(mesh, v, P("x"))
+    for name in ("pmax", "pmin"):
+        got = _run(mesh, lambda u, n=name: getattr(iris_jax, n)(u[0], "x"), x, P())
+        want = _run(mesh, lambda u, n=name: getattr(lax, n)(u[0], "x"), x, P())
+        np.testing.assert_array_equal(got, want)
+        assert not np.isnan(got).any()

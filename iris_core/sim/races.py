@@ -1,0 +1,545 @@
+"""The simulator's race detector: heap accesses of different ranks that nothing orders.
+
+Opt-in (iris_jax.init(detect_races=...), IRIS_DETECT_RACES). While a kernel runs under it,
+every load, store and atomic of the interpreter whose address lies in a heap of the session
+goes through `Detector.access` (the builder hooks of `builder_patches`, set for the length of
+a launch: without detection nothing is hooked). The happens-before order is the device API's
+memory model (docs/device-api.md):
+
+* each rank is one thread of a vector clock; its accesses are ordered (stream order, and the
+  simulator runs a launch's programs one after another: races between programs of one rank
+  are not looked for);
+* an atomic with sem release or acq_rel at system scope publishes the rank's clock with the
+  word it writes (the SYNC plane, joined: later atomics continue the release sequence); an
+  atomic with sem acquire or acq_rel at system scope, and the simulator's `load_acquire`
+  (Flags.wait on my own flag), join what is published there. Relaxed atomics, GPU or CTA
+  scope and volatile loads make no edge;
+* a host barrier (iris_jax.barrier) orders everything before it before everything after; a
+  change of the heap's allocations between launches orders the launches that had finished
+  before the next (a freed array's uses were over; its words keep their history).
+
+Volatile and acquiring loads are atomic (flag reads): they race with plain stores only. A
+store of the bytes a word already holds is no access.
+
+Shadow memory lives in one sparse shared-memory file per heap session, mapped by every
+process that runs kernels: for each rank, each heap and each 4-byte word, the clock of that
+rank's last plain store (WRITE), plain load (READ) and atomic (ATOMIC), the clock released
+there (SYNC) and the clock that would have been released had every atomic been release at
+system scope (WEAK, for the report's hint). Each rank writes only its own rows, so records
+need no lock; joins into SYNC and WEAK take one. Two accesses race when they overlap, at
+least one writes, not both are atomics, they are of different ranks and the earlier one's
+clock is not in the later one's vector clock. A ring of access records per rank (and a file
+of its source lines) lets the report name the earlier access. Accesses of elements smaller
+than 4 bytes are not checked (two ranks writing neighbouring bytes of one word do not race).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import fcntl
+import glob
+import mmap
+import os
+import sys
+import threading
+import warnings
+
+import numpy as np
+
+from iris_core.errors import RaceError, RaceWarning
+from iris_core.heap.shared_memory import SHM_DIR
+
+MODES = ("raise", "warn")
+GRANULE = 4  # bytes of heap per shadow word
+RING = 1 << 16  # access records kept per rank
+_WRITE, _READ, _ATOMIC, _SYNC, _WEAK = range(5)
+_PLANES = 5
+_RECORD_WORDS = 8  # clock, site, program, kind, heap rank, first byte, end byte, 0
+KINDS = ("load", "store", "atomic", "flag load")
+LOAD, STORE, ATOMIC, FLAG_LOAD = range(4)  # FLAG_LOAD: volatile or acquiring (PTX: relaxed / acquire at sys)
+
+
+def mode_of(value) -> str | None:
+    """The detection mode a setting names: "raise", "warn" or None (off).
+
+    True, "1" and "raise" raise RaceError; "warn" warns (RaceWarning); False, None, "", "0": off.
+    """
+    if value is None or value is False or value in ("", "0", "off", "false"):
+        return None
+    if value is True or value in ("1", "true", "on"):
+        return "raise"
+    if value in MODES:
+        return value
+    raise ValueError(f"detect_races must be True, False, 'raise' or 'warn' (IRIS_DETECT_RACES: 1, 0, raise, "
+                     f"warn); got {value!r}")
+
+
+def env_mode() -> str | None:
+    return mode_of(os.environ.get("IRIS_DETECT_RACES", "0").strip().lower())
+
+
+def shadow_path(session: str) -> str:
+    """In the heap's directory, named so that its clean-ups (remove_session_segments) find it."""
+    return os.path.join(SHM_DIR, f"iris-{session}-r-races")
+
+
+def remove(session: str) -> None:
+    """Unlinks a session's shadow files (its owner, when the heaps go)."""
+    for path in glob.glob(shadow_path(session) + "*"):
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+
+class Shadow:
+    """A session's shadow memory, mapped in this process (created by the first to open it)."""
+
+    def __init__(self, session: str, world_size: int, heap_size: int):
+        self.path = shadow_path(session)
+        self.world_size, self.heap_size = world_size, heap_size
+        granules = heap_size // GRANULE
+        plane_bytes = _PLANES * world_size * world_size * granules * 4
+        log_bytes = world_size * RING * _RECORD_WORDS * 8
+        clock_bytes = 2 * world_size * 8
+        size = plane_bytes + log_bytes + clock_bytes
+        fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o600)
+        try:
+            if os.fstat(fd).st_size < size:
+                os.ftruncate(fd, size)  # sparse: only the pages touched take memory
+            self._map = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        buffer = np.frombuffer(self._map, np.uint8)
+        self.planes = buffer[:plane_bytes].view(np.int32).reshape(_PLANES, world_size, world_size, granules)
+        self.log = buffer[plane_bytes:plane_bytes + log_bytes].view(np.int64).reshape(world_size, RING, _RECORD_WORDS)
+        # published: each rank's clock at the end of its last launch; floor: the clocks a host barrier saw
+        self.clocks = buffer[plane_bytes + log_bytes:size].view(np.int64).reshape(2, world_size)
+        self._lock_fd = os.open(self.path + "-lock", os.O_CREAT | os.O_RDWR, 0o600)
+        self._sites: dict[int, dict[int, str]] = {}
+
+    @contextlib.contextmanager
+    def locked(self):
+        fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+
+    def host_barrier(self) -> None:
+        """Everything every rank did so far happens before what any rank does next."""
+        with self.locked():
+            np.maximum(self.clocks[1], self.clocks[0], out=self.clocks[1])
+
+    def site(self, rank: int, site: int) -> str:
+        known = self._sites.setdefault(rank, {})
+        if site not in known:
+            try:
+                with open(self.path + f"-sites-{rank}") as f:
+                    for line in f:
+                        number, _, text = line.rstrip("\n").partition("\t")
+                        known[int(number)] = text
+            except FileNotFoundError:
+                pass
+        return known.get(site, "an unknown line")
+
+
+_SHADOWS: dict[str, Shadow] = {}
+
+
+def shadow(session: str, world_size: int, heap_size: int) -> Shadow:
+    if session not in _SHADOWS:
+        _SHADOWS[session] = Shadow(session, world_size, heap_size)
+    return _SHADOWS[session]
+
+
+def host_barrier(session: str, world_size: int, heap_size: int) -> None:
+    shadow(session, world_size, heap_size).host_barrier()
+
+
+# -- where an access was made: the kernel's line --------------------------------------------------
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_DEVICE = os.path.join(os.path.dirname(_HERE), "device")
+_TRITON = os.path.dirname(os.path.dirname(os.path.abspath(np.__file__)))  # site-packages: triton, numpy
+_DYNAMIC = "<dynamic-code>"
+_CATEGORY: dict = {}  # code object -> 0 (skip: Triton, the simulator), 1 (the device API), 2 (kernel code)
+
+
+def _category(code) -> int:
+    found = _CATEGORY.get(code)
+    if found is None:
+        name = os.path.abspath(code.co_filename)
+        if name.startswith(_HERE) or name.startswith(_TRITON) or "/triton/" in name or "/numpy/" in name:
+            found = 0
+        elif name.startswith(_DEVICE):
+            found = 1
+        else:
+            found = 2
+        _CATEGORY[code] = found
+    return found
+
+
+def _site_text() -> str:
+    """`file:line (function)` of the kernel code that made the access, and the device API function
+    it went through ("via Context.load")."""
+    frame = sys._getframe(3)
+    via = None
+    while frame is not None:
+        category = _category(frame.f_code)
+        if category == 1:
+            via = frame.f_code.co_qualname if hasattr(frame.f_code, "co_qualname") else frame.f_code.co_name
+        elif category == 2:
+            where = f"{_short(frame.f_code.co_filename)}:{frame.f_lineno} ({frame.f_code.co_name})"
+            return where + (f" via {via}" if via else "")
+        frame = frame.f_back
+    return "an unknown line"
+
+
+def _short(path: str) -> str:
+    root = os.path.dirname(os.path.dirname(_HERE))
+    return os.path.relpath(path, root) if path.startswith(root) else path
+
+
+# -- one rank's detector ---------------------------------------------------------------------------
+class Detector:
+    """One rank's vector clock and its view of the shadow memory (kept across launches)."""
+
+    def __init__(self, session: str, world_size: int, heap_size: int, heap_bases, rank: int):
+        self.shadow = shadow(session, world_size, heap_size)
+        self.rank, self.world_size, self.heap_size = rank, world_size, heap_size
+        self.bases = np.asarray([int(b) for b in heap_bases], np.uint64)
+        self.order = np.argsort(self.bases)
+        self.vc = np.zeros(world_size, np.int64)  # what this rank has seen of every rank's accesses
+        self.weak = np.zeros(world_size, np.int64)  # ... had every atomic been release/acquire at system scope
+        self.weak_site = [None] * world_size  # the atomic read that raised weak[r] above vc[r]
+        self.sites: dict[str, int] = {}
+        self.reports: list[str] = []
+        self._reported: set = set()
+        self.kernel = "?"
+        self.allocations = None  # a function: (starts, sizes) of the heap's live allocations
+        self._starts = None  # its last answer
+        self._heap_views: dict = {}  # (heap rank, element bytes) -> that heap as unsigned ints
+
+    # a launch --------------------------------------------------------------------------------
+    def begin(self, kernel: str) -> None:
+        self.kernel = kernel
+        np.maximum(self.vc, self.shadow.clocks[1], out=self.vc)
+        if self.allocations is not None and self._heap_changed():
+            # memory freed and allocated again keeps its old accesses in the shadow: a freed array's
+            # uses were over when the host freed it, so what finished before counts as before
+            np.maximum(self.vc, self.shadow.clocks[0], out=self.vc)
+
+    def _heap_changed(self) -> bool:
+        """Whether the heap's allocations changed since the last launch (a worker's table is a new
+        array at every change; a process that allocates builds a new one at every look)."""
+        starts, _ = self.allocations()
+        changed = starts is not self._starts
+        self._starts = starts
+        return changed
+
+    def end(self) -> list[str]:
+        self.shadow.clocks[0, self.rank] = self.vc[self.rank]
+        reports, self.reports = self.reports, []
+        return reports
+
+    # an access ---------------------------------------------------------------------------------
+    def _where(self, ptrs, mask, value=None):
+        """[(heap rank, granule indices, byte offsets, element bytes)] of the lanes in `mask` that lie
+        in a heap (none for elements under 4 bytes). With a store's `value`, only the lanes whose
+        bytes it changes: a store of what a word already holds writes nothing a reader could see
+        (the collectives rewrite a signature beside their flag each round, a race in name only)."""
+        element = max(1, ptrs.get_element_ty().primitive_bitwidth // 8)
+        if element < GRANULE:
+            return []
+        addresses = ptrs.data.reshape(-1)
+        lanes = None
+        if mask is not None:
+            lanes = np.broadcast_to(mask.data, ptrs.data.shape).reshape(-1).astype(bool)
+            if lanes.all():
+                lanes = None
+            else:
+                addresses = addresses[lanes]
+        if addresses.size == 0:
+            return []
+        values = None
+        if value is not None:
+            values = np.broadcast_to(value.data, ptrs.data.shape).reshape(-1)
+            values = values[lanes] if lanes is not None else values
+        found = []
+        low, high = int(addresses.min()), int(addresses.max())
+        for h in self.order:
+            base = int(self.bases[h])
+            if high < base or low >= base + self.heap_size:
+                continue
+            inside = None
+            if not (base <= low and high < base + self.heap_size):
+                inside = (addresses >= base) & (addresses < base + self.heap_size)
+            offsets = (addresses if inside is None else addresses[inside]) - np.uint64(base)
+            offsets = offsets.astype(np.int64)
+            if values is not None:
+                offsets = self._changed(h, offsets, values if inside is None else values[inside], element)
+                if offsets.size == 0:
+                    continue
+            granules = offsets // GRANULE
+            if element > GRANULE:
+                granules = (granules[:, None] + np.arange(element // GRANULE)).reshape(-1)
+            found.append((int(h), granules, offsets, element))
+        return found
+
+    def _changed(self, heap: int, offsets, values, element: int):
+        """The offsets (of aligned elements) whose bytes `values` change."""
+        if (offsets % element).any():
+            return offsets  # unaligned: take every lane
+        view = self._heap_views.get((heap, element))
+        if view is None:
+            raw = (ctypes.c_char * self.heap_size).from_address(int(self.bases[heap]))
+            view = self._heap_views[heap, element] = np.frombuffer(raw, f"u{element}")
+        now = view[offsets // element]
+        new = np.ascontiguousarray(values).view(f"u{element}") if values.dtype.itemsize == element else None
+        if new is None:
+            return offsets
+        return offsets[now != new]
+
+    def _site(self) -> int:
+        text = f"kernel {self.kernel} at {_site_text()}"
+        number = self.sites.get(text)
+        if number is None:
+            number = self.sites[text] = len(self.sites) + 1
+            with open(self.shadow.path + f"-sites-{self.rank}", "a") as f:
+                f.write(f"{number}\t{text}\n")
+        return number
+
+    def access(self, builder, ptrs, mask, kind: int, sem: str = "", scope: str = "", value=None) -> list:
+        """Records and checks one load, store (`value`: what it stores) or atomic before it runs;
+        returns what `acquire` needs afterwards (the heap words it touched)."""
+        touched = self._where(ptrs, mask, value)
+        if not touched:
+            return touched
+        rank, vc, planes = self.rank, self.vc, self.shadow.planes
+        vc[rank] += 1
+        clock = int(vc[rank])
+        site = self._site()
+        x, y, z = getattr(builder, "grid_idx", (0, 0, 0))
+        program = int(x) | int(y) << 20 | int(z) << 40
+        for heap, granules, offsets, element in touched:
+            record = (clock, site, int(program), kind, heap, int(offsets.min()), int(offsets.max()) + element, 0)
+            self.shadow.log[rank, clock % RING] = record
+            contiguous = granules.size == 1 or (granules[-1] - granules[0] == granules.size - 1
+                                                and bool((np.diff(granules) == 1).all()))
+            where = slice(int(granules[0]), int(granules[-1]) + 1) if contiguous else granules
+            if kind == STORE:
+                recorded, checked = _WRITE, (_WRITE, _READ, _ATOMIC)
+            elif kind == LOAD:
+                recorded, checked = _READ, (_WRITE, _ATOMIC)
+            elif kind == FLAG_LOAD:  # races with plain stores only; not recorded (atomics never race with it)
+                recorded, checked = None, (_WRITE,)
+            else:
+                recorded, checked = _ATOMIC, (_WRITE, _READ)
+                self._publish(heap, where, sem, scope)
+            if recorded is not None:  # record, then check: of two racing ranks one sees the other
+                planes[recorded, rank, heap][where] = clock
+            for plane in checked:
+                seen = planes[plane, :, heap][:, where]  # (ranks, words): index the words last
+                late = seen.max(axis=1) > vc
+                late[rank] = False
+                if late.any():
+                    other = int(np.argmax(late))
+                    lane = int(np.argmax(seen[other] > vc[other]))
+                    self._report(plane, other, int(seen[other, lane]), kind, sem, scope, heap, granules, seen,
+                                 clock, site, program)
+        return touched
+
+    def _publish(self, heap, where, sem, scope) -> None:
+        """An atomic write: what it releases goes with the word (a relaxed one continues the release
+        sequence: it adds nothing)."""
+        strong = sem in ("release", "acq_rel") and scope == "sys"
+        planes = self.shadow.planes
+        with self.shadow.locked():
+            weak = np.maximum(self.vc, self.weak)[:, None]
+            rows = planes[_WEAK, :, heap]
+            rows[:, where] = np.maximum(rows[:, where], weak)
+            if strong:
+                rows = planes[_SYNC, :, heap]
+                rows[:, where] = np.maximum(rows[:, where], self.vc[:, None])
+
+    def acquire(self, touched, sem: str, scope: str) -> None:
+        """After an atomic read (or a flag load) of the words `touched`: joins what was released
+        there when it acquires at system scope; notes what a stronger one would have joined."""
+        planes = self.shadow.planes
+        strong = sem in ("acquire", "acq_rel") and scope == "sys"
+        for heap, granules, _, _ in touched:
+            if strong:
+                np.maximum(self.vc, planes[_SYNC, :, heap][:, granules].max(axis=1), out=self.vc)
+            weak = planes[_WEAK, :, heap][:, granules].max(axis=1)
+            raised = (weak > self.weak) & (weak > self.vc)
+            if raised.any():
+                site = self._site()
+                for r in np.flatnonzero(raised):
+                    self.weak_site[int(r)] = (site, sem or "a volatile load", scope)
+            np.maximum(self.weak, weak, out=self.weak)
+
+    # the report ----------------------------------------------------------------------------------
+    def _report(self, plane, other, other_clock, kind, sem, scope, heap, granules, seen, clock, site, program):
+        record = self.shadow.log[other, other_clock % RING]
+        known = int(record[0]) == other_clock
+        other_kind = KINDS[int(record[3])] if known else {_WRITE: "store", _READ: "load", _ATOMIC: "atomic"}[plane]
+        other_site = self.shadow.site(other, int(record[1])) if known else "a line no longer recorded"
+        key = (other, int(record[1]) if known else -1, site)
+        if key in self._reported:
+            return
+        self._reported.add(key)
+        racing = granules[seen[other] > self.vc[other]] if seen.ndim == 2 and seen.shape[1] == granules.size else \
+            granules
+        first, end = int(racing.min()) * GRANULE, (int(racing.max()) + 1) * GRANULE
+        mine = KINDS[kind] + (f" (sem={sem}, scope={scope})" if kind == ATOMIC else
+                              " (volatile)" if kind == FLAG_LOAD and not sem else "")
+        lines = [
+            f"data race on rank {heap}'s heap, {self._region(first, end)}:",
+            f"  {other_kind} by rank {other}, program {_program(int(record[2])) if known else '?'}: {other_site}",
+            f"  {mine} by rank {self.rank}, program {_program(program)}: {self.shadow.site(self.rank, site)}",
+            "  " + self._remedy(other, other_kind, KINDS[kind], other_clock),
+        ]
+        self.reports.append("\n".join(lines))
+
+    def _region(self, first: int, end: int) -> str:
+        where = f"bytes [{first}, {end}) (heap offsets)"
+        if self.allocations is None:
+            return where
+        starts, sizes = self.allocations()
+        if starts is None or len(starts) == 0:
+            return where
+        i = int(np.searchsorted(starts, first, side="right")) - 1
+        if i < 0 or first >= starts[i] + sizes[i]:
+            return where
+        start = int(starts[i])
+        return (f"the {int(sizes[i])}-byte array at heap offset {start}, its bytes [{first - start}, {end - start}) "
+                f"({(first - start) // GRANULE}..{(end - start) // GRANULE - 1} in 4-byte words)")
+
+    def _remedy(self, other: int, other_kind: str, kind: str, other_clock: int) -> str:
+        me = self.rank
+        if other_kind == "store" or other_kind == "atomic" and kind != "store":
+            order = (f"to order them, rank {other} must release a flag after its {other_kind} (an atomic with "
+                     f"sem='release' or 'acq_rel', scope='sys': Flags.signal / set) and rank {me} acquire it "
+                     f"before its {kind} (sem='acquire' or 'acq_rel', scope='sys': Flags.wait), or a "
+                     "device_barrier / host barrier must separate them")
+        else:
+            order = (f"to order them, rank {other} must release a flag after its {other_kind} (e.g. 'done "
+                     f"reading this buffer') and rank {me} wait for it (acquire, scope='sys') before its {kind}: "
+                     "a buffer reused while a peer may still use it; or a device_barrier / host barrier between")
+        if other_kind != "atomic" and kind != "atomic" and other_kind == kind == "store":
+            order += "; or make both stores atomics"
+        hint = self.weak_site[other]
+        if hint is not None and self.weak[other] >= other_clock:
+            where, sem, scope = hint
+            order += (f". Rank {me} did read a flag that rank {other} changed after its {other_kind} "
+                      f"({self.shadow.site(me, where)}, sem={sem}, scope={scope}): that read or the write it saw "
+                      "lacks acquire / release at system scope")
+        return order + "."
+
+
+def _program(packed: int) -> str:
+    """A program id as access records pack it: "3", or "(3, 1)" / "(3, 1, 2)" in 2-D / 3-D grids."""
+    x, y, z = packed & 0xFFFFF, packed >> 20 & 0xFFFFF, packed >> 40
+    return f"({x}, {y}, {z})" if z else f"({x}, {y})" if y else str(x)
+
+
+def emit(mode: str, reports: list[str], kernel=None) -> None:
+    """Raises RaceError (mode "raise") or warns RaceWarning naming every race found. `kernel`: the
+    kernel that ran, whose file names the lines of functions pickled by value into a rank's worker
+    (cloudpickle calls their file "<dynamic-code>"; they come from the host's __main__ script)."""
+    text = "\n".join(reports)
+    code = getattr(getattr(kernel, "fn", kernel), "__code__", None)
+    if code is not None and not code.co_filename.startswith("<"):
+        text = text.replace(_DYNAMIC, _short(code.co_filename))
+    if mode == "raise":
+        raise RaceError(text)
+    warnings.warn(text, RaceWarning, stacklevel=3)
+
+
+# -- the interpreter's hooks -------------------------------------------------------------------------
+class _Acquiring(threading.local):
+    active = False
+
+
+_ACQUIRING = _Acquiring()
+
+
+@contextlib.contextmanager
+def acquiring():
+    """Marks the loads inside as acquiring at system scope (the simulator's load_acquire)."""
+    _ACQUIRING.active = True
+    try:
+        yield
+    finally:
+        _ACQUIRING.active = False
+
+
+_SEMS: dict = {}
+_SCOPES: dict = {}
+
+
+def _names(sem, scope) -> tuple[str, str]:
+    s = _SEMS.get(sem)
+    if s is None:
+        s = _SEMS[sem] = {"ACQUIRE_RELEASE": "acq_rel", "ACQUIRE": "acquire", "RELEASE": "release",
+                          "RELAXED": "relaxed"}.get(getattr(sem, "name", str(sem)).split(".")[-1], "relaxed")
+    c = _SCOPES.get(scope)
+    if c is None:
+        c = _SCOPES[scope] = {"SYSTEM": "sys", "GPU": "gpu", "CTA": "cta"}.get(
+            getattr(scope, "name", str(scope)).split(".")[-1], "gpu")
+    return s, c
+
+
+def builder_patches(ti, detector: Detector) -> list:
+    """[(object, name, value)]: the interpreter builder's memory ops, each through `detector` first."""
+    builder = ti.InterpreterBuilder
+    load, store = builder.create_masked_load, builder.create_masked_store
+    rmw, cas = builder.create_atomic_rmw, builder.create_atomic_cas
+
+    def masked_load(self, ptrs, mask, other, *policy):
+        volatile = bool(policy[-1]) if policy else False
+        if _ACQUIRING.active or volatile:  # a flag read: a strong load, which races only with plain stores
+            sem = "acquire" if _ACQUIRING.active else ""
+            touched = detector.access(self, ptrs, mask, FLAG_LOAD, sem, "sys")
+            out = load(self, ptrs, mask, other, *policy)
+            if touched:
+                detector.acquire(touched, sem, "sys")
+            return out
+        detector.access(self, ptrs, mask, LOAD)
+        return load(self, ptrs, mask, other, *policy)
+
+    def masked_store(self, ptrs, value, mask, *policy):
+        detector.access(self, ptrs, mask, STORE, value=value)
+        return store(self, ptrs, value, mask, *policy)
+
+    def atomic_rmw(self, op, ptr, value, mask, sem, scope):
+        sem_name, scope_name = _names(sem, scope)
+        touched = detector.access(self, ptr, mask, ATOMIC, sem_name, scope_name)
+        out = rmw(self, op, ptr, value, mask, sem, scope)
+        if touched:
+            detector.acquire(touched, sem_name, scope_name)
+        return out
+
+    def atomic_cas(self, ptr, cmp, value, sem, scope):
+        sem_name, scope_name = _names(sem, scope)
+        touched = detector.access(self, ptr, None, ATOMIC, sem_name, scope_name)
+        out = cas(self, ptr, cmp, value, sem, scope)
+        if touched:
+            detector.acquire(touched, sem_name, scope_name)
+        return out
+
+    return [(builder, "create_masked_load", masked_load), (builder, "create_masked_store", masked_store),
+            (builder, "create_atomic_rmw", atomic_rmw), (builder, "create_atomic_cas", atomic_cas)]
+
+
+_DETECTORS: dict = {}
+
+
+def detector(session: str, world_size: int, heap_size: int, heap_bases, rank: int) -> Detector:
+    """This process's detector of `rank` in `session` (its clock lives as long as the process)."""
+    key = (session, rank)
+    found = _DETECTORS.get(key)
+    if found is None:
+        found = _DETECTORS[key] = Detector(session, world_size, heap_size, heap_bases, rank)
+    return found

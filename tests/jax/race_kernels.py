@@ -1,0 +1,105 @@
+"""Seeded races for the simulator's race detector (test_races.py, docs/device-api.md "Finding races").
+
+`pair_exchange` pairs ranks (2p, 2p + 1): the even rank writes a block into its peer's `data` in
+two rounds and raises the peer's `data_flag` after each; the odd rank waits for each round and
+reads it, and says it is done with round 0 through the writer's `ack` flag before the writer
+reuses the buffer. Both then add into the writer's `counter`. `BUG` seeds one mistake (NONE: the
+correct protocol, which the detector must pass):
+
+    READ_BEFORE_FLAG   the reader reads the buffer before it waits for the flag
+    RELAXED_SIGNAL     the writer raises the flag with sem="relaxed" (release needed)
+    NO_ACQUIRE         the reader polls the flag with sem="relaxed" (acquire needed)
+    REUSE_OFF_BY_ONE   the writer waits for ack >= round - 1 instead of >= round before reusing
+    PLAIN_STORES       both ranks store into the counter with plain stores (no atomic)
+    WRONG_SCOPE        the reader polls the flag with scope="gpu" (the writer is another GPU)
+
+The reuse race needs the reader to be slow: it sleeps SLOW_NS after reading round 0, and the
+writer sleeps WRITER_NS before round 1 (so the reader has read round 0 by then).
+"""
+
+import triton
+import triton.language as tl
+
+from iris_core.device import Context
+from iris_core.device.intrinsics import global_timer, nanosleep
+
+NONE, READ_BEFORE_FLAG, RELAXED_SIGNAL, NO_ACQUIRE, REUSE_OFF_BY_ONE, PLAIN_STORES, WRONG_SCOPE = range(7)
+BUGS = {"read_before_flag": READ_BEFORE_FLAG, "relaxed_signal": RELAXED_SIGNAL, "no_acquire": NO_ACQUIRE,
+        "reuse_off_by_one": REUSE_OFF_BY_ONE, "plain_stores": PLAIN_STORES, "wrong_scope": WRONG_SCOPE}
+SLOW_NS = 2_500_000_000  # margins for a loaded 2-core machine
+WRITER_NS = 1_000_000_000
+
+
+@triton.jit
+def _sleep(ns):
+    start = global_timer()
+    while global_timer() - start < ns:
+        nanosleep(10_000_000)
+
+
+@triton.jit
+def _wait(ctx, flag_ptr, target, sem: tl.constexpr, scope: tl.constexpr):
+    """Polls my own flag (an atomic read) until it reaches `target`."""
+    seen = ctx.atomic_add(flag_ptr, 0, to_rank=ctx.rank, sem=sem, scope=scope)
+    while seen < target:
+        nanosleep(1_000_000)
+        seen = ctx.atomic_add(flag_ptr, 0, to_rank=ctx.rank, sem=sem, scope=scope)
+
+
+@triton.jit
+def pair_exchange(context_ptr, data_ptr, data_flag_ptr, ack_ptr, ready_ptr, counter_ptr, x_ptr, out_ptr,
+                  BUG: tl.constexpr, W: tl.constexpr, BLOCK: tl.constexpr):
+    ctx = Context.initialize(context_ptr, W)
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs)
+    signal_sem: tl.constexpr = "relaxed" if BUG == RELAXED_SIGNAL else "release"
+    wait_sem: tl.constexpr = "relaxed" if BUG == NO_ACQUIRE else "acquire"
+    wait_scope: tl.constexpr = "gpu" if BUG == WRONG_SCOPE else "sys"
+    slow: tl.constexpr = BUG == REUSE_OFF_BY_ONE or BUG == NONE
+    if ctx.rank % 2 == 0:  # the writer
+        peer = ctx.rank + 1
+        _wait(ctx, ready_ptr, 1, "acquire", "sys")
+        ctx.store(data_ptr + offs, x, to_rank=peer)
+        ctx.atomic_max(data_flag_ptr, 1, to_rank=peer, sem=signal_sem, scope="sys")
+        if slow:
+            _sleep(WRITER_NS)
+        _wait(ctx, ack_ptr, 0 if BUG == REUSE_OFF_BY_ONE else 1, "acquire", "sys")
+        ctx.store(data_ptr + offs, x + 1, to_rank=peer)  # round 1 reuses the buffer
+        ctx.atomic_max(data_flag_ptr, 2, to_rank=peer, sem=signal_sem, scope="sys")
+        tl.store(out_ptr + offs, x)
+    else:  # the reader
+        peer = ctx.rank - 1
+        ctx.atomic_xchg(ready_ptr, 1, to_rank=peer, sem="release", scope="sys")
+        early = tl.zeros((BLOCK,), tl.float32)
+        if BUG == READ_BEFORE_FLAG:
+            early = tl.load(data_ptr + offs)
+        _wait(ctx, data_flag_ptr, 1, wait_sem, wait_scope)
+        first = tl.load(data_ptr + offs)
+        if slow:
+            _sleep(SLOW_NS)
+        ctx.atomic_xchg(ack_ptr, 1, to_rank=peer, sem="release", scope="sys")
+        _wait(ctx, data_flag_ptr, 2, wait_sem, wait_scope)
+        second = tl.load(data_ptr + offs)
+        tl.store(out_ptr + offs, first + second + early * 0)
+    # both ranks count into the writer's counter
+    if BUG == PLAIN_STORES:
+        ctx.store(counter_ptr, ctx.rank + 1, to_rank=ctx.rank - ctx.rank % 2)
+    else:
+        ctx.atomic_add(counter_ptr, ctx.rank + 1, to_rank=ctx.rank - ctx.rank % 2, sem="relaxed", scope="sys")
+
+
+@triton.jit
+def store_to_next(context_ptr, inbox_ptr, x_ptr, out_ptr, W: tl.constexpr, BLOCK: tl.constexpr):
+    """Stores my x into the next rank's inbox (ordered for its reader only by what follows)."""
+    ctx = Context.initialize(context_ptr, W)
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs)
+    ctx.store(inbox_ptr + offs, x, to_rank=(ctx.rank + 1) % W)
+    tl.store(out_ptr + offs, x)
+
+
+@triton.jit
+def read_own(context_ptr, inbox_ptr, out_ptr, BLOCK: tl.constexpr):
+    """Reads my inbox with a plain load."""
+    offs = tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, tl.load(inbox_ptr + offs))

@@ -1,0 +1,240 @@
+"""The simulator's race detector (iris_core.sim.races): every seeded bug of race_kernels.py is found
+at 2 and 4 ranks, with a report naming both accesses; correct code (the same kernel without the
+bug, collectives and their variants, a tile-level collective, ragged_all_to_all) is never reported."""
+
+from __future__ import annotations
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import iris_jax
+from iris_core.errors import RaceWarning
+from iris_core.sim import races
+from tests.jax import race_kernels
+from tests.jax.helpers import TEST_HEAP
+
+N = 64
+
+
+def detecting(world: int, mode: str = "warn"):
+    """A runtime over the first `world` devices with the race detector on."""
+    iris_jax.shutdown()
+    return iris_jax.init(heap_size=TEST_HEAP, devices=jax.devices()[:world], detect_races=mode)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_runtime():
+    yield
+    iris_jax.shutdown()
+
+
+def run_pairs(world: int, bug: int):
+    """pair_exchange over `world` ranks; returns (each rank's output, RaceWarning messages)."""
+    mesh = jax.make_mesh((world,), ("i",), devices=jax.devices()[:world])
+    rows = NamedSharding(mesh, P("i"))
+    data = iris_jax.zeros((world, N), jnp.float32, sharding=rows)
+    flags = [iris_jax.zeros((world, 8), jnp.int64 if jax.config.jax_enable_x64 else jnp.int32, sharding=rows)
+             for _ in range(4)]
+    x = jax.device_put(np.arange(world * N, dtype=np.float32).reshape(world, N), rows)
+
+    def body(d, f, a, r, c, v):
+        return iris_jax.triton_call(d[0], f[0], a[0], r[0], c[0], v[0], kernel=race_kernels.pair_exchange,
+                                    out_shape=jax.ShapeDtypeStruct((N,), jnp.float32), grid=(1,), BUG=bug,
+                                    W=world, BLOCK=N)[None]
+
+    program = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("i"), out_specs=P("i"), check_vma=False))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = np.asarray(program(data, *flags, x))
+    return out, [str(w.message) for w in caught if issubclass(w.category, RaceWarning)]
+
+
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("bug", sorted(race_kernels.BUGS))
+def test_seeded_race_is_found(world, bug):
+    detecting(world)
+    _, found = run_pairs(world, race_kernels.BUGS[bug])
+    assert found, f"{bug} at {world} ranks: no race reported"
+    report = found[0]
+    assert "data race on rank" in report and "by rank" in report and "pair_exchange" in report, report
+    assert "race_kernels.py:" in report, report
+    assert "to order them" in report, report
+    racing_pairs = {tuple(sorted((int(a), int(b)))) for a, b in _ranks_of(found)}
+    assert racing_pairs <= {(p, p + 1) for p in range(0, world, 2)}, found  # only partners race
+
+
+def _ranks_of(reports):
+    import re
+
+    for report in reports:
+        for text in report.split("data race on rank")[1:]:
+            ranks = re.findall(r"by rank (\d+)", text)
+            yield ranks[0], ranks[1]
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_correct_protocol_is_not_reported(world):
+    detecting(world)
+    out, found = run_pairs(world, race_kernels.NONE)
+    assert not found, found[0]
+    x = np.arange(world * N, dtype=np.float32).reshape(world, N)
+    for r in range(1, world, 2):  # each reader got both rounds of its writer
+        np.testing.assert_array_equal(out[r], x[r - 1] + x[r - 1] + 1)
+
+
+def test_raise_mode_names_the_race():
+    detecting(2, "raise")
+    with pytest.raises(Exception, match="RaceError") as error:
+        run_pairs(2, race_kernels.READ_BEFORE_FLAG)
+    assert "data race on rank" in str(error.value)
+
+
+def test_mode_setting():
+    assert races.mode_of(True) == "raise" and races.mode_of("warn") == "warn"
+    assert races.mode_of(False) is None and races.mode_of("0") is None
+    with pytest.raises(ValueError, match="detect_races"):
+        races.mode_of("loud")
+
+
+# -- correct code: nothing is reported ---------------------------------------------------------------
+def _collective_cases(world):
+    """(name, function of one rank's row, numpy reference of all rows)."""
+    ax = "i"
+    cases = [(f"psum {variant}", lambda v, variant=variant: iris_jax.all_reduce(v, ax, "sum", variant),
+              lambda x: np.broadcast_to(x.sum(0), x.shape))
+             for variant in ("one_shot", "two_shot", "atomic", "spinlock", "ring")]
+    cases += [
+        ("pmax", lambda v: iris_jax.pmax(v, ax), lambda x: np.broadcast_to(x.max(0), x.shape)),
+        ("all_gather", lambda v: iris_jax.all_gather(v, ax, tiled=True),
+         lambda x: np.broadcast_to(x.reshape(-1), (world, x.size))),
+        ("psum_scatter", lambda v: iris_jax.psum_scatter(v, ax, tiled=True),
+         lambda x: x.sum(0).reshape(world, -1)),
+        ("all_to_all", lambda v: iris_jax.all_to_all(v, ax, 0, 0, tiled=True),
+         lambda x: x.reshape(world, world, -1).transpose(1, 0, 2).reshape(world, -1)),
+        ("ppermute", lambda v: iris_jax.ppermute(v, ax, [(r, (r + 1) % world) for r in range(world)]),
+         lambda x: np.roll(x, 1, axis=0)),
+        ("psum twice", lambda v: iris_jax.psum(iris_jax.psum(v, ax) * 0.5, ax),
+         lambda x: np.broadcast_to(x.sum(0) * 0.5 * world, x.shape)),
+    ]
+    return cases
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_collectives_are_not_reported(world):
+    detecting(world)
+    mesh = jax.make_mesh((world,), ("i",), devices=jax.devices()[:world])
+    rows = NamedSharding(mesh, P("i"))
+    x = np.random.default_rng(0).standard_normal((world, 96 * world)).astype(np.float32)
+    for name, f, ref in _collective_cases(world):
+        program = jax.jit(jax.shard_map(lambda v, f=f: f(v[0])[None], mesh=mesh, in_specs=P("i"),
+                                        out_specs=P("i"), check_vma=False))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _ in range(2):  # back to back: the second call reuses the workspace and flags
+                got = np.asarray(program(jax.device_put(x, rows)))
+        found = [str(w.message) for w in caught if issubclass(w.category, RaceWarning)]
+        assert not found, f"{name}: {found[0]}"
+        np.testing.assert_allclose(got, ref(x), rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+def _caught(run):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = run()
+    return out, [str(w.message) for w in caught if issubclass(w.category, RaceWarning)]
+
+
+@pytest.mark.parametrize("between", ["device_barrier", "host_barrier", "nothing"])
+def test_launches_ordered_by_a_barrier(between):
+    """A store into the next rank's inbox, then that rank's plain load of it in a later launch: a
+    device_barrier or a host barrier between orders them; nothing between is a race."""
+    world = 2
+    detecting(world)
+    mesh = jax.make_mesh((world,), ("i",), devices=jax.devices()[:world])
+    rows = NamedSharding(mesh, P("i"))
+    inbox = iris_jax.zeros((world, N), jnp.float32, sharding=rows)
+    x = jax.device_put(np.arange(world * N, dtype=np.float32).reshape(world, N), rows)
+    row = jax.ShapeDtypeStruct((N,), jnp.float32)
+
+    def send(b, v):
+        return iris_jax.triton_call(b[0], v[0], kernel=race_kernels.store_to_next, out_shape=row, grid=(1,),
+                                    W=world, BLOCK=N)[None]
+
+    def receive(b, *after):
+        return iris_jax.triton_call(b[0], *[a[0] for a in after], kernel=race_kernels.read_own, out_shape=row,
+                                    grid=(1,), BLOCK=N)[None]
+
+    smap = partial_smap(mesh)
+    if between == "device_barrier":
+        def step(b, v):
+            sent = send(b, v)
+            _, b, sent = iris_jax.device_barrier(b, sent)
+            return receive(b), sent
+        (got, _), found = _caught(lambda: jax.block_until_ready(smap(step, 2)(inbox, x)))
+    else:
+        def both():
+            jax.block_until_ready(smap(send, 1)(inbox, x))
+            if between == "host_barrier":
+                iris_jax.barrier()
+            return np.asarray(smap(receive, 1)(inbox))
+        got, found = _caught(both)
+    if between == "nothing":
+        assert found and "load by rank" in found[0] and "store by rank" in found[0], found
+    else:
+        assert not found, found[0]
+        np.testing.assert_array_equal(np.asarray(got), np.roll(np.asarray(x), 1, axis=0))
+
+
+def partial_smap(mesh):
+    def smap(f, outputs):
+        out_specs = P("i") if outputs == 1 else (P("i"),) * outputs
+        return jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P("i"), out_specs=out_specs, check_vma=False))
+    return smap
+
+
+def test_ragged_all_to_all_is_not_reported():
+    from tests.jax.test_ragged_all_to_all import _inputs, _want
+
+    world = 4
+    detecting(world)
+    mesh = jax.make_mesh((world,), ("i",), devices=jax.devices()[:world])
+    arrays = _inputs(world, 2, 24, 24, (3,), np.float32)
+    program = jax.jit(jax.shard_map(lambda *a: iris_jax.ragged_all_to_all(*[v[0] for v in a], axis_name="i")[None],
+                                    mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+    got, found = _caught(lambda: np.asarray(program(*[jax.device_put(a, NamedSharding(mesh, P("i")))
+                                                      for a in arrays])))
+    assert not found, found[0]
+    np.testing.assert_array_equal(got, _want(arrays))
+
+
+@pytest.mark.parametrize("example", ["00_load_store.py", "03_message_passing.py"])
+def test_examples_are_not_reported(example):
+    """With IRIS_DETECT_RACES=1 a race would raise RaceError and fail the script."""
+    from tests.jax.helpers import run_python
+
+    result = run_python([f"examples/{example}"], timeout=300, IRIS_DETECT_RACES="1",
+                        XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    assert result.returncode == 0 and "OK:" in result.stdout, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("bug", ["none", "read_before_flag", "plain_stores"])
+def test_launched_ranks(bug):
+    """One process per rank (python -m iris_core.sim): the same detector, in each rank's process."""
+    from tests.jax.helpers import run_python
+
+    code = race_kernels.NONE if bug == "none" else race_kernels.BUGS[bug]
+    result = run_python(["-m", "iris_core.sim", "-n", "2", "--timeout", "240", "tests/jax/launched_races.py",
+                         str(code)], timeout=300, IRIS_DETECT_RACES="warn")
+    assert result.returncode == 0, result.stdout + result.stderr
+    counts = [int(line.rsplit(" ", 1)[1]) for line in result.stdout.splitlines() if "RACES" in line]
+    assert len(counts) == 2, result.stdout
+    if bug == "none":
+        assert counts == [0, 0], result.stdout
+    else:
+        assert sum(counts) > 0 and "data race on rank" in result.stdout, result.stdout
