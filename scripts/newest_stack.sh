@@ -5,8 +5,11 @@
 #   bash scripts/newest_stack.sh [pytest args...]     (default: the whole CPU suite)
 # The chroot is built once into $IRIS_CHROOT (default /var/tmp/iris-trixie; a minute or two here);
 # the repository is bind-mounted at /iris and its venv lives in the chroot (/opt/iris-venv).
-# IRIS_JAX_TESTS passes through (JAX's own suites, tests/jax/jax_suite.py): a path inside the
-# chroot, e.g. IRIS_JAX_TESTS=/iris/.jaxtests/main/tests for a copy at ./.jaxtests/main/tests.
+# JAX's own test files (tests/jax/jax_suite.py): the folder $IRIS_JAX_SHARED (default
+# ../shared/jax-tests beside the repository, as CI has it) is bound read-only at /jax-tests, and
+# IRIS_JAX_TESTS defaults to its revision for this stack, /jax-tests/main-cec06d1; a given
+# IRIS_JAX_TESTS passes through (a path inside the chroot, e.g. /iris/.jaxtests/main/tests for a
+# copy at ./.jaxtests/main/tests). Without either their suites skip.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -23,9 +26,10 @@ fi
 # resolve inside (jax.distributed's gloo transport looks up this machine's hostname)
 cp /etc/ssl/certs/ca-certificates.crt "$DIR/etc/host-ca.crt"
 cp /etc/hosts /etc/resolv.conf "$DIR/etc/"
-mkdir -p "$DIR/iris"
+mkdir -p "$DIR/iris" "$DIR/jax-tests"
+JAX_TESTS=${IRIS_JAX_SHARED:-$(cd "$ROOT/.." && pwd)/shared/jax-tests}
 cleanup() {
-    for m in "$DIR/iris" "$DIR/dev/shm" "$DIR/proc"; do
+    for m in "$DIR/jax-tests" "$DIR/iris" "$DIR/dev/shm" "$DIR/proc"; do
         mountpoint -q "$m" && umount -l "$m"
     done
 }
@@ -33,6 +37,13 @@ trap cleanup EXIT
 mountpoint -q "$DIR/proc" || mount -t proc proc "$DIR/proc"
 mountpoint -q "$DIR/dev/shm" || mount --bind /dev/shm "$DIR/dev/shm"  # the simulator's shared memory
 mountpoint -q "$DIR/iris" || mount --bind "$ROOT" "$DIR/iris"
+if [ -z "${IRIS_JAX_TESTS:-}" ] && [ -d "$JAX_TESTS/main-cec06d1" ]; then
+    mountpoint -q "$DIR/jax-tests" || { mount --bind "$JAX_TESTS" "$DIR/jax-tests" &&
+        mount -o remount,bind,ro "$DIR/jax-tests"; }
+    IRIS_JAX_TESTS=/jax-tests/main-cec06d1
+elif [ -z "${IRIS_JAX_TESTS:-}" ]; then
+    echo "JAX's own test files not found at $JAX_TESTS/main-cec06d1: their suites skip"
+fi
 in_chroot() {
     chroot "$DIR" env -i HOME=/root PATH=/usr/local/bin:/usr/bin:/bin LANG=C.UTF-8 \
         PIP_CERT=/etc/host-ca.crt SSL_CERT_FILE=/etc/host-ca.crt PIP_DISABLE_PIP_VERSION_CHECK=1 \

@@ -50,10 +50,9 @@ LAX_OP_NAMES = (
     r"mesh = (@mesh|#sdy\.mesh)",  # ... and the mesh they cite (assertRegex of the _rgv3 tests)
 )
 LAX_PRIMITIVES = ("pvary", "psum_invariant")  # assertEqual(str(eqn.primitive), "pvary")
-# after these tests a 64 MiB heap (the ragged suite's) had 63.5 MiB in use, and the ragged suite,
-# run next in the same process on that runtime, ran out of heap (test_vmap_basic and
-# _degenerate_groups_single_axis_name): a heap of another size, so that the next suite gets a
-# fresh runtime (use_runtime re-initializes on a different size)
+# after these tests a 64 MiB heap had 63.5 MiB in use (the workspaces of the partitions of the
+# ranks that they run over): twice that leaves room (each of JAX's files gets a runtime of its
+# own, jax_suite.patch_case)
 HEAP = 128 << 20
 
 MODULE = jax_suite.load(FILE, "jax_shard_map_test")
@@ -61,21 +60,8 @@ CASES = ("ShardMapTest", "SdyIntegrationTest", "CustomPartitionerTest", "ShardMa
          "SmapSystematicTest")
 
 
-def _selected() -> dict:
-    """JAX's tests that call a swapped collective, by `Case.test_name`."""
-    tests = {}
-    for name in CASES:
-        case = getattr(MODULE, name, None)
-        if case is None:
-            continue
-        jax_suite.patch_case(case, world=8, heap=HEAP, lax_op_names=LAX_OP_NAMES, lax_primitives=LAX_PRIMITIVES)
-        for test_name, test in jax_suite.tests_of(case).items():
-            if jax_suite.uses(jax_suite.source_of(test)):
-                tests[f"{name}.{test_name}"] = test
-    return tests
-
-
-TESTS = _selected() if MODULE else {}
+TESTS = jax_suite.selected(MODULE, CASES, world=8, heap=HEAP, lax_op_names=LAX_OP_NAMES,
+                           lax_primitives=LAX_PRIMITIVES) if MODULE else {}
 
 
 @pytest.mark.skipif(MODULE is None, reason=jax_suite.missing_reason(FILE))
