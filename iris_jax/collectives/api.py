@@ -174,10 +174,8 @@ def all_reduce(x, axis_name, op: str = "sum", variant: str = "auto", *, timeout_
     named = ALGORITHMS.get(variant)  # None: auto, which chooses among those that run the call
     if named:
         named.check(op)
-    for leaf in tree_util.tree_leaves(x):
-        if named:
+        for leaf in tree_util.tree_leaves(x):
             named.check(op, jnp.dtype(leaf.dtype).name)
-    if named:
         named.check(op, members=_axes_size(axis_name))
     reduce = {"sum": lax_parallel.psum, "max": lax_parallel.pmax, "min": lax_parallel.pmin}[op]
     return run_on_iris(lambda v: reduce(v, axis_name), (x,), _config(config, variant=variant, timeout_s=timeout_s))

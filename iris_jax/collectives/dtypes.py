@@ -5,8 +5,9 @@ lax runs its collectives on every dtype; the kernels take the dtypes Triton has 
 collective (iris_jax.collectives.registry.lower applies it around each rule):
 
 - moving data (all_gather, all_to_all, ppermute, pbroadcast, ragged_all_to_all): the same
-  bytes in an unsigned integer of the same width (float8, complex, bool); sub-byte types
-  (int4, ...) widened to a byte and narrowed back, which changes no value;
+  bytes, float8 as uint8, bool as uint8 (0 or 1), complex as its real and imaginary parts (a
+  trailing axis of two); sub-byte types (int4, ...) widened to a byte and narrowed back, which
+  changes no value;
 - reducing (psum, pmax, pmin, psum_scatter): bool as uint8 (max and min), sub-byte integers
   widened and narrowed back (sums wrap modulo their width, as lax's), float8 and float4 in
   float32 (each element rounded once, as the 16-bit floats: iris_core.collectives.kinds.accumulator),
@@ -54,8 +55,7 @@ def encode(x, op: str | None) -> tuple[object, Callable]:
     if dtype == jnp.bool_:
         return x.astype(jnp.uint8), lambda y: y.astype(jnp.bool_)
     if jnp.issubdtype(dtype, jnp.complexfloating):
-        part = jnp.real(x)
-        return jnp.stack([part, jnp.imag(x)], axis=-1), lambda y: lax.complex(y[..., 0], y[..., 1])
+        return jnp.stack([jnp.real(x), jnp.imag(x)], axis=-1), lambda y: lax.complex(y[..., 0], y[..., 1])
     if _bits(dtype) < 8:  # int4, uint4, float4: a byte each, values unchanged
         wide = jnp.float32 if jnp.issubdtype(dtype, jnp.floating) else jnp.int8 if jnp.issubdtype(
             dtype, jnp.signedinteger) else jnp.uint8

@@ -96,8 +96,8 @@ def lower(collective, params: dict, config: CollectiveConfig, *xs) -> list:
     if not rule.has_kernel:
         return list(xs)
     axes = axes_of(params)
-    groups = params.get("axis_index_groups")
+    G = group_size(axes, params.get("axis_index_groups"))
     if rule.operands > 1:  # the rule encodes its own data operands (ragged_all_to_all)
-        return rule.lower(collective, params, config, axes, group_size(axes, groups), list(xs))
+        return rule.lower(collective, params, config, axes, G, list(xs))
     encoded, decode = dtypes.encode_all(list(xs), rule.reduces)  # each dtype as the kernels take it
-    return decode(rule.lower(collective, params, config, axes, group_size(axes, groups), encoded))
+    return decode(rule.lower(collective, params, config, axes, G, encoded))

@@ -53,8 +53,7 @@ def _lower(collective, params, config, axes, G, xs):
     operand, output, input_offsets, send_sizes, output_offsets, recv_sizes = xs
     slices = _check(operand, output, (input_offsets, send_sizes, output_offsets, recv_sizes), G)
     N, M = operand.shape[0], output.shape[0]
-    R = math.prod(operand.shape[1:])
-    if N == 0 or M == 0 or R == 0:  # nothing can be sent or received
+    if N == 0 or M == 0 or math.prod(operand.shape[1:]) == 0:  # nothing can be sent or received
         return [output]
     rows, _ = dtypes.encode(operand, None)  # rows move as the kernel takes them
     buffer, decode = dtypes.encode(output, None)
