@@ -116,8 +116,8 @@ def _publish(ctx, tile, src_view, locks, sig):
 @triton.jit
 def _reduce_from_all(ctx, tile, src_view, locks, ptrs, mask, sig, TIMEOUT_NS: tl.constexpr):
     lock = locks + tile_id(tile, src_view)
-    if tile.data.dtype.is_floating():
-        acc = tl.zeros_like(tile.data.to(tl.float32))  # fp16/bf16 accumulate in fp32
+    if tile.data.dtype.is_floating() and tile.data.dtype.primitive_bitwidth < 32:
+        acc = tl.zeros_like(tile.data.to(tl.float32))  # fp16/bf16/fp8 accumulate in fp32 (fp64 in its own)
     else:
         acc = tl.zeros_like(tile.data)
     for r in range(ctx.world_size):
