@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import os
@@ -274,12 +275,18 @@ class CudaHeap(SymmetricHeap):
     def _map_local(self, old: int, new: int) -> None:
         """Creates bytes [old, new) of every local rank's heap on its GPU and maps them at its
         base (read-write for every local GPU); all or none."""
-        made = len(self._chunks)
         access = list(self.devices.values())
-        try:
+        with self._all_or_none():
             for rank, dev in self.devices.items():
                 mapping = vmm.create_at(dev, self.heap_bases[rank] + old, new - old, self.heap_allocator, access)
                 self._chunks.append((rank, old, dev, mapping))
+
+    @contextlib.contextmanager
+    def _all_or_none(self):
+        """The chunks mapped inside are unmapped again (newest first) when it fails."""
+        made = len(self._chunks)
+        try:
+            yield
         except BaseException:
             for _, _, _, mapping in reversed(self._chunks[made:]):
                 vmm.unmap(mapping)
@@ -295,27 +302,23 @@ class CudaHeap(SymmetricHeap):
         mine = next(m for r, at, _, m in self._chunks if r == rank and at == old)
         shareable = vmm.export(mine, kind)
         fds: dict[int, int] = {}
-        made = len(self._chunks)
         try:
-            store.set(f"iris/{session}/vmm/{rank}", _SIZE.pack(mine.size) + (shareable if kind == "fabric" else b""))
-            if kind == "vmm":
-                fds = fd_exchange.exchange_fds(shareable, rank, self._remote, store, session, timeout_s)
-            for peer in self._remote:
-                record = store.get(f"iris/{session}/vmm/{peer}", timeout_s)
-                size, = _SIZE.unpack_from(record)
-                if size != new - old:
-                    raise RankMismatchError(f"rank {peer} mapped {size} bytes at heap offset {old}, rank {rank} "
-                                            f"{new - old}: the processes' heaps differ")
-                if peer not in self._ranges:
-                    self._ranges[peer] = vmm.reserve(self.heap_size)
-                    self.heap_bases[peer] = self._ranges[peer]
-                mapping = vmm.open_at(fds.get(peer, record[_SIZE.size:]), self._ranges[peer] + old, size, kind, dev)
-                self._chunks.append((peer, old, dev, mapping))
-        except BaseException:
-            for _, _, _, mapping in reversed(self._chunks[made:]):
-                vmm.unmap(mapping)
-            del self._chunks[made:]
-            raise
+            with self._all_or_none():
+                handle = shareable if kind == "fabric" else b""
+                store.set(f"iris/{session}/vmm/{rank}", _SIZE.pack(mine.size) + handle)
+                if kind == "vmm":
+                    fds = fd_exchange.exchange_fds(shareable, rank, self._remote, store, session, timeout_s)
+                for peer in self._remote:
+                    record = store.get(f"iris/{session}/vmm/{peer}", timeout_s)
+                    size, = _SIZE.unpack_from(record)
+                    if size != new - old:
+                        raise RankMismatchError(f"rank {peer} mapped {size} bytes at heap offset {old}, rank {rank} "
+                                                f"{new - old}: the processes' heaps differ")
+                    if peer not in self._ranges:
+                        self._ranges[peer] = vmm.reserve(self.heap_size)
+                        self.heap_bases[peer] = self._ranges[peer]
+                    mapping = vmm.open_at(fds.get(peer, record[_SIZE.size:]), self._ranges[peer] + old, size, kind, dev)
+                    self._chunks.append((peer, old, dev, mapping))
         finally:  # imported allocations hold their own references: no descriptor outlives the exchange
             for fd in fds.values():
                 os.close(fd)

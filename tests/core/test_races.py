@@ -7,7 +7,7 @@ import pytest
 from iris_core.sim import get_world, races
 from iris_core.sim.interpreter import pointer_to, run_kernel
 from tests.core import tile_kernels as K
-from tests.core.test_tile_collectives import BM, BN, M, _read, _run_op, expected
+from tests.core.test_tile_collectives import BM, BN, M, _read, _run_op, _views, expected
 
 
 def _launch_detected(state, session, offsets, op, N, npr, dst_shape):
@@ -15,10 +15,7 @@ def _launch_detected(state, session, offsets, op, N, npr, dst_shape):
     how many heap accesses it checked."""
     heap = state.heap(session)
     W, me = state.world_size, state.rank
-    x_off, src_off, dst_off, lock_off = offsets
-    views = [heap.host_view(me, o, s, d) for o, s, d in
-             [(x_off, (M, N), np.float32), (src_off, (M, N), np.float32), (dst_off, dst_shape, np.float32),
-              (lock_off, (64,), np.int32)]]
+    views = _views(heap, me, offsets, N, dst_shape)
     detector = races.detector(session, W, heap.heap_size, heap.heap_bases, me)
     args = [pointer_to(heap.context(me)), *map(pointer_to, views), M, N, 1]
     found = run_kernel(K.tile_collective, (-(-M // BM), -(-N // BN)), args, dict(OP=op, W=W, BM=BM, BN=BN, NPR=npr),

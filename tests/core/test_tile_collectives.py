@@ -25,13 +25,18 @@ def _run_op(state, session, offsets, op, N):
     return dst_shape
 
 
+def _views(heap, me, offsets, N, dst_shape):
+    """This rank's x, src, dst and locks, viewed on its heap at `offsets`."""
+    x_off, src_off, dst_off, lock_off = offsets
+    return [heap.host_view(me, o, s, d) for o, s, d in
+            [(x_off, (M, N), np.float32), (src_off, (M, N), np.float32), (dst_off, dst_shape, np.float32),
+             (lock_off, (64,), np.int32)]]
+
+
 def _launch_op(state, session, offsets, op, N, npr, dst_shape):
     heap = state.heap(session)
     W, me = state.world_size, state.rank
-    x_off, src_off, dst_off, lock_off = offsets
-    views = [heap.host_view(me, o, s, d) for o, s, d in
-             [(x_off, (M, N), np.float32), (src_off, (M, N), np.float32), (dst_off, dst_shape, np.float32),
-              (lock_off, (64,), np.int32)]]
+    views = _views(heap, me, offsets, N, dst_shape)
     launch(K.tile_collective, (-(-M // BM), -(-N // BN)), heap.context(me), *views, M, N, 1,
            OP=op, W=W, BM=BM, BN=BN, NPR=npr)
 
