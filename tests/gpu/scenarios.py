@@ -1338,8 +1338,9 @@ SCENARIOS = {
 ENDS_IN_FAILED_KERNELS = {"timeouts"}  # run last and alone: on GPUs its trap ends the process's CUDA context
 OWN_TEST = {"tp_fsdp"}  # not in the shared suite's runs (their time is spent): a test of its own
 MAIN = [name for name in SCENARIOS if name not in ENDS_IN_FAILED_KERNELS | OWN_TEST]
+# dtypes: compiling its kernels for every dtype at 8 ranks outlasts the suite's second part (2026-12-05)
 UP_TO_TIER = {"atomics": 1, "tuple_hint": 0, "transforms": 0, "zero_copy": 1, "pushed": 1, "streamed": 1, "chunked": 1,
-              "pallas": 1}  # others: all
+              "pallas": 1, "dtypes": 1}  # others: all
 
 
 def applies(name: str, world_size: int) -> bool:
