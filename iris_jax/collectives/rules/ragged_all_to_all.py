@@ -79,6 +79,7 @@ def launch(x, output, input_offsets, send_sizes, output_offsets, slices: int, ax
         raise ValueError(f"ragged_all_to_all with {G * slices} slices per member exceeds the workspace")
     block = max(16, min(largest_block, 1 << max(R - 1, 0).bit_length()))
     vec = vector_width(R, itemsize)
+    lowering.record(lowering.Launched("ragged_all_to_all", tuple(axes), groups, "collective"))
     varying = vma(x) | vma(output) | vma(input_offsets) | vma(send_sizes) | vma(output_offsets) | set(axes)
     return triton_call(
         x, output, input_offsets, send_sizes, output_offsets, N, M, R, rows, kernel=ragged.ragged_kernel,
