@@ -9,7 +9,8 @@ of one partition share the offset (they never touch each other's heaps).
 A workspace is sized to the call, not to the largest call allowed: the buffers come in *size
 classes*, the configured (largest) one and every 4th fraction of it down to MIN_CLASS_BYTES
 (GPUs: data buffers of 16 MiB, 4 MiB, 1 MiB, 256 KiB, 64 KiB), and a call takes the smallest
-class that holds it in one chunk (calls that are chunked take the largest, as before). The
+class that holds it in one chunk (calls that are chunked take the largest, as before;
+ragged_all_to_all likewise, by its window and slice tables). The
 class decides nothing about how a call runs (tile, programs, algorithm and streaming are chosen
 against the largest class first); it only trims buffers the call would not touch. Each
 (partition, part, class) is a workspace of its own, with its own flags and epochs: it is a

@@ -18,6 +18,8 @@ programs push tiles and flag each, the other half build the output as tiles arri
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 from typing import NamedTuple
 
@@ -34,7 +36,7 @@ from iris_core.launch import vector_width
 from iris_core.platform import GPU, SIMULATOR
 from iris_jax import _runtime as runtime_lib
 from iris_jax import compat
-from iris_jax._runtime.workspace import workspaces
+from iris_jax._runtime.workspace import parse_key, workspaces
 from iris_jax.calls.triton_call import triton_call
 from iris_jax.calls.triton_call import varying_axes as _vma
 from iris_jax.config import CollectiveConfig
@@ -130,6 +132,52 @@ def launch_many(kind: int, rows: list, axes, out_blocks: int, config, **kwargs) 
 
 
 # -- one launch -----------------------------------------------------------------------------
+class Launched(NamedTuple):
+    """A kernel launch a collective's lowering made: its op (`what`), the group's axes and
+    axis_index_groups, and the workspace it uses (the kernel call's key: `workspace_name`)."""
+    what: str
+    axes: tuple
+    groups: tuple | None
+    workspace: str
+
+
+_recorded: contextvars.ContextVar[list | None] = contextvars.ContextVar("iris_launches", default=None)
+
+
+@contextlib.contextmanager
+def recording():
+    """Within it, every launch of a communicating kernel appends its Launched to the list it
+    yields (what `iris_jax.explain` reports of a traced lowering)."""
+    found: list[Launched] = []
+    token = _recorded.set(found)
+    try:
+        yield found
+    finally:
+        _recorded.reset(token)
+
+
+def record(launched: Launched) -> None:
+    found = _recorded.get()
+    if found is not None:
+        found.append(launched)
+
+
+def workspace_name(key: str, rt=None) -> str:
+    """A workspace key as `explain` shows it: the part and its size class (a data buffer's
+    bytes), "largest" where it is the configured class."""
+    part, size = parse_key(key)
+    layout = workspaces(rt or runtime_lib.runtime()).layout_of(key)
+    return f"{part} {_whole_units(layout.data_bytes)}" + (" (largest)" if size is None else "")
+
+
+def _whole_units(n: int) -> str:
+    """`n` bytes in the largest binary unit that holds it whole (size classes are such sizes)."""
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n % (1 << shift) == 0:
+            return f"{n >> shift} {unit}"
+    return f"{n} B"
+
+
 class LaunchConfig(NamedTuple):
     """How the collective kernel launches: the largest tile (elements), the most programs of
     its persistent grid, and warps per program."""
@@ -169,24 +217,37 @@ def fitting_block(block: int, buffer_bytes: int, slots: int, itemsize: int) -> i
     return block
 
 
-def launch(kind: int, x2d, axes, out_blocks: int, config: CollectiveConfig, *, op=K.SUM, variant=K.ONE_SHOT,
-           sources=None, out_invariant=False, groups=None, what="collective"):
-    """Runs the collective kernel on x viewed as [XB, m]; returns the output as [OB, m].
-    `groups`: lax's axis_index_groups (the kernel's group is then the device's group of them)."""
-    import triton.language as tl
+class LaunchPlan(NamedTuple):
+    """How one call of the collective kernel runs: its tile and chunk (elements), whether it
+    pushes, streams or reads its input in place, its grid (`programs`, of which `senders`
+    send when it streams) and warps, and the workspace class it uses (`layout`, and `workspace`,
+    the kernel call's key for it: iris_jax._runtime.workspace)."""
+    block: int
+    chunk: int
+    push: bool
+    stream: bool
+    zero_copy: bool
+    programs: int
+    senders: int
+    warps: int
+    layout: object
+    workspace: str
 
-    rt = runtime_lib.runtime()
+
+def plan(kind: int, blocks: int, m: int, dtype, G: int, config: CollectiveConfig, *, variant=K.ONE_SHOT,
+         rt=None) -> LaunchPlan:
+    """The LaunchPlan of the collective kernel on an operand viewed as [blocks, m] of `dtype`
+    over a group of G members: what `launch` runs, and what `iris_jax.explain` reports."""
+    rt = rt or runtime_lib.runtime()
     ws = workspaces(rt)
-    G = group_size(axes, groups)
-    XB, m = x2d.shape
-    itemsize = x2d.dtype.itemsize
-    accumulator = kinds.accumulator(x2d.dtype.name)
+    itemsize = jnp.dtype(dtype).itemsize
+    accumulator = kinds.accumulator(jnp.dtype(dtype).name)
     # a buffer's elements: the accumulator's where the algorithm keeps partial results there
     slot_itemsize = jnp.dtype(accumulator).itemsize if variant in kinds.KEEPS_PARTIALS else itemsize
     largest_block, max_programs, num_warps = launch_config(rt, config)
     if rt.backend.tile_fits_data:
         largest_block = min(largest_block, max(MIN_BLOCK, 1 << max(m - 1, 0).bit_length()))
-    nbytes = XB * m * itemsize
+    nbytes = blocks * m * itemsize
 
     def tiling(buffer_bytes, slots):  # a buffer holds a slot per sender (push) or my input blocks (pull)
         block = fitting_block(largest_block, buffer_bytes, slots, slot_itemsize)
@@ -197,7 +258,7 @@ def launch(kind: int, x2d, axes, out_blocks: int, config: CollectiveConfig, *, o
     stream = (streams(kind, variant, nbytes, G, config)
               and m <= tiling(ws.layout.stream_capacity, senders_per_buffer)[1])
     push = stream or pushes(kind, variant, nbytes, config)
-    slots = senders_per_buffer if push else XB
+    slots = senders_per_buffer if push else blocks
     block, chunk = tiling(ws.layout.stream_capacity if stream else ws.layout.data_bytes, slots)
     layout = ws.layout  # the largest class decided the above; a call of one chunk takes the least that holds it
     if m <= chunk:
@@ -212,19 +273,34 @@ def launch(kind: int, x2d, axes, out_blocks: int, config: CollectiveConfig, *, o
     if stream:
         senders, receivers = stream_programs(tiles, max_programs, config.stream_senders_percent)
         programs = senders + receivers
+    return LaunchPlan(block, chunk, push, stream, not push and zero_copy(kind, variant, nbytes, config), programs,
+                      senders, num_warps, layout, ws.key("collective", layout))
+
+
+def launch(kind: int, x2d, axes, out_blocks: int, config: CollectiveConfig, *, op=K.SUM, variant=K.ONE_SHOT,
+           sources=None, out_invariant=False, groups=None, what="collective"):
+    """Runs the collective kernel on x viewed as [XB, m] as `plan` plans it; returns the output
+    as [OB, m]. `groups`: lax's axis_index_groups (the kernel's group is then the device's group
+    of them)."""
+    import triton.language as tl
+
+    rt = runtime_lib.runtime()
+    G = group_size(axes, groups)
+    XB, m = x2d.shape
+    how = plan(kind, XB, m, x2d.dtype, G, config, variant=variant, rt=rt)
+    record(Launched(what, tuple(axes), groups, how.workspace))
     return triton_call(
         x2d, m, kernel=K.collective_kernel, out_shape=jax.ShapeDtypeStruct((out_blocks, m), x2d.dtype),
-        grid=(programs,), num_warps=num_warps, group_axes=axes, axis_index_groups=groups,
-        workspace=ws.key("collective", layout),
+        grid=(how.programs,), num_warps=how.warps, group_axes=axes, axis_index_groups=groups,
+        workspace=how.workspace,
         out_varying=tuple(a for a in _vma(x2d) | set(axes) if not (out_invariant and a in axes)),
         **K.launch_constants(
             KIND=kind, OP=op, VARIANT=variant, G=G, WORLD=rt.world_size, XB=XB, OB=out_blocks,
             SOURCES=tuple(sources) if sources is not None else tuple([-1] * G),
-            ACC=getattr(tl, accumulator), BLOCK=block, CHUNK=chunk, REGIONS=layout.regions,
-            TIMEOUT_NS=flag_protocol.timeout_ns(config.timeout_s), WHAT=what,
-            ZERO_COPY=not push and zero_copy(kind, variant, nbytes, config), HEAP_BYTES=rt.heap_size,
-            VEC=vector_width(m, itemsize), TRACING=rt.tracing.enabled, PUSH=push,
-            STREAM=stream, SENDERS=senders))
+            ACC=getattr(tl, kinds.accumulator(x2d.dtype.name)), BLOCK=how.block, CHUNK=how.chunk,
+            REGIONS=how.layout.regions, TIMEOUT_NS=flag_protocol.timeout_ns(config.timeout_s), WHAT=what,
+            ZERO_COPY=how.zero_copy, HEAP_BYTES=rt.heap_size, VEC=vector_width(m, x2d.dtype.itemsize),
+            TRACING=rt.tracing.enabled, PUSH=how.push, STREAM=how.stream, SENDERS=how.senders))
 
 
 def one_chunk_bytes(m: int, block: int, slots: int, itemsize: int, G: int, stream: bool) -> int:

@@ -124,13 +124,24 @@ def _lowering(ctx, *xs, collective, params, config):
     automatic = tuple(a for a in manual_mesh.axis_names if a not in axis_context.manual_axes)
     if automatic and rule_of(collective.name).has_kernel:
         return _lower_per_shard(ctx, xs, manual_mesh, automatic, collective, params, config)
-    inside, across = domains.split_axes(concrete(axis_context.mesh), axes_of(kwargs), _runtime.runtime())
-    lower = partial(domains.lower_across, collective, kwargs, config, inside, across) if across else partial(
-        registry.lower, collective, kwargs, config)
+    lower = lowered_on_iris(collective, params, config, concrete(axis_context.mesh))
     # the kernel calls lowered here were made at the collective's line (the simulator's call
     # records name it; lower_fun roots their own tracebacks at this rule)
     with jax.sharding.use_abstract_mesh(manual_mesh), cpu_lowering.calls_made_at(ctx):
         return mlir.lower_fun(lower, multiple_results=True)(ctx, *xs)
+
+
+def lowered_on_iris(collective, params, config, mesh):
+    """The function of an equation's operands that runs it on iris inside the manual `mesh`:
+    its rule's kernels, or over axes that span domains its composition (`mesh` None: not
+    known, as where `explain` sees only an abstract mesh: its rule's kernels)."""
+    kwargs = dict(params)
+    across = ()
+    if mesh is not None:
+        inside, across = domains.split_axes(mesh, axes_of(kwargs), _runtime.runtime())
+    if across:
+        return partial(domains.lower_across, collective, kwargs, config, inside, across)
+    return partial(registry.lower, collective, kwargs, config)
 
 
 def _lower_per_shard(ctx, xs, manual_mesh, automatic, collective, params, config):

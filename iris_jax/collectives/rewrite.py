@@ -33,11 +33,12 @@ import jax
 from jax import tree_util
 from jax._src import core, source_info_util
 from jax._src.lib import xla_client
+from jax.sharding import PartitionSpec
 
 from iris_jax import _runtime
-from iris_jax.calls.triton_call import IrisKernelEffect
-from iris_jax.collectives import domains, dtypes
-from iris_jax.collectives.primitive import freeze, iris_collective_p, kernel_effects
+from iris_jax.calls.triton_call import IrisKernelEffect, vary
+from iris_jax.collectives import domains, dtypes, lowering
+from iris_jax.collectives.primitive import freeze, iris_collective_p, kernel_effects, lowered_on_iris, shard_specs
 from iris_jax.collectives.registry import Rule, axes_of, rule_of
 from iris_jax.compat import ClosedJaxpr, closed_jaxpr, is_closed_jaxpr, is_jaxpr, shard_map_manual_axes
 from iris_jax.config import CollectiveConfig, default_config
@@ -127,13 +128,16 @@ def groups_problem(rule: Rule, groups: tuple, members: int) -> tuple[str, type[E
 class Decision(NamedTuple):
     """Where the rewrite put one collective equation (what `explain` reports): lax's primitive
     `name` and `params`, its first operand's `aval`, the `reason` it stays on XLA (None: it runs
-    on iris), the mesh `scope` around it and the `config` it runs with."""
+    on iris), the mesh `scope` around it, the `config` it runs with, and on iris the kernel
+    launches that lowering its equation makes (`planned_launches`; one equation may carry
+    several collectives of a pytree, which then share them)."""
     name: str
     params: dict
     aval: core.AbstractValue
     reason: str | None
     scope: Scope
     config: CollectiveConfig
+    launches: tuple = ()
 
 
 @dataclasses.dataclass
@@ -143,6 +147,9 @@ class _Rewriter:
     merge: bool = True
     decisions: list[Decision] = dataclasses.field(default_factory=list)
     memo: dict = dataclasses.field(default_factory=dict)
+    plan: bool = False  # record each iris equation's launches (`explain`)
+    launches: dict = dataclasses.field(default_factory=dict)  # an iris equation's outvar -> its launches
+    decided: list = dataclasses.field(default_factory=list)  # per decision: its equation's first outvar
 
     def closed(self, closed: ClosedJaxpr, scope: Scope) -> ClosedJaxpr:
         return closed_jaxpr(self.jaxpr(closed.jaxpr, scope), closed.consts)
@@ -152,8 +159,13 @@ class _Rewriter:
         if key not in self.memo:
             eqns = [self.eqn(e, scope) for e in jaxpr.eqns]
             effects = with_kernel_effects(jaxpr.effects, [e.effects for e in eqns])
-            self.memo[key] = (jaxpr, jaxpr.replace(eqns=merge_launches(eqns) if self.merge else eqns,
-                                                   effects=effects))
+            eqns = merge_launches(eqns) if self.merge else eqns
+            if self.plan:
+                for e in eqns:
+                    if e.primitive is iris_collective_p and rule_of(e.params["collective"].name).has_kernel:
+                        launches = tuple(planned_launches(e, scope))
+                        self.launches.update((v, launches) for v in e.outvars)
+            self.memo[key] = (jaxpr, jaxpr.replace(eqns=eqns, effects=effects))
         return self.memo[key][1]
 
     def eqn(self, eqn, scope: Scope):
@@ -163,6 +175,7 @@ class _Rewriter:
             aval = eqn.invars[0].aval
             reason, refusal = placement(name, eqn.params, aval, scope)
             self.decisions.append(Decision(name, eqn.params, aval, reason, scope, self.config))
+            self.decided.append(eqn.outvars[0])
             if reason is None:
                 params = dict(collective=eqn.primitive, params=freeze(eqn.params), config=self.config)
                 return eqn.replace(primitive=iris_collective_p, params=params,
@@ -177,6 +190,7 @@ class _Rewriter:
         if eqn.primitive is iris_collective_p:
             self.decisions.append(Decision(eqn.params["collective"].name, dict(eqn.params["params"]),
                                            eqn.invars[0].aval, None, scope, eqn.params["config"]))
+            self.decided.append(eqn.outvars[0])
             return eqn
         inner = scope.inside_shard_map(eqn.params) if name == "shard_map" else scope
         params = {k: self.param(v, inner) for k, v in eqn.params.items()}
@@ -261,12 +275,48 @@ def run_on_iris(fn: Callable, args: tuple, config: CollectiveConfig | None = Non
     config = config or default_config()
     flat, tree = tree_util.tree_flatten(args)
     closed, out_shape = jax.make_jaxpr(lambda *a: fn(*tree_util.tree_unflatten(tree, a)), return_shape=True)(*flat)
-    rewriter = _Rewriter(config, strict, merge)
+    rewriter = _Rewriter(config, strict, merge, plan=decisions is not None)
     closed = rewriter.closed(closed, Scope.current())
     if decisions is not None:
-        decisions.extend(rewriter.decisions)
+        decisions.extend(d._replace(launches=rewriter.launches.get(v, ())) if d.reason is None else d
+                         for d, v in zip(rewriter.decisions, rewriter.decided))
     out = core.eval_jaxpr(_called_from_here(closed.jaxpr), closed.consts, *flat)
     return tree_util.tree_unflatten(tree_util.tree_structure(out_shape), out)
+
+
+def planned_launches(eqn, scope: Scope) -> list[lowering.Launched]:
+    """The kernel launches that lowering the iris equation `eqn` makes, found by tracing its
+    lowering (iris_jax.collectives.primitive.lowered_on_iris) over the scope's mesh: the launch
+    plans it records are the ones the compiled program runs (nothing is compiled or allocated).
+    In a partially manual shard_map the operands are the shards the lowering gives each device."""
+    collective, params, config = eqn.params["collective"], eqn.params["params"], eqn.params["config"]
+    names = tuple(a for a, _ in scope.sizes)
+    mesh = scope.mesh or jax.sharding.AbstractMesh(tuple(n for _, n in scope.sizes), names)
+    avals_in = [v.aval for v in eqn.invars]
+    automatic = tuple(a for a in names if a not in scope.manual)
+    rule = rule_of(collective.name)
+    shapes = [a.shape for a in avals_in]
+    if automatic and rule.operands == 1:
+        in_specs, _ = shard_specs(mesh, automatic, functools.partial(rule.carried, dict(params)), avals_in,
+                                  [v.aval for v in eqn.outvars])
+        shapes = [_shard_shape(a.shape, spec, dict(scope.sizes)) for a, spec in zip(avals_in, in_specs)]
+    lower = lowered_on_iris(collective, params, config, scope.mesh)
+
+    def body(*xs):  # the operands vary over every axis, as a collective's operands may; only launches matter
+        lower(*[vary(x, names) for x in xs])
+        return ()
+
+    traced = jax.shard_map(body, mesh=mesh, in_specs=(PartitionSpec(),) * len(avals_in), out_specs=())
+    with lowering.recording() as launches:
+        jax.make_jaxpr(traced)(*[jax.ShapeDtypeStruct(s, a.dtype) for s, a in zip(shapes, avals_in)])
+    return launches
+
+
+def _shard_shape(shape: tuple, spec: PartitionSpec, sizes: dict) -> tuple:
+    """A device's shard of an array of `shape` split as `spec` says."""
+    entries = tuple(spec) + (None,) * (len(shape) - len(spec))
+    return tuple(n // math.prod(sizes[a] for a in ((e,) if isinstance(e, str) else e or ()))
+                 for n, e in zip(shape, entries))
 
 
 def _called_from_here(jaxpr: core.Jaxpr) -> core.Jaxpr:
@@ -323,38 +373,51 @@ class Placement:
     nbytes: int
     runs_on: str  # "iris" or "XLA"
     why: str
+    workspace: str = ""  # on iris: the workspace its kernel uses, part and size class ("collective 1.00 MiB")
 
     def __str__(self):
+        workspace = f" [workspace {self.workspace}]" if self.workspace else ""
         return (f"{self.op:<13} {str(self.axes):<14} {self.dtype:<9} {str(self.shape):<18} "
-                f"{self.nbytes:>12,d} B  {self.runs_on:<4} {self.why}")
+                f"{self.nbytes:>12,d} B  {self.runs_on:<4} {self.why}{workspace}")
 
 
 def explain(f: Callable, *args, config: CollectiveConfig | None = None, **kwargs) -> list[Placement]:
     """Each collective `replace_lax_collectives(f)(*args, **kwargs)` would run (iris
     collectives called explicitly included): its op, axes, shape, dtype, bytes per rank,
-    and where it runs and why; one row per step where its axes span domains (the steps'
-    bytes per rank, the collective's shape). `print(*explain(...), sep="\\n")` shows a table."""
+    where it runs and why, and on iris the workspace its kernel uses (its part and size class,
+    in the workspaces of the partition its axes make: iris_jax._runtime.workspace); one row per
+    step where its axes span domains (the steps' bytes per rank, the collective's shape).
+    Collectives of one pytree share a launch, and so its workspace.
+    `print(*explain(...), sep="\\n")` shows a table."""
     decisions: list[Decision] = []
     config = config or default_config()
     jax.make_jaxpr(lambda *a, **k: run_on_iris(lambda a, k: f(*a, **k), (a, k), config, strict=False,
                                                 decisions=decisions))(*args, **kwargs)
     rows = []
-    for name, params, aval, reason, scope, used in decisions:  # used: the config the collective runs with
+    for name, params, aval, reason, scope, used, launches in decisions:  # used: the config it runs with
         rule = rule_of(name)
         if not rule.has_kernel:
             continue
         nbytes = int(aval.size) * aval.dtype.itemsize
         if reason is None and scope.mesh is not None:  # where the axes span domains: a row per step
             inside, across = domains.split_axes(scope.mesh, axes_of(params), _runtime.runtime())
+            steps = iter(launches)  # one launch per step on iris, in order
             for part in domains.plan(name, params, nbytes, dict(scope.sizes), inside, across, used):
                 why = part.why or rule.detail(params, used) + _groups_detail(params)
+                workspace = _workspaces([next(steps, None)]) if part.on_iris else ""
                 rows.append(Placement(part.op, part.axes, tuple(aval.shape), aval.dtype.name, part.nbytes,
-                                      "iris" if part.on_iris else "XLA", why))
+                                      "iris" if part.on_iris else "XLA", why, workspace))
             continue
         why = reason or rule.detail(params, used) + _groups_detail(params)
         rows.append(Placement(rule.name, axes_of(params), tuple(aval.shape), aval.dtype.name,
-                              nbytes, "XLA" if reason else "iris", why))
+                              nbytes, "XLA" if reason else "iris", why, _workspaces(launches)))
     return rows
+
+
+def _workspaces(launches) -> str:
+    """The workspaces `launches` use, as `explain` names them."""
+    names = dict.fromkeys(lowering.workspace_name(la.workspace) for la in launches if la is not None)
+    return ", ".join(names)
 
 
 def _groups_detail(params: dict) -> str:

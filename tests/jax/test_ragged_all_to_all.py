@@ -216,6 +216,32 @@ def test_replace_lax_collectives_and_explain():
     assert "lax.ragged_all_to_all" not in jax.jit(iris_jax.replace_lax_collectives(f)).lower(*args).as_text()
 
 
+@pytest.mark.parametrize("N,trailing,windows", [(24, (3,), 1), (1500, (64,), 2)])
+def test_takes_the_workspace_class_that_holds_it(N, trailing, windows):
+    """A call of one window takes the least workspace size class that holds the window and the
+    slice tables, as the other collectives' calls of one chunk do; a call of several windows
+    the largest class. explain names the class, the lowering uses it, values equal numpy's."""
+    from iris_jax._runtime.workspace import workspaces
+    from iris_jax.collectives import lowering
+
+    mesh = _mesh(4)
+    arrays = _inputs(4, 2, N=N, M=N, trailing=trailing, dtype=np.float32, seed=N)
+    lax_call = jax.shard_map(lambda *a: lax.ragged_all_to_all(*[x[0] for x in a], axis_name="i")[None],
+                             mesh=mesh, in_specs=P("i"), out_specs=P("i"))
+    args = _put(mesh, arrays)
+    (row,) = iris_jax.explain(lax_call, *args)
+    largest = workspaces().layout
+    window = N * int(np.prod(trailing)) * 4
+    assert (window > largest.data_bytes) == (windows > 1)
+    want = workspaces().fitting("collective", window) if windows == 1 else largest
+    assert row.workspace == lowering.workspace_name(workspaces().key("collective", want))
+    replaced = iris_jax.replace_lax_collectives(lax_call)
+    with lowering.recording() as launched:
+        compiled = replaced.lower(*args).compile()
+    assert [lowering.workspace_name(la.workspace) for la in launched] == [row.workspace]
+    np.testing.assert_array_equal(np.asarray(compiled(*args)), _want(arrays))
+
+
 def test_lax_errors_before_anything_runs():
     G = 4
     mesh = _mesh(G)

@@ -121,3 +121,41 @@ def test_many_compilations_over_changing_meshes_keep_workspaces_bounded(rng):
     assert len(used) == 4 * cycle
     assert used[-1] == used[cycle - 1], used  # nothing new after the first cycle
     assert max(used) == used[-1]
+
+
+def test_explain_names_the_workspace_each_call_uses(rng):
+    """explain() names each iris call's workspace (part and size class), and they are the ones
+    its compiled program uses: a small call the smallest class, a large one the largest, and
+    collectives that share a launch (the psums here: one equation's pytree, and one
+    independent of it) the class of that launch."""
+    from iris_jax.collectives import lowering
+
+    use_runtime(4)
+    mesh = jax.make_mesh((4,), ("i",), devices=jax.devices()[:4])
+    small, large = 256, 1 << 16  # floats per rank: 1 KiB, and the simulator's largest buffer
+
+    def body(a, b, use=lax):
+        return use.psum(a, "i"), use.all_gather(b, "i", tiled=True), use.psum((a, a), "i")
+
+    x = jax.device_put(rng.standard_normal(4 * small).astype(np.float32), NamedSharding(mesh, P("i")))
+    y = jax.device_put(rng.standard_normal(4 * large).astype(np.float32), NamedSharding(mesh, P("i")))
+    program = jax.shard_map(body, mesh=mesh, in_specs=(P("i"), P("i")), out_specs=(P("i"), P("i"), (P("i"),) * 2))
+    rows = iris_jax.explain(program, x, y)
+    assert [(r.op, r.runs_on) for r in rows] == [("psum", "iris"), ("all_gather", "iris"), ("psum", "iris"),
+                                                 ("psum", "iris")]
+    assert rows[0].workspace == f"collective {MIN_CLASS_BYTES >> 10} KiB"
+    assert rows[1].workspace.endswith("(largest)")
+    assert rows[0].workspace == rows[2].workspace == rows[3].workspace  # one launch
+    assert all(f"[workspace {r.workspace}]" in str(r) for r in rows)
+
+    replaced = iris_jax.replace_lax_collectives(program)
+    with lowering.recording() as launched:
+        compiled = replaced.lower(x, y).compile()
+    assert [(la.what, lowering.workspace_name(la.workspace)) for la in launched] == [
+        ("all_reduce(sum)", rows[0].workspace), ("all_gather", rows[1].workspace)]
+    partition = ((0, 1, 2, 3),)
+    held = [(w.part, w.size) for w in workspaces().allocated() if w.groups == partition]
+    for la in launched:  # allocated as the lowering named them
+        assert (la.workspace.split("/")[0], workspaces().layout_of(la.workspace).data_bytes) in held
+    for got, want in zip(jax.tree.leaves(compiled(x, y)), jax.tree.leaves(jax.jit(program)(x, y))):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)

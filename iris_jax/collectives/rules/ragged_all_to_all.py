@@ -67,7 +67,8 @@ def launch(x, output, input_offsets, send_sizes, output_offsets, slices: int, ax
     """The ragged kernel on x [N, R] into output [M, R] (aliased); `groups`: lax's
     axis_index_groups (the kernel's group is then the device's group of them, of G members)."""
     rt = runtime_lib.runtime()
-    layout = workspaces(rt).layout
+    ws = workspaces(rt)
+    layout = ws.layout
     (N, R), M, itemsize = x.shape, output.shape[0], x.dtype.itemsize
     if R * itemsize > layout.data_bytes:
         raise ValueError(f"ragged_all_to_all rows of {R * itemsize} bytes exceed the workspace buffer of "
@@ -77,14 +78,21 @@ def launch(x, output, input_offsets, send_sizes, output_offsets, slices: int, ax
     table_lines = layout.data_bytes // (G * slices * _TABLE_ENTRY)  # programs whose slice tables fit
     if table_lines < 1:
         raise ValueError(f"ragged_all_to_all with {G * slices} slices per member exceeds the workspace")
+    programs = min(rows, max_programs, table_lines)
+    if rows == N:
+        # the largest class decided the above; a call of one window takes the least class whose
+        # buffers hold that window (data) and every program's slice table (data2): the same
+        # window and grid, only the buffers' offsets (DATA, DATA2, DATA_BYTES) differ
+        layout = ws.fitting("collective", max(N * R * itemsize, programs * G * slices * _TABLE_ENTRY))
+    key = ws.key("collective", layout)
     block = max(16, min(largest_block, 1 << max(R - 1, 0).bit_length()))
     vec = vector_width(R, itemsize)
+    lowering.record(lowering.Launched("ragged_all_to_all", tuple(axes), groups, key))
     varying = vma(x) | vma(output) | vma(input_offsets) | vma(send_sizes) | vma(output_offsets) | set(axes)
     return triton_call(
         x, output, input_offsets, send_sizes, output_offsets, N, M, R, rows, kernel=ragged.ragged_kernel,
-        out_shape=jax.ShapeDtypeStruct((M, R), x.dtype), grid=(min(rows, max_programs, table_lines),),
-        num_warps=num_warps, group_axes=axes, axis_index_groups=groups, input_output_aliases={1: 0},
-        out_varying=tuple(varying),
+        out_shape=jax.ShapeDtypeStruct((M, R), x.dtype), grid=(programs,), num_warps=num_warps, group_axes=axes,
+        axis_index_groups=groups, input_output_aliases={1: 0}, workspace=key, out_varying=tuple(varying),
         **ragged.launch_constants(G=G, world=rt.world_size, slices=slices, block=block, layout=layout,
                                   timeout_ns=flag_protocol.timeout_ns(config.timeout_s), vec=vec))
 
