@@ -19,7 +19,8 @@ memory model (docs/device-api.md):
   before the next (a freed array's uses were over; its words keep their history).
 
 Volatile and acquiring loads are atomic (flag reads): they race with plain stores only. A
-store of the bytes a word already holds is no access.
+plain store races even where it writes the bytes the word already holds (the memory model
+knows no benign race; the collectives once rewrote their signature beside a flag every round).
 
 Shadow memory lives in one sparse shared-memory file per heap session, mapped by every
 process that runs kernels: for each rank, each heap and each 4-byte word, the clock of that
@@ -36,7 +37,6 @@ than 4 bytes are not checked (two ranks writing neighbouring bytes of one word d
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import fcntl
 import glob
 import mmap
@@ -219,7 +219,6 @@ class Detector:
         self.kernel = "?"
         self.allocations = None  # a function: (starts, sizes) of the heap's live allocations
         self._starts = None  # its last answer
-        self._heap_views: dict = {}  # (heap rank, element bytes) -> that heap as unsigned ints
 
     # a launch --------------------------------------------------------------------------------
     def begin(self, kernel: str) -> None:
@@ -244,28 +243,19 @@ class Detector:
         return reports
 
     # an access ---------------------------------------------------------------------------------
-    def _where(self, ptrs, mask, value=None):
+    def _where(self, ptrs, mask):
         """[(heap rank, granule indices, byte offsets, element bytes)] of the lanes in `mask` that lie
-        in a heap (none for elements under 4 bytes). With a store's `value`, only the lanes whose
-        bytes it changes: a store of what a word already holds writes nothing a reader could see
-        (the collectives rewrite a signature beside their flag each round, a race in name only)."""
+        in a heap (none for elements under 4 bytes)."""
         element = max(1, ptrs.get_element_ty().primitive_bitwidth // 8)
         if element < GRANULE:
             return []
         addresses = ptrs.data.reshape(-1)
-        lanes = None
         if mask is not None:
             lanes = np.broadcast_to(mask.data, ptrs.data.shape).reshape(-1).astype(bool)
-            if lanes.all():
-                lanes = None
-            else:
+            if not lanes.all():
                 addresses = addresses[lanes]
         if addresses.size == 0:
             return []
-        values = None
-        if value is not None:
-            values = np.broadcast_to(value.data, ptrs.data.shape).reshape(-1)
-            values = values[lanes] if lanes is not None else values
         found = []
         low, high = int(addresses.min()), int(addresses.max())
         for h in self.order:
@@ -277,29 +267,11 @@ class Detector:
                 inside = (addresses >= base) & (addresses < base + self.heap_size)
             offsets = (addresses if inside is None else addresses[inside]) - np.uint64(base)
             offsets = offsets.astype(np.int64)
-            if values is not None:
-                offsets = self._changed(h, offsets, values if inside is None else values[inside], element)
-                if offsets.size == 0:
-                    continue
             granules = offsets // GRANULE
             if element > GRANULE:
                 granules = (granules[:, None] + np.arange(element // GRANULE)).reshape(-1)
             found.append((int(h), granules, offsets, element))
         return found
-
-    def _changed(self, heap: int, offsets, values, element: int):
-        """The offsets (of aligned elements) whose bytes `values` change."""
-        if (offsets % element).any():
-            return offsets  # unaligned: take every lane
-        view = self._heap_views.get((heap, element))
-        if view is None:
-            raw = (ctypes.c_char * self.heap_size).from_address(int(self.bases[heap]))
-            view = self._heap_views[heap, element] = np.frombuffer(raw, f"u{element}")
-        now = view[offsets // element]
-        new = np.ascontiguousarray(values).view(f"u{element}") if values.dtype.itemsize == element else None
-        if new is None:
-            return offsets
-        return offsets[now != new]
 
     def _site(self) -> int:
         text = f"kernel {self.kernel} at {_site_text()}"
@@ -310,10 +282,10 @@ class Detector:
                 f.write(f"{number}\t{text}\n")
         return number
 
-    def access(self, builder, ptrs, mask, kind: int, sem: str = "", scope: str = "", value=None) -> list:
-        """Records and checks one load, store (`value`: what it stores) or atomic before it runs;
-        returns what `acquire` needs afterwards (the heap words it touched)."""
-        touched = self._where(ptrs, mask, value)
+    def access(self, builder, ptrs, mask, kind: int, sem: str = "", scope: str = "") -> list:
+        """Records and checks one load, store or atomic before it runs; returns what `acquire`
+        needs afterwards (the heap words it touched)."""
+        touched = self._where(ptrs, mask)
         if not touched:
             return touched
         rank, vc, planes = self.rank, self.vc, self.shadow.planes
@@ -510,7 +482,7 @@ def builder_patches(ti, detector: Detector) -> list:
         return load(self, ptrs, mask, other, *policy)
 
     def masked_store(self, ptrs, value, mask, *policy):
-        detector.access(self, ptrs, mask, STORE, value=value)
+        detector.access(self, ptrs, mask, STORE)
         return store(self, ptrs, value, mask, *policy)
 
     def atomic_rmw(self, op, ptr, value, mask, sem, scope):

@@ -143,6 +143,24 @@ def test_collectives_are_not_reported(world):
         np.testing.assert_allclose(got, ref(x), rtol=1e-5, atol=1e-5, err_msg=name)
 
 
+@pytest.mark.parametrize("variant", ["ring", "two_shot", "atomic"])
+def test_repeated_group_calls_are_not_reported(variant):
+    """Calls of several flag rounds per epoch, back to back: each member writes its call's signature
+    beside its flag once per epoch (group.py's signal), not in every round, where a member may be
+    reading it (a race the detector reported when it did)."""
+    world = 4
+    detecting(world)
+    mesh = jax.make_mesh((world,), ("i",), devices=jax.devices()[:world])
+    rows = NamedSharding(mesh, P("i"))
+    for n in (1, 96 * world):
+        x = np.random.default_rng(n).standard_normal((world, n)).astype(np.float32)
+        program = jax.jit(jax.shard_map(lambda v: iris_jax.all_reduce(v[0], "i", "sum", variant)[None], mesh=mesh,
+                                        in_specs=P("i"), out_specs=P("i"), check_vma=False))
+        got, found = _caught(lambda: [np.asarray(program(jax.device_put(x, rows))) for _ in range(3)][-1])
+        assert not found, f"{variant}, {n} elements: {found[0]}"
+        np.testing.assert_allclose(got, np.broadcast_to(x.sum(0), x.shape), rtol=1e-5, atol=1e-5)
+
+
 def _caught(run):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
