@@ -30,7 +30,8 @@ system scope (WEAK, for the report's hint). Each rank writes only its own rows, 
 need no lock; joins into SYNC and WEAK take one. Two accesses race when they overlap, at
 least one writes, not both are atomics, they are of different ranks and the earlier one's
 clock is not in the later one's vector clock. A ring of access records per rank (and a file
-of its source lines) lets the report name the earlier access. Accesses of elements smaller
+of its source lines) lets the report name the earlier access; the heap's allocation table and
+the names given to allocations (a heap array's name=; `Detector.names`) name the array. Accesses of elements smaller
 than 4 bytes are not checked (two ranks writing neighbouring bytes of one word do not race).
 """
 
@@ -218,6 +219,7 @@ class Detector:
         self._reported: set = set()
         self.kernel = "?"
         self.allocations = None  # a function: (starts, sizes) of the heap's live allocations
+        self.names = None  # a function: {offset: (owner, name)} of the named ones
         self._starts = None  # its last answer
 
     # a launch --------------------------------------------------------------------------------
@@ -385,7 +387,9 @@ class Detector:
         if i < 0 or first >= starts[i] + sizes[i]:
             return where
         start = int(starts[i])
-        return (f"the {int(sizes[i])}-byte array at heap offset {start}, its bytes [{first - start}, {end - start}) "
+        owner, name = (self.names() if self.names is not None else {}).get(start, ("", None))
+        what = f'array "{name}"' if owner == "arrays" else name or "an unnamed allocation"
+        return (f"{what} ({int(sizes[i])} bytes at heap offset {start}), its bytes [{first - start}, {end - start}) "
                 f"({(first - start) // GRANULE}..{(end - start) // GRANULE - 1} in 4-byte words)")
 
     def _remedy(self, other: int, other_kind: str, kind: str, other_clock: int) -> str:

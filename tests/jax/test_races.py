@@ -38,9 +38,9 @@ def run_pairs(world: int, bug: int):
     """pair_exchange over `world` ranks; returns (each rank's output, RaceWarning messages)."""
     mesh = jax.make_mesh((world,), ("i",), devices=jax.devices()[:world])
     rows = NamedSharding(mesh, P("i"))
-    data = iris_jax.zeros((world, N), jnp.float32, sharding=rows)
-    flags = [iris_jax.zeros((world, 8), jnp.int64 if jax.config.jax_enable_x64 else jnp.int32, sharding=rows)
-             for _ in range(4)]
+    data = iris_jax.zeros((world, N), jnp.float32, sharding=rows, name="data")
+    flags = [iris_jax.zeros((world, 8), jnp.int64 if jax.config.jax_enable_x64 else jnp.int32, sharding=rows,
+                            name=name) for name in ("data_flag", "ack", "ready", "counter")]
     x = jax.device_put(np.arange(world * N, dtype=np.float32).reshape(world, N), rows)
 
     def body(d, f, a, r, c, v):
@@ -65,6 +65,8 @@ def test_seeded_race_is_found(world, bug):
     assert "data race on rank" in report and "by rank" in report and "pair_exchange" in report, report
     assert "race_kernels.py:" in report, report
     assert "to order them" in report, report
+    racing = "counter" if bug == "plain_stores" else "data"  # named where the arrays were made
+    assert f'array "{racing}" (' in report and "bytes at heap offset" in report, report
     racing_pairs = {tuple(sorted((int(a), int(b)))) for a, b in _ranks_of(found)}
     assert racing_pairs <= {(p, p + 1) for p in range(0, world, 2)}, found  # only partners race
 
@@ -256,3 +258,4 @@ def test_launched_ranks(bug):
         assert counts == [0, 0], result.stdout
     else:
         assert sum(counts) > 0 and "data race on rank" in result.stdout, result.stdout
+        assert 'array "data" (' in result.stdout or 'array "counter" (' in result.stdout, result.stdout
