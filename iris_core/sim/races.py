@@ -29,10 +29,16 @@ there (SYNC) and the clock that would have been released had every atomic been r
 system scope (WEAK, for the report's hint). Each rank writes only its own rows, so records
 need no lock; joins into SYNC and WEAK take one. Two accesses race when they overlap, at
 least one writes, not both are atomics, they are of different ranks and the earlier one's
-clock is not in the later one's vector clock. A ring of access records per rank (and a file
-of its source lines) lets the report name the earlier access; the heap's allocation table and
-the names given to allocations (a heap array's name=; `Detector.names`) name the array. Accesses of elements smaller
-than 4 bytes are not checked (two ranks writing neighbouring bytes of one word do not race).
+clock is not in the later one's vector clock. Elements smaller than 4 bytes (int8, bfloat16, ...)
+are checked byte by byte: their accesses record one clock per byte in byte planes (WRITE, READ,
+ATOMIC; a second sparse file, mapped on the first such access) and mark their words "mixed"; they
+check the word planes of their words and the byte planes of their own bytes, so two ranks writing
+neighbouring bytes of one word do not race. A word access checks the byte planes only of words
+marked mixed (one byte of the mark per word), so code without small elements pays one look-up per
+access. Releases and acquires join per word whatever the element (a larger join can only hide a
+race). A ring of access records per rank (and a file of its source lines) lets the report name
+the earlier access; the heap's allocation table and the names given to allocations (a heap
+array's name=; `Detector.names`) name the array.
 """
 
 from __future__ import annotations
@@ -52,10 +58,11 @@ from iris_core.errors import RaceError, RaceWarning
 from iris_core.heap.shared_memory import SHM_DIR
 
 MODES = ("raise", "warn")
-GRANULE = 4  # bytes of heap per shadow word
+GRANULE = 4  # bytes of heap per shadow word (the byte planes: one byte each)
 RING = 1 << 16  # access records kept per rank
 _WRITE, _READ, _ATOMIC, _SYNC, _WEAK = range(5)
 _PLANES = 5
+_BYTE_PLANES = 3  # WRITE, READ and ATOMIC of single bytes (what releases is joined per word)
 _RECORD_WORDS = 8  # clock, site, program, kind, heap rank, first byte, end byte, 0
 KINDS = ("load", "store", "atomic", "flag load")
 LOAD, STORE, ATOMIC, FLAG_LOAD = range(4)  # FLAG_LOAD: volatile or acquiring (PTX: relaxed / acquire at sys)
@@ -104,7 +111,8 @@ class Shadow:
         plane_bytes = _PLANES * world_size * world_size * granules * 4
         log_bytes = world_size * RING * _RECORD_WORDS * 8
         clock_bytes = 2 * world_size * 8
-        size = plane_bytes + log_bytes + clock_bytes
+        mixed_bytes = world_size * granules
+        size = plane_bytes + log_bytes + clock_bytes + mixed_bytes
         fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o600)
         try:
             if os.fstat(fd).st_size < size:
@@ -116,9 +124,29 @@ class Shadow:
         self.planes = buffer[:plane_bytes].view(np.int32).reshape(_PLANES, world_size, world_size, granules)
         self.log = buffer[plane_bytes:plane_bytes + log_bytes].view(np.int64).reshape(world_size, RING, _RECORD_WORDS)
         # published: each rank's clock at the end of its last launch; floor: the clocks a host barrier saw
-        self.clocks = buffer[plane_bytes + log_bytes:size].view(np.int64).reshape(2, world_size)
+        at = plane_bytes + log_bytes
+        self.clocks = buffer[at:at + clock_bytes].view(np.int64).reshape(2, world_size)
+        # per heap word: 1 once an element smaller than a word was accessed there (its byte planes hold records)
+        self.mixed = buffer[at + clock_bytes:size].reshape(world_size, granules)
+        self._byte_planes = None
         self._lock_fd = os.open(self.path + "-lock", os.O_CREAT | os.O_RDWR, 0o600)
         self._sites: dict[int, dict[int, str]] = {}
+
+    def byte_planes(self) -> np.ndarray:
+        """[plane][accessing rank][heap rank][byte] clocks of the accesses of elements smaller than a
+        word (a second sparse file, mapped on first use: runs that make none map nothing more)."""
+        if self._byte_planes is None:
+            size = _BYTE_PLANES * self.world_size * self.world_size * self.heap_size * 4
+            fd = os.open(self.path + "-bytes", os.O_CREAT | os.O_RDWR, 0o600)
+            try:
+                if os.fstat(fd).st_size < size:
+                    os.ftruncate(fd, size)
+                mapping = mmap.mmap(fd, size)
+            finally:
+                os.close(fd)
+            self._byte_planes = np.frombuffer(mapping, np.int32).reshape(
+                _BYTE_PLANES, self.world_size, self.world_size, self.heap_size)
+        return self._byte_planes
 
     @contextlib.contextmanager
     def locked(self):
@@ -247,10 +275,8 @@ class Detector:
     # an access ---------------------------------------------------------------------------------
     def _where(self, ptrs, mask):
         """[(heap rank, granule indices, byte offsets, element bytes)] of the lanes in `mask` that lie
-        in a heap (none for elements under 4 bytes)."""
+        in a heap (the granules of elements under 4 bytes: each word they touch, once)."""
         element = max(1, ptrs.get_element_ty().primitive_bitwidth // 8)
-        if element < GRANULE:
-            return []
         addresses = ptrs.data.reshape(-1)
         if mask is not None:
             lanes = np.broadcast_to(mask.data, ptrs.data.shape).reshape(-1).astype(bool)
@@ -272,6 +298,8 @@ class Detector:
             granules = offsets // GRANULE
             if element > GRANULE:
                 granules = (granules[:, None] + np.arange(element // GRANULE)).reshape(-1)
+            elif element < GRANULE:
+                granules = np.unique(granules)
             found.append((int(h), granules, offsets, element))
         return found
 
@@ -299,9 +327,7 @@ class Detector:
         for heap, granules, offsets, element in touched:
             record = (clock, site, int(program), kind, heap, int(offsets.min()), int(offsets.max()) + element, 0)
             self.shadow.log[rank, clock % RING] = record
-            contiguous = granules.size == 1 or (granules[-1] - granules[0] == granules.size - 1
-                                                and bool((np.diff(granules) == 1).all()))
-            where = slice(int(granules[0]), int(granules[-1]) + 1) if contiguous else granules
+            where = _span(granules)
             if kind == STORE:
                 recorded, checked = _WRITE, (_WRITE, _READ, _ATOMIC)
             elif kind == LOAD:
@@ -311,18 +337,39 @@ class Detector:
             else:
                 recorded, checked = _ATOMIC, (_WRITE, _READ)
                 self._publish(heap, where, sem, scope)
+            report = (kind, sem, scope, heap, clock, site, program)
+            mixed = self.shadow.mixed[heap]
+            if element < GRANULE:  # its own bytes only: a neighbour's bytes in the word are not its
+                small = (offsets[:, None] + np.arange(element)).reshape(-1)
+                at, byte_planes = _span(small), self.shadow.byte_planes()
+                mixed[where] = 1  # before the record: a word access that checks after it sees both
+                if recorded is not None:
+                    byte_planes[recorded, rank, heap][at] = clock
+                self._check(planes, GRANULE, checked, where, granules, report)  # whole words of others
+                self._check(byte_planes, 1, checked, at, small, report)
+                continue
             if recorded is not None:  # record, then check: of two racing ranks one sees the other
                 planes[recorded, rank, heap][where] = clock
-            for plane in checked:
-                seen = planes[plane, :, heap][:, where]  # (ranks, words): index the words last
-                late = seen.max(axis=1) > vc
-                late[rank] = False
-                if late.any():
-                    other = int(np.argmax(late))
-                    lane = int(np.argmax(seen[other] > vc[other]))
-                    self._report(plane, other, int(seen[other, lane]), kind, sem, scope, heap, granules, seen,
-                                 clock, site, program)
+            self._check(planes, GRANULE, checked, where, granules, report)
+            flagged = mixed[where]
+            if flagged.any():  # bytes of these words were accessed as smaller elements
+                words = granules[flagged.astype(bool)]
+                small = (words[:, None] * GRANULE + np.arange(GRANULE)).reshape(-1)
+                self._check(self.shadow.byte_planes(), 1, checked, _span(small), small, report)
         return touched
+
+    def _check(self, planes, unit: int, checked, where, indices, report) -> None:
+        """Reports the records of other ranks in `planes` (one clock per `unit` bytes) at `where`
+        (the `indices`, or their slice) that this rank has not seen."""
+        vc, heap = self.vc, report[3]
+        for plane in checked:
+            seen = planes[plane, :, heap][:, where]  # (ranks, units): index the units last
+            late = seen.max(axis=1) > vc
+            late[self.rank] = False
+            if late.any():
+                other = int(np.argmax(late))
+                unseen = seen[other] > vc[other]
+                self._report(plane, other, int(seen[other, int(np.argmax(unseen))]), indices[unseen], unit, *report)
 
     def _publish(self, heap, where, sem, scope) -> None:
         """An atomic write: what it releases goes with the word (a relaxed one continues the release
@@ -354,7 +401,7 @@ class Detector:
             np.maximum(self.weak, weak, out=self.weak)
 
     # the report ----------------------------------------------------------------------------------
-    def _report(self, plane, other, other_clock, kind, sem, scope, heap, granules, seen, clock, site, program):
+    def _report(self, plane, other, other_clock, racing, unit, kind, sem, scope, heap, clock, site, program):
         record = self.shadow.log[other, other_clock % RING]
         known = int(record[0]) == other_clock
         other_kind = KINDS[int(record[3])] if known else {_WRITE: "store", _READ: "load", _ATOMIC: "atomic"}[plane]
@@ -363,9 +410,7 @@ class Detector:
         if key in self._reported:
             return
         self._reported.add(key)
-        racing = granules[seen[other] > self.vc[other]] if seen.ndim == 2 and seen.shape[1] == granules.size else \
-            granules
-        first, end = int(racing.min()) * GRANULE, (int(racing.max()) + 1) * GRANULE
+        first, end = int(racing.min()) * unit, (int(racing.max()) + 1) * unit
         mine = KINDS[kind] + (f" (sem={sem}, scope={scope})" if kind == ATOMIC else
                               " (volatile)" if kind == FLAG_LOAD and not sem else "")
         lines = [
@@ -390,7 +435,7 @@ class Detector:
         owner, name = (self.names() if self.names is not None else {}).get(start, ("", None))
         what = f'array "{name}"' if owner == "arrays" else name or "an unnamed allocation"
         return (f"{what} ({int(sizes[i])} bytes at heap offset {start}), its bytes [{first - start}, {end - start}) "
-                f"({(first - start) // GRANULE}..{(end - start) // GRANULE - 1} in 4-byte words)")
+                f"({(first - start) // GRANULE}..{(end - start - 1) // GRANULE} in 4-byte words)")
 
     def _remedy(self, other: int, other_kind: str, kind: str, other_clock: int) -> str:
         me = self.rank
@@ -412,6 +457,13 @@ class Detector:
                       f"({self.shadow.site(me, where)}, sem={sem}, scope={scope}): that read or the write it saw "
                       "lacks acquire / release at system scope")
         return order + "."
+
+
+def _span(indices):
+    """`indices` as a slice where they are consecutive and ascending (a view, not a gather)."""
+    if indices.size == 1 or (indices[-1] - indices[0] == indices.size - 1 and bool((np.diff(indices) == 1).all())):
+        return slice(int(indices[0]), int(indices[-1]) + 1)
+    return indices
 
 
 def _program(packed: int) -> str:

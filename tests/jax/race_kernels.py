@@ -109,3 +109,22 @@ def read_own(context_ptr, inbox_ptr, out_ptr, BLOCK: tl.constexpr):
     """Reads my inbox with a plain load."""
     offs = tl.arange(0, BLOCK)
     tl.store(out_ptr + offs, tl.load(inbox_ptr + offs))
+
+
+SAME, NEIGHBOURS, WORD = range(3)  # small_stores: where the ranks store
+
+
+@triton.jit
+def small_stores(context_ptr, cells_ptr, out_ptr, W: tl.constexpr, WHERE: tl.constexpr):
+    """Every rank stores into rank 0's `cells` (elements of 1 or 2 bytes), nothing ordering the
+    ranks: all into element 0 (SAME: a race), each into element `rank` (NEIGHBOURS: bytes of one
+    word, no race), or rank 0 a whole 4-byte word over the others' elements (WORD: a race)."""
+    ctx = Context.initialize(context_ptr, W)
+    value = (ctx.rank + 1).to(cells_ptr.dtype.element_ty)
+    if WHERE == SAME:
+        ctx.store(cells_ptr, value, to_rank=0)
+    elif WHERE == NEIGHBOURS or ctx.rank > 0:
+        ctx.store(cells_ptr + ctx.rank, value, to_rank=0)
+    else:
+        ctx.store(tl.cast(cells_ptr, tl.pointer_type(tl.int32)), -1, to_rank=0)
+    tl.store(out_ptr, ctx.rank)

@@ -163,6 +163,34 @@ def test_repeated_group_calls_are_not_reported(variant):
         np.testing.assert_allclose(got, np.broadcast_to(x.sum(0), x.shape), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [jnp.int8, jnp.bfloat16])
+@pytest.mark.parametrize("where", ["same", "neighbours", "word"])
+def test_small_elements(dtype, where):
+    """Elements of 1 and 2 bytes are checked byte by byte: two ranks storing into one element race,
+    into neighbouring elements of one 4-byte word do not; a whole-word store over them races."""
+    world = 4
+    detecting(world)
+    mesh = jax.make_mesh((world,), ("i",), devices=jax.devices()[:world])
+    rows = NamedSharding(mesh, P("i"))
+    cells = iris_jax.zeros((world, 8), dtype, sharding=rows, name="cells")
+    code = {"same": race_kernels.SAME, "neighbours": race_kernels.NEIGHBOURS, "word": race_kernels.WORD}[where]
+
+    def body(c):
+        return iris_jax.triton_call(c[0], kernel=race_kernels.small_stores, out_shape=jax.ShapeDtypeStruct((1,), jnp.int32),
+                                    grid=(1,), W=world, WHERE=code)[None]
+
+    program = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("i"), out_specs=P("i"), check_vma=False))
+    # twice: a rank's first launch after the allocation is ordered after the launches that had finished
+    _, found = _caught(lambda: [jax.block_until_ready(program(cells)) for _ in range(2)])
+    if where == "neighbours":
+        assert not found, found[0]
+        got = np.asarray(cells)[0]
+        np.testing.assert_array_equal(got[:world].astype(np.float32), np.arange(1, world + 1))
+    else:
+        assert found and all('array "cells" (' in report for report in found), found
+        assert "store by rank" in found[0] and "small_stores" in found[0], found[0]
+
+
 def _caught(run):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
