@@ -113,13 +113,7 @@ class Shadow:
         clock_bytes = 2 * world_size * 8
         mixed_bytes = world_size * granules
         size = plane_bytes + log_bytes + clock_bytes + mixed_bytes
-        fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o600)
-        try:
-            if os.fstat(fd).st_size < size:
-                os.ftruncate(fd, size)  # sparse: only the pages touched take memory
-            self._map = mmap.mmap(fd, size)
-        finally:
-            os.close(fd)
+        self._map = _map_sparse(self.path, size, world_size, heap_size)
         buffer = np.frombuffer(self._map, np.uint8)
         self.planes = buffer[:plane_bytes].view(np.int32).reshape(_PLANES, world_size, world_size, granules)
         self.log = buffer[plane_bytes:plane_bytes + log_bytes].view(np.int64).reshape(world_size, RING, _RECORD_WORDS)
@@ -137,13 +131,7 @@ class Shadow:
         word (a second sparse file, mapped on first use: runs that make none map nothing more)."""
         if self._byte_planes is None:
             size = _BYTE_PLANES * self.world_size * self.world_size * self.heap_size * 4
-            fd = os.open(self.path + "-bytes", os.O_CREAT | os.O_RDWR, 0o600)
-            try:
-                if os.fstat(fd).st_size < size:
-                    os.ftruncate(fd, size)
-                mapping = mmap.mmap(fd, size)
-            finally:
-                os.close(fd)
+            mapping = _map_sparse(self.path + "-bytes", size, self.world_size, self.heap_size)
             self._byte_planes = np.frombuffer(mapping, np.int32).reshape(
                 _BYTE_PLANES, self.world_size, self.world_size, self.heap_size)
         return self._byte_planes
@@ -172,6 +160,23 @@ class Shadow:
             except FileNotFoundError:
                 pass
         return known.get(site, "an unknown line")
+
+
+def _map_sparse(path: str, size: int, world_size: int, heap_size: int) -> mmap.mmap:
+    """Maps `path`, made `size` bytes if shorter: sparse, only the pages touched take memory (see
+    docs/architecture.md on why it is sized by the heap's upper bound, not by what is mapped)."""
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        if os.fstat(fd).st_size < size:
+            os.ftruncate(fd, size)
+        return mmap.mmap(fd, size)
+    except OSError as e:
+        raise MemoryError(
+            f"race detector: cannot map {size / 2 ** 40:.1f} TiB of shadow memory for {world_size} ranks of "
+            f"{heap_size / 2 ** 30:.1f} GiB heaps (address space, not memory: {e.strerror}); give the heaps a "
+            "lower upper bound, init(heap_size=...) or IRIS_HEAP_SIZE, or detect races with fewer ranks") from None
+    finally:
+        os.close(fd)
 
 
 _SHADOWS: dict[str, Shadow] = {}
@@ -299,7 +304,7 @@ class Detector:
             if element > GRANULE:
                 granules = (granules[:, None] + np.arange(element // GRANULE)).reshape(-1)
             elif element < GRANULE:
-                granules = np.unique(granules)
+                granules = _distinct(granules)
             found.append((int(h), granules, offsets, element))
         return found
 
@@ -340,7 +345,7 @@ class Detector:
             report = (kind, sem, scope, heap, clock, site, program)
             mixed = self.shadow.mixed[heap]
             if element < GRANULE:  # its own bytes only: a neighbour's bytes in the word are not its
-                small = (offsets[:, None] + np.arange(element)).reshape(-1)
+                small = _bytes_of(offsets, element)
                 at, byte_planes = _span(small), self.shadow.byte_planes()
                 mixed[where] = 1  # before the record: a word access that checks after it sees both
                 if recorded is not None:
@@ -353,8 +358,7 @@ class Detector:
             self._check(planes, GRANULE, checked, where, granules, report)
             flagged = mixed[where]
             if flagged.any():  # bytes of these words were accessed as smaller elements
-                words = granules[flagged.astype(bool)]
-                small = (words[:, None] * GRANULE + np.arange(GRANULE)).reshape(-1)
+                small = _bytes_of(granules[flagged.astype(bool)] * GRANULE, GRANULE)
                 self._check(self.shadow.byte_planes(), 1, checked, _span(small), small, report)
         return touched
 
@@ -457,6 +461,21 @@ class Detector:
                       f"({self.shadow.site(me, where)}, sem={sem}, scope={scope}): that read or the write it saw "
                       "lacks acquire / release at system scope")
         return order + "."
+
+
+def _distinct(indices):
+    """`indices` without repeats (ascending ones, the common case, in one pass)."""
+    if indices.size > 1 and bool((indices[1:] >= indices[:-1]).all()):
+        return indices[np.concatenate(([True], indices[1:] != indices[:-1]))]
+    return np.unique(indices)
+
+
+def _bytes_of(offsets, element: int):
+    """The byte offsets of the elements of `element` bytes at `offsets`."""
+    if offsets.size > 1 and offsets[-1] - offsets[0] == (offsets.size - 1) * element and bool(
+            (np.diff(offsets) == element).all()):
+        return np.arange(int(offsets[0]), int(offsets[-1]) + element)  # consecutive elements: one range
+    return (offsets[:, None] + np.arange(element)).reshape(-1)
 
 
 def _span(indices):
