@@ -22,23 +22,25 @@ Volatile and acquiring loads are atomic (flag reads): they race with plain store
 plain store races even where it writes the bytes the word already holds (the memory model
 knows no benign race; the collectives once rewrote their signature beside a flag every round).
 
-Shadow memory lives in one sparse shared-memory file per heap session, mapped by every
-process that runs kernels: for each rank, each heap and each 4-byte word, the clock of that
-rank's last plain store (WRITE), plain load (READ) and atomic (ATOMIC), the clock released
-there (SYNC) and the clock that would have been released had every atomic been release at
-system scope (WEAK, for the report's hint). Each rank writes only its own rows, so records
-need no lock; joins into SYNC and WEAK take one. Two accesses race when they overlap, at
-least one writes, not both are atomics, they are of different ranks and the earlier one's
-clock is not in the later one's vector clock. Elements smaller than 4 bytes (int8, bfloat16, ...)
-are checked byte by byte: their accesses record one clock per byte in byte planes (WRITE, READ,
-ATOMIC; a second sparse file, mapped on the first such access) and mark their words "mixed"; they
-check the word planes of their words and the byte planes of their own bytes, so two ranks writing
-neighbouring bytes of one word do not race. A word access checks the byte planes only of words
-marked mixed (one byte of the mark per word), so code without small elements pays one look-up per
-access. Releases and acquires join per word whatever the element (a larger join can only hide a
-race). A ring of access records per rank (and a file of its source lines) lets the report name
-the earlier access; the heap's allocation table and the names given to allocations (a heap
-array's name=; `Detector.names`) name the array.
+Shadow memory lives in one sparse shared-memory file per heap session, mapped by every process
+that runs kernels, sized by the heaps' upper bound (address space, not memory: only the pages of
+accessed words are touched; docs/architecture.md says why it does not grow with the heap): for
+each rank, each heap and each 4-byte word, the clock of that rank's last plain store (WRITE),
+plain load (READ) and atomic (ATOMIC), the clock released there (SYNC) and the clock that would
+have been released had every atomic been release at system scope (WEAK, for the report's hint).
+Each rank writes only its own rows, so records need no lock; joins into SYNC and WEAK take one.
+Two accesses race when they overlap, at least one writes, not both are atomics, they are of
+different ranks and the earlier one's clock is not in the later one's vector clock. Elements
+smaller than 4 bytes (int8, bfloat16, ...) are checked byte by byte: their accesses record one
+clock per byte in byte planes (WRITE, READ, ATOMIC; a second sparse file, mapped on the first
+such access) and mark their words "mixed"; they check the word planes of their words and the
+byte planes of their own bytes, so two ranks writing neighbouring bytes of one word do not race.
+A word access checks the byte planes only of words marked mixed (one byte of the mark per word),
+so code without small elements pays one look-up per access. Releases and acquires join per word
+whatever the element (a larger join can only hide a race). A ring of access records per rank
+(and a file of its source lines) lets the report name the earlier access; the heap's allocation
+table and the names given to allocations (a heap array's name=; `Detector.names`) name the
+array.
 """
 
 from __future__ import annotations
