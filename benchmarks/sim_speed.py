@@ -1,13 +1,13 @@
 """The CPU simulator's time per collective call, by size (one process, simulated ranks).
 
     python benchmarks/sim_speed.py [--ranks 4] [--sizes 4K,64K,256K,1M,4M] [--ops psum,...] [--reps 3]
-                                   [--detect-races]
+                                   [--detect-races] [--dtype float32]
 
 Each point: a jitted shard_map over `--ranks` CPU devices calling the iris collective on
 float32 of the given bytes per rank; checked against the lax op once, then timed over
 `--reps` calls after a warm-up call (compilation left out); the median is printed. What it
 measures is the simulator (Triton's interpreter running the collective kernel in the ranks'
-worker processes), for choosing sizes to debug with; GPU speed is benchmarks/collectives.py.
+worker processes), for choosing sizes to debug with (--dtype: the elements, e.g. bfloat16); GPU speed is benchmarks/collectives.py.
 With --detect-races, the table is measured twice, without and with the race detector
 (iris_jax.init(detect_races=True)), and a third table gives the slowdown (with / without).
 """
@@ -55,6 +55,7 @@ def main():
     parser.add_argument("--ops", default=OPS)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--detect-races", action="store_true", help="also time with the race detector on")
+    parser.add_argument("--dtype", default="float32", help="the elements' type (a jax.numpy dtype name)")
     small.add_flag(parser, "psum of 4 KiB per rank on 2 ranks, once")
     opts = parser.parse_args()
     if opts.small:
@@ -75,6 +76,7 @@ def main():
 def _table(opts, detect_races: bool) -> dict:
     """Seconds per call of every op and size: {op: [seconds by size]}; prints the table."""
     import jax
+    import jax.numpy as jnp
     import numpy as np
     from jax.sharding import PartitionSpec as P
 
@@ -86,18 +88,22 @@ def _table(opts, detect_races: bool) -> dict:
     ops = _ops("i")
     table = {}
     detector = ", race detector on" if detect_races else ""
-    print(f"simulator, {W} ranks, {os.cpu_count()} cores{detector}: seconds per call (median of {opts.reps})")
+    dtype = jnp.dtype(opts.dtype)
+    tolerance = 1e-5 if dtype.itemsize >= 4 else 2e-2
+    print(f"simulator, {W} ranks, {os.cpu_count()} cores, {dtype.name}{detector}: seconds per call (median of "
+          f"{opts.reps})")
     print(f"{'op':<14}" + "".join(f"{s:>10}" for s in opts.sizes.split(",")))
     for name in opts.ops.split(","):
         iris_op, lax_op = ops[name]
         cells = []
         for size in opts.sizes.split(","):
-            n = parse_size(size) // 4
-            x = jax.device_put(np.random.default_rng(0).standard_normal(W * n).astype(np.float32),
+            n = parse_size(size) // dtype.itemsize
+            x = jax.device_put(jnp.asarray(np.random.default_rng(0).standard_normal(W * n), dtype),
                                jax.sharding.NamedSharding(mesh, P("i")))
             run = jax.jit(jax.shard_map(iris_op, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
             ref = jax.jit(jax.shard_map(lax_op, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
-            np.testing.assert_allclose(np.asarray(run(x)), np.asarray(ref(x)), rtol=1e-5, atol=1e-5)
+            np.testing.assert_allclose(np.asarray(run(x), np.float32), np.asarray(ref(x), np.float32),
+                                       rtol=tolerance, atol=tolerance)
             times = []
             for _ in range(opts.reps):
                 start = time.perf_counter()

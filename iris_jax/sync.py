@@ -22,7 +22,8 @@ from iris_jax.calls.triton_call import triton_call
 
 class _BarrierArea:
     def __init__(self, rt):
-        self.offset = rt.allocate_shared(device_barrier_lib.area_bytes(rt.world_size))
+        self.offset = rt.allocate_shared(device_barrier_lib.area_bytes(rt.world_size),
+                                         name="device_barrier's flags")
 
 
 def device_barrier(*arrays, timeout_s: float = flag_protocol.DEFAULT_TIMEOUT_S):

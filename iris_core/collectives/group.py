@@ -9,7 +9,8 @@ poisoned through the group's Flags (the flag protocol: iris_core.device.flags).
 
 Each flag line holds [stamp, published input offset, signature of even epochs, of odd epochs]:
 a member writes its call's signature (iris_core.device.faults.signature) into the slot of the
-epoch's parity before it raises the flag, and a waiter compares it with its own after the wait.
+epoch's parity once per epoch, before it raises the epoch's first round, and a waiter compares it
+with its own after every wait.
 A member cannot overwrite the slot before I read it (that takes its epoch + 2, which waits for
 my epoch + 1), so two calls that differ fail on both ranks (RankMismatchError) instead of pairing.
 """
@@ -123,12 +124,15 @@ class Group:
 
     @triton.jit
     def signal(self, stamp):
-        """Raises my flag to `stamp` on every member (Flags.signal: my earlier writes first),
-        my call's signature beside it."""
+        """Raises my flag to `stamp` on every member (Flags.signal: my earlier writes first). The
+        epoch's first round (round 0: every call opens each of its epochs with it) writes my
+        call's signature beside the flag; later rounds leave it: a member may be reading it
+        then, and a plain store, even of the same value, races with that read."""
         flag = self.flag(self.me)
-        sig = self.signature_slot(self.me, stamp)
-        for i in tl.static_range(self.G):
-            self.ctx.store(sig, self.sig, to_rank=self.rank(i))
+        if flags.round_of(stamp) == 0:
+            sig = self.signature_slot(self.me, stamp)
+            for i in tl.static_range(self.G):
+                self.ctx.store(sig, self.sig, to_rank=self.rank(i))
         tl.debug_barrier()  # every thread's stores precede the release
         for i in tl.static_range(self.G):
             self.flags.signal(flag, stamp, self.rank(i))

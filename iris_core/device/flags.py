@@ -76,6 +76,12 @@ def epoch_of(stamp):
 
 
 @triton.jit
+def round_of(stamp):
+    """The round of a group flag's stamp within its epoch (0: the epoch's first)."""
+    return stamp % STEPS
+
+
+@triton.jit
 def read_epoch(epoch_ptr):
     """This program's call count, read once per call and kept in a register: a re-read
     through the (incoherent) L1 could give threads of one program different epochs."""

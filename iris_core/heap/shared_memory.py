@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import glob
 import itertools
+import json
 import mmap
 import os
 import tempfile
@@ -38,6 +39,11 @@ def allocations_path(session: str) -> str:
     """The session's table of live allocations (checked mode; named so that the segment
     clean-ups below remove it too)."""
     return os.path.join(SHM_DIR, f"iris-{session}-r-allocations")
+
+
+def names_path(session: str) -> str:
+    """The session's names of its named allocations (the race detector's reports)."""
+    return os.path.join(SHM_DIR, f"iris-{session}-r-names")
 
 
 TABLE_ENTRIES = 1 << 15  # (offset, bytes) pairs the allocation table holds; beyond: unchecked
@@ -168,6 +174,7 @@ class SharedMemoryHeap(SymmetricHeap):
             self.heap_bases = [int(self._arrays[r].ctypes.data) for r in range(world_size)]
             self._table = None  # the allocation table: written by rank 0's owner, read by the others
             self._table_cache = (-1, None, None)
+            self._published_names: dict[int, str] = {}
             if 0 in self.local_ranks:
                 self._table = _map_table(allocations_path(session), create=True)
                 self._allocations_changed()
@@ -241,6 +248,25 @@ class SharedMemoryHeap(SymmetricHeap):
             table[2:2 + 2 * len(live)] = np.asarray(live, np.int64).reshape(-1)
             table[1] = len(live)
         table[0] += 1
+        if self._names != self._published_names:  # unnamed allocations write nothing here
+            self._published_names = dict(self._names)
+            named = {str(offset): [self._owners[offset], name] for offset, name in self._names.items()}
+            temporary = names_path(self.session) + f".{os.getpid()}"
+            with open(temporary, "w") as f:
+                json.dump(named, f)
+            os.replace(temporary, names_path(self.session))  # a reader sees the old file or the new
+
+    def allocation_names(self) -> dict[int, tuple[str, str]]:
+        """The live allocations that were given a name: offset -> (owner, name). A process that
+        allocates reads its own; the simulator's workers read what rank 0's owner publishes."""
+        if self.local_ranks:
+            return super().allocation_names()
+        try:
+            with open(names_path(self.session)) as f:
+                named = json.load(f)
+        except FileNotFoundError:
+            return {}
+        return {int(offset): (owner, name) for offset, (owner, name) in named.items()}
 
     def allocation_table(self) -> tuple[np.ndarray | None, np.ndarray | None]:
         """(starts, sizes) of the live allocations, by offset; (None, None) when there are
@@ -276,7 +302,7 @@ class SharedMemoryHeap(SymmetricHeap):
         _OPEN.discard(self)
         self._table = None
         if 0 in self.local_ranks:
-            _unlink([allocations_path(self.session)])
+            _unlink([allocations_path(self.session), names_path(self.session)])
         self._arrays.clear()
         for rank, m in self._maps.items():
             try:

@@ -48,6 +48,7 @@ class SymmetricHeap(abc.ABC):
         self.allocator.allocate(RESERVED_BYTES)  # offset 0: the status line (iris_core.heap.status)
         self._requested: dict[int, int] = {}  # live allocations: offset -> bytes asked for
         self._owners: dict[int, str] = {0: "runtime"}  # live allocations: offset -> what holds it ("arrays", ...)
+        self._names: dict[int, str] = {}  # live allocations that were given a name: offset -> it
         self._requested_lock = threading.Lock()
         self._grow_lock = threading.Lock()
         self.peak_used = self.allocator.used
@@ -58,7 +59,7 @@ class SymmetricHeap(abc.ABC):
         self._closed = False
 
     # -- memory ---------------------------------------------------------------
-    def allocate(self, nbytes: int, zero: bool = False, owner: str = "runtime") -> int:
+    def allocate(self, nbytes: int, zero: bool = False, owner: str = "runtime", name: str | None = None) -> int:
         """Reserves `nbytes` at one offset on every heap; returns the offset.
 
         Freed memory is reused as it is; with `zero=True` the block is zeroed on this
@@ -70,6 +71,8 @@ class SymmetricHeap(abc.ABC):
           nbytes: the block's size.
           zero: zero it on this process's heaps.
           owner: what holds it, as memory_stats() and HeapExhaustedError count it.
+          name: what the simulator's race reports call it (a heap array's `name=`); None: its
+            offset.
 
         Raises:
           HeapExhaustedError: it fits neither the mapped memory nor, grown, the upper bound
@@ -86,6 +89,8 @@ class SymmetricHeap(abc.ABC):
         with self._requested_lock:
             self._requested[offset] = nbytes
             self._owners[offset] = owner
+            if name is not None:
+                self._names[offset] = name
             self.peak_used = max(self.peak_used, self.allocator.used)
             self._allocations_changed()
         if zero:
@@ -125,6 +130,7 @@ class SymmetricHeap(abc.ABC):
         with self._requested_lock:
             self._requested.pop(offset, None)
             self._owners.pop(offset, None)
+            self._names.pop(offset, None)
             self._allocations_changed()
 
     # -- growth ---------------------------------------------------------------
@@ -202,6 +208,11 @@ class SymmetricHeap(abc.ABC):
         """The live allocations as (offset, bytes requested), by offset."""
         with self._requested_lock:
             return sorted(self._requested.items())
+
+    def allocation_names(self) -> dict[int, tuple[str, str]]:
+        """The live allocations that were given a name: offset -> (owner, name)."""
+        with self._requested_lock:
+            return {offset: (self._owners[offset], name) for offset, name in self._names.items()}
 
     def _allocations_changed(self) -> None:  # noqa: B027  (a hook: most heaps need nothing here)
         """Called (under the lock) after every allocation and free; the simulator's heaps

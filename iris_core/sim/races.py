@@ -19,24 +19,33 @@ memory model (docs/device-api.md):
   before the next (a freed array's uses were over; its words keep their history).
 
 Volatile and acquiring loads are atomic (flag reads): they race with plain stores only. A
-store of the bytes a word already holds is no access.
+plain store races even where it writes the bytes the word already holds (the memory model
+knows no benign race; the collectives once rewrote their signature beside a flag every round).
 
-Shadow memory lives in one sparse shared-memory file per heap session, mapped by every
-process that runs kernels: for each rank, each heap and each 4-byte word, the clock of that
-rank's last plain store (WRITE), plain load (READ) and atomic (ATOMIC), the clock released
-there (SYNC) and the clock that would have been released had every atomic been release at
-system scope (WEAK, for the report's hint). Each rank writes only its own rows, so records
-need no lock; joins into SYNC and WEAK take one. Two accesses race when they overlap, at
-least one writes, not both are atomics, they are of different ranks and the earlier one's
-clock is not in the later one's vector clock. A ring of access records per rank (and a file
-of its source lines) lets the report name the earlier access. Accesses of elements smaller
-than 4 bytes are not checked (two ranks writing neighbouring bytes of one word do not race).
+Shadow memory lives in one sparse shared-memory file per heap session, mapped by every process
+that runs kernels, sized by the heaps' upper bound (address space, not memory: only the pages of
+accessed words are touched; docs/architecture.md says why it does not grow with the heap): for
+each rank, each heap and each 4-byte word, the clock of that rank's last plain store (WRITE),
+plain load (READ) and atomic (ATOMIC), the clock released there (SYNC) and the clock that would
+have been released had every atomic been release at system scope (WEAK, for the report's hint).
+Each rank writes only its own rows, so records need no lock; joins into SYNC and WEAK take one.
+Two accesses race when they overlap, at least one writes, not both are atomics, they are of
+different ranks and the earlier one's clock is not in the later one's vector clock. Elements
+smaller than 4 bytes (int8, bfloat16, ...) are checked byte by byte: their accesses record one
+clock per byte in byte planes (WRITE, READ, ATOMIC; a second sparse file, mapped on the first
+such access) and mark their words "mixed"; they check the word planes of their words and the
+byte planes of their own bytes, so two ranks writing neighbouring bytes of one word do not race.
+A word access checks the byte planes only of words marked mixed (one byte of the mark per word),
+so code without small elements pays one look-up per access. Releases and acquires join per word
+whatever the element (a larger join can only hide a race). A ring of access records per rank
+(and a file of its source lines) lets the report name the earlier access; the heap's allocation
+table and the names given to allocations (a heap array's name=; `Detector.names`) name the
+array.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import fcntl
 import glob
 import mmap
@@ -51,10 +60,11 @@ from iris_core.errors import RaceError, RaceWarning
 from iris_core.heap.shared_memory import SHM_DIR
 
 MODES = ("raise", "warn")
-GRANULE = 4  # bytes of heap per shadow word
+GRANULE = 4  # bytes of heap per shadow word (the byte planes: one byte each)
 RING = 1 << 16  # access records kept per rank
 _WRITE, _READ, _ATOMIC, _SYNC, _WEAK = range(5)
 _PLANES = 5
+_BYTE_PLANES = 3  # WRITE, READ and ATOMIC of single bytes (what releases is joined per word)
 _RECORD_WORDS = 8  # clock, site, program, kind, heap rank, first byte, end byte, 0
 KINDS = ("load", "store", "atomic", "flag load")
 LOAD, STORE, ATOMIC, FLAG_LOAD = range(4)  # FLAG_LOAD: volatile or acquiring (PTX: relaxed / acquire at sys)
@@ -103,21 +113,30 @@ class Shadow:
         plane_bytes = _PLANES * world_size * world_size * granules * 4
         log_bytes = world_size * RING * _RECORD_WORDS * 8
         clock_bytes = 2 * world_size * 8
-        size = plane_bytes + log_bytes + clock_bytes
-        fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o600)
-        try:
-            if os.fstat(fd).st_size < size:
-                os.ftruncate(fd, size)  # sparse: only the pages touched take memory
-            self._map = mmap.mmap(fd, size)
-        finally:
-            os.close(fd)
+        mixed_bytes = world_size * granules
+        size = plane_bytes + log_bytes + clock_bytes + mixed_bytes
+        self._map = _map_sparse(self.path, size, world_size, heap_size)
         buffer = np.frombuffer(self._map, np.uint8)
         self.planes = buffer[:plane_bytes].view(np.int32).reshape(_PLANES, world_size, world_size, granules)
         self.log = buffer[plane_bytes:plane_bytes + log_bytes].view(np.int64).reshape(world_size, RING, _RECORD_WORDS)
         # published: each rank's clock at the end of its last launch; floor: the clocks a host barrier saw
-        self.clocks = buffer[plane_bytes + log_bytes:size].view(np.int64).reshape(2, world_size)
+        at = plane_bytes + log_bytes
+        self.clocks = buffer[at:at + clock_bytes].view(np.int64).reshape(2, world_size)
+        # per heap word: 1 once an element smaller than a word was accessed there (its byte planes hold records)
+        self.mixed = buffer[at + clock_bytes:size].reshape(world_size, granules)
+        self._byte_planes = None
         self._lock_fd = os.open(self.path + "-lock", os.O_CREAT | os.O_RDWR, 0o600)
         self._sites: dict[int, dict[int, str]] = {}
+
+    def byte_planes(self) -> np.ndarray:
+        """[plane][accessing rank][heap rank][byte] clocks of the accesses of elements smaller than a
+        word (a second sparse file, mapped on first use: runs that make none map nothing more)."""
+        if self._byte_planes is None:
+            size = _BYTE_PLANES * self.world_size * self.world_size * self.heap_size * 4
+            mapping = _map_sparse(self.path + "-bytes", size, self.world_size, self.heap_size)
+            self._byte_planes = np.frombuffer(mapping, np.int32).reshape(
+                _BYTE_PLANES, self.world_size, self.world_size, self.heap_size)
+        return self._byte_planes
 
     @contextlib.contextmanager
     def locked(self):
@@ -143,6 +162,23 @@ class Shadow:
             except FileNotFoundError:
                 pass
         return known.get(site, "an unknown line")
+
+
+def _map_sparse(path: str, size: int, world_size: int, heap_size: int) -> mmap.mmap:
+    """Maps `path`, made `size` bytes if shorter: sparse, only the pages touched take memory (see
+    docs/architecture.md on why it is sized by the heap's upper bound, not by what is mapped)."""
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        if os.fstat(fd).st_size < size:
+            os.ftruncate(fd, size)
+        return mmap.mmap(fd, size)
+    except OSError as e:
+        raise MemoryError(
+            f"race detector: cannot map {size / 2 ** 40:.1f} TiB of shadow memory for {world_size} ranks of "
+            f"{heap_size / 2 ** 30:.1f} GiB heaps (address space, not memory: {e.strerror}); give the heaps a "
+            "lower upper bound, init(heap_size=...) or IRIS_HEAP_SIZE, or detect races with fewer ranks") from None
+    finally:
+        os.close(fd)
 
 
 _SHADOWS: dict[str, Shadow] = {}
@@ -218,8 +254,8 @@ class Detector:
         self._reported: set = set()
         self.kernel = "?"
         self.allocations = None  # a function: (starts, sizes) of the heap's live allocations
+        self.names = None  # a function: {offset: (owner, name)} of the named ones
         self._starts = None  # its last answer
-        self._heap_views: dict = {}  # (heap rank, element bytes) -> that heap as unsigned ints
 
     # a launch --------------------------------------------------------------------------------
     def begin(self, kernel: str) -> None:
@@ -244,28 +280,17 @@ class Detector:
         return reports
 
     # an access ---------------------------------------------------------------------------------
-    def _where(self, ptrs, mask, value=None):
+    def _where(self, ptrs, mask):
         """[(heap rank, granule indices, byte offsets, element bytes)] of the lanes in `mask` that lie
-        in a heap (none for elements under 4 bytes). With a store's `value`, only the lanes whose
-        bytes it changes: a store of what a word already holds writes nothing a reader could see
-        (the collectives rewrite a signature beside their flag each round, a race in name only)."""
+        in a heap (the granules of elements under 4 bytes: each word they touch, once)."""
         element = max(1, ptrs.get_element_ty().primitive_bitwidth // 8)
-        if element < GRANULE:
-            return []
         addresses = ptrs.data.reshape(-1)
-        lanes = None
         if mask is not None:
             lanes = np.broadcast_to(mask.data, ptrs.data.shape).reshape(-1).astype(bool)
-            if lanes.all():
-                lanes = None
-            else:
+            if not lanes.all():
                 addresses = addresses[lanes]
         if addresses.size == 0:
             return []
-        values = None
-        if value is not None:
-            values = np.broadcast_to(value.data, ptrs.data.shape).reshape(-1)
-            values = values[lanes] if lanes is not None else values
         found = []
         low, high = int(addresses.min()), int(addresses.max())
         for h in self.order:
@@ -277,29 +302,13 @@ class Detector:
                 inside = (addresses >= base) & (addresses < base + self.heap_size)
             offsets = (addresses if inside is None else addresses[inside]) - np.uint64(base)
             offsets = offsets.astype(np.int64)
-            if values is not None:
-                offsets = self._changed(h, offsets, values if inside is None else values[inside], element)
-                if offsets.size == 0:
-                    continue
             granules = offsets // GRANULE
             if element > GRANULE:
                 granules = (granules[:, None] + np.arange(element // GRANULE)).reshape(-1)
+            elif element < GRANULE:
+                granules = _distinct(granules)
             found.append((int(h), granules, offsets, element))
         return found
-
-    def _changed(self, heap: int, offsets, values, element: int):
-        """The offsets (of aligned elements) whose bytes `values` change."""
-        if (offsets % element).any():
-            return offsets  # unaligned: take every lane
-        view = self._heap_views.get((heap, element))
-        if view is None:
-            raw = (ctypes.c_char * self.heap_size).from_address(int(self.bases[heap]))
-            view = self._heap_views[heap, element] = np.frombuffer(raw, f"u{element}")
-        now = view[offsets // element]
-        new = np.ascontiguousarray(values).view(f"u{element}") if values.dtype.itemsize == element else None
-        if new is None:
-            return offsets
-        return offsets[now != new]
 
     def _site(self) -> int:
         text = f"kernel {self.kernel} at {_site_text()}"
@@ -310,10 +319,10 @@ class Detector:
                 f.write(f"{number}\t{text}\n")
         return number
 
-    def access(self, builder, ptrs, mask, kind: int, sem: str = "", scope: str = "", value=None) -> list:
-        """Records and checks one load, store (`value`: what it stores) or atomic before it runs;
-        returns what `acquire` needs afterwards (the heap words it touched)."""
-        touched = self._where(ptrs, mask, value)
+    def access(self, builder, ptrs, mask, kind: int, sem: str = "", scope: str = "") -> list:
+        """Records and checks one load, store or atomic before it runs; returns what `acquire`
+        needs afterwards (the heap words it touched)."""
+        touched = self._where(ptrs, mask)
         if not touched:
             return touched
         rank, vc, planes = self.rank, self.vc, self.shadow.planes
@@ -325,9 +334,7 @@ class Detector:
         for heap, granules, offsets, element in touched:
             record = (clock, site, int(program), kind, heap, int(offsets.min()), int(offsets.max()) + element, 0)
             self.shadow.log[rank, clock % RING] = record
-            contiguous = granules.size == 1 or (granules[-1] - granules[0] == granules.size - 1
-                                                and bool((np.diff(granules) == 1).all()))
-            where = slice(int(granules[0]), int(granules[-1]) + 1) if contiguous else granules
+            where = _span(granules)
             if kind == STORE:
                 recorded, checked = _WRITE, (_WRITE, _READ, _ATOMIC)
             elif kind == LOAD:
@@ -337,18 +344,38 @@ class Detector:
             else:
                 recorded, checked = _ATOMIC, (_WRITE, _READ)
                 self._publish(heap, where, sem, scope)
+            report = (kind, sem, scope, heap, clock, site, program)
+            mixed = self.shadow.mixed[heap]
+            if element < GRANULE:  # its own bytes only: a neighbour's bytes in the word are not its
+                small = _bytes_of(offsets, element)
+                at, byte_planes = _span(small), self.shadow.byte_planes()
+                mixed[where] = 1  # before the record: a word access that checks after it sees both
+                if recorded is not None:
+                    byte_planes[recorded, rank, heap][at] = clock
+                self._check(planes, GRANULE, checked, where, granules, report)  # whole words of others
+                self._check(byte_planes, 1, checked, at, small, report)
+                continue
             if recorded is not None:  # record, then check: of two racing ranks one sees the other
                 planes[recorded, rank, heap][where] = clock
-            for plane in checked:
-                seen = planes[plane, :, heap][:, where]  # (ranks, words): index the words last
-                late = seen.max(axis=1) > vc
-                late[rank] = False
-                if late.any():
-                    other = int(np.argmax(late))
-                    lane = int(np.argmax(seen[other] > vc[other]))
-                    self._report(plane, other, int(seen[other, lane]), kind, sem, scope, heap, granules, seen,
-                                 clock, site, program)
+            self._check(planes, GRANULE, checked, where, granules, report)
+            flagged = mixed[where]
+            if flagged.any():  # bytes of these words were accessed as smaller elements
+                small = _bytes_of(granules[flagged.astype(bool)] * GRANULE, GRANULE)
+                self._check(self.shadow.byte_planes(), 1, checked, _span(small), small, report)
         return touched
+
+    def _check(self, planes, unit: int, checked, where, indices, report) -> None:
+        """Reports the records of other ranks in `planes` (one clock per `unit` bytes) at `where`
+        (the `indices`, or their slice) that this rank has not seen."""
+        vc, heap = self.vc, report[3]
+        for plane in checked:
+            seen = planes[plane, :, heap][:, where]  # (ranks, units): index the units last
+            late = seen.max(axis=1) > vc
+            late[self.rank] = False
+            if late.any():
+                other = int(np.argmax(late))
+                unseen = seen[other] > vc[other]
+                self._report(plane, other, int(seen[other, int(np.argmax(unseen))]), indices[unseen], unit, *report)
 
     def _publish(self, heap, where, sem, scope) -> None:
         """An atomic write: what it releases goes with the word (a relaxed one continues the release
@@ -380,7 +407,7 @@ class Detector:
             np.maximum(self.weak, weak, out=self.weak)
 
     # the report ----------------------------------------------------------------------------------
-    def _report(self, plane, other, other_clock, kind, sem, scope, heap, granules, seen, clock, site, program):
+    def _report(self, plane, other, other_clock, racing, unit, kind, sem, scope, heap, clock, site, program):
         record = self.shadow.log[other, other_clock % RING]
         known = int(record[0]) == other_clock
         other_kind = KINDS[int(record[3])] if known else {_WRITE: "store", _READ: "load", _ATOMIC: "atomic"}[plane]
@@ -389,9 +416,7 @@ class Detector:
         if key in self._reported:
             return
         self._reported.add(key)
-        racing = granules[seen[other] > self.vc[other]] if seen.ndim == 2 and seen.shape[1] == granules.size else \
-            granules
-        first, end = int(racing.min()) * GRANULE, (int(racing.max()) + 1) * GRANULE
+        first, end = int(racing.min()) * unit, (int(racing.max()) + 1) * unit
         mine = KINDS[kind] + (f" (sem={sem}, scope={scope})" if kind == ATOMIC else
                               " (volatile)" if kind == FLAG_LOAD and not sem else "")
         lines = [
@@ -413,8 +438,10 @@ class Detector:
         if i < 0 or first >= starts[i] + sizes[i]:
             return where
         start = int(starts[i])
-        return (f"the {int(sizes[i])}-byte array at heap offset {start}, its bytes [{first - start}, {end - start}) "
-                f"({(first - start) // GRANULE}..{(end - start) // GRANULE - 1} in 4-byte words)")
+        owner, name = (self.names() if self.names is not None else {}).get(start, ("", None))
+        what = f'array "{name}"' if owner == "arrays" else name or "an unnamed allocation"
+        return (f"{what} ({int(sizes[i])} bytes at heap offset {start}), its bytes [{first - start}, {end - start}) "
+                f"({(first - start) // GRANULE}..{(end - start - 1) // GRANULE} in 4-byte words)")
 
     def _remedy(self, other: int, other_kind: str, kind: str, other_clock: int) -> str:
         me = self.rank
@@ -436,6 +463,28 @@ class Detector:
                       f"({self.shadow.site(me, where)}, sem={sem}, scope={scope}): that read or the write it saw "
                       "lacks acquire / release at system scope")
         return order + "."
+
+
+def _distinct(indices):
+    """`indices` without repeats (ascending ones, the common case, in one pass)."""
+    if indices.size > 1 and bool((indices[1:] >= indices[:-1]).all()):
+        return indices[np.concatenate(([True], indices[1:] != indices[:-1]))]
+    return np.unique(indices)
+
+
+def _bytes_of(offsets, element: int):
+    """The byte offsets of the elements of `element` bytes at `offsets`."""
+    if offsets.size > 1 and offsets[-1] - offsets[0] == (offsets.size - 1) * element and bool(
+            (np.diff(offsets) == element).all()):
+        return np.arange(int(offsets[0]), int(offsets[-1]) + element)  # consecutive elements: one range
+    return (offsets[:, None] + np.arange(element)).reshape(-1)
+
+
+def _span(indices):
+    """`indices` as a slice where they are consecutive and ascending (a view, not a gather)."""
+    if indices.size == 1 or (indices[-1] - indices[0] == indices.size - 1 and bool((np.diff(indices) == 1).all())):
+        return slice(int(indices[0]), int(indices[-1]) + 1)
+    return indices
 
 
 def _program(packed: int) -> str:
@@ -510,7 +559,7 @@ def builder_patches(ti, detector: Detector) -> list:
         return load(self, ptrs, mask, other, *policy)
 
     def masked_store(self, ptrs, value, mask, *policy):
-        detector.access(self, ptrs, mask, STORE, value=value)
+        detector.access(self, ptrs, mask, STORE)
         return store(self, ptrs, value, mask, *policy)
 
     def atomic_rmw(self, op, ptr, value, mask, sem, scope):

@@ -42,8 +42,17 @@ def _computed_alike(values: jax.Array, sharding: Sharding) -> jax.Array:
     return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
 
 
-def _place(values: jax.Array | None, shape, dtype, sharding: Sharding) -> jax.Array:
-    """A heap array of `shape`/`dtype` with `sharding`, holding `values` (None: uninitialized)."""
+def _checked_name(name) -> str | None:
+    if name is not None and (not isinstance(name, str) or not name):
+        raise TypeError(f"name must be a non-empty str (what the simulator's race reports call the array) or "
+                        f"None, got {name!r}")
+    return name
+
+
+def _place(values: jax.Array | None, shape, dtype, sharding: Sharding, name: str | None = None) -> jax.Array:
+    """A heap array of `shape`/`dtype` with `sharding`, holding `values` (None: uninitialized),
+    allocated under `name`."""
+    name = _checked_name(name)
     rt = runtime_lib.runtime()
     dtype = np.dtype(dtype)
     shard_shape = sharding.shard_shape(tuple(shape))
@@ -51,7 +60,7 @@ def _place(values: jax.Array | None, shape, dtype, sharding: Sharding) -> jax.Ar
     devices = sorted(sharding.addressable_devices, key=lambda d: d.id)
     for d in devices:
         rt.rank_of(d)  # raises for devices without a heap, before anything is allocated
-    owner = _Allocation(rt.heap, rt.heap.allocate(nbytes, owner="arrays"))
+    owner = _Allocation(rt.heap, rt.heap.allocate(nbytes, owner="arrays", name=name))
     source = {s.device: s.data for s in values.addressable_shards} if values is not None else {}
     buffers = [_wrap(rt, rt.rank_of(d), owner, shard_shape, dtype, d, source.get(d)) for d in devices]
     rt.backend.wait_for_devices(devices)
@@ -67,7 +76,8 @@ def _wrap(rt, rank, owner, shape, dtype, device, value):
 
 
 # -- constructors ------------------------------------------------------------------------
-def empty(shape, dtype=jnp.float32, *, sharding: Sharding | None = None, device=None) -> jax.Array:
+def empty(shape, dtype=jnp.float32, *, sharding: Sharding | None = None, device=None,
+          name: str | None = None) -> jax.Array:
     """An uninitialized heap array (contents are whatever the heap held).
 
     Args:
@@ -76,18 +86,21 @@ def empty(shape, dtype=jnp.float32, *, sharding: Sharding | None = None, device=
       sharding: how the array is laid out over the runtime's devices (each shard on its
         device's heap); default: `device`'s, or the first device of the runtime.
       device: one device, instead of `sharding`.
+      name: what the simulator's race reports call the array (default: its heap offset).
 
     Returns:
       A `jax.Array` whose every shard lies at one common offset of its device's heap.
 
     Raises:
       ValueError: both `sharding` and `device` were given.
+      TypeError: `name` is not a str.
       HeapExhaustedError: the heap has no room for it.
     """
-    return _place(None, shape, dtype, _sharding_for(sharding, device))
+    return _place(None, shape, dtype, _sharding_for(sharding, device), name)
 
 
-def full(shape, fill_value, dtype=None, *, sharding: Sharding | None = None, device=None) -> jax.Array:
+def full(shape, fill_value, dtype=None, *, sharding: Sharding | None = None, device=None,
+         name: str | None = None) -> jax.Array:
     """A heap array filled with `fill_value` (like `jnp.full`).
 
     Args:
@@ -97,20 +110,22 @@ def full(shape, fill_value, dtype=None, *, sharding: Sharding | None = None, dev
       sharding: how the array is laid out over the runtime's devices (each shard on its
         device's heap); default: `device`'s, or the first device of the runtime.
       device: one device, instead of `sharding`.
+      name: what the simulator's race reports call the array (default: its heap offset).
 
     Returns:
       A `jax.Array` whose every shard lies at one common offset of its device's heap.
 
     Raises:
       ValueError: both `sharding` and `device` were given.
+      TypeError: `name` is not a str.
       HeapExhaustedError: the heap has no room for it.
     """
     dtype = dtype or jnp.result_type(fill_value)
     s = _sharding_for(sharding, device)
-    return _place(jnp.full(shape, fill_value, dtype, device=s), shape, dtype, s)
+    return _place(jnp.full(shape, fill_value, dtype, device=s), shape, dtype, s, name)
 
 
-def zeros(shape, dtype=jnp.float32, *, sharding=None, device=None) -> jax.Array:
+def zeros(shape, dtype=jnp.float32, *, sharding=None, device=None, name=None) -> jax.Array:
     """A heap array of zeros (like `jnp.zeros`).
 
     Args:
@@ -119,18 +134,20 @@ def zeros(shape, dtype=jnp.float32, *, sharding=None, device=None) -> jax.Array:
       sharding: how the array is laid out over the runtime's devices (each shard on its
         device's heap); default: `device`'s, or the first device of the runtime.
       device: one device, instead of `sharding`.
+      name: what the simulator's race reports call the array (default: its heap offset).
 
     Returns:
       A `jax.Array` whose every shard lies at one common offset of its device's heap.
 
     Raises:
       ValueError: both `sharding` and `device` were given.
+      TypeError: `name` is not a str.
       HeapExhaustedError: the heap has no room for it.
     """
-    return full(shape, 0, dtype, sharding=sharding, device=device)
+    return full(shape, 0, dtype, sharding=sharding, device=device, name=name)
 
 
-def ones(shape, dtype=jnp.float32, *, sharding=None, device=None) -> jax.Array:
+def ones(shape, dtype=jnp.float32, *, sharding=None, device=None, name=None) -> jax.Array:
     """A heap array of ones (like `jnp.ones`).
 
     Args:
@@ -139,18 +156,20 @@ def ones(shape, dtype=jnp.float32, *, sharding=None, device=None) -> jax.Array:
       sharding: how the array is laid out over the runtime's devices (each shard on its
         device's heap); default: `device`'s, or the first device of the runtime.
       device: one device, instead of `sharding`.
+      name: what the simulator's race reports call the array (default: its heap offset).
 
     Returns:
       A `jax.Array` whose every shard lies at one common offset of its device's heap.
 
     Raises:
       ValueError: both `sharding` and `device` were given.
+      TypeError: `name` is not a str.
       HeapExhaustedError: the heap has no room for it.
     """
-    return full(shape, 1, dtype, sharding=sharding, device=device)
+    return full(shape, 1, dtype, sharding=sharding, device=device, name=name)
 
 
-def arange(start, stop=None, step=1, dtype=None, *, sharding=None, device=None) -> jax.Array:
+def arange(start, stop=None, step=1, dtype=None, *, sharding=None, device=None, name=None) -> jax.Array:
     """Evenly spaced values on the heap (like `jnp.arange`).
 
     Args:
@@ -161,19 +180,21 @@ def arange(start, stop=None, step=1, dtype=None, *, sharding=None, device=None) 
       sharding: how the array is laid out over the runtime's devices (each shard on its
         device's heap); default: `device`'s, or the first device of the runtime.
       device: one device, instead of `sharding`.
+      name: what the simulator's race reports call the array (default: its heap offset).
 
     Returns:
       A `jax.Array` whose every shard lies at one common offset of its device's heap.
 
     Raises:
       ValueError: both `sharding` and `device` were given.
+      TypeError: `name` is not a str.
       HeapExhaustedError: the heap has no room for it.
     """
     s = _sharding_for(sharding, device)
-    return to_heap(_computed_alike(jnp.arange(start, stop, step, dtype=dtype), s), sharding=s)
+    return to_heap(_computed_alike(jnp.arange(start, stop, step, dtype=dtype), s), sharding=s, name=name)
 
 
-def rand(key, shape, dtype=jnp.float32, *, sharding=None, device=None) -> jax.Array:
+def rand(key, shape, dtype=jnp.float32, *, sharding=None, device=None, name=None) -> jax.Array:
     """Uniform [0, 1) samples from `key`, on the heap.
 
     Args:
@@ -183,19 +204,21 @@ def rand(key, shape, dtype=jnp.float32, *, sharding=None, device=None) -> jax.Ar
       sharding: how the array is laid out over the runtime's devices (each shard on its
         device's heap); default: `device`'s, or the first device of the runtime.
       device: one device, instead of `sharding`.
+      name: what the simulator's race reports call the array (default: its heap offset).
 
     Returns:
       A `jax.Array` whose every shard lies at one common offset of its device's heap.
 
     Raises:
       ValueError: both `sharding` and `device` were given.
+      TypeError: `name` is not a str.
       HeapExhaustedError: the heap has no room for it.
     """
     s = _sharding_for(sharding, device)
-    return to_heap(_computed_alike(jax.random.uniform(key, shape, dtype), s), sharding=s)
+    return to_heap(_computed_alike(jax.random.uniform(key, shape, dtype), s), sharding=s, name=name)
 
 
-def randn(key, shape, dtype=jnp.float32, *, sharding=None, device=None) -> jax.Array:
+def randn(key, shape, dtype=jnp.float32, *, sharding=None, device=None, name=None) -> jax.Array:
     """Standard normal samples from `key`, on the heap.
 
     Args:
@@ -205,70 +228,78 @@ def randn(key, shape, dtype=jnp.float32, *, sharding=None, device=None) -> jax.A
       sharding: how the array is laid out over the runtime's devices (each shard on its
         device's heap); default: `device`'s, or the first device of the runtime.
       device: one device, instead of `sharding`.
+      name: what the simulator's race reports call the array (default: its heap offset).
 
     Returns:
       A `jax.Array` whose every shard lies at one common offset of its device's heap.
 
     Raises:
       ValueError: both `sharding` and `device` were given.
+      TypeError: `name` is not a str.
       HeapExhaustedError: the heap has no room for it.
     """
     s = _sharding_for(sharding, device)
-    return to_heap(_computed_alike(jax.random.normal(key, shape, dtype), s), sharding=s)
+    return to_heap(_computed_alike(jax.random.normal(key, shape, dtype), s), sharding=s, name=name)
 
 
-def empty_like(x, dtype=None, *, sharding=None) -> jax.Array:
+def empty_like(x, dtype=None, *, sharding=None, name=None) -> jax.Array:
     """An uninitialized heap array like `x`.
 
     Args:
       x: the array whose shape, dtype and sharding the result takes.
       dtype: the result's dtype (default: `x`'s).
       sharding: the result's sharding (default: `x`'s).
+      name: what the simulator's race reports call the array (default: its heap offset).
 
     Returns:
       A `jax.Array` on the heap.
 
     Raises:
+      TypeError: `name` is not a str.
       HeapExhaustedError: the heap has no room for it.
     """
-    return empty(x.shape, dtype or x.dtype, sharding=sharding or x.sharding)
+    return empty(x.shape, dtype or x.dtype, sharding=sharding or x.sharding, name=name)
 
 
-def zeros_like(x, dtype=None, *, sharding=None) -> jax.Array:
+def zeros_like(x, dtype=None, *, sharding=None, name=None) -> jax.Array:
     """A heap array of zeros like `x`.
 
     Args:
       x: the array whose shape, dtype and sharding the result takes.
       dtype: the result's dtype (default: `x`'s).
       sharding: the result's sharding (default: `x`'s).
+      name: what the simulator's race reports call the array (default: its heap offset).
 
     Returns:
       A `jax.Array` on the heap.
 
     Raises:
+      TypeError: `name` is not a str.
       HeapExhaustedError: the heap has no room for it.
     """
-    return zeros(x.shape, dtype or x.dtype, sharding=sharding or x.sharding)
+    return zeros(x.shape, dtype or x.dtype, sharding=sharding or x.sharding, name=name)
 
 
-def ones_like(x, dtype=None, *, sharding=None) -> jax.Array:
+def ones_like(x, dtype=None, *, sharding=None, name=None) -> jax.Array:
     """A heap array of ones like `x`.
 
     Args:
       x: the array whose shape, dtype and sharding the result takes.
       dtype: the result's dtype (default: `x`'s).
       sharding: the result's sharding (default: `x`'s).
+      name: what the simulator's race reports call the array (default: its heap offset).
 
     Returns:
       A `jax.Array` on the heap.
 
     Raises:
+      TypeError: `name` is not a str.
       HeapExhaustedError: the heap has no room for it.
     """
-    return ones(x.shape, dtype or x.dtype, sharding=sharding or x.sharding)
+    return ones(x.shape, dtype or x.dtype, sharding=sharding or x.sharding, name=name)
 
 
-def full_like(x, fill_value, dtype=None, *, sharding=None) -> jax.Array:
+def full_like(x, fill_value, dtype=None, *, sharding=None, name=None) -> jax.Array:
     """A heap array like `x` filled with `fill_value`.
 
     Args:
@@ -276,33 +307,37 @@ def full_like(x, fill_value, dtype=None, *, sharding=None) -> jax.Array:
       fill_value: the value of every element.
       dtype: the result's dtype (default: `x`'s).
       sharding: the result's sharding (default: `x`'s).
+      name: what the simulator's race reports call the array (default: its heap offset).
 
     Returns:
       A `jax.Array` on the heap.
 
     Raises:
+      TypeError: `name` is not a str.
       HeapExhaustedError: the heap has no room for it.
     """
-    return full(x.shape, fill_value, dtype or x.dtype, sharding=sharding or x.sharding)
+    return full(x.shape, fill_value, dtype or x.dtype, sharding=sharding or x.sharding, name=name)
 
 
-def to_heap(x, *, sharding: Sharding | None = None) -> jax.Array:
+def to_heap(x, *, sharding: Sharding | None = None, name: str | None = None) -> jax.Array:
     """A copy of `x` on the heap, with `x`'s sharding (or `sharding`).
 
     Args:
       x: an array (or anything `jnp.asarray` takes).
       sharding: the copy's sharding (default: `x`'s).
+      name: what the simulator's race reports call the array (default: its heap offset).
 
     Returns:
       A `jax.Array` on the heap with `x`'s values.
 
     Raises:
+      TypeError: `name` is not a str.
       HeapExhaustedError: the heap has no room for it.
     """
     x = jnp.asarray(x)
     sharding = sharding or x.sharding
     x = jax.device_put(x, sharding)
-    return _place(x, x.shape, x.dtype, sharding)
+    return _place(x, x.shape, x.dtype, sharding, name)
 
 
 # -- queries ------------------------------------------------------------------------------

@@ -178,7 +178,7 @@ class Runtime:
         """The context's tracing words: () while tracing is off (see iris_jax.tracing)."""
         return self.tracing.words()
 
-    def allocate_shared(self, nbytes: int, owner: str = "runtime") -> int:
+    def allocate_shared(self, nbytes: int, owner: str = "runtime", name: str | None = None) -> int:
         """A zeroed block at one offset on every heap, for state that the kernels of all ranks
         compare against (flags, epochs, counters); lives as long as the runtime.
 
@@ -189,6 +189,7 @@ class Runtime:
         Args:
           nbytes: the block's size.
           owner: what holds it, as memory_stats counts it.
+          name: what the simulator's race reports call it (None: its offset).
 
         Returns:
           Its offset in every heap.
@@ -196,7 +197,7 @@ class Runtime:
         Raises:
           HeapExhaustedError: the heap has no room for it.
         """
-        offset = self.heap.allocate(nbytes, zero=True, owner=owner)
+        offset = self.heap.allocate(nbytes, zero=True, owner=owner, name=name)
         self.sync_processes()
         return offset
 

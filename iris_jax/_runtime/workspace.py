@@ -154,7 +154,8 @@ class GroupWorkspaces:
         """A new workspace; an exhausted heap is named as what it is, with what holds the heap."""
         size = layout.total_bytes
         try:
-            return self._rt.allocate_shared(size, owner=OWNER)
+            return self._rt.allocate_shared(size, owner=OWNER, name=f"the {part} workspace of groups "
+                                                                   f"{[list(g) for g in partition]}")
         except HeapExhaustedError as e:
             kept = list(self._found.values())
             raise HeapExhaustedError(

@@ -135,7 +135,7 @@ def _detector(rt, rank: int):
         return None
     heap = rt.heap
     detector = races.detector(heap.session, rt.world_size, rt.heap_size, heap.heap_bases, rank)
-    detector.allocations = heap.allocation_table
+    detector.allocations, detector.names = heap.allocation_table, heap.allocation_names
     return detector
 
 
@@ -231,7 +231,7 @@ def _run_in_worker(state, session, area_path, area_size, kernel, grid, args, con
     detector = None
     if detect_races:
         detector = races.detector(session, heap.world_size, heap.heap_size, heap.heap_bases, rank)
-        detector.allocations = heap.allocation_table
+        detector.allocations, detector.names = heap.allocation_table, heap.allocation_names
     return run_kernel(kernel, grid, [resolve(a) for a in args], constexprs, debug=debug, detector=detector)
 
 

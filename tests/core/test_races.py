@@ -39,3 +39,14 @@ def test_tile_collectives_are_not_reported(sim_heap, op):
     for r in range(W):
         np.testing.assert_allclose(got[r], expected(op, xs, r, BM, BN, npr), rtol=1e-6)
     races.remove(heap.session)
+
+
+def test_shadow_memory_too_large_is_a_clear_error():
+    """Shadow memory is sized by the heaps' upper bound (sparse): a bound whose shadow does not fit the
+    address space fails with what to lower, and leaves nothing mapped."""
+    session = "p0-test-races-too-large"
+    try:
+        with pytest.raises(MemoryError, match="race detector: cannot map .* IRIS_HEAP_SIZE"):
+            races.Shadow(session, 256, 1 << 44)
+    finally:
+        races.remove(session)

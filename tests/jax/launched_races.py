@@ -20,8 +20,9 @@ def main(bug: int):
     assert rt.mode == "sim-launched" and rt.detect_races == "warn", (rt.mode, rt.detect_races)
     (device,) = jax.devices()
     rank, world = rt.rank_of(device), rt.world_size
-    data = iris_jax.zeros((N,), jnp.float32, device=device)
-    flags = [iris_jax.zeros((8,), jnp.int32, device=device) for _ in range(4)]
+    data = iris_jax.zeros((N,), jnp.float32, device=device, name="data")
+    flags = [iris_jax.zeros((8,), jnp.int32, device=device, name=name) for name in ("data_flag", "ack", "ready",
+                                                                                   "counter")]
     iris_jax.barrier()  # every rank zeroed its flags before any peer raises them
     x = jnp.arange(N, dtype=jnp.float32) + rank * N
     call = jax.jit(lambda *a: iris_jax.triton_call(

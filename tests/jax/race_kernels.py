@@ -12,6 +12,8 @@ correct protocol, which the detector must pass):
     REUSE_OFF_BY_ONE   the writer waits for ack >= round - 1 instead of >= round before reusing
     PLAIN_STORES       both ranks store into the counter with plain stores (no atomic)
     WRONG_SCOPE        the reader polls the flag with scope="gpu" (the writer is another GPU)
+    SAME_VALUE_STORE   the writer stores round 0's block again after its flag (the same values: a
+                       race all the same, as the collectives' signature rewritten every round was)
 
 The reuse race needs the reader to be slow: it sleeps SLOW_NS after reading round 0, and the
 writer sleeps WRITER_NS before round 1 (so the reader has read round 0 by then).
@@ -23,9 +25,11 @@ import triton.language as tl
 from iris_core.device import Context
 from iris_core.device.intrinsics import global_timer, nanosleep
 
-NONE, READ_BEFORE_FLAG, RELAXED_SIGNAL, NO_ACQUIRE, REUSE_OFF_BY_ONE, PLAIN_STORES, WRONG_SCOPE = range(7)
+NONE, READ_BEFORE_FLAG, RELAXED_SIGNAL, NO_ACQUIRE, REUSE_OFF_BY_ONE, PLAIN_STORES, WRONG_SCOPE, SAME_VALUE_STORE = \
+    range(8)
 BUGS = {"read_before_flag": READ_BEFORE_FLAG, "relaxed_signal": RELAXED_SIGNAL, "no_acquire": NO_ACQUIRE,
-        "reuse_off_by_one": REUSE_OFF_BY_ONE, "plain_stores": PLAIN_STORES, "wrong_scope": WRONG_SCOPE}
+        "reuse_off_by_one": REUSE_OFF_BY_ONE, "plain_stores": PLAIN_STORES, "wrong_scope": WRONG_SCOPE,
+        "same_value_store": SAME_VALUE_STORE}
 SLOW_NS = 2_500_000_000  # margins for a loaded 2-core machine
 WRITER_NS = 1_000_000_000
 
@@ -61,6 +65,8 @@ def pair_exchange(context_ptr, data_ptr, data_flag_ptr, ack_ptr, ready_ptr, coun
         _wait(ctx, ready_ptr, 1, "acquire", "sys")
         ctx.store(data_ptr + offs, x, to_rank=peer)
         ctx.atomic_max(data_flag_ptr, 1, to_rank=peer, sem=signal_sem, scope="sys")
+        if BUG == SAME_VALUE_STORE:
+            ctx.store(data_ptr + offs, x, to_rank=peer)
         if slow:
             _sleep(WRITER_NS)
         _wait(ctx, ack_ptr, 0 if BUG == REUSE_OFF_BY_ONE else 1, "acquire", "sys")
@@ -103,3 +109,22 @@ def read_own(context_ptr, inbox_ptr, out_ptr, BLOCK: tl.constexpr):
     """Reads my inbox with a plain load."""
     offs = tl.arange(0, BLOCK)
     tl.store(out_ptr + offs, tl.load(inbox_ptr + offs))
+
+
+SAME, NEIGHBOURS, WORD = range(3)  # small_stores: where the ranks store
+
+
+@triton.jit
+def small_stores(context_ptr, cells_ptr, out_ptr, W: tl.constexpr, WHERE: tl.constexpr):
+    """Every rank stores into rank 0's `cells` (elements of 1 or 2 bytes), nothing ordering the
+    ranks: all into element 0 (SAME: a race), each into element `rank` (NEIGHBOURS: bytes of one
+    word, no race), or rank 0 a whole 4-byte word over the others' elements (WORD: a race)."""
+    ctx = Context.initialize(context_ptr, W)
+    value = (ctx.rank + 1).to(cells_ptr.dtype.element_ty)
+    if WHERE == SAME:
+        ctx.store(cells_ptr, value, to_rank=0)
+    elif WHERE == NEIGHBOURS or ctx.rank > 0:
+        ctx.store(cells_ptr + ctx.rank, value, to_rank=0)
+    else:
+        ctx.store(tl.cast(cells_ptr, tl.pointer_type(tl.int32)), -1, to_rank=0)
+    tl.store(out_ptr, ctx.rank)

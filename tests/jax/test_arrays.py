@@ -165,6 +165,36 @@ def test_sharding_and_device_are_exclusive(rt):
         iris_jax.zeros((4,), sharding=placement("sharded4")["sharding"], device=jax.devices()[0])
 
 
+NAMED = {  # name -> the constructor, given a name=
+    "zeros": lambda n: iris_jax.zeros(SHAPE, name=n), "ones": lambda n: iris_jax.ones(SHAPE, name=n),
+    "empty": lambda n: iris_jax.empty(SHAPE, name=n), "full": lambda n: iris_jax.full(SHAPE, 7, name=n),
+    "arange": lambda n: iris_jax.arange(12, name=n), "rand": lambda n: iris_jax.rand(KEY, SHAPE, name=n),
+    "randn": lambda n: iris_jax.randn(KEY, SHAPE, name=n),
+    "zeros_like": lambda n: iris_jax.zeros_like(jnp.ones(SHAPE), name=n),
+    "ones_like": lambda n: iris_jax.ones_like(jnp.ones(SHAPE), name=n),
+    "empty_like": lambda n: iris_jax.empty_like(jnp.ones(SHAPE), name=n),
+    "full_like": lambda n: iris_jax.full_like(jnp.ones(SHAPE), 3, name=n),
+    "to_heap": lambda n: iris_jax.to_heap(jnp.ones(SHAPE), name=n),
+}
+
+
+@pytest.mark.parametrize("constructor", sorted(NAMED))
+def test_constructors_take_a_name(rt, constructor):
+    """name= stays with the allocation (what the simulator's race reports call the array) and goes
+    when the array does; a name that is not a str is refused before anything is allocated."""
+    a = NAMED[constructor](f"my {constructor}")
+    offset = iris_jax.heap_offset(a)
+    assert rt.heap.allocation_names()[offset] == ("arrays", f"my {constructor}")
+    del a
+    gc.collect()
+    assert offset not in rt.heap.allocation_names()
+    before = rt.heap.used
+    for bad in (7, b"flags", ""):
+        with pytest.raises(TypeError, match="name must be a non-empty str"):
+            NAMED[constructor](bad)
+    assert rt.heap.used == before
+
+
 def test_distinct_arrays_get_distinct_offsets(rt):
     arrays = [iris_jax.zeros((7,), jnp.float32, device=jax.devices()[0]) for _ in range(5)]
     assert len({iris_jax.heap_offset(a) for a in arrays}) == 5

@@ -38,9 +38,9 @@ def run_pairs(world: int, bug: int):
     """pair_exchange over `world` ranks; returns (each rank's output, RaceWarning messages)."""
     mesh = jax.make_mesh((world,), ("i",), devices=jax.devices()[:world])
     rows = NamedSharding(mesh, P("i"))
-    data = iris_jax.zeros((world, N), jnp.float32, sharding=rows)
-    flags = [iris_jax.zeros((world, 8), jnp.int64 if jax.config.jax_enable_x64 else jnp.int32, sharding=rows)
-             for _ in range(4)]
+    data = iris_jax.zeros((world, N), jnp.float32, sharding=rows, name="data")
+    flags = [iris_jax.zeros((world, 8), jnp.int64 if jax.config.jax_enable_x64 else jnp.int32, sharding=rows,
+                            name=name) for name in ("data_flag", "ack", "ready", "counter")]
     x = jax.device_put(np.arange(world * N, dtype=np.float32).reshape(world, N), rows)
 
     def body(d, f, a, r, c, v):
@@ -65,6 +65,8 @@ def test_seeded_race_is_found(world, bug):
     assert "data race on rank" in report and "by rank" in report and "pair_exchange" in report, report
     assert "race_kernels.py:" in report, report
     assert "to order them" in report, report
+    racing = "counter" if bug == "plain_stores" else "data"  # named where the arrays were made
+    assert f'array "{racing}" (' in report and "bytes at heap offset" in report, report
     racing_pairs = {tuple(sorted((int(a), int(b)))) for a, b in _ranks_of(found)}
     assert racing_pairs <= {(p, p + 1) for p in range(0, world, 2)}, found  # only partners race
 
@@ -141,6 +143,52 @@ def test_collectives_are_not_reported(world):
         found = [str(w.message) for w in caught if issubclass(w.category, RaceWarning)]
         assert not found, f"{name}: {found[0]}"
         np.testing.assert_allclose(got, ref(x), rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("variant", ["ring", "two_shot", "atomic"])
+def test_repeated_group_calls_are_not_reported(variant):
+    """Calls of several flag rounds per epoch, back to back: each member writes its call's signature
+    beside its flag once per epoch (group.py's signal), not in every round, where a member may be
+    reading it (a race the detector reported when it did)."""
+    world = 4
+    detecting(world)
+    mesh = jax.make_mesh((world,), ("i",), devices=jax.devices()[:world])
+    rows = NamedSharding(mesh, P("i"))
+    for n in (1, 96 * world):
+        x = np.random.default_rng(n).standard_normal((world, n)).astype(np.float32)
+        program = jax.jit(jax.shard_map(lambda v: iris_jax.all_reduce(v[0], "i", "sum", variant)[None], mesh=mesh,
+                                        in_specs=P("i"), out_specs=P("i"), check_vma=False))
+        got, found = _caught(lambda: [np.asarray(program(jax.device_put(x, rows))) for _ in range(3)][-1])
+        assert not found, f"{variant}, {n} elements: {found[0]}"
+        np.testing.assert_allclose(got, np.broadcast_to(x.sum(0), x.shape), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [jnp.int8, jnp.bfloat16])
+@pytest.mark.parametrize("where", ["same", "neighbours", "word"])
+def test_small_elements(dtype, where):
+    """Elements of 1 and 2 bytes are checked byte by byte: two ranks storing into one element race,
+    into neighbouring elements of one 4-byte word do not; a whole-word store over them races."""
+    world = 4
+    detecting(world)
+    mesh = jax.make_mesh((world,), ("i",), devices=jax.devices()[:world])
+    rows = NamedSharding(mesh, P("i"))
+    cells = iris_jax.zeros((world, 8), dtype, sharding=rows, name="cells")
+    code = {"same": race_kernels.SAME, "neighbours": race_kernels.NEIGHBOURS, "word": race_kernels.WORD}[where]
+
+    def body(c):
+        return iris_jax.triton_call(c[0], kernel=race_kernels.small_stores, out_shape=jax.ShapeDtypeStruct((1,), jnp.int32),
+                                    grid=(1,), W=world, WHERE=code)[None]
+
+    program = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("i"), out_specs=P("i"), check_vma=False))
+    # twice: a rank's first launch after the allocation is ordered after the launches that had finished
+    _, found = _caught(lambda: [jax.block_until_ready(program(cells)) for _ in range(2)])
+    if where == "neighbours":
+        assert not found, found[0]
+        got = np.asarray(cells)[0]
+        np.testing.assert_array_equal(got[:world].astype(np.float32), np.arange(1, world + 1))
+    else:
+        assert found and all('array "cells" (' in report for report in found), found
+        assert "store by rank" in found[0] and "small_stores" in found[0], found[0]
 
 
 def _caught(run):
@@ -238,3 +286,4 @@ def test_launched_ranks(bug):
         assert counts == [0, 0], result.stdout
     else:
         assert sum(counts) > 0 and "data race on rank" in result.stdout, result.stdout
+        assert 'array "data" (' in result.stdout or 'array "counter" (' in result.stdout, result.stdout
