@@ -65,6 +65,8 @@ RING = 1 << 16  # access records kept per rank
 _WRITE, _READ, _ATOMIC, _SYNC, _WEAK = range(5)
 _PLANES = 5
 _BYTE_PLANES = 3  # WRITE, READ and ATOMIC of single bytes (what releases is joined per word)
+_FIRST_READ, _FIRST_ATOMIC, _RELEASED = range(3)  # a launch's planes of one rank (_Programs)
+_FIRST = {_READ: _FIRST_READ, _ATOMIC: _FIRST_ATOMIC}
 _RECORD_WORDS = 8  # clock, site, program, kind, heap rank, first byte, end byte, 0
 KINDS = ("load", "store", "atomic", "flag load")
 LOAD, STORE, ATOMIC, FLAG_LOAD = range(4)  # FLAG_LOAD: volatile or acquiring (PTX: relaxed / acquire at sys)
@@ -256,15 +258,23 @@ class Detector:
         self.allocations = None  # a function: (starts, sizes) of the heap's live allocations
         self.names = None  # a function: {offset: (owner, name)} of the named ones
         self._starts = None  # its last answer
+        self.programs = _Programs()  # the launch's programs: one thread each (see _Programs)
 
     # a launch --------------------------------------------------------------------------------
-    def begin(self, kernel: str) -> None:
+    def begin(self, kernel: str, programs: int = 1) -> None:
+        """A launch of `programs` programs begins (stream order: after everything this rank did)."""
         self.kernel = kernel
         np.maximum(self.vc, self.shadow.clocks[1], out=self.vc)
         if self.allocations is not None and self._heap_changed():
             # memory freed and allocated again keeps its old accesses in the shadow: a freed array's
             # uses were over when the host freed it, so what finished before counts as before
             np.maximum(self.vc, self.shadow.clocks[0], out=self.vc)
+        self.programs.begin(self, programs)
+
+    def begin_program(self, x: int, y: int, z: int) -> None:
+        """The launch's next program begins: it knows what the launch began with, not what the
+        programs before it did (on a GPU they run beside it)."""
+        self.programs.next(self, x | y << 20 | z << 40)
 
     def _heap_changed(self) -> bool:
         """Whether the heap's allocations changed since the last launch (a worker's table is a new
@@ -275,6 +285,7 @@ class Detector:
         return changed
 
     def end(self) -> list[str]:
+        self.programs.end(self)  # the next launch comes after every program of this one
         self.shadow.clocks[0, self.rank] = self.vc[self.rank]
         reports, self.reports = self.reports, []
         return reports
@@ -329,10 +340,10 @@ class Detector:
         vc[rank] += 1
         clock = int(vc[rank])
         site = self._site()
-        x, y, z = getattr(builder, "grid_idx", (0, 0, 0))
-        program = int(x) | int(y) << 20 | int(z) << 40
+        program = self.programs.packed
+        programs = self.programs if self.programs.concurrent else None  # other programs of this launch
         for heap, granules, offsets, element in touched:
-            record = (clock, site, int(program), kind, heap, int(offsets.min()), int(offsets.max()) + element, 0)
+            record = (clock, site, program, kind, heap, int(offsets.min()), int(offsets.max()) + element, 0)
             self.shadow.log[rank, clock % RING] = record
             where = _span(granules)
             if kind == STORE:
@@ -344,17 +355,25 @@ class Detector:
             else:
                 recorded, checked = _ATOMIC, (_WRITE, _READ)
                 self._publish(heap, where, sem, scope)
+                if programs is not None:
+                    programs.release(self, heap, where, sem, scope, clock)
             report = (kind, sem, scope, heap, clock, site, program)
             mixed = self.shadow.mixed[heap]
             if element < GRANULE:  # its own bytes only: a neighbour's bytes in the word are not its
                 small = _bytes_of(offsets, element)
                 at, byte_planes = _span(small), self.shadow.byte_planes()
                 mixed[where] = 1  # before the record: a word access that checks after it sees both
+                if programs is not None:  # before the record, which replaces this rank's last one
+                    programs.check(self, byte_planes, 1, checked, at, small, report)
                 if recorded is not None:
                     byte_planes[recorded, rank, heap][at] = clock
                 self._check(planes, GRANULE, checked, where, granules, report)  # whole words of others
                 self._check(byte_planes, 1, checked, at, small, report)
                 continue
+            if programs is not None:  # before the record, which replaces this rank's last one
+                programs.check(self, planes, GRANULE, checked, where, granules, report)
+                programs.check_first(self, checked, where, granules, report)
+                programs.record_first(self, recorded, heap, where, clock)
             if recorded is not None:  # record, then check: of two racing ranks one sees the other
                 planes[recorded, rank, heap][where] = clock
             self._check(planes, GRANULE, checked, where, granules, report)
@@ -362,6 +381,8 @@ class Detector:
             if flagged.any():  # bytes of these words were accessed as smaller elements
                 small = _bytes_of(granules[flagged.astype(bool)] * GRANULE, GRANULE)
                 self._check(self.shadow.byte_planes(), 1, checked, _span(small), small, report)
+                if programs is not None:
+                    programs.check(self, self.shadow.byte_planes(), 1, checked, _span(small), small, report)
         return touched
 
     def _check(self, planes, unit: int, checked, where, indices, report) -> None:
@@ -395,9 +416,15 @@ class Detector:
         there when it acquires at system scope; notes what a stronger one would have joined."""
         planes = self.shadow.planes
         strong = sem in ("acquire", "acq_rel") and scope == "sys"
+        programs = self.programs if self.programs.concurrent else None
         for heap, granules, _, _ in touched:
             if strong:
-                np.maximum(self.vc, planes[_SYNC, :, heap][:, granules].max(axis=1), out=self.vc)
+                released = planes[_SYNC, :, heap][:, granules].max(axis=1)
+                np.maximum(self.vc, released, out=self.vc)
+                if programs is not None:  # a release of this rank's, come back through peers
+                    programs.learn(int(released[self.rank]))
+            if programs is not None:
+                programs.acquire(self, heap, granules, sem, scope)
             weak = planes[_WEAK, :, heap][:, granules].max(axis=1)
             raised = (weak > self.weak) & (weak > self.vc)
             if raised.any():
@@ -419,11 +446,16 @@ class Detector:
         first, end = int(racing.min()) * unit, (int(racing.max()) + 1) * unit
         mine = KINDS[kind] + (f" (sem={sem}, scope={scope})" if kind == ATOMIC else
                               " (volatile)" if kind == FLAG_LOAD and not sem else "")
+        other_program = _program(int(record[2])) if known else "?"
+        if other == self.rank:
+            remedy = _programs_remedy(other_program, other_kind, _program(program), KINDS[kind])
+        else:
+            remedy = self._remedy(other, other_kind, KINDS[kind], other_clock)
         lines = [
             f"data race on rank {heap}'s heap, {self._region(first, end)}:",
-            f"  {other_kind} by rank {other}, program {_program(int(record[2])) if known else '?'}: {other_site}",
+            f"  {other_kind} by rank {other}, program {other_program}: {other_site}",
             f"  {mine} by rank {self.rank}, program {_program(program)}: {self.shadow.site(self.rank, site)}",
-            "  " + self._remedy(other, other_kind, KINDS[kind], other_clock),
+            "  " + remedy,
         ]
         self.reports.append("\n".join(lines))
 
@@ -463,6 +495,187 @@ class Detector:
                       f"({self.shadow.site(me, where)}, sem={sem}, scope={scope}): that read or the write it saw "
                       "lacks acquire / release at system scope")
         return order + "."
+
+
+class _Programs:
+    """The programs of the launch that runs now, each a thread of its rank's vector clock.
+
+    The simulator runs them one after another, so program i's accesses take this rank's clocks
+    [starts[i], starts[i + 1]), all after the launch's `first`: which program made an access is its
+    clock's place in `starts`. A program begins with what its launch began with (other ranks'
+    clocks) and nothing of its launch's other programs; `known[i]` is the last clock of program i
+    that the running program has seen, through a release then an acquire at gpu or sys scope of one
+    word (the word's `_RELEASED` entry names what was released there: the releasing program's vector
+    clock and `known`). The launch's end joins every program's clock: the next launch (stream order)
+    comes after all of them.
+
+    This rank's row of the shadow holds its last access of a word, which may be the running
+    program's own, over another program's: every access checks that row before it records. Loads
+    and atomics also keep, per word, the first one of the launch not seen by a later loader or
+    atomic (`_FIRST_READ`, `_FIRST_ATOMIC`): two programs' loads of one word do not race, and a store
+    after them must see both. These planes are this process's own (all programs of one rank run in
+    it): anonymous in effect, sparse, sized like one rank's word planes.
+    """
+
+    def __init__(self):
+        self.concurrent = False  # the launch has more than one program
+        self.packed = 0  # the running program's id, as access records pack it
+        self.ordinal = -1  # its place in the launch's order
+        self.first = self.start = 0  # the clock before the launch's first access; the program's first
+        self.starts = self.known = np.zeros(1, np.int64)
+        self.launch_vc = self.launch_weak = self.joined = self.joined_weak = None
+        self.snapshots: list = []  # (vector clock, known) released in this launch: ids base + 1, ...
+        self.base = 0
+        self._planes = None
+
+    def begin(self, detector: Detector, programs: int) -> None:
+        self.concurrent, self.ordinal, self.packed = programs > 1, -1, 0
+        if not self.concurrent:
+            return
+        self.first = self.start = int(detector.vc[detector.rank])
+        self.starts = np.zeros(programs, np.int64)
+        self.known = np.zeros(programs, np.int64)
+        self.launch_vc, self.launch_weak = detector.vc.copy(), detector.weak.copy()
+        self.joined, self.joined_weak = detector.vc.copy(), detector.weak.copy()
+        self.base += len(self.snapshots)  # the ids earlier launches released are stale from here on
+        self.snapshots = []
+
+    def next(self, detector: Detector, packed: int) -> None:
+        self.packed = packed
+        if not self.concurrent:
+            return
+        vc, rank = detector.vc, detector.rank
+        if self.ordinal >= 0:  # the program before ends: the next one knows none of it
+            np.maximum(self.joined, vc, out=self.joined)
+            np.maximum(self.joined_weak, detector.weak, out=self.joined_weak)
+            own = vc[rank]
+            vc[:] = self.launch_vc
+            vc[rank] = own
+            detector.weak[:] = self.launch_weak
+            self.known.fill(0)
+        self.ordinal += 1
+        self.start = self.starts[self.ordinal] = int(vc[rank]) + 1
+
+    def end(self, detector: Detector) -> None:
+        if self.concurrent and self.ordinal >= 0:
+            np.maximum(detector.vc, self.joined, out=detector.vc)
+            np.maximum(detector.weak, self.joined_weak, out=detector.weak)
+        self.concurrent = False
+
+    def planes(self, detector: Detector) -> np.ndarray:
+        """[_FIRST_READ, _FIRST_ATOMIC, _RELEASED][heap rank][word] (mapped at the first launch of
+        several programs)."""
+        if self._planes is None:
+            granules = detector.heap_size // GRANULE
+            size = 3 * detector.world_size * granules * 4
+            path = f"{detector.shadow.path}-programs-{os.getpid()}-{detector.rank}"
+            try:
+                mapping = _map_sparse(path, size, detector.world_size, detector.heap_size)
+            finally:
+                os.unlink(path)  # this process's alone: gone with it
+            self._planes = np.frombuffer(mapping, np.int32).reshape(3, detector.world_size, granules)
+        return self._planes
+
+    # which program made an access, and whether the running one has seen it ----------------------------
+    def unseen(self, clocks):
+        """Which of these clocks of this rank are accesses of the launch's other programs that the
+        running program has not seen."""
+        other = (clocks > self.first) & (clocks < self.start)
+        if other.any():
+            made_by = np.searchsorted(self.starts[:self.ordinal + 1], clocks[other], side="right") - 1
+            other[other] = clocks[other] > self.known[made_by]
+        return other
+
+    def check(self, detector: Detector, planes, unit: int, checked, where, indices, report) -> None:
+        """Reports this rank's last accesses in `planes` at `where` that another program made unseen."""
+        rank, heap = detector.rank, report[3]
+        for plane in checked:
+            self._report_unseen(detector, planes[plane, rank, heap][where], plane, unit, indices, report)
+
+    def check_first(self, detector: Detector, checked, where, indices, report) -> None:
+        """The same for the first unseen loads and atomics of the launch."""
+        heap = report[3]
+        for plane in checked:
+            if plane in _FIRST:
+                firsts = self.planes(detector)[_FIRST[plane], heap][where]
+                self._report_unseen(detector, firsts, plane, GRANULE, indices, report)
+
+    def _report_unseen(self, detector: Detector, clocks, plane, unit, indices, report) -> None:
+        if clocks.max() <= self.first:  # no access of this launch there (the common case)
+            return
+        unseen = self.unseen(clocks)
+        if unseen.any():
+            detector._report(plane, detector.rank, int(clocks[int(np.argmax(unseen))]), indices[unseen], unit,
+                             *report)
+
+    def record_first(self, detector: Detector, recorded, heap: int, where, clock: int) -> None:
+        """A load or atomic: the first of the launch at each word stays while the running program has
+        not seen it (a later store must see both), else this one takes its place."""
+        if recorded not in _FIRST:
+            return
+        row = self.planes(detector)[_FIRST[recorded], heap]
+        old = row[where]
+        if old.max() > self.first:
+            kept = self.unseen(old)
+            if kept.any():
+                row[where] = np.where(kept, old, clock)
+                return
+        row[where] = clock
+
+    # the edges between programs: release, then acquire, at gpu or sys scope -------------------------
+    def release(self, detector: Detector, heap: int, where, sem: str, scope: str, clock: int) -> None:
+        """An atomic that releases at gpu or sys scope: the words it writes carry what the running
+        program has seen, itself up to this atomic included (joined with what they carried)."""
+        if sem not in ("release", "acq_rel") or scope == "cta":
+            return
+        self.known[self.ordinal] = clock
+        mine = (detector.vc.copy(), self.known.copy())
+        row = self.planes(detector)[_RELEASED, heap]
+        ids = np.array(row[where])
+        fresh = ids > self.base
+        new = ids.copy()
+        for old in np.unique(ids[fresh]):  # a release sequence: join what was released there
+            vc, known = self.snapshots[int(old) - self.base - 1]
+            self.snapshots.append((np.maximum(vc, mine[0]), np.maximum(known, mine[1])))
+            new[ids == old] = self.base + len(self.snapshots)
+        if not fresh.all():
+            self.snapshots.append(mine)
+            new[~fresh] = self.base + len(self.snapshots)
+        row[where] = new
+
+    def acquire(self, detector: Detector, heap: int, granules, sem: str, scope: str) -> None:
+        """An atomic read (or a flag load) that acquires at gpu or sys scope: the running program joins
+        what programs of this launch released at the words."""
+        if sem not in ("acquire", "acq_rel") or scope == "cta":
+            return
+        ids = self.planes(detector)[_RELEASED, heap][granules]
+        for released in np.unique(ids[ids > self.base]):
+            vc, known = self.snapshots[int(released) - self.base - 1]
+            np.maximum(detector.vc, vc, out=detector.vc)
+            np.maximum(self.known, known, out=self.known)
+
+    def learn(self, clock: int) -> None:
+        """A system-scope acquire joined this rank's `clock` from a peer's release: the program that
+        made that access is seen up to it (what that program had seen is not: a peer's vector clock
+        keeps one entry per rank)."""
+        if self.first < clock < self.start:
+            made_by = int(np.searchsorted(self.starts[:self.ordinal + 1], clock, side="right")) - 1
+            self.known[made_by] = max(int(self.known[made_by]), clock)
+
+
+def _programs_remedy(other: str, other_kind: str, me: str, kind: str) -> str:
+    """What orders two accesses of programs of one launch on one rank (they run side by side on a GPU)."""
+    text = ""
+    if other_kind == kind == "store":
+        text = ("two programs store into the same elements: do their tiles overlap (an off-by-one tile "
+                "mapping, chunks that overlap)? Give each program its own elements; else ")
+    return text + (
+        f"to order them, program {other} must release a flag after its {other_kind} (an atomic with "
+        f"sem='release' or 'acq_rel', scope='gpu' or 'sys') and program {me} acquire it before its {kind} "
+        "(sem='acquire' or 'acq_rel', scope='gpu' or 'sys'), or the two must be separate launches: the "
+        "programs of a launch run concurrently, tl.debug_barrier orders the threads of one program only, "
+        "an atomic at scope='cta' orders nothing between programs and a device_barrier orders ranks, not "
+        "the programs of one launch.")
 
 
 def _distinct(indices):

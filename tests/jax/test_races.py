@@ -104,6 +104,64 @@ def test_mode_setting():
         races.mode_of("loud")
 
 
+# -- programs of one launch on one rank ----------------------------------------------------------------
+def run_programs(world: int, case: int, programs: int):
+    """programs_of_one_rank over `world` ranks, `programs` programs each; returns (each rank's output,
+    RaceWarning messages)."""
+    mesh = jax.make_mesh((world,), ("i",), devices=jax.devices()[:world])
+    rows = NamedSharding(mesh, P("i"))
+    tiles = iris_jax.zeros((world, (programs + 1) * N), jnp.float32, sharding=rows, name="tiles")
+    flag = iris_jax.zeros((world, 8), jnp.int32, sharding=rows, name="program_flag")
+
+    def body(t, f):
+        return iris_jax.triton_call(t[0], f[0], kernel=race_kernels.programs_of_one_rank,
+                                    out_shape=jax.ShapeDtypeStruct((programs * N,), jnp.float32),
+                                    grid=(programs,), CASE=case, W=world, BLOCK=N)[None]
+
+    program = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("i"), out_specs=P("i"), check_vma=False))
+    return _caught(lambda: np.asarray(program(tiles, flag)))
+
+
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("bug", sorted(race_kernels.PROGRAM_BUGS))
+def test_race_between_programs_is_found(world, bug):
+    """Two programs of one launch on one rank: the report names both programs and says that a
+    release / acquire at gpu scope orders them (not a barrier between ranks)."""
+    detecting(world)
+    _, found = run_programs(world, race_kernels.PROGRAM_BUGS[bug], 2)
+    assert found, f"{bug} at {world} ranks: no race reported"
+    reports = "\n".join(found).split("data race on rank")[1:]
+    assert len(reports) == world, found  # each rank's programs race on its own tiles, and only there
+    for report in reports:
+        assert 'array "tiles" (' in report, report
+        ranks = {int(rank) for rank, _ in _ranks_of(["data race on rank" + report])}
+        assert len(ranks) == 1, report  # both accesses by one rank
+        assert ", program 0: " in report and ", program 1: " in report, report
+        assert "programs_of_one_rank" in report and "race_kernels.py:" in report, report
+        assert "scope='gpu'" in report and "run concurrently" in report, report
+    if bug == "overlapping_tiles":
+        assert "store by rank" in reports[0] and "tiles overlap" in reports[0], reports[0]
+        assert "its bytes [252, 256)" in reports[0], reports[0]  # the one element both tiles hold
+    else:
+        assert "store by rank" in reports[0] and "load by rank" in reports[0], reports[0]
+
+
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("case", sorted(race_kernels.PROGRAM_CORRECT))
+def test_ordered_programs_are_not_reported(world, case):
+    detecting(world)
+    programs = 2 if case == "flag" else 4
+    out, found = run_programs(world, race_kernels.PROGRAM_CORRECT[case], programs)
+    assert not found, found[0]
+    value = np.arange(N, dtype=np.float32)
+    # what the kernel writes: program 1's copy of tile 0, the last program's sum, every program's tile
+    written, want = {"flag": (slice(0, N), value),
+                     "last_arrives": (slice(0, N), sum(value + 1000 * p for p in range(programs))),
+                     "disjoint_tiles": (slice(None), np.concatenate([value + 1000 * p for p in range(programs)]))}[case]
+    for r in range(world):
+        np.testing.assert_array_equal(out[r][written], want)
+
+
 # -- correct code: nothing is reported ---------------------------------------------------------------
 def _collective_cases(world):
     """(name, function of one rank's row, numpy reference of all rows)."""
