@@ -128,3 +128,25 @@ def small_stores(context_ptr, cells_ptr, out_ptr, W: tl.constexpr, WHERE: tl.con
     else:
         ctx.store(tl.cast(cells_ptr, tl.pointer_type(tl.int32)), -1, to_rank=0)
     tl.store(out_ptr, ctx.rank)
+
+
+# -- Pallas (iris_jax.pallas): the ring of tests/jax/pallas_kernels.py's ring_put, a mistake seeded --
+PALLAS_BUGS = ("no_wait", "relaxed_flag")
+
+
+def pallas_ring(bug: str | None):
+    """A Pallas kernel that puts x into the next rank's inbox, raises its flag and reads its own
+    inbox after its flag: correct for `bug` None; "no_wait": it reads before waiting; "relaxed_flag":
+    the flag is raised with sem="relaxed" (release needed)."""
+
+    def kernel(ctx, inbox_ref, flags_ref, x_ref, o_ref):
+        peer = (ctx.rank + 1) % ctx.world_size
+        ctx.store(inbox_ref, x_ref[...] * 2.0, to_rank=peer)
+        ctx.sync_threads()
+        ctx.atomic_add(flags_ref.at[0], 1, to_rank=peer, sem="relaxed" if bug == "relaxed_flag" else "release")
+        if bug != "no_wait":
+            ctx.wait(flags_ref.at[0], 1)
+        o_ref[...] = ctx.load(inbox_ref, from_rank=ctx.rank)
+
+    kernel.__name__ = f"pallas_ring_{bug or 'correct'}"
+    return kernel
