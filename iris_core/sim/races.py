@@ -228,10 +228,15 @@ def _site_text() -> str:
         if category == 1:
             via = frame.f_code.co_qualname if hasattr(frame.f_code, "co_qualname") else frame.f_code.co_name
         elif category == 2:
-            where = f"{_short(frame.f_code.co_filename)}:{frame.f_lineno} ({frame.f_code.co_name})"
+            where = source_line(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
             return where + (f" via {via}" if via else "")
         frame = frame.f_back
     return "an unknown line"
+
+
+def source_line(path: str, line: int, function: str) -> str:
+    """A source line as reports name it: `file:line (function)`, the file relative to the repository."""
+    return f"{_short(path)}:{line} ({function})"
 
 
 def _short(path: str) -> str:
@@ -285,21 +290,20 @@ class Detector:
         return changed
 
     def end(self) -> list[str]:
+        """The launch is over: publishes this rank's clock (see `begin`); returns its reports."""
         self.programs.end(self)  # the next launch comes after every program of this one
         self.shadow.clocks[0, self.rank] = self.vc[self.rank]
+        return self.take_reports()
+
+    def take_reports(self) -> list[str]:
+        """The reports made since the last call (a launch in progress: a Pallas kernel's ops)."""
         reports, self.reports = self.reports, []
         return reports
 
     # an access ---------------------------------------------------------------------------------
-    def _where(self, ptrs, mask):
-        """[(heap rank, granule indices, byte offsets, element bytes)] of the lanes in `mask` that lie
-        in a heap (the granules of elements under 4 bytes: each word they touch, once)."""
-        element = max(1, ptrs.get_element_ty().primitive_bitwidth // 8)
-        addresses = ptrs.data.reshape(-1)
-        if mask is not None:
-            lanes = np.broadcast_to(mask.data, ptrs.data.shape).reshape(-1).astype(bool)
-            if not lanes.all():
-                addresses = addresses[lanes]
+    def _where(self, addresses, element: int):
+        """[(heap rank, granule indices, byte offsets, element bytes)] of the `addresses` that lie in a
+        heap (the granules of elements under 4 bytes: each word they touch, once)."""
         if addresses.size == 0:
             return []
         found = []
@@ -321,8 +325,8 @@ class Detector:
             found.append((int(h), granules, offsets, element))
         return found
 
-    def _site(self) -> int:
-        text = f"kernel {self.kernel} at {_site_text()}"
+    def _site(self, where: str | None = None) -> int:
+        text = f"kernel {self.kernel} at {where or _site_text()}"
         number = self.sites.get(text)
         if number is None:
             number = self.sites[text] = len(self.sites) + 1
@@ -331,19 +335,33 @@ class Detector:
         return number
 
     def access(self, builder, ptrs, mask, kind: int, sem: str = "", scope: str = "") -> list:
-        """Records and checks one load, store or atomic before it runs; returns what `acquire`
-        needs afterwards (the heap words it touched)."""
-        touched = self._where(ptrs, mask)
+        """Records and checks one load, store or atomic of the interpreter (`ptrs` and `mask` its
+        tensors) before it runs; returns what `acquire` needs afterwards (the heap words it touched)."""
+        addresses = ptrs.data.reshape(-1)
+        if mask is not None:
+            lanes = np.broadcast_to(mask.data, ptrs.data.shape).reshape(-1).astype(bool)
+            if not lanes.all():
+                addresses = addresses[lanes]
+        x, y, z = getattr(builder, "grid_idx", (0, 0, 0))
+        return self.access_at(addresses, max(1, ptrs.get_element_ty().primitive_bitwidth // 8), kind, sem, scope,
+                              program=int(x) | int(y) << 20 | int(z) << 40)
+
+    def access_at(self, addresses, element: int, kind: int, sem: str = "", scope: str = "", *, program: int = 0,
+                  where: str | None = None) -> list:
+        """Records and checks one access of `element`-byte elements at `addresses` (a flat uint64
+        array, masked lanes left out) by `program` (packed as `access` packs it), made at the source
+        line `where` (None: the kernel's frame on the stack) before it runs; returns what `acquire`
+        needs afterwards."""
+        touched = self._where(addresses, element)
         if not touched:
             return touched
         rank, vc, planes = self.rank, self.vc, self.shadow.planes
         vc[rank] += 1
         clock = int(vc[rank])
-        site = self._site()
-        program = self.programs.packed
+        site = self._site(where)
         programs = self.programs if self.programs.concurrent else None  # other programs of this launch
         for heap, granules, offsets, element in touched:
-            record = (clock, site, program, kind, heap, int(offsets.min()), int(offsets.max()) + element, 0)
+            record = (clock, site, int(program), kind, heap, int(offsets.min()), int(offsets.max()) + element, 0)
             self.shadow.log[rank, clock % RING] = record
             where = _span(granules)
             if kind == STORE:
@@ -411,9 +429,10 @@ class Detector:
                 rows = planes[_SYNC, :, heap]
                 rows[:, where] = np.maximum(rows[:, where], self.vc[:, None])
 
-    def acquire(self, touched, sem: str, scope: str) -> None:
+    def acquire(self, touched, sem: str, scope: str, where: str | None = None) -> None:
         """After an atomic read (or a flag load) of the words `touched`: joins what was released
-        there when it acquires at system scope; notes what a stronger one would have joined."""
+        there when it acquires at system scope; notes what a stronger one would have joined (the
+        read made at the source line `where`, as for `access_at`)."""
         planes = self.shadow.planes
         strong = sem in ("acquire", "acq_rel") and scope == "sys"
         programs = self.programs if self.programs.concurrent else None
@@ -428,7 +447,7 @@ class Detector:
             weak = planes[_WEAK, :, heap][:, granules].max(axis=1)
             raised = (weak > self.weak) & (weak > self.vc)
             if raised.any():
-                site = self._site()
+                site = self._site(where)
                 for r in np.flatnonzero(raised):
                     self.weak_site[int(r)] = (site, sem or "a volatile load", scope)
             np.maximum(self.weak, weak, out=self.weak)

@@ -105,7 +105,7 @@ def _execute(rt, spec: KernelSpec, ins: list[int], outs: list[int]) -> None:
         if rt.backend.host_kernels == "worker":
             found = execute_in_worker(rt, rank, spec, row_ptr, group_ptr, operand_ptrs, outs)
         else:
-            found = execute_here(spec, row_ptr, group_ptr, operand_ptrs, outs, _detector(rt, rank))
+            found = execute_here(spec, row_ptr, group_ptr, operand_ptrs, outs, race_detector(rt, rank))
     except PeerTimeoutError as e:  # a mismatch can also make the kernels wait for each other
         problem = call and rt.call_table.mismatch(call, members)
         if problem:
@@ -129,7 +129,7 @@ def _kernel_args(spec: KernelSpec, context, group, operands: list, results: list
     return kernel_arguments(lead + operands, spec.scalars, [results[o] for o in spec.result_params])
 
 
-def _detector(rt, rank: int):
+def race_detector(rt, rank: int):
     """This process's race detector of `rank` (None unless detection is on)."""
     if not rt.detect_races:
         return None

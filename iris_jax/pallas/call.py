@@ -111,7 +111,8 @@ def pallas_call(kernel: Callable[..., None], out_shape: Any, *, grid: int | Sequ
         device_index = vary(jnp.zeros((), jnp.int32), axes) if axes else jnp.zeros((), jnp.int32)
         results = iris_pallas_call_p.bind(
             device_index, *flat_args, inner=inner, symmetric=symmetric, interpreted=interpreted,
-            row_words=row_words, out_shapes=tuple(jax.ShapeDtypeStruct(o.shape, o.dtype) for o in flat_outs))
+            row_words=row_words, kernel_name=kernel_with_context.__name__,
+            out_shapes=tuple(jax.ShapeDtypeStruct(o.shape, o.dtype) for o in flat_outs))
         return tree_util.tree_unflatten(out_tree, results)
 
     return call
@@ -154,7 +155,7 @@ iris_pallas_call_p.def_impl(lambda *args, **params: jax.jit(
     lambda *a: iris_pallas_call_p.bind(*a, **params))(*args))
 
 
-def _lowering(ctx, device_index, *args, inner, symmetric, interpreted, row_words, out_shapes):
+def _lowering(ctx, device_index, *args, inner, symmetric, interpreted, row_words, out_shapes, kernel_name):
     del device_index, out_shapes  # the index carries the outputs' varying axes only
     row = context_operand(ctx)
     avals = list(ctx.avals_in[1:])
@@ -168,7 +169,7 @@ def _lowering(ctx, device_index, *args, inner, symmetric, interpreted, row_words
     def body(row, *rest):
         operands, chain = rest[:len(avals)], rest[len(avals):]
         if interpreted:
-            target = simulator.address_target(len(symmetric), bool(chain), context_aval().shape[0])
+            target = simulator.address_target(len(symmetric), bool(chain), context_aval().shape[0], kernel_name)
             row = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct((row_words,), jnp.int32), has_side_effect=True)(
                 row, *[operands[i] for i in symmetric], *chain)
         return tuple(tree_util.tree_leaves(inner(row, *operands)))

@@ -13,13 +13,16 @@ across GPUs: atomics `sem="acq_rel"`, `scope="sys"`.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import jax.numpy as jnp
 from jax import lax
+from jax._src import source_info_util
 from jax._src.state import primitives as state_primitives
 
 from iris_core.errors import IrisError
+from iris_core.sim import races
 from iris_jax.pallas import primitives
 
 
@@ -56,7 +59,7 @@ class PallasContext:
         base, transforms, slot = self._target(ref, idx, op if op in primitives.LOADS + ("store",) else f"atomic_{op}")
         primitives.check(op, base.dtype, sem, scope)
         return primitives.bind(op, self._ref, base, transforms, rank=_rank(rank), slot=slot, sem=sem,
-                               scope=scope, **operands)
+                               scope=scope, site=_kernel_line(), **operands)
 
     # -- loads and stores ------------------------------------------------------
     def load(self, ref, from_rank, *, idx=None, mask=None, other=None, volatile: bool = False,
@@ -125,6 +128,15 @@ class PallasContext:
     def atomic_cas(self, ref, cmp, value, to_rank, *, idx=None, sem="acq_rel", scope="sys"):
         """Compare-and-swap on `to_rank`'s heap; returns the old values."""
         return self._rma("cas", ref, idx, to_rank, cmp=cmp, value=value, sem=sem, scope=scope)
+
+
+def _kernel_line() -> str:
+    """The kernel's source line being traced: the innermost frame outside JAX and iris (JAX's
+    own source info names the pallas_call's line here, not the kernel's)."""
+    frame = sys._getframe(1)
+    while frame is not None and not source_info_util.is_user_filename(frame.f_code.co_filename):
+        frame = frame.f_back
+    return "" if frame is None else races.source_line(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
 
 
 def _rank(rank: Any):

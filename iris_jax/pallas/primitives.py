@@ -76,11 +76,12 @@ iris_rma_p.multiple_results = True
 
 def bind(op: str, ctx_ref, ref, transforms, *, rank, value=None, cmp=None, mask=None, other=None,
          slot: int, sem: str = "acq_rel", scope: str = "sys", volatile: bool = False,
-         cache_modifier: str | None = None):
-    """Binds iris_rma for one op; returns its result (None for stores)."""
+         cache_modifier: str | None = None, site: str = ""):
+    """Binds iris_rma for one op; returns its result (None for stores). `site`: the kernel's
+    source line that made it (the simulator's race reports name it)."""
     flat, tree = tree_util.tree_flatten(Operands(ctx_ref, ref, tuple(transforms), value, cmp, mask, other, rank))
     out = iris_rma_p.bind(*flat, args_tree=tree, op=op, slot=slot, sem=sem, scope=scope, volatile=volatile,
-                          cache_modifier=cache_modifier)
+                          cache_modifier=cache_modifier, site=site)
     return out[0] if out else None
 
 
@@ -103,8 +104,8 @@ def _abstract_eval(*avals_flat, args_tree, op, **_):
 
 # -- simulator: state discharge -------------------------------------------------------
 def _discharge_rule(in_avals, out_avals, *args_flat, args_tree, op, slot, sem, scope, volatile,
-                    cache_modifier):
-    del scope, volatile, cache_modifier  # one host: every access is coherent
+                    cache_modifier, site):
+    del cache_modifier  # one host: every access is coherent (scope and volatile: for the race detector)
     a = tree_util.tree_unflatten(args_tree, args_flat)
     ref_aval = tree_util.tree_unflatten(args_tree, in_avals).ref
     size = int(np.prod(ref_aval.shape, dtype=np.int64))
@@ -117,7 +118,8 @@ def _discharge_rule(in_avals, out_avals, *args_flat, args_tree, op, slot, sem, s
     mask = jnp.ones(shape, bool) if a.mask is None else full(jnp.asarray(a.mask, bool))
     other = jnp.zeros(shape, ref_aval.dtype) if a.other is None else full(jnp.asarray(a.other, ref_aval.dtype))
     dtype, rank = np.dtype(ref_aval.dtype), jnp.asarray(a.rank, np.int32)
-    new_ctx, result = simulator.rma(op, dtype, slot, sem, a.ctx, index, rank, value, cmp, mask, other)
+    new_ctx, result = simulator.rma(op, dtype, slot, simulator.Ordering(sem, scope, volatile, site), a.ctx, index,
+                                    rank, value, cmp, mask, other)
     new_invals = [None] * len(in_avals)
     new_invals[0] = new_ctx
     return new_invals, ([] if op == "store" else [result])

@@ -72,8 +72,8 @@ def _operand(value, aval, shape, dtype=None):
     return pl_triton._bcast_to(value, shape)
 
 
-def _lowering(ctx, *args_flat, args_tree, op, slot, sem, scope, volatile, cache_modifier):
-    del slot  # the simulator's; GPUs translate the ref's own pointer
+def _lowering(ctx, *args_flat, args_tree, op, slot, sem, scope, volatile, cache_modifier, site):
+    del slot, site  # the simulator's; GPUs translate the ref's own pointer
     a = tree_util.tree_unflatten(args_tree, args_flat)
     avals = tree_util.tree_unflatten(args_tree, ctx.avals_in)
     dtype = np.dtype(avals.ref.dtype)

@@ -178,3 +178,25 @@ def programs_of_one_rank(context_ptr, tiles_ptr, flag_ptr, out_ptr, CASE: tl.con
                 while tl.atomic_add(flag_ptr, 0, sem="acquire", scope=scope) == 0:
                     pass
             tl.store(out_ptr + offs, tl.load(tiles_ptr + offs))
+
+
+# -- Pallas (iris_jax.pallas): the ring of tests/jax/pallas_kernels.py's ring_put, a mistake seeded --
+PALLAS_BUGS = ("no_wait", "relaxed_flag")
+
+
+def pallas_ring(bug: str | None):
+    """A Pallas kernel that puts x into the next rank's inbox, raises its flag and reads its own
+    inbox after its flag: correct for `bug` None; "no_wait": it reads before waiting; "relaxed_flag":
+    the flag is raised with sem="relaxed" (release needed)."""
+
+    def kernel(ctx, inbox_ref, flags_ref, x_ref, o_ref):
+        peer = (ctx.rank + 1) % ctx.world_size
+        ctx.store(inbox_ref, x_ref[...] * 2.0, to_rank=peer)
+        ctx.sync_threads()
+        ctx.atomic_add(flags_ref.at[0], 1, to_rank=peer, sem="relaxed" if bug == "relaxed_flag" else "release")
+        if bug != "no_wait":
+            ctx.wait(flags_ref.at[0], 1)
+        o_ref[...] = ctx.load(inbox_ref, from_rank=ctx.rank)
+
+    kernel.__name__ = f"pallas_ring_{bug or 'correct'}"
+    return kernel

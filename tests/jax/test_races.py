@@ -345,3 +345,56 @@ def test_launched_ranks(bug):
     else:
         assert sum(counts) > 0 and "data race on rank" in result.stdout, result.stdout
         assert 'array "data" (' in result.stdout or 'array "counter" (' in result.stdout, result.stdout
+
+
+# -- Pallas kernels (iris_jax.pallas): their remote ops go through the same detector -------------------
+def _run_pallas(world: int, kernel, *symmetric_kernels):
+    """`kernel` (race_kernels.pallas_ring's signature) over `world` ranks, then each of
+    `symmetric_kernels` (tests/jax/pallas_kernels.py's contended and cas_lock); returns (the ring's
+    output, RaceWarning messages)."""
+    from iris_jax import pallas as ipl
+    from tests.jax import pallas_kernels
+
+    mesh = jax.make_mesh((world,), ("i",), devices=jax.devices()[:world])
+    rows = NamedSharding(mesh, P("i"))
+    n = pallas_kernels.N
+    inbox = iris_jax.full((world * n,), pallas_kernels.POISON, jnp.float32, sharding=rows, name="inbox")
+    flags = iris_jax.zeros((world * 4,), jnp.int32, sharding=rows, name="flags")
+    x = jax.device_put(np.arange(world * n, dtype=np.float32), rows)
+
+    def smapped(step, specs, out):
+        return jax.jit(jax.shard_map(step, mesh=mesh, in_specs=specs, out_specs=out, check_vma=False))
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        step = ipl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((n,), jnp.float32), symmetric=(0, 1))
+        out = np.asarray(smapped(step, (P("i"),) * 3, P("i"))(inbox, flags, x))
+        for made in symmetric_kernels:
+            lock = iris_jax.zeros((world,), jnp.int32, sharding=rows, name="lock")
+            counter = iris_jax.zeros((world,), jnp.int32, sharding=rows, name="counter")
+            step = ipl.pallas_call(made, out_shape=jax.ShapeDtypeStruct((1,), jnp.int32), symmetric=(0, 1))
+            np.asarray(smapped(step, (P("i"),) * 2, P("i"))(lock, counter))
+    return out.reshape(world, n), [str(w.message) for w in caught if issubclass(w.category, RaceWarning)]
+
+
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("bug", race_kernels.PALLAS_BUGS)
+def test_pallas_seeded_race_is_found(world, bug):
+    detecting(world)
+    _, found = _run_pallas(world, race_kernels.pallas_ring(bug))
+    assert found, f"{bug} at {world} ranks: no race reported"
+    report = found[0]
+    assert f"kernel pallas_ring_{bug} at tests/jax/race_kernels.py:" in report, report
+    assert 'array "inbox" (' in report and "to order them" in report, report
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_pallas_kernels_are_not_reported(world):
+    """The correct ring, then a lock taken with atomic_cas around plain remote loads and stores."""
+    from tests.jax import pallas_kernels
+
+    detecting(world)
+    out, found = _run_pallas(world, race_kernels.pallas_ring(None), pallas_kernels.cas_lock)
+    assert not found, found[0]
+    x = np.arange(world * pallas_kernels.N, dtype=np.float32).reshape(world, -1)
+    np.testing.assert_array_equal(out, np.roll(x * 2.0, 1, axis=0))
