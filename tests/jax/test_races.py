@@ -203,6 +203,67 @@ def test_collectives_are_not_reported(world):
         np.testing.assert_allclose(got, ref(x), rtol=1e-5, atol=1e-5, err_msg=name)
 
 
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("launch", ["programs", "streamed", "push"])
+def test_collectives_of_many_programs_are_not_reported(world, launch):
+    """Small tiles over more programs per rank (the programs of one launch are threads of their own:
+    what one program of a rank writes another may touch only after a release / acquire at gpu or sys
+    scope), streamed (sending and receiving programs of one rank) and pushed."""
+    detecting(world)
+    config = {"programs": iris_jax.CollectiveConfig(block=256, programs_per_sm=4),
+              "streamed": iris_jax.CollectiveConfig(stream_from=0, block=256),
+              "push": iris_jax.CollectiveConfig(push_from=0, block=256, programs_per_sm=4)}[launch]
+    mesh = jax.make_mesh((world,), ("i",), devices=jax.devices()[:world])
+    rows = NamedSharding(mesh, P("i"))
+    x = np.random.default_rng(1).standard_normal((world, 1024 * world)).astype(np.float32)
+    with iris_jax.use_config(config):
+        for name, f, ref in _collective_cases(world):
+            program = jax.jit(jax.shard_map(lambda v, f=f: f(v[0])[None], mesh=mesh, in_specs=P("i"),
+                                            out_specs=P("i"), check_vma=False))
+            got, found = _caught(lambda: [np.asarray(program(jax.device_put(x, rows))) for _ in range(2)][-1])
+            assert not found, f"{name}: {found[0]}"
+            np.testing.assert_allclose(got, ref(x), rtol=1e-4, atol=1e-4, err_msg=name)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_fused_ops_are_not_reported(world):
+    """The fused GEMM ops: programs that compute tiles and programs of the same rank that reduce or
+    send them once flagged (gpu-scope edges between programs of one launch)."""
+    from jax import lax
+
+    from iris_jax import ops
+
+    detecting(world)
+    mesh = jax.make_mesh((world,), ("i",), devices=jax.devices()[:world])
+    rng = np.random.default_rng(2)
+    m, k, n = 37, 21, 19
+    rows = m + (-m) % world
+
+    def put(shape, spec):
+        return jax.device_put(rng.standard_normal(shape).astype(np.float32), NamedSharding(mesh, spec))
+
+    ins = (P(None, "i"), P(None, "i"), P("i", None), P("i", None), P(None, "i"))
+    args = [put(shape, spec) for shape, spec in zip(
+        [(m, world * k), (rows, world * k), (world * k, n), (world * m, k), (k, world * n)], ins)]
+    specs = dict(ar=P(), ag=P(None, "i"), rs=P("i"))
+
+    def fused(a_row, a_rs, b_row, a_col, b_col):
+        return dict(ar=ops.matmul_all_reduce(a_row, b_row, "i", impl="fused"),
+                    ag=ops.all_gather_matmul(a_col, b_col, "i", impl="fused"),
+                    rs=ops.matmul_reduce_scatter(a_rs, b_row, "i", impl="fused"))
+
+    def reference(a_row, a_rs, b_row, a_col, b_col):
+        return dict(ar=lax.psum(a_row @ b_row, "i"), ag=lax.all_gather(a_col, "i", tiled=True) @ b_col,
+                    rs=lax.psum_scatter(a_rs @ b_row, "i", tiled=True))
+
+    program = jax.jit(jax.shard_map(fused, mesh=mesh, in_specs=ins, out_specs=specs))
+    got, found = _caught(lambda: [jax.tree.map(np.asarray, program(*args)) for _ in range(2)][-1])
+    assert not found, found[0]
+    want = jax.jit(jax.shard_map(reference, mesh=mesh, in_specs=ins, out_specs=specs))(*args)
+    for key in specs:
+        np.testing.assert_allclose(got[key], np.asarray(want[key]), rtol=1e-4, atol=1e-4, err_msg=key)
+
+
 @pytest.mark.parametrize("variant", ["ring", "two_shot", "atomic"])
 def test_repeated_group_calls_are_not_reported(variant):
     """Calls of several flag rounds per epoch, back to back: each member writes its call's signature
