@@ -507,6 +507,10 @@ class Detector:
                      "a buffer reused while a peer may still use it; or a device_barrier / host barrier between")
         if other_kind != "atomic" and kind != "atomic" and other_kind == kind == "store":
             order += "; or make both stores atomics"
+        if self.programs.concurrent and self.programs.joined[other] >= other_clock:
+            order += (f". Another program of rank {me}'s launch did acquire it, which orders that program only "
+                      "(the programs of a launch run concurrently): it must pass it on, a release at scope='gpu' "
+                      "or 'sys' that this program acquires, or this program acquire the flag itself")
         hint = self.weak_site[other]
         if hint is not None and self.weak[other] >= other_clock:
             where, sem, scope = hint

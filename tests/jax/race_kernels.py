@@ -132,9 +132,12 @@ def small_stores(context_ptr, cells_ptr, out_ptr, W: tl.constexpr, WHERE: tl.con
 
 # programs_of_one_rank: races between the programs of one launch on one rank (they run side by side on a
 # GPU; the simulator runs them one after another, so the earlier program is the producer)
-OVERLAPPING_TILES, UNORDERED_READ, CTA_FLAG, FLAG, LAST_ARRIVES, DISJOINT_TILES = range(6)
-PROGRAM_BUGS = {"overlapping_tiles": OVERLAPPING_TILES, "unordered_read": UNORDERED_READ, "cta_flag": CTA_FLAG}
-PROGRAM_CORRECT = {"flag": FLAG, "last_arrives": LAST_ARRIVES, "disjoint_tiles": DISJOINT_TILES}
+OVERLAPPING_TILES, UNORDERED_READ, CTA_FLAG, FLAG, LAST_ARRIVES, DISJOINT_TILES, PEER_FLAG_ELSEWHERE, PEER_FLAG_PASSED = \
+    range(8)
+PROGRAM_BUGS = {"overlapping_tiles": OVERLAPPING_TILES, "unordered_read": UNORDERED_READ, "cta_flag": CTA_FLAG,
+                "peer_flag_elsewhere": PEER_FLAG_ELSEWHERE}
+PROGRAM_CORRECT = {"flag": FLAG, "last_arrives": LAST_ARRIVES, "disjoint_tiles": DISJOINT_TILES,
+                   "peer_flag_passed": PEER_FLAG_PASSED}
 
 
 @triton.jit
@@ -150,8 +153,13 @@ def programs_of_one_rank(context_ptr, tiles_ptr, flag_ptr, out_ptr, CASE: tl.con
     CTA_FLAG           ... the same flag at scope="cta" (orders threads of one program, not programs)
     LAST_ARRIVES       each program stores its tile and counts itself in (acq_rel at gpu scope); the
                        last to arrive sums every tile (correct)
+    PEER_FLAG_ELSEWHERE  ranks in pairs: the even rank's program 0 stores tile 0 into its peer's `tiles`
+                       and raises the peer's flag (release, sys); the odd rank's program 0 waits for it,
+                       its program 1 reads the tile (the acquire orders program 0 only)
+    PEER_FLAG_PASSED   ... and program 0 passes it on: a release at gpu scope that program 1 acquires
+                       before it reads (correct)
     """
-    Context.initialize(context_ptr, W)
+    ctx = Context.initialize(context_ptr, W)
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
     offs = tl.arange(0, BLOCK)
@@ -167,6 +175,21 @@ def programs_of_one_rank(context_ptr, tiles_ptr, flag_ptr, out_ptr, CASE: tl.con
             for p in range(programs):
                 total += tl.load(tiles_ptr + p * BLOCK + offs)
             tl.store(out_ptr + offs, total)
+    elif CASE == PEER_FLAG_ELSEWHERE or CASE == PEER_FLAG_PASSED:
+        if ctx.rank % 2 == 0:
+            if pid == 0:
+                ctx.store(tiles_ptr + offs, value, to_rank=ctx.rank + 1)
+                ctx.atomic_xchg(flag_ptr + 1, 1, to_rank=ctx.rank + 1, sem="release", scope="sys")
+        elif pid == 0:
+            while ctx.atomic_add(flag_ptr + 1, 0, to_rank=ctx.rank, sem="acquire", scope="sys") == 0:
+                pass
+            if CASE == PEER_FLAG_PASSED:
+                tl.atomic_xchg(flag_ptr, 1, sem="release", scope="gpu")
+        else:
+            if CASE == PEER_FLAG_PASSED:
+                while tl.atomic_add(flag_ptr, 0, sem="acquire", scope="gpu") == 0:
+                    pass
+            tl.store(out_ptr + offs, tl.load(tiles_ptr + offs))
     else:
         scope: tl.constexpr = "cta" if CASE == CTA_FLAG else "gpu"
         if pid == 0:

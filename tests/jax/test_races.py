@@ -131,6 +131,16 @@ def test_race_between_programs_is_found(world, bug):
     _, found = run_programs(world, race_kernels.PROGRAM_BUGS[bug], 2)
     assert found, f"{bug} at {world} ranks: no race reported"
     reports = "\n".join(found).split("data race on rank")[1:]
+    if bug == "peer_flag_elsewhere":  # between ranks: the odd rank's program 1 and its peer's program 0
+        assert len(reports) == world // 2, found
+        for report in reports:
+            assert 'array "tiles" (' in report and "race_kernels.py:" in report, report
+            ((writer, reader),) = _ranks_of(["data race on rank" + report])
+            assert int(reader) == int(writer) + 1 and int(writer) % 2 == 0, report
+            assert f"store by rank {writer}, program 0: " in report, report
+            assert f"load by rank {reader}, program 1: " in report, report
+            assert "orders that program only" in report and "scope='gpu'" in report, report
+        return
     assert len(reports) == world, found  # each rank's programs race on its own tiles, and only there
     for report in reports:
         assert 'array "tiles" (' in report, report
@@ -150,15 +160,15 @@ def test_race_between_programs_is_found(world, bug):
 @pytest.mark.parametrize("case", sorted(race_kernels.PROGRAM_CORRECT))
 def test_ordered_programs_are_not_reported(world, case):
     detecting(world)
-    programs = 2 if case == "flag" else 4
+    programs = 2 if case in ("flag", "peer_flag_passed") else 4
     out, found = run_programs(world, race_kernels.PROGRAM_CORRECT[case], programs)
     assert not found, found[0]
     value = np.arange(N, dtype=np.float32)
     # what the kernel writes: program 1's copy of tile 0, the last program's sum, every program's tile
-    written, want = {"flag": (slice(0, N), value),
+    written, want = {"flag": (slice(0, N), value), "peer_flag_passed": (slice(0, N), value),
                      "last_arrives": (slice(0, N), sum(value + 1000 * p for p in range(programs))),
                      "disjoint_tiles": (slice(None), np.concatenate([value + 1000 * p for p in range(programs)]))}[case]
-    for r in range(world):
+    for r in range(1, world, 2) if case == "peer_flag_passed" else range(world):  # the readers
         np.testing.assert_array_equal(out[r][written], want)
 
 
