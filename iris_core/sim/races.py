@@ -1,4 +1,5 @@
-"""The simulator's race detector: heap accesses of different ranks that nothing orders.
+"""The simulator's race detector: heap accesses of different ranks, or of different programs of
+one launch, that nothing orders.
 
 Opt-in (iris_jax.init(detect_races=...), IRIS_DETECT_RACES). While a kernel runs under it,
 every load, store and atomic of the interpreter whose address lies in a heap of the session
@@ -6,14 +7,22 @@ goes through `Detector.access` (the builder hooks of `builder_patches`, set for 
 a launch: without detection nothing is hooked). The happens-before order is the device API's
 memory model (docs/device-api.md):
 
-* each rank is one thread of a vector clock; its accesses are ordered (stream order, and the
-  simulator runs a launch's programs one after another: races between programs of one rank
-  are not looked for);
+* each rank is one thread of a vector clock, and so is each program of the launch that runs now,
+  for the length of the launch (`_Programs`): a rank's launches are ordered (stream order: a
+  launch begins after every program of the one before), the programs of one launch are not (they
+  run side by side on a GPU; the simulator runs them one after another and says where each
+  begins, `begin_program`);
 * an atomic with sem release or acq_rel at system scope publishes the rank's clock with the
   word it writes (the SYNC plane, joined: later atomics continue the release sequence); an
   atomic with sem acquire or acq_rel at system scope, and the simulator's `load_acquire`
   (Flags.wait on my own flag), join what is published there. Relaxed atomics, GPU or CTA
   scope and volatile loads make no edge;
+* between programs of one launch on one rank, a release then an acquire of one heap word at gpu
+  or system scope (the rank's own flag, a peer's, the counter the last program to arrive reads)
+  orders the releasing program's past before the acquiring program's future, its view of the
+  peers included; nothing else does (tl.debug_barrier orders the threads of one program, scope
+  "cta" nothing between programs, a device_barrier ranks). A peer's flag acquired by one program
+  orders that program only;
 * a host barrier (iris_jax.barrier) orders everything before it before everything after; a
   change of the heap's allocations between launches orders the launches that had finished
   before the next (a freed array's uses were over; its words keep their history).
@@ -30,7 +39,14 @@ plain load (READ) and atomic (ATOMIC), the clock released there (SYNC) and the c
 have been released had every atomic been release at system scope (WEAK, for the report's hint).
 Each rank writes only its own rows, so records need no lock; joins into SYNC and WEAK take one.
 Two accesses race when they overlap, at least one writes, not both are atomics, they are of
-different ranks and the earlier one's clock is not in the later one's vector clock. Elements
+different ranks, or of different programs of one launch of one rank, and the earlier one's clock
+is not in the later one's vector clock. Between programs, the shadow needs no column more: the
+programs' clocks are consecutive ranges of their rank's, so a record of this rank made after the
+launch began and before the running program began is another program's, which the program has
+seen up to its `known` entry (how, and the planes that are this process's own: `_Programs`).
+What that leaves out: a peer's view of a rank stays one number, so a peer that acquires one
+program's release counts every earlier access of that rank as seen, other programs' too (a race
+hidden, never a false one); a Pallas kernel's programs count as one. Elements
 smaller than 4 bytes (int8, bfloat16, ...) are checked byte by byte: their accesses record one
 clock per byte in byte planes (WRITE, READ, ATOMIC; a second sparse file, mapped on the first
 such access) and mark their words "mixed"; they check the word planes of their words and the
@@ -382,16 +398,14 @@ class Detector:
                 at, byte_planes = _span(small), self.shadow.byte_planes()
                 mixed[where] = 1  # before the record: a word access that checks after it sees both
                 if programs is not None:  # before the record, which replaces this rank's last one
-                    programs.check(self, byte_planes, 1, checked, at, small, report)
+                    programs.before_record(self, byte_planes, 1, checked, None, at, small, report)
                 if recorded is not None:
                     byte_planes[recorded, rank, heap][at] = clock
                 self._check(planes, GRANULE, checked, where, granules, report)  # whole words of others
                 self._check(byte_planes, 1, checked, at, small, report)
                 continue
             if programs is not None:  # before the record, which replaces this rank's last one
-                programs.check(self, planes, GRANULE, checked, where, granules, report)
-                programs.check_first(self, checked, where, granules, report)
-                programs.record_first(self, recorded, heap, where, clock)
+                programs.before_record(self, planes, GRANULE, checked, recorded, where, granules, report)
             if recorded is not None:  # record, then check: of two racing ranks one sees the other
                 planes[recorded, rank, heap][where] = clock
             self._check(planes, GRANULE, checked, where, granules, report)
@@ -400,7 +414,8 @@ class Detector:
                 small = _bytes_of(granules[flagged.astype(bool)] * GRANULE, GRANULE)
                 self._check(self.shadow.byte_planes(), 1, checked, _span(small), small, report)
                 if programs is not None:
-                    programs.check(self, self.shadow.byte_planes(), 1, checked, _span(small), small, report)
+                    programs.before_record(self, self.shadow.byte_planes(), 1, checked, None, _span(small), small,
+                                           report)
         return touched
 
     def _check(self, planes, unit: int, checked, where, indices, report) -> None:
@@ -533,11 +548,15 @@ class _Programs:
     comes after all of them.
 
     This rank's row of the shadow holds its last access of a word, which may be the running
-    program's own, over another program's: every access checks that row before it records. Loads
-    and atomics also keep, per word, the first one of the launch not seen by a later loader or
-    atomic (`_FIRST_READ`, `_FIRST_ATOMIC`): two programs' loads of one word do not race, and a store
-    after them must see both. These planes are this process's own (all programs of one rank run in
-    it): anonymous in effect, sparse, sized like one rank's word planes.
+    program's own, over another program's: every access checks that row before it records. Two
+    programs' loads (atomics) of one word do not race, yet a store after them must see both: a load
+    that replaces in the row one of another program that it has not seen puts that one aside, in a
+    plane of the launch (`_FIRST_READ`, `_FIRST_ATOMIC`: the earliest such, where one is already),
+    which stores check while anything is there (a store that saw the one aside and the last but not
+    one between is not reported; elements under 4 bytes keep the last only). These planes are this process's own (all
+    programs of a rank run in its process: no lock, no shared file), sparse, three rows of one rank.
+    A system-scope acquire can bring this rank's own clock back through peers (`learn`): the program
+    that made it is seen up to there, what that program had seen is not (a peer keeps one number).
     """
 
     def __init__(self):
@@ -549,6 +568,7 @@ class _Programs:
         self.launch_vc = self.launch_weak = self.joined = self.joined_weak = None
         self.snapshots: list = []  # (vector clock, known) released in this launch: ids base + 1, ...
         self.base = 0
+        self.aside = False
         self._planes = None
 
     def begin(self, detector: Detector, programs: int) -> None:
@@ -556,6 +576,7 @@ class _Programs:
         if not self.concurrent:
             return
         self.first = self.start = int(detector.vc[detector.rank])
+        self.aside = False  # whether a load or atomic was kept aside in this launch (before_record)
         self.starts = np.zeros(programs, np.int64)
         self.known = np.zeros(programs, np.int64)
         self.launch_vc, self.launch_weak = detector.vc.copy(), detector.weak.copy()
@@ -609,41 +630,43 @@ class _Programs:
             other[other] = clocks[other] > self.known[made_by]
         return other
 
-    def check(self, detector: Detector, planes, unit: int, checked, where, indices, report) -> None:
-        """Reports this rank's last accesses in `planes` at `where` that another program made unseen."""
-        rank, heap = detector.rank, report[3]
-        for plane in checked:
-            self._report_unseen(detector, planes[plane, rank, heap][where], plane, unit, indices, report)
-
-    def check_first(self, detector: Detector, checked, where, indices, report) -> None:
-        """The same for the first unseen loads and atomics of the launch."""
+    def before_record(self, detector: Detector, planes, unit: int, checked, recorded, where, indices,
+                      report) -> None:
+        """Before an access records `recorded` into this rank's row of `planes` (one clock per `unit`
+        bytes) at `where`: reports the launch's other programs' accesses there in the `checked`
+        planes that the running program has not seen, and keeps aside an unseen load or atomic of
+        another program that the record is about to replace (words only)."""
         heap = report[3]
-        for plane in checked:
-            if plane in _FIRST:
-                firsts = self.planes(detector)[_FIRST[plane], heap][where]
-                self._report_unseen(detector, firsts, plane, GRANULE, indices, report)
+        own = planes[:3, detector.rank, heap][:, where]  # this rank's last store, load and atomic
+        if own.max() > self.first:  # the launch has been here
+            for plane in checked:
+                self._report_unseen(detector, own[plane], plane, unit, indices, report)
+            if unit == GRANULE and recorded in _FIRST:
+                self._keep_aside(detector, _FIRST[recorded], heap, where, own[recorded])
+        if self.aside and unit == GRANULE:
+            for plane in checked:
+                if plane in _FIRST:
+                    kept = self.planes(detector)[_FIRST[plane], heap][where]
+                    self._report_unseen(detector, kept, plane, unit, indices, report)
+
+    def _keep_aside(self, detector: Detector, slot: int, heap: int, where, old) -> None:
+        """Loads (atomics) of two programs do not race, but a store after both must see both: where the
+        record replaces one the running program has not seen, that one goes to the launch's plane
+        `slot`, unless an earlier one unseen is there already."""
+        unseen = self.unseen(old)
+        if unseen.any():
+            row = self.planes(detector)[slot, heap]
+            kept = row[where]
+            row[where] = np.where(unseen & ~self.unseen(kept), old, kept)
+            self.aside = True
 
     def _report_unseen(self, detector: Detector, clocks, plane, unit, indices, report) -> None:
-        if clocks.max() <= self.first:  # no access of this launch there (the common case)
+        if clocks.max() <= self.first:  # none of this launch
             return
         unseen = self.unseen(clocks)
         if unseen.any():
             detector._report(plane, detector.rank, int(clocks[int(np.argmax(unseen))]), indices[unseen], unit,
                              *report)
-
-    def record_first(self, detector: Detector, recorded, heap: int, where, clock: int) -> None:
-        """A load or atomic: the first of the launch at each word stays while the running program has
-        not seen it (a later store must see both), else this one takes its place."""
-        if recorded not in _FIRST:
-            return
-        row = self.planes(detector)[_FIRST[recorded], heap]
-        old = row[where]
-        if old.max() > self.first:
-            kept = self.unseen(old)
-            if kept.any():
-                row[where] = np.where(kept, old, clock)
-                return
-        row[where] = clock
 
     # the edges between programs: release, then acquire, at gpu or sys scope -------------------------
     def release(self, detector: Detector, heap: int, where, sem: str, scope: str, clock: int) -> None:

@@ -132,10 +132,10 @@ def small_stores(context_ptr, cells_ptr, out_ptr, W: tl.constexpr, WHERE: tl.con
 
 # programs_of_one_rank: races between the programs of one launch on one rank (they run side by side on a
 # GPU; the simulator runs them one after another, so the earlier program is the producer)
-OVERLAPPING_TILES, UNORDERED_READ, CTA_FLAG, FLAG, LAST_ARRIVES, DISJOINT_TILES, PEER_FLAG_ELSEWHERE, PEER_FLAG_PASSED = \
-    range(8)
+(OVERLAPPING_TILES, UNORDERED_READ, CTA_FLAG, FLAG, LAST_ARRIVES, DISJOINT_TILES, PEER_FLAG_ELSEWHERE, PEER_FLAG_PASSED,
+ READ_BY_BOTH) = range(9)
 PROGRAM_BUGS = {"overlapping_tiles": OVERLAPPING_TILES, "unordered_read": UNORDERED_READ, "cta_flag": CTA_FLAG,
-                "peer_flag_elsewhere": PEER_FLAG_ELSEWHERE}
+                "peer_flag_elsewhere": PEER_FLAG_ELSEWHERE, "read_by_both": READ_BY_BOTH}
 PROGRAM_CORRECT = {"flag": FLAG, "last_arrives": LAST_ARRIVES, "disjoint_tiles": DISJOINT_TILES,
                    "peer_flag_passed": PEER_FLAG_PASSED}
 
@@ -153,6 +153,8 @@ def programs_of_one_rank(context_ptr, tiles_ptr, flag_ptr, out_ptr, CASE: tl.con
     CTA_FLAG           ... the same flag at scope="cta" (orders threads of one program, not programs)
     LAST_ARRIVES       each program stores its tile and counts itself in (acq_rel at gpu scope); the
                        last to arrive sums every tile (correct)
+    READ_BY_BOTH       both programs read tile 0, then program 1 overwrites it (program 0's read is
+                       unordered with that store, though program 1's own read came between)
     PEER_FLAG_ELSEWHERE  ranks in pairs: the even rank's program 0 stores tile 0 into its peer's `tiles`
                        and raises the peer's flag (release, sys); the odd rank's program 0 waits for it,
                        its program 1 reads the tile (the acquire orders program 0 only)
@@ -175,12 +177,20 @@ def programs_of_one_rank(context_ptr, tiles_ptr, flag_ptr, out_ptr, CASE: tl.con
             for p in range(programs):
                 total += tl.load(tiles_ptr + p * BLOCK + offs)
             tl.store(out_ptr + offs, total)
+    elif CASE == READ_BY_BOTH:
+        seen = tl.load(tiles_ptr + offs)
+        if pid == 1:
+            tl.store(tiles_ptr + offs, seen + 1)
+        tl.store(out_ptr + pid * BLOCK + offs, seen)
     elif CASE == PEER_FLAG_ELSEWHERE or CASE == PEER_FLAG_PASSED:
         if ctx.rank % 2 == 0:
-            if pid == 0:
+            if pid == 0:  # once the reader's launch has begun (else the launch would come after this one)
+                while ctx.atomic_add(flag_ptr + 2, 0, to_rank=ctx.rank, sem="acquire", scope="sys") == 0:
+                    pass
                 ctx.store(tiles_ptr + offs, value, to_rank=ctx.rank + 1)
                 ctx.atomic_xchg(flag_ptr + 1, 1, to_rank=ctx.rank + 1, sem="release", scope="sys")
         elif pid == 0:
+            ctx.atomic_xchg(flag_ptr + 2, 1, to_rank=ctx.rank - 1, sem="release", scope="sys")
             while ctx.atomic_add(flag_ptr + 1, 0, to_rank=ctx.rank, sem="acquire", scope="sys") == 0:
                 pass
             if CASE == PEER_FLAG_PASSED:
