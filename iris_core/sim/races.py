@@ -81,8 +81,9 @@ RING = 1 << 16  # access records kept per rank
 _WRITE, _READ, _ATOMIC, _SYNC, _WEAK = range(5)
 _PLANES = 5
 _BYTE_PLANES = 3  # WRITE, READ and ATOMIC of single bytes (what releases is joined per word)
-_FIRST_READ, _FIRST_ATOMIC, _RELEASED = range(3)  # a launch's planes of one rank (_Programs)
-_FIRST = {_READ: _FIRST_READ, _ATOMIC: _FIRST_ATOMIC}
+_ASIDE_READ, _ASIDE_ATOMIC, _RELEASED = range(3)  # a launch's planes of one rank (_Programs)
+_ASIDE = {_READ: _ASIDE_READ, _ATOMIC: _ASIDE_ATOMIC}
+_MANY_RELEASES = 8  # earlier releases at the words of one atomic joined one by one, at most
 _RECORD_WORDS = 8  # clock, site, program, kind, heap rank, first byte, end byte, 0
 KINDS = ("load", "store", "atomic", "flag load")
 LOAD, STORE, ATOMIC, FLAG_LOAD = range(4)  # FLAG_LOAD: volatile or acquiring (PTX: relaxed / acquire at sys)
@@ -551,10 +552,11 @@ class _Programs:
     program's own, over another program's: every access checks that row before it records. Two
     programs' loads (atomics) of one word do not race, yet a store after them must see both: a load
     that replaces in the row one of another program that it has not seen puts that one aside, in a
-    plane of the launch (`_FIRST_READ`, `_FIRST_ATOMIC`: the earliest such, where one is already),
-    which stores check while anything is there (a store that saw the one aside and the last but not
-    one between is not reported; elements under 4 bytes keep the last only). These planes are this process's own (all
-    programs of a rank run in its process: no lock, no shared file), sparse, three rows of one rank.
+    plane of the launch (`_ASIDE_READ`, `_ASIDE_ATOMIC`: the earliest such, where one is already),
+    which stores check once anything is there (a store that saw the one aside and the last but not
+    one between is not reported; elements under 4 bytes keep the last only). These planes are this
+    process's own (all programs of a rank run in its process: no lock, no shared file), sparse,
+    three rows of one rank.
     A system-scope acquire can bring this rank's own clock back through peers (`learn`): the program
     that made it is seen up to there, what that program had seen is not (a peer keeps one number).
     """
@@ -607,7 +609,7 @@ class _Programs:
         self.concurrent = False
 
     def planes(self, detector: Detector) -> np.ndarray:
-        """[_FIRST_READ, _FIRST_ATOMIC, _RELEASED][heap rank][word] (mapped at the first launch of
+        """[_ASIDE_READ, _ASIDE_ATOMIC, _RELEASED][heap rank][word] (mapped at the first launch of
         several programs)."""
         if self._planes is None:
             granules = detector.heap_size // GRANULE
@@ -641,12 +643,12 @@ class _Programs:
         if own.max() > self.first:  # the launch has been here
             for plane in checked:
                 self._report_unseen(detector, own[plane], plane, unit, indices, report)
-            if unit == GRANULE and recorded in _FIRST:
-                self._keep_aside(detector, _FIRST[recorded], heap, where, own[recorded])
+            if unit == GRANULE and recorded in _ASIDE:
+                self._keep_aside(detector, _ASIDE[recorded], heap, where, own[recorded])
         if self.aside and unit == GRANULE:
             for plane in checked:
-                if plane in _FIRST:
-                    kept = self.planes(detector)[_FIRST[plane], heap][where]
+                if plane in _ASIDE:
+                    kept = self.planes(detector)[_ASIDE[plane], heap][where]
                     self._report_unseen(detector, kept, plane, unit, indices, report)
 
     def _keep_aside(self, detector: Detector, slot: int, heap: int, where, old) -> None:
@@ -679,15 +681,25 @@ class _Programs:
         row = self.planes(detector)[_RELEASED, heap]
         ids = np.array(row[where])
         fresh = ids > self.base
+        earlier = np.unique(ids[fresh])  # a release sequence: join what was released there
+        if len(earlier) > _MANY_RELEASES:  # words released apart: one join for all (it can only hide)
+            for old in earlier:
+                mine = self._joined(int(old), mine)
+            self.snapshots.append(mine)
+            row[where] = self.base + len(self.snapshots)
+            return
         new = ids.copy()
-        for old in np.unique(ids[fresh]):  # a release sequence: join what was released there
-            vc, known = self.snapshots[int(old) - self.base - 1]
-            self.snapshots.append((np.maximum(vc, mine[0]), np.maximum(known, mine[1])))
+        for old in earlier:
+            self.snapshots.append(self._joined(int(old), mine))
             new[ids == old] = self.base + len(self.snapshots)
         if not fresh.all():
             self.snapshots.append(mine)
             new[~fresh] = self.base + len(self.snapshots)
         row[where] = new
+
+    def _joined(self, released: int, view):
+        vc, known = self.snapshots[released - self.base - 1]
+        return np.maximum(vc, view[0]), np.maximum(known, view[1])
 
     def acquire(self, detector: Detector, heap: int, granules, sem: str, scope: str) -> None:
         """An atomic read (or a flag load) that acquires at gpu or sys scope: the running program joins
