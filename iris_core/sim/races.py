@@ -81,7 +81,7 @@ RING = 1 << 16  # access records kept per rank
 _WRITE, _READ, _ATOMIC, _SYNC, _WEAK = range(5)
 _PLANES = 5
 _BYTE_PLANES = 3  # WRITE, READ and ATOMIC of single bytes (what releases is joined per word)
-_ASIDE_READ, _ASIDE_ATOMIC, _RELEASED = range(3)  # a launch's planes of one rank (_Programs)
+_ASIDE_READ, _ASIDE_ATOMIC, _RELEASED, _WEAK_RELEASED = range(4)  # a launch's planes of one rank (_Programs)
 _ASIDE = {_READ: _ASIDE_READ, _ATOMIC: _ASIDE_ATOMIC}
 _MANY_RELEASES = 8  # earlier releases at the words of one atomic joined one by one, at most
 _RECORD_WORDS = 8  # clock, site, program, kind, heap rank, first byte, end byte, 0
@@ -459,7 +459,7 @@ class Detector:
                 if programs is not None:  # a release of this rank's, come back through peers
                     programs.learn(int(released[self.rank]))
             if programs is not None:
-                programs.acquire(self, heap, granules, sem, scope)
+                programs.acquire(self, heap, granules, sem, scope, where)
             weak = planes[_WEAK, :, heap][:, granules].max(axis=1)
             raised = (weak > self.weak) & (weak > self.vc)
             if raised.any():
@@ -484,6 +484,7 @@ class Detector:
         other_program = _program(int(record[2])) if known else "?"
         if other == self.rank:
             remedy = _programs_remedy(other_program, other_kind, _program(program), KINDS[kind])
+            remedy += self.programs.hint(self, other_clock)
         else:
             remedy = self._remedy(other, other_kind, KINDS[kind], other_clock)
         lines = [
@@ -559,6 +560,9 @@ class _Programs:
     three rows of one rank.
     A system-scope acquire can bring this rank's own clock back through peers (`learn`): the program
     that made it is seen up to there, what that program had seen is not (a peer keeps one number).
+    For the report's hint, atomics that release nothing between programs (relaxed, scope "cta")
+    leave their clock in `_WEAK_RELEASED`, and reads that acquire nothing note what they saw there
+    or in `_RELEASED` (`weak_clock`, `weak_read`): the flag that was meant to order the two.
     """
 
     def __init__(self):
@@ -571,6 +575,7 @@ class _Programs:
         self.snapshots: list = []  # (vector clock, known) released in this launch: ids base + 1, ...
         self.base = 0
         self.aside = False
+        self.weak_clock, self.weak_read = 0, None  # the running program's latest flag read that orders nothing
         self._planes = None
 
     def begin(self, detector: Detector, programs: int) -> None:
@@ -591,6 +596,7 @@ class _Programs:
         if not self.concurrent:
             return
         vc, rank = detector.vc, detector.rank
+        self.weak_clock, self.weak_read = 0, None
         if self.ordinal >= 0:  # the program before ends: the next one knows none of it
             np.maximum(self.joined, vc, out=self.joined)
             np.maximum(self.joined_weak, detector.weak, out=self.joined_weak)
@@ -609,17 +615,17 @@ class _Programs:
         self.concurrent = False
 
     def planes(self, detector: Detector) -> np.ndarray:
-        """[_ASIDE_READ, _ASIDE_ATOMIC, _RELEASED][heap rank][word] (mapped at the first launch of
-        several programs)."""
+        """[_ASIDE_READ, _ASIDE_ATOMIC, _RELEASED, _WEAK_RELEASED][heap rank][word] (mapped at the first
+        launch of several programs)."""
         if self._planes is None:
             granules = detector.heap_size // GRANULE
-            size = 3 * detector.world_size * granules * 4
+            size = 4 * detector.world_size * granules * 4
             path = f"{detector.shadow.path}-programs-{os.getpid()}-{detector.rank}"
             try:
                 mapping = _map_sparse(path, size, detector.world_size, detector.heap_size)
             finally:
                 os.unlink(path)  # this process's alone: gone with it
-            self._planes = np.frombuffer(mapping, np.int32).reshape(3, detector.world_size, granules)
+            self._planes = np.frombuffer(mapping, np.int32).reshape(4, detector.world_size, granules)
         return self._planes
 
     # which program made an access, and whether the running one has seen it ----------------------------
@@ -674,7 +680,10 @@ class _Programs:
     def release(self, detector: Detector, heap: int, where, sem: str, scope: str, clock: int) -> None:
         """An atomic that releases at gpu or sys scope: the words it writes carry what the running
         program has seen, itself up to this atomic included (joined with what they carried)."""
-        if sem not in ("release", "acq_rel") or scope == "cta":
+        if sem not in ("release", "acq_rel") or scope == "cta":  # orders nothing; for the report's hint
+            row = self.planes(detector)[_WEAK_RELEASED, heap]
+            self._weakly(detector, row[where].max(), (sem, scope), None)  # what it reads, before it writes
+            row[where] = clock
             return
         self.known[self.ordinal] = clock
         mine = (detector.vc.copy(), self.known.copy())
@@ -701,16 +710,41 @@ class _Programs:
         vc, known = self.snapshots[released - self.base - 1]
         return np.maximum(vc, view[0]), np.maximum(known, view[1])
 
-    def acquire(self, detector: Detector, heap: int, granules, sem: str, scope: str) -> None:
+    def acquire(self, detector: Detector, heap: int, granules, sem: str, scope: str, where=None) -> None:
         """An atomic read (or a flag load) that acquires at gpu or sys scope: the running program joins
-        what programs of this launch released at the words."""
-        if sem not in ("acquire", "acq_rel") or scope == "cta":
-            return
-        ids = self.planes(detector)[_RELEASED, heap][granules]
+        what programs of this launch released at the words. Any other notes, for the report's hint,
+        what a release and an acquire at gpu scope would have ordered (`weak`)."""
+        planes = self.planes(detector)
+        ids = planes[_RELEASED, heap][granules]
+        strong = sem in ("acquire", "acq_rel") and scope != "cta"
         for released in np.unique(ids[ids > self.base]):
             vc, known = self.snapshots[int(released) - self.base - 1]
-            np.maximum(detector.vc, vc, out=detector.vc)
-            np.maximum(self.known, known, out=self.known)
+            if strong:
+                np.maximum(detector.vc, vc, out=detector.vc)
+                np.maximum(self.known, known, out=self.known)
+            else:
+                self._weakly(detector, known.max(), (sem or "a volatile load", scope), where)
+        self._weakly(detector, planes[_WEAK_RELEASED, heap][granules].max(), (sem or "a volatile load", scope),
+                     where)
+
+    def _weakly(self, detector: Detector, clock: int, how, where) -> None:
+        """The running program read a flag that another program of the launch changed at `clock`
+        without a release and an acquire at gpu or sys scope between them."""
+        if self.first < clock < self.start and clock > self.weak_clock:
+            self.weak_clock, self.weak_read = int(clock), (detector._site(where), *how)
+
+    def hint(self, detector: Detector, other_clock: int) -> str:
+        """What the report adds where the running program read a flag that the other program changed
+        after its access, with too weak a sem or scope on one side."""
+        if self.weak_read is None or self.weak_clock < other_clock:
+            return ""
+        made_by = np.searchsorted(self.starts[:self.ordinal + 1], [other_clock, self.weak_clock], side="right")
+        if made_by[0] != made_by[1]:  # a flag of a third program
+            return ""
+        site, sem, scope = self.weak_read
+        return (f" The later program did read a flag the earlier one changed after its access "
+                f"({detector.shadow.site(detector.rank, site)}, sem={sem}, scope={scope}): that read or the "
+                "write it saw lacks acquire / release at gpu or sys scope.")
 
     def learn(self, clock: int) -> None:
         """A system-scope acquire joined this rank's `clock` from a peer's release: the program that

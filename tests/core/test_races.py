@@ -99,3 +99,4 @@ def test_programs_of_one_launch(bug):
         assert len(found) == 1 and "store by rank 0, program 1: " in found[0], found
         assert "load by rank 0, program 15: " in found[0] and "its bytes" not in found[0], found[0]
         assert "bytes [4, 8) (heap offsets)" in found[0], found[0]
+        assert "did read a flag the earlier one changed" in found[0] and "sem=acquire, scope=gpu" in found[0], found[0]

@@ -149,6 +149,9 @@ def test_race_between_programs_is_found(world, bug):
         assert ", program 0: " in report and ", program 1: " in report, report
         assert "programs_of_one_rank" in report and "race_kernels.py:" in report, report
         assert "scope='gpu'" in report and "run concurrently" in report, report
+        # the hint: the reader polled the flag the writer raised, both at cta scope
+        assert ("did read a flag the earlier one changed" in report) == (bug == "cta_flag"), report
+        assert bug != "cta_flag" or "sem=acquire, scope=cta" in report, report
     if bug == "overlapping_tiles":
         assert "store by rank" in reports[0] and "tiles overlap" in reports[0], reports[0]
         assert "its bytes [252, 256)" in reports[0], reports[0]  # the one element both tiles hold
