@@ -113,7 +113,7 @@ def run_kernel(kernel, grid: Sequence[int], args: Sequence, constexprs: dict | N
     for obj, name, value in _FAST_LANGUAGE:
         fast_scope.set_attr(obj, name, value)
     if detector is not None:
-        detector.begin(kernel.fn.__name__)
+        detector.begin(kernel.fn.__name__, grid[0] * grid[1] * grid[2])
         for obj, name, value in races.builder_patches(ti, detector):
             fast_scope.set_attr(obj, name, value)
     options = ti.interpreter_builder.options
@@ -127,6 +127,8 @@ def run_kernel(kernel, grid: Sequence[int], args: Sequence, constexprs: dict | N
                 for y in range(grid[1]):
                     for z in range(grid[2]):
                         ti.interpreter_builder.set_grid_idx(x, y, z)
+                        if detector is not None:
+                            detector.begin_program(x, y, z)
                         fn(**call_args)
     except Exception as e:
         raise _iris_cause(e) or e  # noqa: B904  (the iris error itself, as the kernel raised it)

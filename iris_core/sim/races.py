@@ -1,4 +1,5 @@
-"""The simulator's race detector: heap accesses of different ranks that nothing orders.
+"""The simulator's race detector: heap accesses of different ranks, or of different programs of
+one launch, that nothing orders.
 
 Opt-in (iris_jax.init(detect_races=...), IRIS_DETECT_RACES). While a kernel runs under it,
 every load, store and atomic of the interpreter whose address lies in a heap of the session
@@ -6,14 +7,22 @@ goes through `Detector.access` (the builder hooks of `builder_patches`, set for 
 a launch: without detection nothing is hooked). The happens-before order is the device API's
 memory model (docs/device-api.md):
 
-* each rank is one thread of a vector clock; its accesses are ordered (stream order, and the
-  simulator runs a launch's programs one after another: races between programs of one rank
-  are not looked for);
+* each rank is one thread of a vector clock, and so is each program of the launch that runs now,
+  for the length of the launch (`_Programs`): a rank's launches are ordered (stream order: a
+  launch begins after every program of the one before), the programs of one launch are not (they
+  run side by side on a GPU; the simulator runs them one after another and says where each
+  begins, `begin_program`);
 * an atomic with sem release or acq_rel at system scope publishes the rank's clock with the
   word it writes (the SYNC plane, joined: later atomics continue the release sequence); an
   atomic with sem acquire or acq_rel at system scope, and the simulator's `load_acquire`
   (Flags.wait on my own flag), join what is published there. Relaxed atomics, GPU or CTA
   scope and volatile loads make no edge;
+* between programs of one launch on one rank, a release then an acquire of one heap word at gpu
+  or system scope (the rank's own flag, a peer's, the counter the last program to arrive reads)
+  orders the releasing program's past before the acquiring program's future, its view of the
+  peers included; nothing else does (tl.debug_barrier orders the threads of one program, scope
+  "cta" nothing between programs, a device_barrier ranks). A peer's flag acquired by one program
+  orders that program only;
 * a host barrier (iris_jax.barrier) orders everything before it before everything after; a
   change of the heap's allocations between launches orders the launches that had finished
   before the next (a freed array's uses were over; its words keep their history).
@@ -30,7 +39,14 @@ plain load (READ) and atomic (ATOMIC), the clock released there (SYNC) and the c
 have been released had every atomic been release at system scope (WEAK, for the report's hint).
 Each rank writes only its own rows, so records need no lock; joins into SYNC and WEAK take one.
 Two accesses race when they overlap, at least one writes, not both are atomics, they are of
-different ranks and the earlier one's clock is not in the later one's vector clock. Elements
+different ranks, or of different programs of one launch of one rank, and the earlier one's clock
+is not in the later one's vector clock. Between programs, the shadow needs no column more: the
+programs' clocks are consecutive ranges of their rank's, so a record of this rank made after the
+launch began and before the running program began is another program's, which the program has
+seen up to its `known` entry (how, and the planes that are this process's own: `_Programs`).
+What that leaves out: a peer's view of a rank stays one number, so a peer that acquires one
+program's release counts every earlier access of that rank as seen, other programs' too (a race
+hidden, never a false one); a Pallas kernel's programs count as one. Elements
 smaller than 4 bytes (int8, bfloat16, ...) are checked byte by byte: their accesses record one
 clock per byte in byte planes (WRITE, READ, ATOMIC; a second sparse file, mapped on the first
 such access) and mark their words "mixed"; they check the word planes of their words and the
@@ -65,6 +81,9 @@ RING = 1 << 16  # access records kept per rank
 _WRITE, _READ, _ATOMIC, _SYNC, _WEAK = range(5)
 _PLANES = 5
 _BYTE_PLANES = 3  # WRITE, READ and ATOMIC of single bytes (what releases is joined per word)
+_ASIDE_READ, _ASIDE_ATOMIC, _RELEASED, _WEAK_RELEASED = range(4)  # a launch's planes of one rank (_Programs)
+_ASIDE = {_READ: _ASIDE_READ, _ATOMIC: _ASIDE_ATOMIC}
+_MANY_RELEASES = 8  # earlier releases at the words of one atomic joined one by one, at most
 _RECORD_WORDS = 8  # clock, site, program, kind, heap rank, first byte, end byte, 0
 KINDS = ("load", "store", "atomic", "flag load")
 LOAD, STORE, ATOMIC, FLAG_LOAD = range(4)  # FLAG_LOAD: volatile or acquiring (PTX: relaxed / acquire at sys)
@@ -261,15 +280,23 @@ class Detector:
         self.allocations = None  # a function: (starts, sizes) of the heap's live allocations
         self.names = None  # a function: {offset: (owner, name)} of the named ones
         self._starts = None  # its last answer
+        self.programs = _Programs()  # the launch's programs: one thread each (see _Programs)
 
     # a launch --------------------------------------------------------------------------------
-    def begin(self, kernel: str) -> None:
+    def begin(self, kernel: str, programs: int = 1) -> None:
+        """A launch of `programs` programs begins (stream order: after everything this rank did)."""
         self.kernel = kernel
         np.maximum(self.vc, self.shadow.clocks[1], out=self.vc)
         if self.allocations is not None and self._heap_changed():
             # memory freed and allocated again keeps its old accesses in the shadow: a freed array's
             # uses were over when the host freed it, so what finished before counts as before
             np.maximum(self.vc, self.shadow.clocks[0], out=self.vc)
+        self.programs.begin(self, programs)
+
+    def begin_program(self, x: int, y: int, z: int) -> None:
+        """The launch's next program begins: it knows what the launch began with, not what the
+        programs before it did (on a GPU they run beside it)."""
+        self.programs.next(self, x | y << 20 | z << 40)
 
     def _heap_changed(self) -> bool:
         """Whether the heap's allocations changed since the last launch (a worker's table is a new
@@ -281,6 +308,7 @@ class Detector:
 
     def end(self) -> list[str]:
         """The launch is over: publishes this rank's clock (see `begin`); returns its reports."""
+        self.programs.end(self)  # the next launch comes after every program of this one
         self.shadow.clocks[0, self.rank] = self.vc[self.rank]
         return self.take_reports()
 
@@ -348,6 +376,7 @@ class Detector:
         vc[rank] += 1
         clock = int(vc[rank])
         site = self._site(where)
+        programs = self.programs if self.programs.concurrent else None  # other programs of this launch
         for heap, granules, offsets, element in touched:
             record = (clock, site, int(program), kind, heap, int(offsets.min()), int(offsets.max()) + element, 0)
             self.shadow.log[rank, clock % RING] = record
@@ -361,17 +390,23 @@ class Detector:
             else:
                 recorded, checked = _ATOMIC, (_WRITE, _READ)
                 self._publish(heap, where, sem, scope)
+                if programs is not None:
+                    programs.release(self, heap, where, sem, scope, clock)
             report = (kind, sem, scope, heap, clock, site, program)
             mixed = self.shadow.mixed[heap]
             if element < GRANULE:  # its own bytes only: a neighbour's bytes in the word are not its
                 small = _bytes_of(offsets, element)
                 at, byte_planes = _span(small), self.shadow.byte_planes()
                 mixed[where] = 1  # before the record: a word access that checks after it sees both
+                if programs is not None:  # before the record, which replaces this rank's last one
+                    programs.before_record(self, byte_planes, 1, checked, None, at, small, report)
                 if recorded is not None:
                     byte_planes[recorded, rank, heap][at] = clock
                 self._check(planes, GRANULE, checked, where, granules, report)  # whole words of others
                 self._check(byte_planes, 1, checked, at, small, report)
                 continue
+            if programs is not None:  # before the record, which replaces this rank's last one
+                programs.before_record(self, planes, GRANULE, checked, recorded, where, granules, report)
             if recorded is not None:  # record, then check: of two racing ranks one sees the other
                 planes[recorded, rank, heap][where] = clock
             self._check(planes, GRANULE, checked, where, granules, report)
@@ -379,6 +414,9 @@ class Detector:
             if flagged.any():  # bytes of these words were accessed as smaller elements
                 small = _bytes_of(granules[flagged.astype(bool)] * GRANULE, GRANULE)
                 self._check(self.shadow.byte_planes(), 1, checked, _span(small), small, report)
+                if programs is not None:
+                    programs.before_record(self, self.shadow.byte_planes(), 1, checked, None, _span(small), small,
+                                           report)
         return touched
 
     def _check(self, planes, unit: int, checked, where, indices, report) -> None:
@@ -413,9 +451,15 @@ class Detector:
         read made at the source line `where`, as for `access_at`)."""
         planes = self.shadow.planes
         strong = sem in ("acquire", "acq_rel") and scope == "sys"
+        programs = self.programs if self.programs.concurrent else None
         for heap, granules, _, _ in touched:
             if strong:
-                np.maximum(self.vc, planes[_SYNC, :, heap][:, granules].max(axis=1), out=self.vc)
+                released = planes[_SYNC, :, heap][:, granules].max(axis=1)
+                np.maximum(self.vc, released, out=self.vc)
+                if programs is not None:  # a release of this rank's, come back through peers
+                    programs.learn(int(released[self.rank]))
+            if programs is not None:
+                programs.acquire(self, heap, granules, sem, scope, where)
             weak = planes[_WEAK, :, heap][:, granules].max(axis=1)
             raised = (weak > self.weak) & (weak > self.vc)
             if raised.any():
@@ -437,11 +481,17 @@ class Detector:
         first, end = int(racing.min()) * unit, (int(racing.max()) + 1) * unit
         mine = KINDS[kind] + (f" (sem={sem}, scope={scope})" if kind == ATOMIC else
                               " (volatile)" if kind == FLAG_LOAD and not sem else "")
+        other_program = _program(int(record[2])) if known else "?"
+        if other == self.rank:
+            remedy = _programs_remedy(other_program, other_kind, _program(program), KINDS[kind])
+            remedy += self.programs.hint(self, other_clock)
+        else:
+            remedy = self._remedy(other, other_kind, KINDS[kind], other_clock)
         lines = [
             f"data race on rank {heap}'s heap, {self._region(first, end)}:",
-            f"  {other_kind} by rank {other}, program {_program(int(record[2])) if known else '?'}: {other_site}",
+            f"  {other_kind} by rank {other}, program {other_program}: {other_site}",
             f"  {mine} by rank {self.rank}, program {_program(program)}: {self.shadow.site(self.rank, site)}",
-            "  " + self._remedy(other, other_kind, KINDS[kind], other_clock),
+            "  " + remedy,
         ]
         self.reports.append("\n".join(lines))
 
@@ -474,6 +524,10 @@ class Detector:
                      "a buffer reused while a peer may still use it; or a device_barrier / host barrier between")
         if other_kind != "atomic" and kind != "atomic" and other_kind == kind == "store":
             order += "; or make both stores atomics"
+        if self.programs.concurrent and self.programs.joined[other] >= other_clock:
+            order += (f". Another program of rank {me}'s launch did acquire it, which orders that program only "
+                      "(the programs of a launch run concurrently): it must pass it on, a release at scope='gpu' "
+                      "or 'sys' that this program acquires, or this program acquire the flag itself")
         hint = self.weak_site[other]
         if hint is not None and self.weak[other] >= other_clock:
             where, sem, scope = hint
@@ -481,6 +535,239 @@ class Detector:
                       f"({self.shadow.site(me, where)}, sem={sem}, scope={scope}): that read or the write it saw "
                       "lacks acquire / release at system scope")
         return order + "."
+
+
+class _Programs:
+    """The programs of the launch that runs now, each a thread of its rank's vector clock.
+
+    The simulator runs them one after another, so program i's accesses take this rank's clocks
+    [starts[i], starts[i + 1]), all after the launch's `first`: which program made an access is its
+    clock's place in `starts`. A program begins with what its launch began with (other ranks'
+    clocks) and nothing of its launch's other programs; `known[i]` is the last clock of program i
+    that the running program has seen, through a release then an acquire at gpu or sys scope of one
+    word (the word's `_RELEASED` entry names what was released there: the releasing program's vector
+    clock and `known`). The launch's end joins every program's clock: the next launch (stream order)
+    comes after all of them.
+
+    This rank's row of the shadow holds its last access of a word, which may be the running
+    program's own, over another program's: every access checks that row before it records. Two
+    programs' loads (atomics) of one word do not race, yet a store after them must see both: a load
+    that replaces in the row one of another program that it has not seen puts that one aside, in a
+    plane of the launch (`_ASIDE_READ`, `_ASIDE_ATOMIC`: the earliest such, where one is already),
+    which stores check once anything is there (a store that saw the one aside and the last but not
+    one between is not reported; elements under 4 bytes keep the last only). These planes are this
+    process's own (all programs of a rank run in its process: no lock, no shared file), sparse,
+    three rows of one rank.
+    A system-scope acquire can bring this rank's own clock back through peers (`learn`): the program
+    that made it is seen up to there, what that program had seen is not (a peer keeps one number).
+    For the report's hint, atomics that release nothing between programs (relaxed, scope "cta")
+    leave their clock in `_WEAK_RELEASED`, and reads that acquire nothing note what they saw there
+    or in `_RELEASED` (`weak_clock`, `weak_read`): the flag that was meant to order the two.
+    """
+
+    def __init__(self):
+        self.concurrent = False  # the launch has more than one program
+        self.packed = 0  # the running program's id, as access records pack it
+        self.ordinal = -1  # its place in the launch's order
+        self.first = self.start = 0  # the clock before the launch's first access; the program's first
+        self.starts = self.known = np.zeros(1, np.int64)
+        self.launch_vc = self.launch_weak = self.joined = self.joined_weak = None
+        self.snapshots: list = []  # (vector clock, known) released in this launch: ids base + 1, ...
+        self.base = 0
+        self.aside = False
+        self.weak_clock, self.weak_read = 0, None  # the running program's latest flag read that orders nothing
+        self._planes = None
+
+    def begin(self, detector: Detector, programs: int) -> None:
+        self.concurrent, self.ordinal, self.packed = programs > 1, -1, 0
+        if not self.concurrent:
+            return
+        self.first = self.start = int(detector.vc[detector.rank])
+        self.aside = False  # whether a load or atomic was kept aside in this launch (before_record)
+        self.starts = np.zeros(programs, np.int64)
+        self.known = np.zeros(programs, np.int64)
+        self.launch_vc, self.launch_weak = detector.vc.copy(), detector.weak.copy()
+        self.joined, self.joined_weak = detector.vc.copy(), detector.weak.copy()
+        self.base += len(self.snapshots)  # the ids earlier launches released are stale from here on
+        self.snapshots = []
+
+    def next(self, detector: Detector, packed: int) -> None:
+        self.packed = packed
+        if not self.concurrent:
+            return
+        vc, rank = detector.vc, detector.rank
+        self.weak_clock, self.weak_read = 0, None
+        if self.ordinal >= 0:  # the program before ends: the next one knows none of it
+            np.maximum(self.joined, vc, out=self.joined)
+            np.maximum(self.joined_weak, detector.weak, out=self.joined_weak)
+            own = vc[rank]
+            vc[:] = self.launch_vc
+            vc[rank] = own
+            detector.weak[:] = self.launch_weak
+            self.known.fill(0)
+        self.ordinal += 1
+        self.start = self.starts[self.ordinal] = int(vc[rank]) + 1
+
+    def end(self, detector: Detector) -> None:
+        if self.concurrent and self.ordinal >= 0:
+            np.maximum(detector.vc, self.joined, out=detector.vc)
+            np.maximum(detector.weak, self.joined_weak, out=detector.weak)
+        self.concurrent = False
+
+    def planes(self, detector: Detector) -> np.ndarray:
+        """[_ASIDE_READ, _ASIDE_ATOMIC, _RELEASED, _WEAK_RELEASED][heap rank][word] (mapped at the first
+        launch of several programs)."""
+        if self._planes is None:
+            granules = detector.heap_size // GRANULE
+            size = 4 * detector.world_size * granules * 4
+            path = f"{detector.shadow.path}-programs-{os.getpid()}-{detector.rank}"
+            try:
+                mapping = _map_sparse(path, size, detector.world_size, detector.heap_size)
+            finally:
+                os.unlink(path)  # this process's alone: gone with it
+            self._planes = np.frombuffer(mapping, np.int32).reshape(4, detector.world_size, granules)
+        return self._planes
+
+    # which program made an access, and whether the running one has seen it ----------------------------
+    def unseen(self, clocks):
+        """Which of these clocks of this rank are accesses of the launch's other programs that the
+        running program has not seen."""
+        other = (clocks > self.first) & (clocks < self.start)
+        if other.any():
+            made_by = np.searchsorted(self.starts[:self.ordinal + 1], clocks[other], side="right") - 1
+            other[other] = clocks[other] > self.known[made_by]
+        return other
+
+    def before_record(self, detector: Detector, planes, unit: int, checked, recorded, where, indices,
+                      report) -> None:
+        """Before an access records `recorded` into this rank's row of `planes` (one clock per `unit`
+        bytes) at `where`: reports the launch's other programs' accesses there in the `checked`
+        planes that the running program has not seen, and keeps aside an unseen load or atomic of
+        another program that the record is about to replace (words only)."""
+        heap = report[3]
+        own = planes[:3, detector.rank, heap][:, where]  # this rank's last store, load and atomic
+        if own.max() > self.first:  # the launch has been here
+            for plane in checked:
+                self._report_unseen(detector, own[plane], plane, unit, indices, report)
+            if unit == GRANULE and recorded in _ASIDE:
+                self._keep_aside(detector, _ASIDE[recorded], heap, where, own[recorded])
+        if self.aside and unit == GRANULE:
+            for plane in checked:
+                if plane in _ASIDE:
+                    kept = self.planes(detector)[_ASIDE[plane], heap][where]
+                    self._report_unseen(detector, kept, plane, unit, indices, report)
+
+    def _keep_aside(self, detector: Detector, slot: int, heap: int, where, old) -> None:
+        """Loads (atomics) of two programs do not race, but a store after both must see both: where the
+        record replaces one the running program has not seen, that one goes to the launch's plane
+        `slot`, unless an earlier one unseen is there already."""
+        unseen = self.unseen(old)
+        if unseen.any():
+            row = self.planes(detector)[slot, heap]
+            kept = row[where]
+            row[where] = np.where(unseen & ~self.unseen(kept), old, kept)
+            self.aside = True
+
+    def _report_unseen(self, detector: Detector, clocks, plane, unit, indices, report) -> None:
+        if clocks.max() <= self.first:  # none of this launch
+            return
+        unseen = self.unseen(clocks)
+        if unseen.any():
+            detector._report(plane, detector.rank, int(clocks[int(np.argmax(unseen))]), indices[unseen], unit,
+                             *report)
+
+    # the edges between programs: release, then acquire, at gpu or sys scope -------------------------
+    def release(self, detector: Detector, heap: int, where, sem: str, scope: str, clock: int) -> None:
+        """An atomic that releases at gpu or sys scope: the words it writes carry what the running
+        program has seen, itself up to this atomic included (joined with what they carried)."""
+        if sem not in ("release", "acq_rel") or scope == "cta":  # orders nothing; for the report's hint
+            row = self.planes(detector)[_WEAK_RELEASED, heap]
+            self._weakly(detector, row[where].max(), (sem, scope), None)  # what it reads, before it writes
+            row[where] = clock
+            return
+        self.known[self.ordinal] = clock
+        mine = (detector.vc.copy(), self.known.copy())
+        row = self.planes(detector)[_RELEASED, heap]
+        ids = np.array(row[where])
+        fresh = ids > self.base
+        earlier = np.unique(ids[fresh])  # a release sequence: join what was released there
+        if len(earlier) > _MANY_RELEASES:  # words released apart: one join for all (it can only hide)
+            for old in earlier:
+                mine = self._joined(int(old), mine)
+            self.snapshots.append(mine)
+            row[where] = self.base + len(self.snapshots)
+            return
+        new = ids.copy()
+        for old in earlier:
+            self.snapshots.append(self._joined(int(old), mine))
+            new[ids == old] = self.base + len(self.snapshots)
+        if not fresh.all():
+            self.snapshots.append(mine)
+            new[~fresh] = self.base + len(self.snapshots)
+        row[where] = new
+
+    def _joined(self, released: int, view):
+        vc, known = self.snapshots[released - self.base - 1]
+        return np.maximum(vc, view[0]), np.maximum(known, view[1])
+
+    def acquire(self, detector: Detector, heap: int, granules, sem: str, scope: str, where=None) -> None:
+        """An atomic read (or a flag load) that acquires at gpu or sys scope: the running program joins
+        what programs of this launch released at the words. Any other notes, for the report's hint,
+        what a release and an acquire at gpu scope would have ordered (`weak`)."""
+        planes = self.planes(detector)
+        ids = planes[_RELEASED, heap][granules]
+        strong = sem in ("acquire", "acq_rel") and scope != "cta"
+        for released in np.unique(ids[ids > self.base]):
+            vc, known = self.snapshots[int(released) - self.base - 1]
+            if strong:
+                np.maximum(detector.vc, vc, out=detector.vc)
+                np.maximum(self.known, known, out=self.known)
+            else:
+                self._weakly(detector, known.max(), (sem or "a volatile load", scope), where)
+        self._weakly(detector, planes[_WEAK_RELEASED, heap][granules].max(), (sem or "a volatile load", scope),
+                     where)
+
+    def _weakly(self, detector: Detector, clock: int, how, where) -> None:
+        """The running program read a flag that another program of the launch changed at `clock`
+        without a release and an acquire at gpu or sys scope between them."""
+        if self.first < clock < self.start and clock > self.weak_clock:
+            self.weak_clock, self.weak_read = int(clock), (detector._site(where), *how)
+
+    def hint(self, detector: Detector, other_clock: int) -> str:
+        """What the report adds where the running program read a flag that the other program changed
+        after its access, with too weak a sem or scope on one side."""
+        if self.weak_read is None or self.weak_clock < other_clock:
+            return ""
+        made_by = np.searchsorted(self.starts[:self.ordinal + 1], [other_clock, self.weak_clock], side="right")
+        if made_by[0] != made_by[1]:  # a flag of a third program
+            return ""
+        site, sem, scope = self.weak_read
+        return (f" The later program did read a flag the earlier one changed after its access "
+                f"({detector.shadow.site(detector.rank, site)}, sem={sem}, scope={scope}): that read or the "
+                "write it saw lacks acquire / release at gpu or sys scope.")
+
+    def learn(self, clock: int) -> None:
+        """A system-scope acquire joined this rank's `clock` from a peer's release: the program that
+        made that access is seen up to it (what that program had seen is not: a peer's vector clock
+        keeps one entry per rank)."""
+        if self.first < clock < self.start:
+            made_by = int(np.searchsorted(self.starts[:self.ordinal + 1], clock, side="right")) - 1
+            self.known[made_by] = max(int(self.known[made_by]), clock)
+
+
+def _programs_remedy(other: str, other_kind: str, me: str, kind: str) -> str:
+    """What orders two accesses of programs of one launch on one rank (they run side by side on a GPU)."""
+    text = ""
+    if other_kind == kind == "store":
+        text = ("two programs store into the same elements: do their tiles overlap (an off-by-one tile "
+                "mapping, chunks that overlap)? Give each program its own elements; else ")
+    return text + (
+        f"to order them, program {other} must release a flag after its {other_kind} (an atomic with "
+        f"sem='release' or 'acq_rel', scope='gpu' or 'sys') and program {me} acquire it before its {kind} "
+        "(sem='acquire' or 'acq_rel', scope='gpu' or 'sys'), or the two must be separate launches: the "
+        "programs of a launch run concurrently, tl.debug_barrier orders the threads of one program only, "
+        "an atomic at scope='cta' orders nothing between programs and a device_barrier orders ranks, not "
+        "the programs of one launch.")
 
 
 def _distinct(indices):

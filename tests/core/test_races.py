@@ -3,9 +3,11 @@ ranks: correct calls are not reported, and their results still match numpy."""
 
 import numpy as np
 import pytest
+import triton
+import triton.language as tl
 
 from iris_core.sim import get_world, races
-from iris_core.sim.interpreter import pointer_to, run_kernel
+from iris_core.sim.interpreter import Pointer, pointer_to, run_kernel
 from tests.core import tile_kernels as K
 from tests.core.test_tile_collectives import BM, BN, M, _read, _run_op, _views, expected
 
@@ -50,3 +52,51 @@ def test_shadow_memory_too_large_is_a_clear_error():
             races.Shadow(session, 256, 1 << 44)
     finally:
         races.remove(session)
+
+
+@triton.jit
+def _gathered_flags(data_ptr, flags_ptr, out_ptr, BUG: tl.constexpr, BLOCK: tl.constexpr):
+    """Programs 0..P-2 each store their element and release their own flag (gpu scope); the last
+    program acquires all the flags in one tile atomic, reads every element and releases all the
+    flags again in one atomic (a word each, released apart before). BUG: program 1 releases with
+    scope="cta", which orders nothing between programs."""
+    pid = tl.program_id(0)
+    last = tl.num_programs(0) - 1
+    offs = tl.arange(0, BLOCK)
+    if pid < last:
+        tl.store(data_ptr + pid, pid + 1.0)
+        if BUG and pid == 1:
+            tl.atomic_xchg(flags_ptr + pid, 1, sem="release", scope="cta")
+        else:
+            tl.atomic_xchg(flags_ptr + pid, 1, sem="release", scope="gpu")
+    else:
+        mask = offs < last
+        tl.atomic_add(flags_ptr + offs, 0, mask=mask, sem="acquire", scope="gpu")
+        tl.store(out_ptr + offs, tl.load(data_ptr + offs, mask=mask, other=0.0), mask=mask)
+        tl.atomic_xchg(flags_ptr + offs, 2, mask=mask, sem="release", scope="gpu")
+
+
+@pytest.mark.parametrize("bug", [False, True])
+def test_programs_of_one_launch(bug):
+    """One rank, the detector alone: programs of one launch ordered by gpu-scope release / acquire
+    (many words released apart, acquired and released again in one atomic) are not reported; a flag
+    at cta scope leaves its program's store unordered with the reader, which is reported."""
+    programs, block = 16, 16
+    heap = np.zeros(1024, np.float32)
+    base = heap.ctypes.data
+    session = f"p0-test-races-programs-{bug}"
+    detector = races.Detector(session, 1, heap.nbytes, [base], 0)
+    out = np.zeros(block, np.float32)
+    args = [Pointer(base, np.float32), Pointer(base + 256, np.int32), Pointer(out.ctypes.data, np.float32)]
+    try:
+        found = run_kernel(_gathered_flags, (programs,), args, dict(BUG=bug, BLOCK=block), detector=detector)
+    finally:
+        races.remove(session)
+    np.testing.assert_array_equal(out[:programs - 1], np.arange(1, programs))
+    if not bug:
+        assert found == [], "\n".join(found)
+    else:
+        assert len(found) == 1 and "store by rank 0, program 1: " in found[0], found
+        assert "load by rank 0, program 15: " in found[0] and "its bytes" not in found[0], found[0]
+        assert "bytes [4, 8) (heap offsets)" in found[0], found[0]
+        assert "did read a flag the earlier one changed" in found[0] and "sem=acquire, scope=gpu" in found[0], found[0]

@@ -130,6 +130,89 @@ def small_stores(context_ptr, cells_ptr, out_ptr, W: tl.constexpr, WHERE: tl.con
     tl.store(out_ptr, ctx.rank)
 
 
+# programs_of_one_rank: races between the programs of one launch on one rank (they run side by side on a
+# GPU; the simulator runs them one after another, so the earlier program is the producer)
+(OVERLAPPING_TILES, UNORDERED_READ, CTA_FLAG, FLAG, LAST_ARRIVES, DISJOINT_TILES, PEER_FLAG_ELSEWHERE, PEER_FLAG_PASSED,
+ READ_BY_BOTH) = range(9)
+PROGRAM_BUGS = {"overlapping_tiles": OVERLAPPING_TILES, "unordered_read": UNORDERED_READ, "cta_flag": CTA_FLAG,
+                "peer_flag_elsewhere": PEER_FLAG_ELSEWHERE, "read_by_both": READ_BY_BOTH}
+PROGRAM_CORRECT = {"flag": FLAG, "last_arrives": LAST_ARRIVES, "disjoint_tiles": DISJOINT_TILES,
+                   "peer_flag_passed": PEER_FLAG_PASSED}
+
+
+@triton.jit
+def programs_of_one_rank(context_ptr, tiles_ptr, flag_ptr, out_ptr, CASE: tl.constexpr, W: tl.constexpr,
+                         BLOCK: tl.constexpr):
+    """Programs of one launch sharing this rank's `tiles` (a heap array of a tile per program):
+
+    OVERLAPPING_TILES  each program stores its tile one element early (an off-by-one tile mapping: the
+                       first element of each tile is the last of the tile before)
+    DISJOINT_TILES     each its own tile (correct)
+    UNORDERED_READ     program 0 stores tile 0, program 1 reads it with nothing between
+    FLAG               ... program 0 then releases a flag (scope="gpu"), program 1 acquires it first (correct)
+    CTA_FLAG           ... the same flag at scope="cta" (orders threads of one program, not programs)
+    LAST_ARRIVES       each program stores its tile and counts itself in (acq_rel at gpu scope); the
+                       last to arrive sums every tile (correct)
+    READ_BY_BOTH       both programs read tile 0, then program 1 overwrites it (program 0's read is
+                       unordered with that store, though program 1's own read came between)
+    PEER_FLAG_ELSEWHERE  ranks in pairs: the even rank's program 0 stores tile 0 into its peer's `tiles`
+                       and raises the peer's flag (release, sys); the odd rank's program 0 waits for it,
+                       its program 1 reads the tile (the acquire orders program 0 only)
+    PEER_FLAG_PASSED   ... and program 0 passes it on: a release at gpu scope that program 1 acquires
+                       before it reads (correct)
+    """
+    ctx = Context.initialize(context_ptr, W)
+    pid = tl.program_id(0)
+    programs = tl.num_programs(0)
+    offs = tl.arange(0, BLOCK)
+    value = (offs + pid * 1000).to(tl.float32)
+    if CASE == OVERLAPPING_TILES or CASE == DISJOINT_TILES:
+        start = pid * (BLOCK - 1) if CASE == OVERLAPPING_TILES else pid * BLOCK
+        tl.store(tiles_ptr + start + offs, value)
+        tl.store(out_ptr + pid * BLOCK + offs, value)
+    elif CASE == LAST_ARRIVES:
+        tl.store(tiles_ptr + pid * BLOCK + offs, value)
+        if tl.atomic_add(flag_ptr, 1, sem="acq_rel", scope="gpu") == programs - 1:
+            total = tl.zeros((BLOCK,), tl.float32)
+            for p in range(programs):
+                total += tl.load(tiles_ptr + p * BLOCK + offs)
+            tl.store(out_ptr + offs, total)
+    elif CASE == READ_BY_BOTH:
+        seen = tl.load(tiles_ptr + offs)
+        if pid == 1:
+            tl.store(tiles_ptr + offs, seen + 1)
+        tl.store(out_ptr + pid * BLOCK + offs, seen)
+    elif CASE == PEER_FLAG_ELSEWHERE or CASE == PEER_FLAG_PASSED:
+        if ctx.rank % 2 == 0:
+            if pid == 0:  # once the reader's launch has begun (else the launch would come after this one)
+                while ctx.atomic_add(flag_ptr + 2, 0, to_rank=ctx.rank, sem="acquire", scope="sys") == 0:
+                    pass
+                ctx.store(tiles_ptr + offs, value, to_rank=ctx.rank + 1)
+                ctx.atomic_xchg(flag_ptr + 1, 1, to_rank=ctx.rank + 1, sem="release", scope="sys")
+        elif pid == 0:
+            ctx.atomic_xchg(flag_ptr + 2, 1, to_rank=ctx.rank - 1, sem="release", scope="sys")
+            while ctx.atomic_add(flag_ptr + 1, 0, to_rank=ctx.rank, sem="acquire", scope="sys") == 0:
+                pass
+            if CASE == PEER_FLAG_PASSED:
+                tl.atomic_xchg(flag_ptr, 1, sem="release", scope="gpu")
+        else:
+            if CASE == PEER_FLAG_PASSED:
+                while tl.atomic_add(flag_ptr, 0, sem="acquire", scope="gpu") == 0:
+                    pass
+            tl.store(out_ptr + offs, tl.load(tiles_ptr + offs))
+    else:
+        scope: tl.constexpr = "cta" if CASE == CTA_FLAG else "gpu"
+        if pid == 0:
+            tl.store(tiles_ptr + offs, value)
+            if CASE != UNORDERED_READ:
+                tl.atomic_xchg(flag_ptr, 1, sem="release", scope=scope)
+        else:
+            if CASE != UNORDERED_READ:
+                while tl.atomic_add(flag_ptr, 0, sem="acquire", scope=scope) == 0:
+                    pass
+            tl.store(out_ptr + offs, tl.load(tiles_ptr + offs))
+
+
 # -- Pallas (iris_jax.pallas): the ring of tests/jax/pallas_kernels.py's ring_put, a mistake seeded --
 PALLAS_BUGS = ("no_wait", "relaxed_flag")
 

@@ -104,6 +104,77 @@ def test_mode_setting():
         races.mode_of("loud")
 
 
+# -- programs of one launch on one rank ----------------------------------------------------------------
+def run_programs(world: int, case: int, programs: int):
+    """programs_of_one_rank over `world` ranks, `programs` programs each; returns (each rank's output,
+    RaceWarning messages)."""
+    mesh = jax.make_mesh((world,), ("i",), devices=jax.devices()[:world])
+    rows = NamedSharding(mesh, P("i"))
+    tiles = iris_jax.zeros((world, (programs + 1) * N), jnp.float32, sharding=rows, name="tiles")
+    flag = iris_jax.zeros((world, 8), jnp.int32, sharding=rows, name="program_flag")
+
+    def body(t, f):
+        return iris_jax.triton_call(t[0], f[0], kernel=race_kernels.programs_of_one_rank,
+                                    out_shape=jax.ShapeDtypeStruct((programs * N,), jnp.float32),
+                                    grid=(programs,), CASE=case, W=world, BLOCK=N)[None]
+
+    program = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("i"), out_specs=P("i"), check_vma=False))
+    return _caught(lambda: np.asarray(program(tiles, flag)))
+
+
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("bug", sorted(race_kernels.PROGRAM_BUGS))
+def test_race_between_programs_is_found(world, bug):
+    """Two programs of one launch on one rank: the report names both programs and says that a
+    release / acquire at gpu scope orders them (not a barrier between ranks)."""
+    detecting(world)
+    _, found = run_programs(world, race_kernels.PROGRAM_BUGS[bug], 2)
+    assert found, f"{bug} at {world} ranks: no race reported"
+    reports = "\n".join(found).split("data race on rank")[1:]
+    if bug == "peer_flag_elsewhere":  # between ranks: the odd rank's program 1 and its peer's program 0
+        assert len(reports) == world // 2, found
+        for report in reports:
+            assert 'array "tiles" (' in report and "race_kernels.py:" in report, report
+            ((writer, reader),) = _ranks_of(["data race on rank" + report])
+            assert int(reader) == int(writer) + 1 and int(writer) % 2 == 0, report
+            assert f"store by rank {writer}, program 0: " in report, report
+            assert f"load by rank {reader}, program 1: " in report, report
+            assert "orders that program only" in report and "scope='gpu'" in report, report
+        return
+    assert len(reports) == world, found  # each rank's programs race on its own tiles, and only there
+    for report in reports:
+        assert 'array "tiles" (' in report, report
+        ranks = {int(rank) for rank, _ in _ranks_of(["data race on rank" + report])}
+        assert len(ranks) == 1, report  # both accesses by one rank
+        assert ", program 0: " in report and ", program 1: " in report, report
+        assert "programs_of_one_rank" in report and "race_kernels.py:" in report, report
+        assert "scope='gpu'" in report and "run concurrently" in report, report
+        # the hint: the reader polled the flag the writer raised, both at cta scope
+        assert ("did read a flag the earlier one changed" in report) == (bug == "cta_flag"), report
+        assert bug != "cta_flag" or "sem=acquire, scope=cta" in report, report
+    if bug == "overlapping_tiles":
+        assert "store by rank" in reports[0] and "tiles overlap" in reports[0], reports[0]
+        assert "its bytes [252, 256)" in reports[0], reports[0]  # the one element both tiles hold
+    else:
+        assert "store by rank" in reports[0] and "load by rank" in reports[0], reports[0]
+
+
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("case", sorted(race_kernels.PROGRAM_CORRECT))
+def test_ordered_programs_are_not_reported(world, case):
+    detecting(world)
+    programs = 2 if case in ("flag", "peer_flag_passed") else 4
+    out, found = run_programs(world, race_kernels.PROGRAM_CORRECT[case], programs)
+    assert not found, found[0]
+    value = np.arange(N, dtype=np.float32)
+    # what the kernel writes: program 1's copy of tile 0, the last program's sum, every program's tile
+    written, want = {"flag": (slice(0, N), value), "peer_flag_passed": (slice(0, N), value),
+                     "last_arrives": (slice(0, N), sum(value + 1000 * p for p in range(programs))),
+                     "disjoint_tiles": (slice(None), np.concatenate([value + 1000 * p for p in range(programs)]))}[case]
+    for r in range(1, world, 2) if case == "peer_flag_passed" else range(world):  # the readers
+        np.testing.assert_array_equal(out[r][written], want)
+
+
 # -- correct code: nothing is reported ---------------------------------------------------------------
 def _collective_cases(world):
     """(name, function of one rank's row, numpy reference of all rows)."""
@@ -143,6 +214,67 @@ def test_collectives_are_not_reported(world):
         found = [str(w.message) for w in caught if issubclass(w.category, RaceWarning)]
         assert not found, f"{name}: {found[0]}"
         np.testing.assert_allclose(got, ref(x), rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("launch", ["programs", "streamed", "push"])
+def test_collectives_of_many_programs_are_not_reported(world, launch):
+    """Small tiles over more programs per rank (the programs of one launch are threads of their own:
+    what one program of a rank writes another may touch only after a release / acquire at gpu or sys
+    scope), streamed (sending and receiving programs of one rank) and pushed."""
+    detecting(world)
+    config = {"programs": iris_jax.CollectiveConfig(block=256, programs_per_sm=4),
+              "streamed": iris_jax.CollectiveConfig(stream_from=0, block=256),
+              "push": iris_jax.CollectiveConfig(push_from=0, block=256, programs_per_sm=4)}[launch]
+    mesh = jax.make_mesh((world,), ("i",), devices=jax.devices()[:world])
+    rows = NamedSharding(mesh, P("i"))
+    x = np.random.default_rng(1).standard_normal((world, 1024 * world)).astype(np.float32)
+    with iris_jax.use_config(config):
+        for name, f, ref in _collective_cases(world):
+            program = jax.jit(jax.shard_map(lambda v, f=f: f(v[0])[None], mesh=mesh, in_specs=P("i"),
+                                            out_specs=P("i"), check_vma=False))
+            got, found = _caught(lambda: [np.asarray(program(jax.device_put(x, rows))) for _ in range(2)][-1])
+            assert not found, f"{name}: {found[0]}"
+            np.testing.assert_allclose(got, ref(x), rtol=1e-4, atol=1e-4, err_msg=name)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_fused_ops_are_not_reported(world):
+    """The fused GEMM ops: programs that compute tiles and programs of the same rank that reduce or
+    send them once flagged (gpu-scope edges between programs of one launch)."""
+    from jax import lax
+
+    from iris_jax import ops
+
+    detecting(world)
+    mesh = jax.make_mesh((world,), ("i",), devices=jax.devices()[:world])
+    rng = np.random.default_rng(2)
+    m, k, n = 37, 21, 19
+    rows = m + (-m) % world
+
+    def put(shape, spec):
+        return jax.device_put(rng.standard_normal(shape).astype(np.float32), NamedSharding(mesh, spec))
+
+    ins = (P(None, "i"), P(None, "i"), P("i", None), P("i", None), P(None, "i"))
+    args = [put(shape, spec) for shape, spec in zip(
+        [(m, world * k), (rows, world * k), (world * k, n), (world * m, k), (k, world * n)], ins)]
+    specs = dict(ar=P(), ag=P(None, "i"), rs=P("i"))
+
+    def fused(a_row, a_rs, b_row, a_col, b_col):
+        return dict(ar=ops.matmul_all_reduce(a_row, b_row, "i", impl="fused"),
+                    ag=ops.all_gather_matmul(a_col, b_col, "i", impl="fused"),
+                    rs=ops.matmul_reduce_scatter(a_rs, b_row, "i", impl="fused"))
+
+    def reference(a_row, a_rs, b_row, a_col, b_col):
+        return dict(ar=lax.psum(a_row @ b_row, "i"), ag=lax.all_gather(a_col, "i", tiled=True) @ b_col,
+                    rs=lax.psum_scatter(a_rs @ b_row, "i", tiled=True))
+
+    program = jax.jit(jax.shard_map(fused, mesh=mesh, in_specs=ins, out_specs=specs))
+    got, found = _caught(lambda: [jax.tree.map(np.asarray, program(*args)) for _ in range(2)][-1])
+    assert not found, found[0]
+    want = jax.jit(jax.shard_map(reference, mesh=mesh, in_specs=ins, out_specs=specs))(*args)
+    for key in specs:
+        np.testing.assert_allclose(got[key], np.asarray(want[key]), rtol=1e-4, atol=1e-4, err_msg=key)
 
 
 @pytest.mark.parametrize("variant", ["ring", "two_shot", "atomic"])
