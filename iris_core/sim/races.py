@@ -296,7 +296,7 @@ class Detector:
     def begin_program(self, x: int, y: int, z: int) -> None:
         """The launch's next program begins: it knows what the launch began with, not what the
         programs before it did (on a GPU they run beside it)."""
-        self.programs.next(self, x | y << 20 | z << 40)
+        self.programs.next(self, _packed(x, y, z))
 
     def _heap_changed(self) -> bool:
         """Whether the heap's allocations changed since the last launch (a worker's table is a new
@@ -361,7 +361,7 @@ class Detector:
                 addresses = addresses[lanes]
         x, y, z = getattr(builder, "grid_idx", (0, 0, 0))
         return self.access_at(addresses, max(1, ptrs.get_element_ty().primitive_bitwidth // 8), kind, sem, scope,
-                              program=int(x) | int(y) << 20 | int(z) << 40)
+                              program=_packed(x, y, z))
 
     def access_at(self, addresses, element: int, kind: int, sem: str = "", scope: str = "", *, program: int = 0,
                   where: str | None = None) -> list:
@@ -413,10 +413,10 @@ class Detector:
             flagged = mixed[where]
             if flagged.any():  # bytes of these words were accessed as smaller elements
                 small = _bytes_of(granules[flagged.astype(bool)] * GRANULE, GRANULE)
-                self._check(self.shadow.byte_planes(), 1, checked, _span(small), small, report)
+                at, byte_planes = _span(small), self.shadow.byte_planes()
+                self._check(byte_planes, 1, checked, at, small, report)
                 if programs is not None:
-                    programs.before_record(self, self.shadow.byte_planes(), 1, checked, None, _span(small), small,
-                                           report)
+                    programs.before_record(self, byte_planes, 1, checked, None, at, small, report)
         return touched
 
     def _check(self, planes, unit: int, checked, where, indices, report) -> None:
@@ -790,6 +790,11 @@ def _span(indices):
     if indices.size == 1 or (indices[-1] - indices[0] == indices.size - 1 and bool((np.diff(indices) == 1).all())):
         return slice(int(indices[0]), int(indices[-1]) + 1)
     return indices
+
+
+def _packed(x, y, z) -> int:
+    """A program id (its grid index) as access records hold it, in one word (`_program` reads it)."""
+    return int(x) | int(y) << 20 | int(z) << 40
 
 
 def _program(packed: int) -> str:

@@ -373,7 +373,7 @@ class Placement:
     nbytes: int
     runs_on: str  # "iris" or "XLA"
     why: str
-    workspace: str = ""  # on iris: the workspace its kernel uses, part and size class ("collective 1.00 MiB")
+    workspace: str = ""  # on iris: the workspace its kernel uses, part and size class ("collective 64 KiB")
 
     def __str__(self):
         workspace = f" [workspace {self.workspace}]" if self.workspace else ""
