@@ -1,15 +1,17 @@
-"""The CPU simulator's time per collective call, by size (one process, simulated ranks).
+"""The CPU simulator's time per collective call against lax's, side by side (one process, 8 CPU devices).
 
-    python benchmarks/sim_speed.py [--ranks 4] [--sizes 4K,64K,256K,1M,4M] [--ops psum,...] [--reps 3]
-                                   [--detect-races] [--dtype float32]
+    python benchmarks/sim_speed.py [--ranks 2,4,8] [--sizes 4K,64K,1M,4M] [--ops psum,...] [--reps 20]
+                                   [--mode host|kernels] [--detect-races] [--dtype float32]
 
-Each point: a jitted shard_map over `--ranks` CPU devices calling the iris collective on
-float32 of the given bytes per rank; checked against the lax op once, then timed over
-`--reps` calls after a warm-up call (compilation left out); the median is printed. What it
-measures is the simulator (Triton's interpreter running the collective kernel in the ranks'
-worker processes), for choosing sizes to debug with (--dtype: the elements, e.g. bfloat16); GPU speed is benchmarks/collectives.py.
-With --detect-races, the table is measured twice, without and with the race detector
-(iris_jax.init(detect_races=True)), and a third table gives the slowdown (with / without).
+Each point: a jitted shard_map over the first `ranks` CPU devices calling the iris collective
+on `--dtype` of the given bytes per rank, and the same with the lax op (ragged_all_to_all: the
+lax formulation of iris_jax.reference, since XLA:CPU cannot run lax's), checked equal once,
+then timed call by call, lax and iris alternating, after a warm-up (compilation left out); the
+medians and their ratio (iris / lax) are printed. `--mode` is init(sim_collectives=...): "host"
+(the default: the ranks meet in this process) or "kernels" (the collective kernels under
+Triton's interpreter, as before). With --detect-races, the collectives run their kernels
+(detection checks them) and the table is measured without and with the race detector, the
+third table giving the detector's cost (with / without). GPU speed is benchmarks/collectives.py.
 """
 
 from __future__ import annotations
@@ -24,8 +26,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import small  # noqa: E402
 
-OPS = "psum,all_gather,psum_scatter,all_to_all"
-SIZES = "4K,64K,256K,1M,4M"
+OPS = "psum,all_gather,psum_scatter,all_to_all,ppermute,ragged_all_to_all"
+SIZES = "4K,64K,1M,4M"
+RANKS = "2,4,8"
 
 
 def parse_size(s: str) -> int:
@@ -33,10 +36,24 @@ def parse_size(s: str) -> int:
     return int(s[:-1]) * units[s[-1]] if s[-1] in units else int(s)
 
 
-def _ops(ax):
+def _ops(ax, W):
+    """name -> (iris op, lax op, arguments builder): each op of a [W * n] operand sharded over `ax`."""
+    import jax.numpy as jnp
     from jax import lax
 
     import iris_jax
+    from iris_jax import reference
+
+    ring = [(i, (i + 1) % W) for i in range(W)]
+
+    def ragged(impl):
+        # every member sends an equal slice of its rows to every member (an MoE dispatch of even load)
+        def f(v):
+            rows = v.shape[0] // W
+            starts = jnp.arange(W, dtype=jnp.int32) * rows
+            sizes = jnp.full((W,), rows, jnp.int32)
+            return impl(v, jnp.zeros_like(v), starts, sizes, starts, sizes, axis_name=ax)
+        return f
 
     return {
         "psum": (lambda v: iris_jax.psum(v, ax), lambda v: lax.psum(v, ax)),
@@ -45,74 +62,84 @@ def _ops(ax):
                          lambda v: lax.psum_scatter(v, ax, tiled=True)),
         "all_to_all": (lambda v: iris_jax.all_to_all(v, ax, 0, 0, tiled=True),
                        lambda v: lax.all_to_all(v, ax, 0, 0, tiled=True)),
+        "ppermute": (lambda v: iris_jax.ppermute(v, ax, ring), lambda v: lax.ppermute(v, ax, ring)),
+        "ragged_all_to_all": (ragged(iris_jax.ragged_all_to_all), ragged(reference.ragged_all_to_all)),
     }
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--ranks", type=int, default=4)
+    parser.add_argument("--ranks", default=RANKS, help="world sizes, each a mesh over the first devices")
     parser.add_argument("--sizes", default=SIZES)
     parser.add_argument("--ops", default=OPS)
-    parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--detect-races", action="store_true", help="also time with the race detector on")
+    parser.add_argument("--reps", type=int, default=20, help="timed calls of each op (each alternating with lax)")
+    parser.add_argument("--mode", default="host", choices=("host", "kernels"),
+                        help="init(sim_collectives=...): how the simulator runs the collectives")
+    parser.add_argument("--detect-races", action="store_true", help="time the kernels without and with the detector")
     parser.add_argument("--dtype", default="float32", help="the elements' type (a jax.numpy dtype name)")
     small.add_flag(parser, "psum of 4 KiB per rank on 2 ranks, once")
     opts = parser.parse_args()
     if opts.small:
-        opts.ranks, opts.sizes, opts.ops, opts.reps = 2, "4K", "psum", 1
+        opts.ranks, opts.sizes, opts.ops, opts.reps = "2", "4K", "psum", 1
+    ranks = [int(r) for r in opts.ranks.split(",")]
     os.environ["JAX_PLATFORMS"] = "cpu"
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                               + f" --xla_force_host_platform_device_count={opts.ranks}").strip()
+                               + f" --xla_force_host_platform_device_count={max(ranks)}").strip()
+    if not opts.detect_races:
+        _table(opts, ranks, opts.mode, detect_races=False)
+        return
+    plain = _table(opts, ranks, "kernels", detect_races=False)
+    checked = _table(opts, ranks, "kernels", detect_races=True)
+    print(f"\nslowdown with the race detector (with / without, iris's time)\n{'op':<18}{'ranks':>6}"
+          + "".join(f"{s:>10}" for s in opts.sizes.split(",")))
+    for key in plain:
+        print(f"{key[0]:<18}{key[1]:>6}" + "".join(f"{b / a:>9.1f}x" for a, b in zip(plain[key], checked[key])))
 
-    tables = [_table(opts, detect_races=False)]
-    if opts.detect_races:
-        tables.append(_table(opts, detect_races=True))
-        print(f"slowdown with the race detector (with / without)\n{'op':<14}"
-              + "".join(f"{s:>10}" for s in opts.sizes.split(",")))
-        for name in opts.ops.split(","):
-            print(f"{name:<14}" + "".join(f"{b / a:>9.1f}x" for a, b in zip(tables[0][name], tables[1][name])))
 
-
-def _table(opts, detect_races: bool) -> dict:
-    """Seconds per call of every op and size: {op: [seconds by size]}; prints the table."""
+def _table(opts, ranks: list[int], mode: str, detect_races: bool) -> dict:
+    """iris's seconds per call by (op, ranks) and size; prints iris, lax and their ratio."""
     import jax
     import jax.numpy as jnp
     import numpy as np
+    from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
     import iris_jax
 
-    rt = iris_jax.init(detect_races=detect_races)
-    W = rt.world_size
-    mesh = jax.make_mesh((W,), ("i",), devices=rt.devices)
-    ops = _ops("i")
-    table = {}
-    detector = ", race detector on" if detect_races else ""
+    rt = iris_jax.init(detect_races=detect_races, sim_collectives=mode)
     dtype = jnp.dtype(opts.dtype)
     tolerance = 1e-5 if dtype.itemsize >= 4 else 2e-2
-    print(f"simulator, {W} ranks, {os.cpu_count()} cores, {dtype.name}{detector}: seconds per call (median of "
-          f"{opts.reps})")
-    print(f"{'op':<14}" + "".join(f"{s:>10}" for s in opts.sizes.split(",")))
-    for name in opts.ops.split(","):
-        iris_op, lax_op = ops[name]
-        cells = []
-        for size in opts.sizes.split(","):
-            n = parse_size(size) // dtype.itemsize
-            x = jax.device_put(jnp.asarray(np.random.default_rng(0).standard_normal(W * n), dtype),
-                               jax.sharding.NamedSharding(mesh, P("i")))
-            run = jax.jit(jax.shard_map(iris_op, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
-            ref = jax.jit(jax.shard_map(lax_op, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
-            np.testing.assert_allclose(np.asarray(run(x), np.float32), np.asarray(ref(x), np.float32),
-                                       rtol=tolerance, atol=tolerance)
-            times = []
-            for _ in range(opts.reps):
-                start = time.perf_counter()
-                run(x).block_until_ready()
-                times.append(time.perf_counter() - start)
-            cells.append(statistics.median(times))
-            print(f"  {name} {size}: {cells[-1]:.3f} s", file=sys.stderr, flush=True)
-        print(f"{name:<14}" + "".join(f"{t:>10.3f}" for t in cells), flush=True)
-        table[name] = cells
+    sizes = opts.sizes.split(",")
+    detector = ", race detector on" if detect_races else ""
+    print(f"\nsimulator ({mode}{detector}), {os.cpu_count()} cores, {dtype.name}: ms per call, median of {opts.reps} "
+          "(iris | lax | iris / lax)")
+    print(f"{'op':<18}{'ranks':>6}" + "".join(f"{s:>26}" for s in sizes))
+    table = {}
+    for W in ranks:
+        mesh = jax.make_mesh((W,), ("i",), devices=rt.devices[:W])
+        ops = _ops("i", W)
+        for name in opts.ops.split(","):
+            iris_op, lax_op = ops[name]
+            cells, times = [], []
+            for size in sizes:
+                n = max(parse_size(size) // dtype.itemsize, W) // W * W
+                x = jax.device_put(jnp.asarray(np.random.default_rng(0).standard_normal(W * n), dtype),
+                                   NamedSharding(mesh, P("i")))
+                run = jax.jit(jax.shard_map(iris_op, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+                ref = jax.jit(jax.shard_map(lax_op, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+                np.testing.assert_allclose(np.asarray(run(x), np.float32), np.asarray(ref(x), np.float32),
+                                           rtol=tolerance, atol=tolerance)
+                iris_t, lax_t = [], []
+                for _ in range(opts.reps):
+                    for fn, into in ((run, iris_t), (ref, lax_t)):
+                        start = time.perf_counter()
+                        fn(x).block_until_ready()
+                        into.append(time.perf_counter() - start)
+                a, b = statistics.median(iris_t), statistics.median(lax_t)
+                times.append(a)
+                cells.append(f"{a * 1e3:9.2f} |{b * 1e3:7.2f} |{a / b:5.1f}x")
+            print(f"{name:<18}{W:>6}" + "".join(f"{c:>26}" for c in cells), flush=True)
+            table[name, W] = times
     iris_jax.shutdown()
     return table
 

@@ -84,7 +84,9 @@ class CallTable:
         call = Call(rank, key, number, signature, text, digest(tuple(site)) if site else 0)
         address = self._record(rank, key, number)
         ctypes.c_int64.from_address(address + 8).value = 0  # (being rewritten)
-        ctypes.memmove(address + 32, text.encode()[:_TEXT_BYTES].ljust(_TEXT_BYTES, b"\0"), _TEXT_BYTES)
+        # (a c_char array, not ctypes.memmove: a foreign call gives up the GIL, and every rank's thread wants it)
+        (ctypes.c_char * _TEXT_BYTES).from_address(address + 32).raw = text.encode()[:_TEXT_BYTES].ljust(
+            _TEXT_BYTES, b"\0")
         ctypes.c_int64.from_address(address + 16).value = signature
         ctypes.c_int64.from_address(address + 24).value = call.site
         ctypes.c_int64.from_address(address).value = key

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 import jax
 
 from iris_core.errors import IrisError
-from iris_core.sim import races
+from iris_core.sim import host_collectives, races
 from iris_jax._runtime.heaps import Runtime, check_heap_allocator, stale_program_error
 
 _runtime: Runtime | None = None
@@ -44,7 +44,8 @@ _runtime_lock = threading.Lock()
 
 def init(heap_size: int | None = None, devices: Sequence[jax.Device] | None = None,
          domain_size: int | None = None, heap_allocator: str | None = None, on_fault: str | None = None,
-         fault_gate: str | None = None, detect_races: bool | str | None = None) -> Runtime:
+         fault_gate: str | None = None, detect_races: bool | str | None = None,
+         sim_collectives: str | None = None) -> Runtime:
     """Sets up one symmetric heap per participating device and returns the runtime.
 
     Args:
@@ -74,6 +75,13 @@ def init(heap_size: int | None = None, devices: Sequence[jax.Device] | None = No
         (docs/device-api.md, "Finding races"; default: environment IRIS_DETECT_RACES, else off):
         True or "raise" raises RaceError naming both accesses after the kernel that made the
         second, "warn" warns RaceWarning instead. A no-op on GPUs.
+      sim_collectives: how the simulator runs iris's collectives when every rank is in this
+        process (default: environment IRIS_SIM_COLLECTIVES, else "host"): "host" meets the ranks
+        in this process and combines with numpy, as XLA:CPU's collectives do (the kernels'
+        values and faults, bit for bit; iris_core.sim.host_collectives), "kernels" runs the
+        collective kernels under Triton's interpreter, as GPUs run them. With detect_races or
+        device tracing on, and for the ring, atomic and spinlock all-reduces, the kernels run
+        whatever it says. A no-op on GPUs and with one process per rank.
 
     Raises:
       IrisError: when a runtime with different settings already exists (call shutdown()).
@@ -104,12 +112,16 @@ def init(heap_size: int | None = None, devices: Sequence[jax.Device] | None = No
             if detect_races is not None and races.mode_of(detect_races) != _runtime.detect_races:
                 raise IrisError(f"iris is already initialized with detect_races={_runtime.detect_races!r}; init("
                                 f"detect_races={detect_races!r}) conflicts. Call iris_jax.shutdown() first.")
+            if sim_collectives is not None and host_collectives.mode_of(sim_collectives) != _runtime.sim_collectives:
+                raise IrisError(f"iris is already initialized with sim_collectives={_runtime.sim_collectives!r}; "
+                                f"init(sim_collectives={sim_collectives!r}) conflicts. Call iris_jax.shutdown() first.")
             if heap_allocator not in (None, "auto", _runtime.heap_allocator) and _runtime.heap_allocator:
                 raise IrisError(
                     f"iris is already initialized with heap_allocator={_runtime.heap_allocator!r}; init("
                     f"heap_allocator={heap_allocator!r}) conflicts. Call iris_jax.shutdown() first.")
             return _runtime
-        _runtime = Runtime(heap_size, devices, domain_size, heap_allocator, on_fault, fault_gate, detect_races)
+        _runtime = Runtime(heap_size, devices, domain_size, heap_allocator, on_fault, fault_gate, detect_races,
+                           sim_collectives)
         _generation.set_global(next(_generations))
         return _runtime
 

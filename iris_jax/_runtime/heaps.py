@@ -17,7 +17,7 @@ from iris_core.heap.allocator import format_bytes
 from iris_core.heap.context_layout import encode_context
 from iris_core.heap.rendezvous import store_barrier
 from iris_core.platform import GPU
-from iris_core.sim import races
+from iris_core.sim import host_collectives, races
 from iris_jax._runtime import backends, faults
 from iris_jax._runtime.backends import RENDEZVOUS_TIMEOUT_S
 from iris_jax._runtime.tracer import RuntimeTracer
@@ -45,9 +45,11 @@ class Runtime:
 
     def __init__(self, heap_size: int | None = None, devices: Sequence[jax.Device] | None = None,
                  domain_size: int | None = None, heap_allocator: str | None = None, on_fault: str | None = None,
-                 fault_gate: str | None = None, detect_races: bool | str | None = None):
+                 fault_gate: str | None = None, detect_races: bool | str | None = None,
+                 sim_collectives: str | None = None):
         # the simulator's race detector (iris_core.sim.races): "raise", "warn" or None; GPUs ignore it
         self.detect_races = races.env_mode() if detect_races is None else races.mode_of(detect_races)
+        self.sim_collectives = host_collectives.mode_of(sim_collectives)  # the simulator's: "host" or "kernels"
         self.on_fault = on_fault or faults.DEFAULT_ON_FAULT
         faults.check_mode(self.on_fault)
         self.fault_gate = fault_gate or faults.DEFAULT_FAULT_GATE

@@ -7,6 +7,10 @@
   the same in every process).
 * a launched rank (SimulatorLaunched): the kernel runs here, on the real pointers.
 
+Calls of the collective kernel whose ranks are all in this process skip the interpreter (unless
+init(sim_collectives="kernels"), the race detector or device tracing asks for it): the ranks
+meet in this process and combine with numpy (iris_core.sim.host_collectives), on XLA's buffers.
+
 Either way a group kernel's call is first checked against the heap (symmetric operands) and
 recorded in the call table, and after it (or when it timed out) compared with the other
 members' records (iris_core.sim.call_table).
@@ -25,11 +29,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from iris_core.collectives import group_layout
+from iris_core.collectives import group_layout, kinds
+from iris_core.collectives import kernels as collective_kernels
 from iris_core.errors import IrisError, NotOnHeapError, PeerTimeoutError, RankDivergenceWarning, RankMismatchError
 from iris_core.heap.context_layout import TRACE_WORDS, context_words, trace_offset
 from iris_core.heap.shared_memory import SHM_DIR
-from iris_core.sim import call_table, races
+from iris_core.sim import call_table, host_collectives, races
 from iris_core.sim.interpreter import Pointer, run_kernel
 from iris_jax import _runtime as runtime_lib
 from iris_jax.calls.triton_call import kernel_arguments
@@ -61,6 +66,7 @@ class KernelSpec:
     signature: int = 0  # group kernels: what the ranks' records of a call must agree on (call_table)
     what: str = ""  # ... and how the call is named to the user
     site: tuple = ()  # ... and where the user's program made it: its frames, innermost first ("file.py:12")
+    host: host_collectives.Collective | None = None  # a collective the host can run in the kernel's place
 
     @property
     def group(self) -> bool:
@@ -95,33 +101,94 @@ def _execute(rt, spec: KernelSpec, ins: list[int], outs: list[int]) -> None:
                 f"operand {j} of kernel {spec.kernel_name} is declared symmetric but is not on "
                 f"rank {rank}'s heap (inside jit it was copied or computed); pass an array made by "
                 "iris_jax (zeros, to_heap, ...) straight into the jitted function. Nothing was run.")
-    call = members = None
-    if spec.group and rt.call_table is not None:
-        row = np.frombuffer(ctypes.string_at(group_ptr, spec.group_nbytes), np.int32)
-        members = group_layout.members(row)
-        call = rt.call_table.begin(rank, call_table.digest(group_layout.group_key(row)), spec.signature,
-                                   spec.what, spec.site)
+    group = _group(rt, group_ptr, spec.group_nbytes) if spec.group else None
+    call = group and rt.call_table and rt.call_table.begin(rank, group.key, spec.signature, spec.what, spec.site)
+    members = group and group.members
+    on_host = spec.host is not None and runs_collectives_here(rt)
     try:
-        if rt.backend.host_kernels == "worker":
+        if on_host:
+            sites_differ = rt.service("host_collectives", lambda _: host_collectives.Rendezvous()).run(
+                spec.host, group.key, members, group.index, spec.signature, spec.host.site,
+                *_host_arrays(spec, operand_ptrs[0], outs[0]), workspace=group.workspace)
+            found = []
+        elif rt.backend.host_kernels == "worker":
             found = execute_in_worker(rt, rank, spec, row_ptr, group_ptr, operand_ptrs, outs)
         else:
             found = execute_here(spec, row_ptr, group_ptr, operand_ptrs, outs, race_detector(rt, rank))
-    except PeerTimeoutError as e:  # a mismatch can also make the kernels wait for each other
+    except (PeerTimeoutError, RankMismatchError) as e:  # a mismatch can also make the kernels wait for each other
         problem = call and rt.call_table.mismatch(call, members)
         if problem:
             raise RankMismatchError(problem) from e
-        behind = call and rt.call_table.behind(call, members)
+        behind = call and isinstance(e, PeerTimeoutError) and rt.call_table.behind(call, members)
         if behind:
             raise PeerTimeoutError(f"{e}\n{behind}") from e
         raise
-    problem = call and rt.call_table.mismatch(call, members)
+    if on_host:  # the rendezvous compared the members' signatures and sites already
+        problem, divergence = None, sites_differ and call and rt.call_table.divergence(call, members)
+    else:
+        problem = call and rt.call_table.mismatch(call, members)
+        divergence = not problem and call and rt.call_table.divergence(call, members)
     if problem:
         raise RankMismatchError(problem)
     if found:
         races.emit(rt.detect_races, found, spec.kernel)
-    divergence = call and rt.call_table.divergence(call, members)
     if divergence:
         warnings.warn(f"rank {rank}: {divergence}", RankDivergenceWarning, stacklevel=1)
+
+
+@dataclass(frozen=True)
+class _Group:
+    """A group row as the host reads it (iris_core.collectives.group_layout)."""
+
+    key: int  # what the call table and the rendezvous know the group by
+    members: list
+    index: int  # this device's place among the members
+    workspace: int  # the heap offset of the group's workspace
+
+
+def _group(rt, address: int, nbytes: int) -> _Group:
+    """The group row at `address`, read once per distinct row (a call site's rows never change)."""
+    raw = ctypes.string_at(address, nbytes)
+    groups = rt.service("group_rows", lambda _: {})
+    group = groups.get(raw)
+    if group is None:
+        row = np.frombuffer(raw, np.int32)
+        group = groups[raw] = _Group(call_table.digest(group_layout.group_key(row)), group_layout.members(row),
+                                     int(row[0]), int(row[-2]) & 0xFFFFFFFF | int(row[-1]) << 32)
+    return group
+
+
+def host_collective(kernel, constexprs: dict, dtype: np.dtype, site: tuple) -> host_collectives.Collective | None:
+    """What a call of the collective kernel asks for, where the host can run it in the kernel's
+    place (None: another kernel, an all-reduce algorithm whose order of combining differs from
+    member order, or device tracing, which records the kernel's own events)."""
+    if kernel is not collective_kernels.collective_kernel or constexprs.get("TRACING"):
+        return None
+    if constexprs["KIND"] == kinds.ALL_REDUCE and constexprs["VARIANT"] not in (kinds.ONE_SHOT, kinds.TWO_SHOT):
+        return None
+    return host_collectives.Collective(
+        kind=constexprs["KIND"], op=constexprs["OP"], variant=constexprs["VARIANT"], members=constexprs["G"],
+        in_blocks=constexprs["XB"], out_blocks=constexprs["OB"], sources=tuple(constexprs["SOURCES"]),
+        accumulator=np.dtype(kinds.accumulator(dtype.name)),
+        what=constexprs["WHAT"], timeout_s=constexprs["TIMEOUT_NS"] / 1e9,
+        site=call_table.digest(tuple(site)) if site else 0)
+
+
+def runs_collectives_here(rt) -> bool:
+    """Whether this runtime's collectives run on the host (every rank in this process, and
+    neither the race detector nor sim_collectives="kernels" asks for the kernels)."""
+    return rt.backend.host_kernels == "worker" and rt.sim_collectives == "host" and not rt.detect_races
+
+
+def _host_arrays(spec: KernelSpec, x: int, out: int) -> tuple[np.ndarray, np.ndarray]:
+    """A collective's input and output buffers as [blocks, m] arrays (no copy)."""
+    return (_host_array(x, spec.operand_nbytes[0], spec.operand_dtypes[0], spec.host.in_blocks),
+            _host_array(out, spec.result_nbytes[0], spec.result_dtypes[0], spec.host.out_blocks))
+
+
+def _host_array(address: int, nbytes: int, dtype, blocks: int) -> np.ndarray:
+    flat = np.frombuffer((ctypes.c_uint8 * nbytes).from_address(address), dtype) if nbytes else np.zeros(0, dtype)
+    return flat.reshape(blocks, -1)
 
 
 def _kernel_args(spec: KernelSpec, context, group, operands: list, results: list) -> list:

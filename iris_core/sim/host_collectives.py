@@ -1,0 +1,194 @@
+"""The collective kernel's meaning on the host: what the simulator runs in its place.
+
+Where every member of a group lives in one process (the simulator's single-process model, in
+which XLA runs each CPU device's program on a thread of its own), a collective call needs no
+kernel and no worker: the members meet at an in-process rendezvous, as XLA:CPU's own
+collectives do, each leaves a copy of its input, and each builds its output from the copies.
+Values are the kernel's bit for bit: contributions are combined in member order in the
+kernel's accumulator type and rounded once to the output's (iris_core.collectives.tiles,
+`combined`), maxima and minima let a NaN lose (the GPU's max.f32; the interpreter is patched
+the same way), and integer sums wrap (tests/core/test_host_collectives.py compares every kind
+with the kernel).
+
+Faults are the kernel's too. Calls pair as the kernels pair them, by their number in the
+group's sequence (a rank that skips a call pairs its next one with the others' skipped one);
+members whose signatures differ fail at once with RankMismatchError before anything is
+exchanged; a member that does not arrive within the call's timeout fails the waiting ones
+with PeerTimeoutError naming it; and either leaves the group failed, so that its later calls
+fail at once with PeerFailedError, as the kernels' poisoned flags make them, until the
+runtime is started again (a new Rendezvous).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+from iris_core import faults
+from iris_core.collectives import kinds
+from iris_core.errors import PeerFailedError, PeerTimeoutError, RankMismatchError
+
+_COMBINE = {kinds.SUM: np.add, kinds.MAX: np.fmax, kinds.MIN: np.fmin}
+
+
+@dataclass(frozen=True)
+class Collective:
+    """What a call of the collective kernel asks for (its constexprs; iris_core.collectives.kinds)."""
+
+    kind: int
+    op: int
+    variant: int
+    members: int  # G
+    in_blocks: int  # XB
+    out_blocks: int  # OB
+    sources: tuple  # PPERMUTE / BROADCAST: each member's source member (-1: none, zeros)
+    accumulator: np.dtype
+    what: str
+    timeout_s: float
+    site: int = 0  # where the program made the call, as a digest (0: unknown)
+
+
+class _Meeting:
+    """One call of one group: the members' buffers as they arrive."""
+
+    def __init__(self, size: int):
+        self.inputs: list[np.ndarray | None] = [None] * size
+        self.outputs: list[np.ndarray | None] = [None] * size
+        self.signatures: list[int | None] = [None] * size
+        self.sites: list[int] = [0] * size
+        self.arrived = 0
+        self.ready = False  # the last member to arrive wrote every member's output (or found a mismatch)
+
+
+@dataclass(frozen=True)
+class _Failure:
+    rank: int  # the rank that gave up first
+    waited_for: int  # the rank it gave up on
+
+
+class Rendezvous:
+    """The meeting place of one runtime's collective calls, by group and call number.
+
+    The last member to arrive does the whole call: it reads every member's input where it lies
+    and writes every member's output, while the others wait (their buffers stay theirs until
+    they return), so nothing is copied but what the call moves, and the others need only one
+    wake-up. XLA:CPU's own collectives meet the same way.
+    """
+
+    def __init__(self):
+        self._changed = threading.Condition(threading.Lock())
+        self._meetings: dict[tuple[int, int], _Meeting] = {}  # (group, call number) -> its meeting
+        self._counts: dict[tuple[int, int], int] = {}  # (group, rank) -> calls made
+        self._failed: dict[int, _Failure] = {}  # group -> how it failed
+
+    def run(self, call: Collective, group: int, members: list[int], me: int, signature: int, site: int,
+            x: np.ndarray, out: np.ndarray, *, workspace: int = -1) -> bool:
+        """Member `me` (of `members`, global ranks) makes its next call of `group`: `x` is its input as
+        [in_blocks, m], `out` receives its output as [out_blocks, m]. `signature` is what the members'
+        calls must agree on, `site` where the program made it (a digest; 0: unknown), `workspace`
+        the group's heap offset, which errors name.
+
+        Returns:
+          Whether a member made the call from another site of the program (its sites known).
+
+        Raises:
+          PeerTimeoutError: a member did not arrive within the call's timeout (the group then fails).
+          RankMismatchError: a member's signature differs (the group then fails).
+          PeerFailedError: an earlier call of the group failed.
+        """
+        rank = members[me]
+        with self._changed:
+            number = self._counts.get((group, rank), 0)
+            self._counts[group, rank] = number + 1
+            where = dict(epoch=number, group=workspace)
+            self._raise_if_failed(call, group, rank, where)
+            key = (group, number)
+            meeting = self._meetings.get(key)
+            if meeting is None:
+                meeting = self._meetings[key] = _Meeting(len(members))
+            meeting.inputs[me], meeting.outputs[me] = x, out
+            meeting.signatures[me], meeting.sites[me] = signature, site
+            meeting.arrived += 1
+            last = meeting.arrived == len(members)
+            if last:
+                del self._meetings[key]
+        if last:
+            try:
+                if len(set(meeting.signatures)) == 1:
+                    _run(call, meeting)
+            finally:
+                with self._changed:
+                    meeting.ready = True
+                    self._changed.notify_all()
+        else:
+            with self._changed:
+                self._changed.wait_for(lambda: meeting.ready or group in self._failed, call.timeout_s)
+                if meeting.arrived < len(members):  # timed out, or another member waiting here did
+                    missing = next(m for i, m in enumerate(members) if meeting.inputs[i] is None)
+                    self._fail(group, _Failure(rank, missing))
+                    raise PeerTimeoutError(faults.message(faults.TIMEOUT, call.what, rank, missing, **where))
+                self._changed.wait_for(lambda: meeting.ready)  # every member arrived: the last one is at work
+        other = next((i for i, s in enumerate(meeting.signatures) if s != signature), None)
+        if other is not None:
+            with self._changed:
+                self._fail(group, _Failure(rank, members[other]))
+            raise RankMismatchError(f"iris {call.what}: rank {members[other]} made a different call than "
+                                    f"rank {rank} (call {number} of the group of ranks {members})")
+        return bool(site) and any(s and s != site for s in meeting.sites)
+
+    def _raise_if_failed(self, call: Collective, group: int, rank: int, where: dict) -> None:
+        failure = self._failed.get(group)
+        if failure is not None:
+            peer = failure.rank if failure.rank != rank else failure.waited_for
+            raise PeerFailedError(faults.message(faults.PEER_FAILED, call.what, rank, peer, **where))
+
+    def _fail(self, group: int, failure: _Failure) -> None:
+        self._failed.setdefault(group, failure)
+        for key in [k for k in self._meetings if k[0] == group]:
+            del self._meetings[key]
+        self._changed.notify_all()
+
+
+def _combined(call: Collective, contributions: list[np.ndarray]) -> np.ndarray:
+    """The contributions combined in member order in the accumulator type (tiles.combined)."""
+    result = contributions[0].astype(call.accumulator)
+    combine = _COMBINE[call.op]
+    for value in contributions[1:]:
+        combine(result, value.astype(call.accumulator, copy=False), out=result)
+    return result
+
+
+def _run(call: Collective, meeting: _Meeting) -> None:
+    """Every member's output from every member's input (the table in iris_core.collectives.kinds),
+    rounded once to the output's type where the members' contributions are combined."""
+    inputs, outputs = meeting.inputs, meeting.outputs
+    if call.kind == kinds.ALL_REDUCE:
+        combined = _combined(call, [x[0] for x in inputs])
+        for out in outputs:
+            out[0] = combined
+    elif call.kind == kinds.REDUCE_SCATTER:
+        for me, out in enumerate(outputs):
+            out[0] = _combined(call, [x[me] for x in inputs])
+    elif kinds.gathers(call.kind):
+        for me, out in enumerate(outputs):
+            for i, x in enumerate(inputs):
+                out[i] = x[me if call.in_blocks > 1 else 0]
+    else:  # from one source: PPERMUTE, BROADCAST
+        for me, out in enumerate(outputs):
+            source = call.sources[me]
+            out[0] = inputs[source][0] if source >= 0 else 0
+
+
+MODES = ("host", "kernels")  # how the simulator runs the collectives: here, or the kernels under the interpreter
+
+
+def mode_of(value: str | None) -> str:
+    """The mode a setting names (None: environment IRIS_SIM_COLLECTIVES, else "host")."""
+    value = os.environ.get("IRIS_SIM_COLLECTIVES", "host") if value is None else value
+    mode = str(value).strip().lower()
+    if mode not in MODES:
+        raise ValueError(f"sim_collectives must be 'host' or 'kernels' (IRIS_SIM_COLLECTIVES); got {value!r}")
+    return mode
