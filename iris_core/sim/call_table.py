@@ -26,6 +26,7 @@ group is not compared (no false alarms; a bucket shared by two groups only check
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import threading
 from collections.abc import Sequence
@@ -79,19 +80,24 @@ class CallTable:
         with self._lock:
             number = self._counts.get((rank, key), 0)
             self._counts[rank, key] = number + 1
-        if site:
-            text = f"{text} at {' < '.join(site[:3])}{' < ...' if len(site) > 3 else ''}"
-        call = Call(rank, key, number, signature, text, digest(tuple(site)) if site else 0)
+        text, site_digest, encoded = self._text(text, tuple(site))
+        call = Call(rank, key, number, signature, text, site_digest)
         address = self._record(rank, key, number)
         ctypes.c_int64.from_address(address + 8).value = 0  # (being rewritten)
         # (a c_char array, not ctypes.memmove: a foreign call gives up the GIL, and every rank's thread wants it)
-        (ctypes.c_char * _TEXT_BYTES).from_address(address + 32).raw = text.encode()[:_TEXT_BYTES].ljust(
-            _TEXT_BYTES, b"\0")
+        (ctypes.c_char * _TEXT_BYTES).from_address(address + 32).raw = encoded
         ctypes.c_int64.from_address(address + 16).value = signature
         ctypes.c_int64.from_address(address + 24).value = call.site
         ctypes.c_int64.from_address(address).value = key
         ctypes.c_int64.from_address(address + 8).value = number + 1  # last: the record is whole
         return call
+
+    @functools.lru_cache(maxsize=1024)  # noqa: B019 (the table lives as long as its runtime)
+    def _text(self, text: str, site: tuple) -> tuple[str, int, bytes]:
+        """A call's text with its site, the site's digest and the text as a record holds it."""
+        if site:
+            text = f"{text} at {' < '.join(site[:3])}{' < ...' if len(site) > 3 else ''}"
+        return text, digest(site) if site else 0, text.encode()[:_TEXT_BYTES].ljust(_TEXT_BYTES, b"\0")
 
     def _read(self, rank: int, key: int, number: int) -> _Record | None:
         """Rank's record of call `number` of group `key`, if it is (still) there."""

@@ -257,6 +257,9 @@ class Runtime:
         Returns:
           The service.
         """
+        service = self._services.get(name)  # (created once: most calls need no lock)
+        if service is not None:
+            return service
         with self._lock:
             if name not in self._services:
                 self._services[name] = factory(self)

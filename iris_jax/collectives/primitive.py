@@ -31,6 +31,7 @@ from jax.sharding import AxisType, PartitionSpec
 
 from iris_jax import _runtime, compat
 from iris_jax.calls import cpu_lowering
+from iris_jax.calls.cpu_execution import runs_collectives_here
 from iris_jax.calls.operands import concrete
 from iris_jax.calls.triton_call import iris_kernel_effect
 from iris_jax.collectives import domains, registry
@@ -67,8 +68,13 @@ def kernel_effects(collective) -> set:
     """The effects an equation of `collective` adds to lax's: the iris kernel effect where the
     collective runs a kernel (a type cast such as pvary runs none). Programs with iris kernels
     then carry JAX's runtime tokens, so jax.effects_barrier() waits for every device's kernels
-    (a replicated result is ready when its first device's copy is)."""
-    return {iris_kernel_effect} if rule_of(collective.name).has_kernel else set()
+    (a replicated result is ready when its first device's copy is). Where the simulator runs
+    the collectives on the host (cpu_execution.runs_collectives_here), none: the call is a
+    meeting of the device threads that returns when every member's output is written, as
+    lax's collectives are, and carries no token (whose dispatch costs more than the call)."""
+    if not rule_of(collective.name).has_kernel or runs_collectives_here(_runtime.runtime()):
+        return set()
+    return {iris_kernel_effect}
 
 
 def _abstract_eval(*avals, collective, params, config):
