@@ -49,14 +49,14 @@ class Collective:
     what: str
     timeout_s: float
     site: int = 0  # where the program made the call, as a digest (0: unknown)
+    slices: int = 0  # RAGGED_ALL_TO_ALL: the slices each member sends each member
 
 
 class _Meeting:
     """One call of one group: the members' buffers as they arrive."""
 
     def __init__(self, size: int):
-        self.inputs: list[np.ndarray | None] = [None] * size
-        self.outputs: list[np.ndarray | None] = [None] * size
+        self.buffers: list[tuple | None] = [None] * size  # each member's (input, ..., output)
         self.signatures: list[int | None] = [None] * size
         self.sites: list[int] = [0] * size
         self.arrived = 0
@@ -85,11 +85,12 @@ class Rendezvous:
         self._failed: dict[int, _Failure] = {}  # group -> how it failed
 
     def run(self, call: Collective, group: int, members: list[int], me: int, signature: int, site: int,
-            x: np.ndarray, out: np.ndarray, *, workspace: int = -1) -> bool:
-        """Member `me` (of `members`, global ranks) makes its next call of `group`: `x` is its input as
-        [in_blocks, m], `out` receives its output as [out_blocks, m]. `signature` is what the members'
-        calls must agree on, `site` where the program made it (a digest; 0: unknown), `workspace`
-        the group's heap offset, which errors name.
+            buffers: tuple, *, workspace: int = -1) -> bool:
+        """Member `me` (of `members`, global ranks) makes its next call of `group` on `buffers`: its
+        input as [in_blocks, m] and its output as [out_blocks, m] (RAGGED_ALL_TO_ALL: its operand [N,
+        R], input offsets, send sizes, output offsets, and its output [M, R], which holds the
+        output operand). `signature` is what the members' calls must agree on, `site` where the
+        program made it (a digest; 0: unknown), `workspace` the group's heap offset, which errors name.
 
         Returns:
           Whether a member made the call from another site of the program (its sites known).
@@ -109,7 +110,7 @@ class Rendezvous:
             meeting = self._meetings.get(key)
             if meeting is None:
                 meeting = self._meetings[key] = _Meeting(len(members))
-            meeting.inputs[me], meeting.outputs[me] = x, out
+            meeting.buffers[me] = buffers
             meeting.signatures[me], meeting.sites[me] = signature, site
             meeting.arrived += 1
             last = meeting.arrived == len(members)
@@ -127,7 +128,7 @@ class Rendezvous:
             with self._changed:
                 self._changed.wait_for(lambda: meeting.ready or group in self._failed, call.timeout_s)
                 if meeting.arrived < len(members):  # timed out, or another member waiting here did
-                    missing = next(m for i, m in enumerate(members) if meeting.inputs[i] is None)
+                    missing = next(m for i, m in enumerate(members) if meeting.buffers[i] is None)
                     self._fail(group, _Failure(rank, missing))
                     raise PeerTimeoutError(faults.message(faults.TIMEOUT, call.what, rank, missing, **where))
                 self._changed.wait_for(lambda: meeting.ready)  # every member arrived: the last one is at work
@@ -156,15 +157,18 @@ def _combined(call: Collective, contributions: list[np.ndarray]) -> np.ndarray:
     """The contributions combined in member order in the accumulator type (tiles.combined)."""
     result = contributions[0].astype(call.accumulator)
     combine = _COMBINE[call.op]
-    for value in contributions[1:]:
-        combine(result, value.astype(call.accumulator, copy=False), out=result)
+    with np.errstate(all="ignore"):  # inf - inf and integer wrap-around are values here, as on a GPU
+        for value in contributions[1:]:
+            combine(result, value.astype(call.accumulator, copy=False), out=result)
     return result
 
 
 def _run(call: Collective, meeting: _Meeting) -> None:
     """Every member's output from every member's input (the table in iris_core.collectives.kinds),
     rounded once to the output's type where the members' contributions are combined."""
-    inputs, outputs = meeting.inputs, meeting.outputs
+    if call.kind == kinds.RAGGED_ALL_TO_ALL:
+        return _ragged(call, meeting.buffers)
+    inputs, outputs = [b[0] for b in meeting.buffers], [b[-1] for b in meeting.buffers]
     if call.kind == kinds.ALL_REDUCE:
         combined = _combined(call, [x[0] for x in inputs])
         for out in outputs:
@@ -180,6 +184,22 @@ def _run(call: Collective, meeting: _Meeting) -> None:
         for me, out in enumerate(outputs):
             source = call.sources[me]
             out[0] = inputs[source][0] if source >= 0 else 0
+
+
+def _ragged(call: Collective, buffers: list[tuple]) -> None:
+    """ragged_all_to_all (iris_core.collectives.ragged): sender j's slice me * S + s, rows [start, start
+    + size) of its operand, lands at rows [target, target + size) of member me's output; rows that
+    fall outside the operand or the output are skipped, and rows nobody sends keep their values."""
+    S = call.slices
+    for me, (*_, out) in enumerate(buffers):
+        M = out.shape[0]
+        for x, starts, sizes, targets, _ in buffers:
+            N = x.shape[0]
+            for k in range(me * S, me * S + S):
+                start, shift = int(starts[k]), int(targets[k]) - int(starts[k])
+                lo, hi = max(start, 0, -shift), min(start + int(sizes[k]), N, M - shift)
+                if lo < hi:
+                    out[lo + shift:hi + shift] = x[lo:hi]
 
 
 MODES = ("host", "kernels")  # how the simulator runs the collectives: here, or the kernels under the interpreter

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from iris_core.collectives import group_layout, kinds
+from iris_core.collectives import group_layout, kinds, ragged
 from iris_core.collectives import kernels as collective_kernels
 from iris_core.errors import IrisError, NotOnHeapError, PeerTimeoutError, RankDivergenceWarning, RankMismatchError
 from iris_core.heap.context_layout import TRACE_WORDS, context_words, trace_offset
@@ -109,7 +109,7 @@ def _execute(rt, spec: KernelSpec, ins: list[int], outs: list[int]) -> None:
         if on_host:
             sites_differ = rt.service("host_collectives", lambda _: host_collectives.Rendezvous()).run(
                 spec.host, group.key, members, group.index, spec.signature, spec.host.site,
-                *_host_arrays(spec, operand_ptrs[0], outs[0]), workspace=group.workspace)
+                _host_buffers(spec, operand_ptrs, outs), workspace=group.workspace)
             found = []
         elif rt.backend.host_kernels == "worker":
             found = execute_in_worker(rt, rank, spec, row_ptr, group_ptr, operand_ptrs, outs)
@@ -159,19 +159,24 @@ def _group(rt, address: int, nbytes: int) -> _Group:
 
 
 def host_collective(kernel, constexprs: dict, dtype: np.dtype, site: tuple) -> host_collectives.Collective | None:
-    """What a call of the collective kernel asks for, where the host can run it in the kernel's
-    place (None: another kernel, an all-reduce algorithm whose order of combining differs from
-    member order, or device tracing, which records the kernel's own events)."""
-    if kernel is not collective_kernels.collective_kernel or constexprs.get("TRACING"):
+    """What a call of the collective kernel (or ragged_all_to_all's) asks for, where the host can
+    run it in the kernel's place (None: another kernel, an all-reduce algorithm whose order of
+    combining differs from member order, or device tracing, which records the kernel's own events)."""
+    if constexprs.get("TRACING"):
+        return None
+    common = dict(members=constexprs["G"], what=constexprs["WHAT"], timeout_s=constexprs["TIMEOUT_NS"] / 1e9,
+                  site=call_table.digest(tuple(site)) if site else 0, accumulator=np.dtype(dtype))
+    if kernel is ragged.ragged_kernel:
+        return host_collectives.Collective(kind=kinds.RAGGED_ALL_TO_ALL, op=0, variant=0, in_blocks=1, out_blocks=1,
+                                           sources=(), slices=constexprs["SLICES"], **common)
+    if kernel is not collective_kernels.collective_kernel:
         return None
     if constexprs["KIND"] == kinds.ALL_REDUCE and constexprs["VARIANT"] not in (kinds.ONE_SHOT, kinds.TWO_SHOT):
         return None
     return host_collectives.Collective(
-        kind=constexprs["KIND"], op=constexprs["OP"], variant=constexprs["VARIANT"], members=constexprs["G"],
-        in_blocks=constexprs["XB"], out_blocks=constexprs["OB"], sources=tuple(constexprs["SOURCES"]),
-        accumulator=np.dtype(kinds.accumulator(dtype.name)),
-        what=constexprs["WHAT"], timeout_s=constexprs["TIMEOUT_NS"] / 1e9,
-        site=call_table.digest(tuple(site)) if site else 0)
+        kind=constexprs["KIND"], op=constexprs["OP"], variant=constexprs["VARIANT"], in_blocks=constexprs["XB"],
+        out_blocks=constexprs["OB"], sources=tuple(constexprs["SOURCES"]),
+        **dict(common, accumulator=np.dtype(kinds.accumulator(dtype.name))))
 
 
 def runs_collectives_here(rt) -> bool:
@@ -180,10 +185,19 @@ def runs_collectives_here(rt) -> bool:
     return rt.backend.host_kernels == "worker" and rt.sim_collectives == "host" and not rt.detect_races
 
 
-def _host_arrays(spec: KernelSpec, x: int, out: int) -> tuple[np.ndarray, np.ndarray]:
-    """A collective's input and output buffers as [blocks, m] arrays (no copy)."""
-    return (_host_array(x, spec.operand_nbytes[0], spec.operand_dtypes[0], spec.host.in_blocks),
-            _host_array(out, spec.result_nbytes[0], spec.result_dtypes[0], spec.host.out_blocks))
+def _host_buffers(spec: KernelSpec, operands: list[int], outs: list[int]) -> tuple:
+    """A host collective's buffers as host_collectives.Rendezvous.run takes them (no copy)."""
+    if spec.host.kind != kinds.RAGGED_ALL_TO_ALL:
+        return (_host_array(operands[0], spec.operand_nbytes[0], spec.operand_dtypes[0], spec.host.in_blocks),
+                _host_array(outs[0], spec.result_nbytes[0], spec.result_dtypes[0], spec.host.out_blocks))
+    x, output, *vectors = (_host_array(p, n, d, 1) for p, n, d in
+                           zip(operands, spec.operand_nbytes, spec.operand_dtypes))
+    rows = dict(spec.scalars)  # N, M, R: the kernel's scalars after its five operands
+    x, output = x.reshape(-1, rows[9]), output.reshape(-1, rows[9])
+    out = _host_array(outs[0], spec.result_nbytes[0], spec.result_dtypes[0], output.shape[0])
+    if outs[0] != operands[1]:  # (XLA may give the aliased result its own buffer)
+        out[:] = output
+    return (x, *(v[0] for v in vectors), out)
 
 
 def _host_array(address: int, nbytes: int, dtype, blocks: int) -> np.ndarray:

@@ -14,22 +14,25 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 TEST_HEAP = 16 << 20
 
 
-def use_runtime(n: int, heap_size: int = TEST_HEAP, domain_size: int | None = None):
-    """The runtime over jax.devices()[:n] with `heap_size` and `domain_size`, (re)initialized
-    if needed."""
+def use_runtime(n: int, heap_size: int = TEST_HEAP, domain_size: int | None = None,
+                sim_collectives: str | None = None):
+    """The runtime over jax.devices()[:n] with `heap_size`, `domain_size` and `sim_collectives`
+    (None: the environment's, else "host"), (re)initialized if needed."""
     import jax
 
     import iris_jax
+    from iris_core.sim import host_collectives
 
     devices = jax.devices()[:n]
     assert len(devices) == n, f"need {n} CPU devices, have {jax.device_count()}"
+    mode = host_collectives.mode_of(sim_collectives)
     if iris_jax.is_initialized():
         rt = iris_jax.runtime()
         if ([d.id for d in rt.devices] == [d.id for d in devices] and rt.heap_size == heap_size
-                and rt.domain_size == domain_size):
+                and rt.domain_size == domain_size and rt.sim_collectives == mode):
             return rt
         iris_jax.shutdown()
-    return iris_jax.init(heap_size=heap_size, devices=devices, domain_size=domain_size)
+    return iris_jax.init(heap_size=heap_size, devices=devices, domain_size=domain_size, sim_collectives=mode)
 
 
 def smap(mesh, f, in_specs, out_specs, **kwargs):

@@ -13,7 +13,9 @@ never zero; before each run the simulator's staging areas and the collective wor
 are filled with a poison pattern, so an output element a kernel forgets to write cannot
 pass as a zero or a stale value.
 
-All modules share one runtime over the 8 CPU devices; meshes use the first 2, 3, 4 or 8.
+All modules share one runtime over the 8 CPU devices; meshes use the first 2, 3, 4 or 8. This
+module's tests run twice: with the collectives on the host (init(sim_collectives="host"), the
+default) and as kernels under the interpreter ("kernels").
 
 The helpers here (run_cases, mesh_of, rand) are shared by the other test_collectives_*
 modules.
@@ -52,9 +54,21 @@ RUNTIME_DEVICES = 8
 RUNTIME_HEAP = 64 << 20  # every partition of the ranks into groups gets its own workspace (~1.3 MiB)
 
 
+SIM_COLLECTIVES = {"mode": None}  # how this module's tests run the collectives (None: the environment's)
+
+
+@pytest.fixture(autouse=True, scope="module", params=["host", "kernels"])
+def sim_collectives(request):
+    """Every test of this module runs both ways: the collectives on the host (the simulator's
+    default) and as the collective kernels under Triton's interpreter (as GPUs run them)."""
+    SIM_COLLECTIVES["mode"] = request.param
+    yield request.param
+    SIM_COLLECTIVES["mode"] = None
+
+
 def runtime():
     """The runtime of these tests: one over all 8 devices, (re)initialized if another is current."""
-    return use_runtime(RUNTIME_DEVICES, RUNTIME_HEAP)
+    return use_runtime(RUNTIME_DEVICES, RUNTIME_HEAP, sim_collectives=SIM_COLLECTIVES["mode"])
 
 
 def mesh_of(shape, names):

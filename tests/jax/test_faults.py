@@ -58,16 +58,24 @@ def record(case: str, mode: str, error: str, seconds: float) -> None:
 
 
 # -- workers mode: one process, W CPU devices ----------------------------------------------------
-@pytest.fixture
-def world():
+@pytest.fixture(params=["host", "kernels"])
+def world(request):
     """A fresh runtime over the first W devices whose workers ran a collective (warm: a rank's
     first kernel can take longer than TIMEOUT_S); shut down afterwards, as a fault leaves
-    the group's flags poisoned."""
+    the group's flags poisoned. Each test runs with the collectives on the host and as kernels
+    (init(sim_collectives=...)): the faults are named the same either way."""
     iris_jax.shutdown()
-    rt = use_runtime(W)
+    rt = use_runtime(W, sim_collectives=request.param)
     check_psum_works()
     yield rt
     iris_jax.shutdown()
+
+
+def restart() -> None:
+    """shutdown() then init(), as a user recovers, with the collectives run as before."""
+    mode = iris_jax.runtime().sim_collectives
+    iris_jax.shutdown()
+    use_runtime(W, sim_collectives=mode)
 
 
 def mesh():
@@ -151,8 +159,7 @@ def expect_group_poisoned_then_restart():
     assert all(e is not None and "PeerFailedError" in e and "Start again: iris_jax.shutdown() then init()" in e
                for e in errors), errors
     assert time.monotonic() - start < SLACK_S, "failed by timing out, not at once"
-    iris_jax.shutdown()
-    use_runtime(W)
+    restart()
     check_psum_works()
 
 
@@ -294,8 +301,7 @@ def test_device_barrier_without_a_rank(world):
     assert time.monotonic() - start < TIMEOUT_S + SLACK_S
     record("3b device barrier without a rank", "workers", "ranks 0, 2: PeerTimeoutError naming device_barrier "
            "and rank 1; the next barrier fails at once", elapsed)
-    iris_jax.shutdown()
-    use_runtime(W)
+    restart()
     check_psum_works()
 
 
@@ -385,6 +391,7 @@ def set_failed_word(rank: int, member: int, code: int) -> None:
     rt.heap.host_view(rank, region, (1,), np.int64)[0] = flag_protocol.failed_word(member, code, calls + 1)
 
 
+@pytest.mark.parametrize("world", ["kernels"], indirect=True)  # the kernels' streamed protocol
 def test_calls_that_differ_seen_before_a_rank_starts(world):
     """Case 5, with rank 1's kernel starting after rank 2 saw the calls differ (its `failed` word
     already says so, as on a GPU whose ranks start far apart): rank 1 still delivers its tiles
@@ -426,8 +433,7 @@ def expect_fused_group_poisoned_then_restart():
     errors = errors_by_rank(spmd(lambda u, w: fused(u, w, 32))(*fused_inputs()))
     assert all(e is not None and "PeerFailedError: iris matmul_all_reduce" in e for e in errors), errors
     assert time.monotonic() - start < TIMEOUT_S, "failed by timing out, not at once"
-    iris_jax.shutdown()
-    use_runtime(W)
+    restart()
     got = np.asarray(spmd(lambda u, w: fused(u, w, 32))(*fused_inputs()))
     np.testing.assert_array_equal(got, np.full((W, 32, 16), 8.0 * W, np.float32))
 
