@@ -86,7 +86,7 @@ def test_processes_exchange_descriptors(tmp_path, kind, world_size):
         reports = dict(results.get(timeout=120) for _ in procs)
     finally:
         for p in procs:
-            p.join(10)
+            p.join(60)  # against a hang only: exiting takes long on a loaded machine
             if p.is_alive():
                 p.kill()
     assert reports == {r: "ok" for r in range(world_size)}
@@ -120,7 +120,7 @@ def test_peer_that_never_publishes_times_out(tmp_path):
     started = time.monotonic()
     with pytest.raises(PeerTimeoutError, match=r"rank 0: rank 1 did not publish its file-descriptor socket within 0.5 s"):
         fd_exchange.exchange_fds(write_end, 0, [1], store, "absent", timeout_s=0.5)
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started >= 0.5  # not before its timeout (a monotonic deadline)
     _assert_socket_gone(store, "absent", 0)
     assert _open_fds() == fds_before and threading.active_count() == threads_before
     os.close(read_end)
@@ -156,7 +156,7 @@ def test_peer_that_never_takes_ours_times_out(tmp_path):
     t.start()
     with pytest.raises(PeerTimeoutError, match=r"rank 0: rank\(s\) \[1\] never came for its file descriptor"):
         fd_exchange.exchange_fds(fds[0], 0, [1], store, "slow", timeout_s=1.0)
-    t.join(10)
-    assert "rank 1: rank 2 did not publish" in errors[1]
+    t.join(60)  # against a hang only
+    assert not t.is_alive() and "rank 1: rank 2 did not publish" in errors[1]
     for fd in fds:
         os.close(fd)

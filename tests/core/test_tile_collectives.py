@@ -5,7 +5,7 @@ import time
 import numpy as np
 import pytest
 
-from iris_core import faults
+from iris_core import faults, flag_protocol
 from iris_core.sim import get_world, launch
 from tests.core import tile_kernels as K
 
@@ -63,10 +63,11 @@ def test_a_tile_collective_gives_up_after_its_own_timeout(sim_heap):
     world.run(_run_op, heap.session, offsets, K.ONE_SHOT, 7)
     error, seconds = world.run(_launch_alone, heap.session, offsets, 7, 0.5)[0]
     assert error is not None and "PeerTimeoutError" in error and "rank 1" in error, error
-    assert seconds < 20, seconds  # 0.5 s, not the default 60 s (slack for a loaded machine)
+    # its own 0.5 s, not the kernel's default: the one bound that tells them apart, 120 times the timeout
+    assert seconds < flag_protocol.DEFAULT_TIMEOUT_S, seconds
 
 
-def _launch_catching(state, session, offsets, ops, Ns, timeout_s=20.0):
+def _launch_catching(state, session, offsets, ops, Ns, timeout_s=60.0):  # must fail at once: never times out
     """Rank r runs ops[r] over an M x Ns[r] input (None: it does not call); returns its error."""
     op, N = ops[state.rank], Ns[state.rank]
     if op is None:
@@ -116,10 +117,9 @@ def test_a_flag_of_a_peer_that_gave_up_fails_at_once_and_poisons_mine(sim_heap):
     world, heap = get_world(2), sim_heap(2, 1 << 16)
     offsets = [heap.allocate(4 * 2 * M * 16) for _ in range(3)] + [heap.allocate(256)]
     world.run(_run_op, heap.session, offsets, K.ONE_SHOT, 7)
-    start = time.monotonic()
     error = world.run(_poison_peer_then_launch, heap.session, offsets)[0]
+    # PeerFailedError, not PeerTimeoutError: at once, not after the 60 s timeout
     assert error is not None and error.startswith("PeerFailedError") and "rank 1 gave up" in error, error
-    assert time.monotonic() - start < 15, "not at once"  # (the timeout is 20 s)
     mine = world.run(_flags, heap.session, offsets)[0]
     assert mine[0] == faults.TILE_POISON, mine  # a rank that reads my flag later fails at once too
 

@@ -13,6 +13,8 @@ from iris_jax import ops
 from iris_jax.config import CollectiveConfig
 from tests.jax.test_collectives import F32, mesh_of, rand, runtime, shard
 
+AT_ONCE_S = 60.0  # the timeout of calls that must fail at once: a slow machine cannot make them time out
+
 ALL = {
     "psum": lambda v, a: iris_jax.psum(v, a),
     "pmax": lambda v, a: iris_jax.pmax(v, a),
@@ -238,7 +240,8 @@ def test_missing_peer_times_out_naming_collective_and_rank(fresh_runtime, rng):
     message = _run_missing_peer(lambda v: iris_jax.all_reduce(v, "i", timeout_s=2), x)
     assert "PeerTimeoutError" in message
     assert "iris all_reduce(sum): timed out waiting for rank 1" in message
-    assert time.monotonic() - start < 60
+    # its own 2 s, not the default: the one bound that tells them apart, 30 times the timeout
+    assert time.monotonic() - start < CollectiveConfig().timeout_s
 
 
 def test_missing_peer_default_timeout(fresh_runtime, rng):
@@ -278,19 +281,16 @@ def streaming():
 def test_streamed_call_missing_peer_times_out_then_the_group_fails(fresh_runtime, streaming, rng):
     """Streamed calls (stream_from=0) time out the same way, and later streamed calls of that
     group fail at once (the workspace's `failed` word), not with stale data."""
-    import time
-
     mesh = mesh_of((3,), ("i",))
     x = shard(mesh, rand(rng, (3, 37), F32))
     message = _run_missing_peer(lambda v: iris_jax.all_reduce(v, "i", timeout_s=2), x)
     assert "iris all_reduce(sum): timed out waiting for rank 1" in message
-    f = jax.jit(jax.shard_map(lambda v: iris_jax.all_reduce(v[0], "i", timeout_s=30)[None], mesh=mesh,
+    f = jax.jit(jax.shard_map(lambda v: iris_jax.all_reduce(v[0], "i", timeout_s=AT_ONCE_S)[None], mesh=mesh,
                               in_specs=P("i"), out_specs=P("i"), check_vma=False))
-    start = time.monotonic()
     with pytest.raises(Exception) as info:
         jax.block_until_ready(f(x))
-    assert "PeerFailedError" in str(info.value), str(info.value)
-    assert time.monotonic() - start < 20, "failed by timing out, not at once"
+    # PeerFailedError, not PeerTimeoutError: failed at once, not by timing out
+    assert "PeerFailedError" in str(info.value) and "PeerTimeoutError" not in str(info.value), str(info.value)
 
 
 def test_fused_op_missing_peer_times_out(fresh_runtime, rng):
@@ -317,19 +317,17 @@ def test_group_fails_clearly_after_a_timeout_other_groups_work(fresh_runtime, pu
     POISON: every later call of that group fails at once with PeerFailedError (never stale
     data), on the rank that was missing too; other partitions of the ranks keep working.
     (Pulling calls: small ones do not stream here, stream_until=0.)"""
-    import time
-
     mesh = mesh_of((3,), ("i",))
     x = shard(mesh, rand(rng, (3, 37), F32))
     _run_missing_peer(lambda v: iris_jax.all_reduce(v, "i", timeout_s=2), x)
-    f = jax.jit(jax.shard_map(lambda v: iris_jax.all_reduce(v[0], "i", timeout_s=30)[None], mesh=mesh,
+    f = jax.jit(jax.shard_map(lambda v: iris_jax.all_reduce(v[0], "i", timeout_s=AT_ONCE_S)[None], mesh=mesh,
                               in_specs=P("i"), out_specs=P("i"), check_vma=False))
     for _ in range(2):
-        start = time.monotonic()
         with pytest.raises(Exception) as info:
             jax.block_until_ready(f(shard(mesh, np.asarray(x) + 100)))
+        # PeerFailedError, not PeerTimeoutError: failed at once, not by timing out
         assert "PeerFailedError" in str(info.value) and "gave up on an earlier collective" in str(info.value)
-        assert time.monotonic() - start < 20, "failed by timing out, not at once"
+        assert "PeerTimeoutError" not in str(info.value), str(info.value)
     pair = mesh_of((2,), ("i",))  # ranks 0 and 1 alone: another partition, another workspace
     y = shard(pair, rand(rng, (2, 5), F32))
     out = jax.jit(jax.shard_map(lambda v: iris_jax.psum(v[0], "i"), mesh=pair, in_specs=P("i"), out_specs=P()))(y)

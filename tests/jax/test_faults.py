@@ -2,12 +2,14 @@
 
 Modes: "workers" is one process with CPU devices, each device's kernels run by its rank's
 worker process (iris_core.sim.world); "launched" is `python -m iris_core.sim`, one process per
-rank (launched_faults.py). In every case the surviving ranks fail within the configured
-timeout with an error naming the op and the rank (launched: the launcher stops them at once
-and names the rank that failed), heap memory that no kernel should have touched keeps its
+rank (launched_faults.py). In every case the surviving ranks fail after the configured
+timeout with an error naming the op and the rank (launched: the launcher stops them and names
+the rank that failed), heap memory that no kernel should have touched keeps its
 poison, and the next program works, or fails saying why and works after
 `iris_jax.shutdown()`. Each test prints its time to the error ("fault matrix |" lines; run
-with -s to see them).
+with -s to see them). No verdict here depends on elapsed time (docs/testing.md): a call that must
+fail at once is given a timeout far above any slowness (AT_ONCE_S), so that the error it raises,
+not a clock, tells "at once" from "timed out"; how soon errors come is benchmarks/fault_latency.py.
 
 Calls that differ between ranks (a shape, under rank-dependent control flow or between the
 processes of a multi-controller run) pair anyway, since the kernels count calls; the simulator's
@@ -48,7 +50,7 @@ from tests.jax.helpers import REPO, child_env, read_heap, use_runtime
 W = 3  # ranks of the workers-mode cases (their worker processes are reused across tests)
 N = 64
 TIMEOUT_S = 2.0  # the collectives' timeout in these tests
-SLACK_S = 30.0  # on top of a timeout: first launches and process exits on a loaded 2-core machine
+AT_ONCE_S = 60.0  # the timeout of calls that must fail at once: a slow machine cannot make them time out
 POISON = -7.0
 F32 = jax.ShapeDtypeStruct((N,), jnp.float32)
 
@@ -154,11 +156,10 @@ class Untouched:
 def expect_group_poisoned_then_restart():
     """The next collective of the group that timed out fails at once saying why; after shutdown
     and init, it works."""
-    start = time.monotonic()
-    errors = errors_by_rank(spmd(psum)(inputs()))
+    errors = errors_by_rank(spmd(lambda v: psum(v, AT_ONCE_S))(inputs()))
+    # PeerFailedError, not PeerTimeoutError: failed at once, not by timing out
     assert all(e is not None and "PeerFailedError" in e and "Start again: iris_jax.shutdown() then init()" in e
                for e in errors), errors
-    assert time.monotonic() - start < SLACK_S, "failed by timing out, not at once"
     restart()
     check_psum_works()
 
@@ -169,11 +170,10 @@ def expect_timeouts_naming(errors, missing: int, ranks) -> None:
         assert f"iris all_reduce(sum): timed out waiting for rank {missing}" in errors[r], errors[r]
 
 
-def expect_survivors_failed_on_rank_1(errors, elapsed: float, untouched: Untouched) -> None:
-    """Ranks 0 and 2 timed out naming rank 1 within the timeout, nothing outside the heaps
-    changed, and the group then fails at once until a restart."""
+def expect_survivors_failed_on_rank_1(errors, untouched: Untouched) -> None:
+    """Ranks 0 and 2 timed out naming rank 1, nothing outside the heaps changed, and the group
+    then fails at once until a restart."""
     expect_timeouts_naming(errors, 1, (0, 2))
-    assert elapsed < TIMEOUT_S + SLACK_S
     untouched.check()
     expect_group_poisoned_then_restart()
 
@@ -191,7 +191,7 @@ def test_worker_killed_mid_collective(world):
     while read_heap(started, 1, (1,), np.int32)[0] != 1:  # rank 1 is inside its kernel
         assert time.monotonic() < deadline, "rank 1's kernel never started"
         time.sleep(0.01)
-    time.sleep(0.3)  # ranks 0 and 2 reach the psum
+    time.sleep(0.3)  # ranks 0 and 2 likely reach the psum; arriving after the kill, they time out all the same
     start = time.monotonic()
     os.kill(pids[1], signal.SIGKILL)
     errors = errors_by_rank(out)
@@ -199,7 +199,7 @@ def test_worker_killed_mid_collective(world):
     record("1 rank killed mid-collective", "workers", "rank 1: SimulatedRankError died (exit code -9); "
            "ranks 0, 2: PeerTimeoutError naming all_reduce(sum) and rank 1", elapsed)
     assert "simulated rank 1 died (exit code -9) while running kernel spin_on_rank" in errors[1], errors[1]
-    expect_survivors_failed_on_rank_1(errors, elapsed, untouched)
+    expect_survivors_failed_on_rank_1(errors, untouched)
 
 
 def test_worker_killed_between_calls_is_replaced(world):
@@ -258,7 +258,7 @@ def test_rank_raising_inside_a_kernel(world, fault):
                "ranks 0, 2: PeerTimeoutError naming rank 1", elapsed)
         assert "simulated rank 1 raised" in errors[1] and "AssertionError" in errors[1], errors[1]
         assert "fault test: assertion failed on the victim rank" in errors[1], errors[1]
-    expect_survivors_failed_on_rank_1(errors, elapsed, untouched)
+    expect_survivors_failed_on_rank_1(errors, untouched)
 
 
 def test_rank_that_never_calls_the_collective(world):
@@ -274,7 +274,7 @@ def test_rank_that_never_calls_the_collective(world):
     record("3 rank never calls the collective", "workers", "ranks 0, 2: PeerTimeoutError naming all_reduce(sum) "
            "and rank 1; rank 1: no error", elapsed)
     assert errors[1] is None
-    expect_survivors_failed_on_rank_1(errors, elapsed, untouched)
+    expect_survivors_failed_on_rank_1(errors, untouched)
 
 
 def test_device_barrier_without_a_rank(world):
@@ -293,12 +293,9 @@ def test_device_barrier_without_a_rank(world):
         assert errors[r] is not None and "PeerTimeoutError: iris device_barrier: timed out" in errors[r], errors[r]
         assert "waiting for rank 1" in errors[r], errors[r]
     expect_every_read_raises(out, (0, 2), "PeerTimeoutError", "device_barrier", "rank 1")
-    assert elapsed < TIMEOUT_S + SLACK_S
-    start = time.monotonic()
     errors = errors_by_rank(spmd(barrier)(x))
     assert all(e is not None and ("PeerFailedError: iris device_barrier" in e or "PeerTimeoutError" in e)
                for e in errors), errors
-    assert time.monotonic() - start < TIMEOUT_S + SLACK_S
     record("3b device barrier without a rank", "workers", "ranks 0, 2: PeerTimeoutError naming device_barrier "
            "and rank 1; the next barrier fails at once", elapsed)
     restart()
@@ -344,7 +341,6 @@ def test_collective_called_by_only_some_ranks(world):
     record("6 collective called by only some ranks", "workers", "ranks 0, 2: PeerTimeoutError naming rank 1, "
            "its one call and the lines where the calls parted; every rank: RankDivergenceWarning naming both "
            "lines (rank 1 returns the others' first psum, as on GPUs)", elapsed)
-    assert elapsed < TIMEOUT_S + SLACK_S
     expect_group_poisoned_then_restart()
 
 
@@ -355,8 +351,9 @@ def test_calls_that_differ_between_ranks(world):
     nothing outside the heaps changes, and the group then fails at once until a restart."""
     untouched = Untouched()
     x = inputs()
-    half = lambda u: jnp.pad(psum(u[:N // 2]), (0, N // 2))  # noqa: E731
-    program = spmd(lambda v: lax.cond(lax.axis_index("i") == 1, half, psum, v)).lower(x).compile()
+    half = lambda u: jnp.pad(psum(u[:N // 2], AT_ONCE_S), (0, N // 2))  # noqa: E731
+    program = spmd(lambda v: lax.cond(lax.axis_index("i") == 1, half, lambda u: psum(u, AT_ONCE_S), v))
+    program = program.lower(x).compile()
     start = time.monotonic()
     out = program(x)
     errors = errors_by_rank(out)
@@ -368,7 +365,6 @@ def test_calls_that_differ_between_ranks(world):
         assert f"rank {1 if r != 1 else 0}" in error or f"rank {2 if r != 1 else 0}" in error, error
     record("5 calls that differ between ranks", "workers", "every rank: RankMismatchError naming both shapes",
            elapsed)
-    assert elapsed < SLACK_S
     untouched.check()
     expect_group_poisoned_then_restart()
 
@@ -401,8 +397,9 @@ def test_calls_that_differ_seen_before_a_rank_starts(world):
     from iris_core import faults
 
     x = inputs()
-    half = lambda u: jnp.pad(psum(u[:N // 2]), (0, N // 2))  # noqa: E731
-    program = spmd(lambda v: lax.cond(lax.axis_index("i") == 0, half, psum, v)).lower(x).compile()
+    half = lambda u: jnp.pad(psum(u[:N // 2], AT_ONCE_S), (0, N // 2))  # noqa: E731
+    program = spmd(lambda v: lax.cond(lax.axis_index("i") == 0, half, lambda u: psum(u, AT_ONCE_S), v))
+    program = program.lower(x).compile()
     set_failed_word(1, member=2, code=faults.MISMATCH)
     start = time.monotonic()
     errors = errors_by_rank(program(x))
@@ -410,14 +407,13 @@ def test_calls_that_differ_seen_before_a_rank_starts(world):
     for r, error in enumerate(errors):
         assert error is not None and "RankMismatchError: iris all_reduce(sum)" in error, (r, error)
         assert f"rank {1 if r == 0 else 0} made a different call" in error, (r, error)
-    assert elapsed < TIMEOUT_S, "a rank waited out its timeout"
     record("5 calls that differ, a rank starting late", "workers", "every rank: RankMismatchError", elapsed)
     expect_group_poisoned_then_restart()
 
 
-def fused(u, w, rows: int):
+def fused(u, w, rows: int, timeout_s: float = TIMEOUT_S):
     """matmul_all_reduce of u's first `rows` rows with w (the fused kernel), padded back to u's rows."""
-    out = iris_jax.ops.matmul_all_reduce(u[:rows], w, "i", impl="fused", timeout_s=TIMEOUT_S)
+    out = iris_jax.ops.matmul_all_reduce(u[:rows], w, "i", impl="fused", timeout_s=timeout_s)
     return jnp.pad(out, ((0, u.shape[0] - rows), (0, 0)))
 
 
@@ -429,10 +425,9 @@ def expect_fused_group_poisoned_then_restart():
     """The next fused call of the group fails at once with PeerFailedError (the lines of the
     ranks that gave up are poisoned) instead of pairing calls whose epochs no longer agree;
     after shutdown and init, it works."""
-    start = time.monotonic()
-    errors = errors_by_rank(spmd(lambda u, w: fused(u, w, 32))(*fused_inputs()))
+    errors = errors_by_rank(spmd(lambda u, w: fused(u, w, 32, AT_ONCE_S))(*fused_inputs()))
+    # PeerFailedError, not PeerTimeoutError: failed at once, not by timing out
     assert all(e is not None and "PeerFailedError: iris matmul_all_reduce" in e for e in errors), errors
-    assert time.monotonic() - start < TIMEOUT_S, "failed by timing out, not at once"
     restart()
     got = np.asarray(spmd(lambda u, w: fused(u, w, 32))(*fused_inputs()))
     np.testing.assert_array_equal(got, np.full((W, 32, 16), 8.0 * W, np.float32))
@@ -444,8 +439,8 @@ def test_fused_calls_that_differ_between_ranks(world):
     fails at once with RankMismatchError from the kernel itself (not the simulator's call
     records), naming matmul_all_reduce and its shapes; no tile of a differing call is read."""
     a, b = fused_inputs()
-    program = spmd(lambda u, w: lax.cond(lax.axis_index("i") == 0, lambda u, w: fused(u, w, 16),
-                                         lambda u, w: fused(u, w, 32), u, w)).lower(a, b).compile()
+    program = spmd(lambda u, w: lax.cond(lax.axis_index("i") == 0, lambda u, w: fused(u, w, 16, AT_ONCE_S),
+                                         lambda u, w: fused(u, w, 32, AT_ONCE_S), u, w)).lower(a, b).compile()
     start = time.monotonic()
     out = program(a, b)
     errors = errors_by_rank(out)
@@ -455,7 +450,6 @@ def test_fused_calls_that_differ_between_ranks(world):
         assert error is not None and "RankMismatchError: iris matmul_all_reduce: rank" in error, (r, error)
         assert "made a different call" in error, (r, error)
         assert ("[16 x 8] @ [8 x 16]" if r == 0 else "[32 x 8] @ [8 x 16]") in error, (r, error)
-    assert elapsed < TIMEOUT_S, "a rank waited out its timeout"
     record("5 fused calls that differ between ranks", "workers", "every rank: RankMismatchError", elapsed)
     expect_fused_group_poisoned_then_restart()
 
@@ -473,7 +467,6 @@ def test_fused_call_without_a_rank(world):
     elapsed = time.monotonic() - start
     expect_every_read_raises(out, (0, 2), "PeerTimeoutError", "matmul_all_reduce", "rank 1")
     assert errors[1] is None
-    assert elapsed < TIMEOUT_S + SLACK_S
     record("3 rank never calls the fused op", "workers", "ranks 0, 2: PeerTimeoutError naming rank 1", elapsed)
     expect_fused_group_poisoned_then_restart()
 
@@ -517,12 +510,13 @@ def test_heap_exhausted_mid_program(world):
 # -- host barrier ----------------------------------------------------------------------------
 def test_host_barrier_names_the_rank_that_never_arrives(tmp_path):
     """Case 6 (launched, the host barrier of iris_jax.barrier() and allocate_shared): rank 0 of 2
-    waits alone; it fails within the timeout naming the barrier and rank 1."""
+    waits alone; it fails after the timeout (its deadline is on the monotonic clock), naming the
+    barrier and rank 1."""
     start = time.monotonic()
     with pytest.raises(PeerTimeoutError, match=r"host barrier 'iris/s/sync/1': rank 0 timed out after 0.5 s "
                                                r"waiting for rank 1 \(it never arrived"):
         store_barrier(FileStore(str(tmp_path)), "iris/s/sync/1", 0, 2, 0.5)
-    assert time.monotonic() - start < 0.5 + SLACK_S
+    assert time.monotonic() - start >= 0.5  # not before its timeout
 
 
 # -- launched mode: one process per rank -------------------------------------------------------
@@ -587,7 +581,7 @@ def test_launched_rank_killed_mid_collective():
         if doing == "barrier":
             waiting.add(rank)
         if waiting == {0, 1} and not killed:
-            time.sleep(0.3)  # inside the barrier's kernel
+            time.sleep(0.3)  # likely inside the barrier's kernel; killed before it, the verdict is the same
             killed.append(time.monotonic())
             os.kill(pids[1], signal.SIGKILL)
 
@@ -599,7 +593,6 @@ def test_launched_rank_killed_mid_collective():
            "stopped", elapsed)
     assert status != 0
     assert "unexpected" not in text
-    assert elapsed < SLACK_S
     assert session_left(lines) == []
 
 
@@ -627,7 +620,6 @@ def test_launched_rank_that_never_calls_init():
     record("3 rank never calls init", "launched", "rank 0: PeerTimeoutError (init) naming rank 1", elapsed)
     assert status == 1, text
     assert "PeerTimeoutError: iris heap" in text and "(init): rank 0 waited 2 s for rank 1's heap" in text, text
-    assert elapsed < 2 + SLACK_S
 
 
 def test_launched_collective_called_by_only_some_ranks():
@@ -649,7 +641,7 @@ def test_launched_shapes_that_differ_between_processes():
     anyway (they count calls); the simulator's call records (iris_core.sim.call_table) differ, and
     the first rank to compare them fails with RankMismatchError naming the psum, both shapes and the
     other rank (the launcher then stops the rest)."""
-    status, lines = launch("shapes", 2, FAULT_BARRIER_TIMEOUT=str(TIMEOUT_S))
+    status, lines = launch("shapes", 2, FAULT_BARRIER_TIMEOUT=str(AT_ONCE_S))  # processes start apart
     text = output(lines)
     returned = sorted({w[0] for _, line in lines if (w := said(line)) is not None and w[2].startswith("psum returned")})
     elapsed = lines[-1][0] - when_said(lines, 0, f"psum of {N} elements per rank")

@@ -115,7 +115,8 @@ def test_shutdown_waits_for_calls_in_flight():
     out = f(x)  # dispatched, not waited for
     start = time.monotonic()
     iris_jax.shutdown()
-    assert time.monotonic() - start < 60
+    # against a hang only: 30 times the call's timeout (shutdown waits for it)
+    assert time.monotonic() - start < iris_jax.CollectiveConfig().timeout_s
     with pytest.raises(Exception, match="timed out waiting for rank 1"):
         jax.block_until_ready(out)
     use_runtime(3)
@@ -159,17 +160,14 @@ def test_lazy_default_runtime():
 
 @pytest.mark.parametrize("mode", ["init", "lazy"])
 def test_missing_peer_times_out(mode):
-    """A launched rank whose peer never initializes fails with PeerTimeoutError, in bounded time."""
-    start = time.monotonic()
+    """A launched rank whose peer never initializes fails with PeerTimeoutError after its 2 s."""
     result = run_python(["-m", "iris_core.sim", "-n", "2", "tests/jax/launched_peer_missing.py", mode], timeout=120,
-                        IRIS_RENDEZVOUS_TIMEOUT="2")
-    elapsed = time.monotonic() - start
+                        IRIS_RENDEZVOUS_TIMEOUT="2")  # bounded: a hang raises TimeoutExpired
     assert result.returncode != 0, result.stdout
     assert "PeerTimeoutError" in result.stdout, result.stdout
     assert "not published within 2 s" in result.stdout, result.stdout
     assert "did not start or did not initialize its heap" in result.stdout
     assert "unexpected" not in result.stdout
-    assert elapsed < 60, elapsed
 
 
 def test_shared_state_is_zeroed_even_where_freed_arrays_left_data():
