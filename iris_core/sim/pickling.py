@@ -25,31 +25,21 @@ except ImportError:  # pragma: no cover
 _REBUILT: dict = {}
 
 
-def _rebuild_kernel(module: str, qualname: str, fn):
-    key = (module, qualname, fn)
-    if key not in _REBUILT:
-        kernel = None
-        if module != "__main__":
-            try:
-                kernel = importlib.import_module(module)
-                for part in qualname.split("."):
-                    kernel = getattr(kernel, part)
-            except (ImportError, AttributeError):
-                kernel = None
-        if not isinstance(kernel, _KERNEL_TYPES):
-            kernel = triton.jit(fn)
-        _REBUILT[key] = kernel
-    return _REBUILT[key]
-
-
 def _rebuild_named_kernel(module: str, qualname: str, pickled_fn: bytes):
-    """_rebuild_kernel of a kernel that its module names; its function, pickled once by the
+    """A kernel that its module names: the module's own here; its function, pickled once by the
     sender, is unpickled only where the module's kernel cannot be found here."""
     key = (module, qualname, pickled_fn)
     if key not in _REBUILT:
         kernel = _named(module, qualname)
         _REBUILT[key] = kernel if isinstance(kernel, _KERNEL_TYPES) else triton.jit(loads(pickled_fn))
     return _REBUILT[key]
+
+
+def _rebuild_pickled_kernel(pickled_fn: bytes):
+    """The kernel of a function pickled by value, built once per function here."""
+    if pickled_fn not in _REBUILT:
+        _REBUILT[pickled_fn] = triton.jit(loads(pickled_fn))
+    return _REBUILT[pickled_fn]
 
 
 def _named(module: str, qualname: str):
@@ -72,11 +62,14 @@ class _Pickler(cloudpickle.CloudPickler):
     def reducer_override(self, obj):
         if isinstance(obj, _KERNEL_TYPES):
             fn = obj.fn
+            if obj not in _PICKLED_FNS:
+                _PICKLED_FNS[obj] = dumps(fn)
             if fn.__module__ != "__main__" and _named(fn.__module__, fn.__qualname__) is obj:
-                if obj not in _PICKLED_FNS:
-                    _PICKLED_FNS[obj] = dumps(fn)
                 return _rebuild_named_kernel, (fn.__module__, fn.__qualname__, _PICKLED_FNS[obj])
-            return _rebuild_kernel, (fn.__module__, fn.__qualname__, fn)
+            # a kernel no module names (a script's, a closure): its function pickled once, so that the
+            # receiver builds the kernel once (a function unpickled anew at every call was a new kernel,
+            # analysed again by the interpreter at every launch)
+            return _rebuild_pickled_kernel, (_PICKLED_FNS[obj],)
         return super().reducer_override(obj)
 
 

@@ -298,7 +298,11 @@ def _run_in_worker(state, session, area_path, area_size, kernel, grid, args, con
         areas[rank] = (area_path, mapping, buffer)
     base = int(areas[rank][2].ctypes.data)
     trace_words = next((a[1] for a in args if isinstance(a, tuple) and a[0] == "context"), ())
-    context = heap.context(rank, trace_words)
+    contexts = state.cache.setdefault("contexts", {})  # a context never changes (bases are fixed): built once
+    key = (session, rank, tuple(trace_words))
+    if key not in contexts:
+        contexts[key] = heap.context(rank, trace_words)
+    context = contexts[key]
 
     def resolve(arg):
         if not isinstance(arg, tuple):
