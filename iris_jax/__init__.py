@@ -46,6 +46,7 @@ from iris_jax._runtime.arrays import (  # noqa: E402
 )
 from iris_jax.calls import cpu_lowering as _cpu_lowering  # noqa: E402
 from iris_jax.calls import gpu_lowering as _gpu_lowering  # noqa: E402
+from iris_jax.calls import program_order as _program_order  # noqa: E402
 from iris_jax.calls.triton_call import triton_call  # noqa: E402
 from iris_jax.collectives import (  # noqa: E402
     all_gather,
@@ -75,6 +76,7 @@ from iris_jax.sync import (  # noqa: E402
 )
 
 _cpu_lowering.register()
+_program_order.register()
 _gpu_lowering.register()
 
 __all__ = [
