@@ -40,9 +40,20 @@ from iris_jax.calls import cpu_lowering
 from iris_jax.calls._ffi import register_cpu_target
 from iris_jax.calls.triton_call import IrisKernelEffect
 
+# the primitives whose calls cpu_lowering chains (iris_jax.collectives' iris_collective lowers to kernel calls,
+# or to the simulator's host collectives, which carry no effect but pair by call count all the same)
+_CALLS = ("iris_triton_call", "triton_kernel_call", "iris_collective")
+
 
 def _runs_kernels(*jaxprs) -> bool:
-    return any(isinstance(e, IrisKernelEffect) for j in jaxprs for e in j.effects)
+    """Whether any of `jaxprs` (closed or not) makes a kernel call, at any depth."""
+    def found(jaxpr) -> bool:
+        jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
+        if any(isinstance(e, IrisKernelEffect) for e in jaxpr.effects):
+            return True
+        return any(e.primitive.name in _CALLS or any(found(sub) for sub in core.jaxprs_in_params(e.params))
+                   for e in jaxpr.eqns)
+    return any(found(j) for j in jaxprs)
 
 
 # -- calls: inline -------------------------------------------------------------------------
@@ -139,7 +150,7 @@ def _gate(ctx, value, previous):
 def register() -> None:
     """Registers the simulator's rules (idempotent; done on import of iris_jax)."""
     platform = SIMULATOR.jax_platform
-    jit_p = getattr(pjit, "jit_p", None) or getattr(pjit, "pjit_p")
+    jit_p = getattr(pjit, "jit_p", None) or pjit.pjit_p
     calls = {jit_p: "jaxpr", core.closed_call_p: "call_jaxpr"}
     regions = {loops.while_p: lambda p: (p["cond_jaxpr"], p["body_jaxpr"]),
                conditionals.cond_p: lambda p: p["branches"]}

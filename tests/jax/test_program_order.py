@@ -18,6 +18,7 @@ import re
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -67,8 +68,9 @@ def _kernel_calls(text: str):
     return re.findall(r"stablehlo\.custom_call @iris_cpu_kernel_\d+\(([^)]*)\)", text)
 
 
-def test_calls_chained_across_nested_jit_and_loops():
-    use_runtime(8)
+@pytest.mark.parametrize("mode", ["host", "kernels"])
+def test_calls_chained_across_nested_jit_and_loops(mode):
+    use_runtime(8, sim_collectives=mode)
     f, mesh = _step(iris_jax)
     text = f.lower(*_inputs(mesh)).as_text()
     # nested jits that run kernels are lowered inline: every kernel call is in main's body
@@ -80,9 +82,10 @@ def test_calls_chained_across_nested_jit_and_loops():
     assert counts == [3] + [4] * 7, counts
 
 
-def test_independent_rings_and_all_reduces_run_in_one_order():
+@pytest.mark.parametrize("mode", ["host", "kernels"])
+def test_independent_rings_and_all_reduces_run_in_one_order(mode):
     """Hung (PeerTimeoutError) before the calls were ordered across blocks."""
-    use_runtime(8)
+    use_runtime(8, sim_collectives=mode)
     f_iris, mesh = _step(iris_jax)
     f_lax, _ = _step(lax)
     w, x = _inputs(mesh)
