@@ -3,12 +3,12 @@
 Where every member of a group lives in one process (the simulator's single-process model, in
 which XLA runs each CPU device's program on a thread of its own), a collective call needs no
 kernel and no worker: the members meet at an in-process rendezvous, as XLA:CPU's own
-collectives do, each leaves a copy of its input, and each builds its output from the copies.
-Values are the kernel's bit for bit: contributions are combined in member order in the
-kernel's accumulator type and rounded once to the output's (iris_core.collectives.tiles,
-`combined`), maxima and minima let a NaN lose (the GPU's max.f32; the interpreter is patched
-the same way), and integer sums wrap (tests/core/test_host_collectives.py compares every kind
-with the kernel).
+collectives do, and the last to arrive reads every member's input where it lies and writes
+every member's output. Values are the kernel's bit for bit: contributions are combined in
+member order in the kernel's accumulator type and rounded once to the output's
+(iris_core.collectives.tiles, `combined`), maxima and minima let a NaN lose (the GPU's max.f32;
+the interpreter is patched the same way), and integer sums wrap (tests/jax/test_host_collectives.py
+compares every kind with the kernel). ragged_all_to_all's slices land as its kernel puts them.
 
 Faults are the kernel's too. Calls pair as the kernels pair them, by their number in the
 group's sequence (a rank that skips a call pairs its next one with the others' skipped one);
@@ -29,7 +29,7 @@ import numpy as np
 
 from iris_core import faults
 from iris_core.collectives import kinds
-from iris_core.errors import PeerFailedError, PeerTimeoutError, RankMismatchError
+from iris_core.errors import IrisError, PeerFailedError, PeerTimeoutError, RankMismatchError
 
 _COMBINE = {kinds.SUM: np.add, kinds.MAX: np.fmax, kinds.MIN: np.fmin}
 
@@ -61,6 +61,8 @@ class _Meeting:
         self.sites: list[int] = [0] * size
         self.arrived = 0
         self.ready = False  # the last member to arrive wrote every member's output (or found a mismatch)
+        self.error: BaseException | None = None  # ... or failed doing so
+        self.waiters: list[threading.Lock] = []  # one per member waiting, released when it may go on
 
 
 @dataclass(frozen=True)
@@ -74,12 +76,13 @@ class Rendezvous:
 
     The last member to arrive does the whole call: it reads every member's input where it lies
     and writes every member's output, while the others wait (their buffers stay theirs until
-    they return), so nothing is copied but what the call moves, and the others need only one
-    wake-up. XLA:CPU's own collectives meet the same way.
+    they return), so nothing is copied but what the call moves. Each waiting member blocks on a
+    lock of its own that the last one releases: one wake-up per member, no lock contended after
+    it. XLA:CPU's own collectives meet the same way.
     """
 
     def __init__(self):
-        self._changed = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()
         self._meetings: dict[tuple[int, int], _Meeting] = {}  # (group, call number) -> its meeting
         self._counts: dict[tuple[int, int], int] = {}  # (group, rank) -> calls made
         self._failed: dict[int, _Failure] = {}  # group -> how it failed
@@ -101,7 +104,7 @@ class Rendezvous:
           PeerFailedError: an earlier call of the group failed.
         """
         rank = members[me]
-        with self._changed:
+        with self._lock:
             number = self._counts.get((group, rank), 0)
             self._counts[group, rank] = number + 1
             where = dict(epoch=number, group=workspace)
@@ -116,25 +119,38 @@ class Rendezvous:
             last = meeting.arrived == len(members)
             if last:
                 del self._meetings[key]
+            else:
+                waiter = threading.Lock()
+                waiter.acquire()
+                meeting.waiters.append(waiter)
         if last:
             try:
                 if len(set(meeting.signatures)) == 1:
                     _run(call, meeting)
+            except BaseException as e:  # no member may return as if its output were written
+                meeting.error = e
+                raise
             finally:
-                with self._changed:
-                    meeting.ready = True
-                    self._changed.notify_all()
-        else:
-            with self._changed:
-                self._changed.wait_for(lambda: meeting.ready or group in self._failed, call.timeout_s)
-                if meeting.arrived < len(members):  # timed out, or another member waiting here did
+                meeting.ready = True
+                for waiter in meeting.waiters:  # (every member arrived: no more are added)
+                    waiter.release()
+        elif not waiter.acquire(timeout=call.timeout_s):
+            with self._lock:
+                if meeting.arrived < len(members):  # timed out: the group fails
                     missing = next(m for i, m in enumerate(members) if meeting.buffers[i] is None)
                     self._fail(group, _Failure(rank, missing))
-                    raise PeerTimeoutError(faults.message(faults.TIMEOUT, call.what, rank, missing, **where))
-                self._changed.wait_for(lambda: meeting.ready)  # every member arrived: the last one is at work
+            if not meeting.ready and meeting.arrived < len(members):
+                raise PeerTimeoutError(faults.message(faults.TIMEOUT, call.what, rank, missing, **where))
+            waiter.acquire()  # every member arrived: the last one is at work
+        if not meeting.ready:  # woken by a member waiting here that timed out
+            missing = next(m for i, m in enumerate(members) if meeting.buffers[i] is None)
+            raise PeerTimeoutError(faults.message(faults.TIMEOUT, call.what, rank, missing, **where))
+        if meeting.error is not None:
+            raise IrisError(f"iris {call.what} on rank {rank}: the member that ran the call failed: "
+                            f"{type(meeting.error).__name__}: {meeting.error}") from meeting.error
         other = next((i for i, s in enumerate(meeting.signatures) if s != signature), None)
         if other is not None:
-            with self._changed:
+            with self._lock:
                 self._fail(group, _Failure(rank, members[other]))
             raise RankMismatchError(f"iris {call.what}: rank {members[other]} made a different call than "
                                     f"rank {rank} (call {number} of the group of ranks {members})")
@@ -147,10 +163,12 @@ class Rendezvous:
             raise PeerFailedError(faults.message(faults.PEER_FAILED, call.what, rank, peer, **where))
 
     def _fail(self, group: int, failure: _Failure) -> None:
+        """Marks `group` failed and wakes every member waiting in one of its calls (they time out too)."""
         self._failed.setdefault(group, failure)
         for key in [k for k in self._meetings if k[0] == group]:
-            del self._meetings[key]
-        self._changed.notify_all()
+            for waiter in self._meetings.pop(key).waiters:
+                if waiter.locked():
+                    waiter.release()
 
 
 def _combined(call: Collective, contributions: list[np.ndarray]) -> np.ndarray:
