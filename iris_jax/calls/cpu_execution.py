@@ -85,8 +85,45 @@ def execute(spec: KernelSpec, ins: list[int], outs: list[int]) -> None:
         raise runtime_lib.stale_program_error(f"kernel {spec.kernel_name}")
     if rt.backend.host_kernels is None:
         raise IrisError(f"kernels of the {rt.mode} model run on GPUs, not on the host (internal error)")
+    if spec.host is not None and runs_collectives_here(rt):
+        if rt.closed:  # (it touches no heap: shutdown need not wait for it, as running_call makes it wait)
+            raise runtime_lib.stale_program_error(f"kernel {spec.kernel_name}")
+        _execute_on_host(rt, spec, ins, outs)
+        return
     with rt.running_call(f"kernel {spec.kernel_name}"):
         _execute(rt, spec, ins, outs)
+
+
+def _execute_on_host(rt, spec: KernelSpec, ins: list[int], outs: list[int]) -> None:
+    """A collective call run on the host (iris_core.sim.host_collectives), checked and named as a kernel's."""
+    rank = ctypes.c_int64.from_address(ins[0]).value
+    group = _group(rt, ins[1], spec.group_nbytes)
+    call = rt.call_table and rt.call_table.begin(rank, group.key, spec.signature, spec.what, spec.site)
+    rendezvous = rt.service("host_collectives", lambda _: host_collectives.Rendezvous())
+    try:
+        sites_differ = rendezvous.run(spec.host, group.key, group.members, group.index, spec.signature,
+                                      spec.host.site, _host_buffers(spec, ins[2:len(ins) - spec.ordered_after], outs),
+                                      workspace=group.workspace)
+    except (PeerTimeoutError, RankMismatchError) as e:
+        named = _named(rt, call, group.members, e)
+        if named is e:
+            raise
+        raise named from e
+    divergence = sites_differ and call and rt.call_table.divergence(call, group.members)
+    if divergence:
+        warnings.warn(f"rank {rank}: {divergence}", RankDivergenceWarning, stacklevel=1)
+
+
+def _named(rt, call, members, error: Exception) -> Exception:
+    """A timeout or mismatch with what the call records say of it: the members' calls that differ,
+    or the members that made fewer calls of the group and where their calls parted."""
+    problem = call and rt.call_table.mismatch(call, members)
+    if problem:
+        return RankMismatchError(problem)
+    behind = call and isinstance(error, PeerTimeoutError) and rt.call_table.behind(call, members)
+    if behind:
+        return PeerTimeoutError(f"{error}\n{behind}")
+    return error
 
 
 def _execute(rt, spec: KernelSpec, ins: list[int], outs: list[int]) -> None:
@@ -104,30 +141,18 @@ def _execute(rt, spec: KernelSpec, ins: list[int], outs: list[int]) -> None:
     group = _group(rt, group_ptr, spec.group_nbytes) if spec.group else None
     call = group and rt.call_table and rt.call_table.begin(rank, group.key, spec.signature, spec.what, spec.site)
     members = group and group.members
-    on_host = spec.host is not None and runs_collectives_here(rt)
     try:
-        if on_host:
-            sites_differ = rt.service("host_collectives", lambda _: host_collectives.Rendezvous()).run(
-                spec.host, group.key, members, group.index, spec.signature, spec.host.site,
-                _host_buffers(spec, operand_ptrs, outs), workspace=group.workspace)
-            found = []
-        elif rt.backend.host_kernels == "worker":
+        if rt.backend.host_kernels == "worker":
             found = execute_in_worker(rt, rank, spec, row_ptr, group_ptr, operand_ptrs, outs)
         else:
             found = execute_here(spec, row_ptr, group_ptr, operand_ptrs, outs, race_detector(rt, rank))
-    except (PeerTimeoutError, RankMismatchError) as e:  # a mismatch can also make the kernels wait for each other
-        problem = call and rt.call_table.mismatch(call, members)
-        if problem:
-            raise RankMismatchError(problem) from e
-        behind = call and isinstance(e, PeerTimeoutError) and rt.call_table.behind(call, members)
-        if behind:
-            raise PeerTimeoutError(f"{e}\n{behind}") from e
-        raise
-    if on_host:  # the rendezvous compared the members' signatures and sites already
-        problem, divergence = None, sites_differ and call and rt.call_table.divergence(call, members)
-    else:
-        problem = call and rt.call_table.mismatch(call, members)
-        divergence = not problem and call and rt.call_table.divergence(call, members)
+    except PeerTimeoutError as e:  # a mismatch can also make the kernels wait for each other
+        named = _named(rt, call, members, e)
+        if named is e:
+            raise
+        raise named from e
+    problem = call and rt.call_table.mismatch(call, members)
+    divergence = not problem and call and rt.call_table.divergence(call, members)
     if problem:
         raise RankMismatchError(problem)
     if found:
