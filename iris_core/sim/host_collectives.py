@@ -63,6 +63,7 @@ class _Meeting:
         self.ready = False  # the last member to arrive wrote every member's output (or found a mismatch)
         self.error: BaseException | None = None  # ... or failed doing so
         self.waiters: list[threading.Lock] = []  # one per member waiting, released when it may go on
+        self.combined: np.ndarray | None = None  # an all-reduce's output, combined once
 
 
 @dataclass(frozen=True)
@@ -182,42 +183,46 @@ def _combined(call: Collective, contributions: list[np.ndarray]) -> np.ndarray:
 
 
 def _run(call: Collective, meeting: _Meeting) -> None:
-    """Every member's output from every member's input (the table in iris_core.collectives.kinds),
+    """What the last member to arrive does: an all-reduce's combination (once, for every member),
+    then every member's output. (Members writing their own outputs side by side, then waiting for
+    each other, was no faster on two cores: RESULTS.md.)"""
+    if call.kind == kinds.ALL_REDUCE:
+        meeting.combined = _combined(call, [b[0][0] for b in meeting.buffers])
+    for me in range(len(meeting.buffers)):
+        _output(call, meeting, me)
+
+
+def _output(call: Collective, meeting: _Meeting, me: int) -> None:
+    """Member `me`'s output from every member's input (the table in iris_core.collectives.kinds),
     rounded once to the output's type where the members' contributions are combined."""
     if call.kind == kinds.RAGGED_ALL_TO_ALL:
-        return _ragged(call, meeting.buffers)
-    inputs, outputs = [b[0] for b in meeting.buffers], [b[-1] for b in meeting.buffers]
+        return _ragged(call, meeting.buffers, me)
+    inputs, out = [b[0] for b in meeting.buffers], meeting.buffers[me][-1]
     if call.kind == kinds.ALL_REDUCE:
-        combined = _combined(call, [x[0] for x in inputs])
-        for out in outputs:
-            out[0] = combined
+        out[0] = meeting.combined
     elif call.kind == kinds.REDUCE_SCATTER:
-        for me, out in enumerate(outputs):
-            out[0] = _combined(call, [x[me] for x in inputs])
+        out[0] = _combined(call, [x[me] for x in inputs])
     elif kinds.gathers(call.kind):
-        for me, out in enumerate(outputs):
-            for i, x in enumerate(inputs):
-                out[i] = x[me if call.in_blocks > 1 else 0]
+        for i, x in enumerate(inputs):
+            out[i] = x[me if call.in_blocks > 1 else 0]
     else:  # from one source: PPERMUTE, BROADCAST
-        for me, out in enumerate(outputs):
-            source = call.sources[me]
-            out[0] = inputs[source][0] if source >= 0 else 0
+        source = call.sources[me]
+        out[0] = inputs[source][0] if source >= 0 else 0
 
 
-def _ragged(call: Collective, buffers: list[tuple]) -> None:
+def _ragged(call: Collective, buffers: list[tuple], me: int) -> None:
     """ragged_all_to_all (iris_core.collectives.ragged): sender j's slice me * S + s, rows [start, start
     + size) of its operand, lands at rows [target, target + size) of member me's output; rows that
     fall outside the operand or the output are skipped, and rows nobody sends keep their values."""
-    S = call.slices
-    for me, (*_, out) in enumerate(buffers):
-        M = out.shape[0]
-        for x, starts, sizes, targets, _ in buffers:
-            N = x.shape[0]
-            for k in range(me * S, me * S + S):
-                start, shift = int(starts[k]), int(targets[k]) - int(starts[k])
-                lo, hi = max(start, 0, -shift), min(start + int(sizes[k]), N, M - shift)
-                if lo < hi:
-                    out[lo + shift:hi + shift] = x[lo:hi]
+    S, out = call.slices, buffers[me][-1]
+    M = out.shape[0]
+    for x, starts, sizes, targets, _ in buffers:
+        N = x.shape[0]
+        for k in range(me * S, me * S + S):
+            start, shift = int(starts[k]), int(targets[k]) - int(starts[k])
+            lo, hi = max(start, 0, -shift), min(start + int(sizes[k]), N, M - shift)
+            if lo < hi:
+                out[lo + shift:hi + shift] = x[lo:hi]
 
 
 MODES = ("host", "kernels")  # how the simulator runs the collectives: here, or the kernels under the interpreter
