@@ -62,12 +62,15 @@ array.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
 import glob
+import hashlib
 import mmap
 import os
 import sys
 import threading
+import time
 import warnings
 
 import numpy as np
@@ -78,11 +81,14 @@ from iris_core.heap.shared_memory import SHM_DIR
 MODES = ("raise", "warn")
 GRANULE = 4  # bytes of heap per shadow word (the byte planes: one byte each)
 RING = 1 << 16  # access records kept per rank
-_WRITE, _READ, _ATOMIC, _SYNC, _WEAK = range(5)
-_PLANES = 5
-_BYTE_PLANES = 3  # WRITE, READ and ATOMIC of single bytes (what releases is joined per word)
-_ASIDE_READ, _ASIDE_ATOMIC, _RELEASED, _WEAK_RELEASED = range(4)  # a launch's planes of one rank (_Programs)
-_ASIDE = {_READ: _ASIDE_READ, _ATOMIC: _ASIDE_ATOMIC}
+_WRITE, _READ, _ATOMIC, _FLAG, _SYNC, _WEAK = range(6)  # _FLAG: a volatile or acquiring load (an atomic read)
+_PLANES = 6
+_ACCESSES = 4  # the planes of accesses (WRITE, READ, ATOMIC, FLAG); the others hold what releases made
+_BYTE_PLANES = _ACCESSES  # the same of single bytes (what releases is joined per word)
+# a launch's planes of one rank (_Programs)
+_ASIDE_READ, _ASIDE_ATOMIC, _ASIDE_FLAG, _RELEASED, _WEAK_RELEASED = range(5)
+_ASIDE = {_READ: _ASIDE_READ, _ATOMIC: _ASIDE_ATOMIC, _FLAG: _ASIDE_FLAG}
+_PLANE_KINDS = {_WRITE: "store", _READ: "load", _ATOMIC: "atomic", _FLAG: "flag load"}
 _MANY_RELEASES = 8  # earlier releases at the words of one atomic joined one by one, at most
 _RECORD_WORDS = 8  # clock, site, program, kind, heap rank, first byte, end byte, 0
 KINDS = ("load", "store", "atomic", "flag load")
@@ -131,7 +137,7 @@ class Shadow:
         granules = heap_size // GRANULE
         plane_bytes = _PLANES * world_size * world_size * granules * 4
         log_bytes = world_size * RING * _RECORD_WORDS * 8
-        clock_bytes = 2 * world_size * 8
+        clock_bytes = (3 + world_size) * world_size * 8
         mixed_bytes = world_size * granules
         size = plane_bytes + log_bytes + clock_bytes + mixed_bytes
         self._map = _map_sparse(self.path, size, world_size, heap_size)
@@ -140,7 +146,12 @@ class Shadow:
         self.log = buffer[plane_bytes:plane_bytes + log_bytes].view(np.int64).reshape(world_size, RING, _RECORD_WORDS)
         # published: each rank's clock at the end of its last launch; floor: the clocks a host barrier saw
         at = plane_bytes + log_bytes
-        self.clocks = buffer[at:at + clock_bytes].view(np.int64).reshape(2, world_size)
+        words = buffer[at:at + clock_bytes].view(np.int64)
+        self.clocks = words[:2 * world_size].reshape(2, world_size)
+        # nanoseconds each rank waits before each launch begins (tests: `stagger`)
+        self.delays = words[2 * world_size:3 * world_size]
+        # each rank's vector clock after its last access: its next launch, in whichever process, goes on from it
+        self.vcs = words[3 * world_size:].reshape(world_size, world_size)
         # per heap word: 1 once an element smaller than a word was accessed there (its byte planes hold records)
         self.mixed = buffer[at + clock_bytes:size].reshape(world_size, granules)
         self._byte_planes = None
@@ -152,7 +163,7 @@ class Shadow:
         word (a second sparse file, mapped on first use: runs that make none map nothing more)."""
         if self._byte_planes is None:
             size = _BYTE_PLANES * self.world_size * self.world_size * self.heap_size * 4
-            mapping = _map_sparse(self.path + "-bytes", size, self.world_size, self.heap_size)
+            mapping = self._byte_mapping = _map_sparse(self.path + "-bytes", size, self.world_size, self.heap_size)
             self._byte_planes = np.frombuffer(mapping, np.int32).reshape(
                 _BYTE_PLANES, self.world_size, self.world_size, self.heap_size)
         return self._byte_planes
@@ -166,9 +177,24 @@ class Shadow:
             fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
 
     def host_barrier(self) -> None:
-        """Everything every rank did so far happens before what any rank does next."""
+        """Everything every rank did so far happens before what any rank does next (called once every
+        rank's launches are over: iris_jax.barrier waits for them first)."""
         with self.locked():
             np.maximum(self.clocks[1], self.clocks[0], out=self.clocks[1])
+
+    def forget(self, offset: int, nbytes: int, heaps) -> None:
+        """A new allocation at [offset, offset + nbytes) of the heaps `heaps`: its words start with
+        no history in every plane (ThreadSanitizer resets shadow at allocation). Whole pages of the
+        shadow files are given back (a hole reads as zeros); the partial pages at the ends are
+        zeroed where they are not already."""
+        first, end = offset // GRANULE, -(-(offset + nbytes) // GRANULE)
+        rows = [self.planes[p, a, h, first:end] for p in range(_PLANES) for a in range(self.world_size) for h in heaps]
+        _clear(self.path, self._map, rows + [self.mixed[h, first:end] for h in heaps])
+        if self._byte_planes is not None or os.path.exists(self.path + "-bytes"):
+            planes = self.byte_planes()
+            _clear(self.path + "-bytes", self._byte_mapping, [
+                planes[p, a, h, first * GRANULE:end * GRANULE]
+                for p in range(_BYTE_PLANES) for a in range(self.world_size) for h in heaps])
 
     def site(self, rank: int, site: int) -> str:
         known = self._sites.setdefault(rank, {})
@@ -200,6 +226,31 @@ def _map_sparse(path: str, size: int, world_size: int, heap_size: int) -> mmap.m
         os.close(fd)
 
 
+_LIBC = ctypes.CDLL(None, use_errno=True)
+_LIBC.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+_PUNCH_HOLE = 0x02 | 0x01  # FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE
+_PAGE = mmap.PAGESIZE
+
+
+def _clear(path: str, mapping: mmap.mmap, rows) -> None:
+    """Zeroes `rows` (contiguous views of `mapping`, the file at `path`): the pages they cover whole
+    are punched out (memory given back, and no page touched), the rest zeroed if not zero."""
+    base = np.frombuffer(mapping, np.uint8).ctypes.data
+    fd = os.open(path, os.O_RDWR)
+    try:
+        for row in rows:
+            start = row.ctypes.data - base
+            end = start + row.nbytes
+            low, high = -(-start // _PAGE) * _PAGE, end // _PAGE * _PAGE
+            if high <= low or _LIBC.fallocate(fd, _PUNCH_HOLE, low, high - low) != 0:
+                low = high = end  # no whole page (or no hole punching here): zero it all below
+            for a, b in ((start, low), (high, end)):
+                if b > a and any(os.pread(fd, b - a, a)):  # pread: a hole is read without making a page
+                    mapping[a:b] = bytes(b - a)
+    finally:
+        os.close(fd)
+
+
 _SHADOWS: dict[str, Shadow] = {}
 
 
@@ -210,7 +261,25 @@ def shadow(session: str, world_size: int, heap_size: int) -> Shadow:
 
 
 def host_barrier(session: str, world_size: int, heap_size: int) -> None:
+    """Every rank's launches are over (the caller waited for them): what they did precedes what
+    follows. This process's Pallas launches, which end when the next begins, publish theirs first."""
+    for (found, _), d in _DETECTORS.items():
+        if found == session:
+            d.publish()
     shadow(session, world_size, heap_size).host_barrier()
+
+
+def forget(session: str, world_size: int, heap_size: int, heaps, offset: int, nbytes: int) -> None:
+    """The owner of `heaps` allocated [offset, offset + nbytes) anew: no history there (see Shadow.forget;
+    a session that has not mapped its shadow yet has none to forget)."""
+    if session in _SHADOWS or os.path.exists(shadow_path(session)):
+        shadow(session, world_size, heap_size).forget(offset, nbytes, heaps)
+
+
+def stagger(session: str, world_size: int, heap_size: int, delays_s) -> None:
+    """Test-only: rank r waits delays_s[r] seconds before each launch begins (so that one rank can
+    run a whole launch before a peer's begins; tests/jax/test_races.py)."""
+    shadow(session, world_size, heap_size).delays[:] = [int(d * 1e9) for d in delays_s]
 
 
 # -- where an access was made: the kernel's line --------------------------------------------------
@@ -279,18 +348,22 @@ class Detector:
         self.kernel = "?"
         self.allocations = None  # a function: (starts, sizes) of the heap's live allocations
         self.names = None  # a function: {offset: (owner, name)} of the named ones
-        self._starts = None  # its last answer
         self.programs = _Programs()  # the launch's programs: one thread each (see _Programs)
 
     # a launch --------------------------------------------------------------------------------
     def begin(self, kernel: str, programs: int = 1) -> None:
-        """A launch of `programs` programs begins (stream order: after everything this rank did)."""
+        """A launch of `programs` programs begins (stream order: after everything this rank did; of
+        the peers, after what a host barrier saw: nothing else orders it, as GPUs do not wait for
+        each other at a launch)."""
+        delay = int(self.shadow.delays[self.rank])
+        if delay:  # a test's staggered start
+            time.sleep(delay / 1e9)
         self.kernel = kernel
+        self._reported.clear()  # each racing pair of lines once per launch
+        # stream order, also where this rank's last launch ran in another process (a Pallas kernel's
+        # ops run in the host process, a Triton kernel's in the rank's worker)
+        np.maximum(self.vc, self.shadow.vcs[self.rank], out=self.vc)
         np.maximum(self.vc, self.shadow.clocks[1], out=self.vc)
-        if self.allocations is not None and self._heap_changed():
-            # memory freed and allocated again keeps its old accesses in the shadow: a freed array's
-            # uses were over when the host freed it, so what finished before counts as before
-            np.maximum(self.vc, self.shadow.clocks[0], out=self.vc)
         self.programs.begin(self, programs)
 
     def begin_program(self, x: int, y: int, z: int) -> None:
@@ -298,19 +371,18 @@ class Detector:
         programs before it did (on a GPU they run beside it)."""
         self.programs.next(self, _packed(x, y, z))
 
-    def _heap_changed(self) -> bool:
-        """Whether the heap's allocations changed since the last launch (a worker's table is a new
-        array at every change; a process that allocates builds a new one at every look)."""
-        starts, _ = self.allocations()
-        changed = starts is not self._starts
-        self._starts = starts
-        return changed
-
     def end(self) -> list[str]:
-        """The launch is over: publishes this rank's clock (see `begin`); returns its reports."""
+        """The launch is over: publishes this rank's clock (for a host barrier); returns its reports."""
         self.programs.end(self)  # the next launch comes after every program of this one
-        self.shadow.clocks[0, self.rank] = self.vc[self.rank]
+        self.publish()
         return self.take_reports()
+
+    def publish(self) -> None:
+        """This rank's vector clock as its next launch and a host barrier take it (a Pallas launch in
+        progress: up to now). A rank's launches run one after another: no lock."""
+        row = self.shadow.vcs[self.rank]
+        np.maximum(row, self.vc, out=row)
+        self.shadow.clocks[0, self.rank] = row[self.rank]
 
     def take_reports(self) -> list[str]:
         """The reports made since the last call (a launch in progress: a Pallas kernel's ops)."""
@@ -345,8 +417,8 @@ class Detector:
     def _site(self, where: str | None = None) -> int:
         text = f"kernel {self.kernel} at {where or _site_text()}"
         number = self.sites.get(text)
-        if number is None:
-            number = self.sites[text] = len(self.sites) + 1
+        if number is None:  # a hash: two processes that record for one rank (Pallas, Triton) agree on it
+            number = self.sites[text] = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=7).digest(), "little")
             with open(self.shadow.path + f"-sites-{self.rank}", "a") as f:
                 f.write(f"{number}\t{text}\n")
         return number
@@ -382,11 +454,11 @@ class Detector:
             self.shadow.log[rank, clock % RING] = record
             where = _span(granules)
             if kind == STORE:
-                recorded, checked = _WRITE, (_WRITE, _READ, _ATOMIC)
+                recorded, checked = _WRITE, (_WRITE, _READ, _ATOMIC, _FLAG)
             elif kind == LOAD:
                 recorded, checked = _READ, (_WRITE, _ATOMIC)
-            elif kind == FLAG_LOAD:  # races with plain stores only; not recorded (atomics never race with it)
-                recorded, checked = None, (_WRITE,)
+            elif kind == FLAG_LOAD:  # an atomic read: races with plain stores only, before it or after
+                recorded, checked = _FLAG, (_WRITE,)
             else:
                 recorded, checked = _ATOMIC, (_WRITE, _READ)
                 self._publish(heap, where, sem, scope)
@@ -400,15 +472,13 @@ class Detector:
                 mixed[where] = 1  # before the record: a word access that checks after it sees both
                 if programs is not None:  # before the record, which replaces this rank's last one
                     programs.before_record(self, byte_planes, 1, checked, None, at, small, report)
-                if recorded is not None:
-                    byte_planes[recorded, rank, heap][at] = clock
+                byte_planes[recorded, rank, heap][at] = clock
                 self._check(planes, GRANULE, checked, where, granules, report)  # whole words of others
                 self._check(byte_planes, 1, checked, at, small, report)
                 continue
             if programs is not None:  # before the record, which replaces this rank's last one
                 programs.before_record(self, planes, GRANULE, checked, recorded, where, granules, report)
-            if recorded is not None:  # record, then check: of two racing ranks one sees the other
-                planes[recorded, rank, heap][where] = clock
+            planes[recorded, rank, heap][where] = clock  # record, then check: of two racing ranks one sees the other
             self._check(planes, GRANULE, checked, where, granules, report)
             flagged = mixed[where]
             if flagged.any():  # bytes of these words were accessed as smaller elements
@@ -472,7 +542,7 @@ class Detector:
     def _report(self, plane, other, other_clock, racing, unit, kind, sem, scope, heap, clock, site, program):
         record = self.shadow.log[other, other_clock % RING]
         known = int(record[0]) == other_clock
-        other_kind = KINDS[int(record[3])] if known else {_WRITE: "store", _READ: "load", _ATOMIC: "atomic"}[plane]
+        other_kind = KINDS[int(record[3])] if known else _PLANE_KINDS[plane]
         other_site = self.shadow.site(other, int(record[1])) if known else "a line no longer recorded"
         key = (other, int(record[1]) if known else -1, site)
         if key in self._reported:
@@ -615,17 +685,17 @@ class _Programs:
         self.concurrent = False
 
     def planes(self, detector: Detector) -> np.ndarray:
-        """[_ASIDE_READ, _ASIDE_ATOMIC, _RELEASED, _WEAK_RELEASED][heap rank][word] (mapped at the first
-        launch of several programs)."""
+        """[_ASIDE_READ, _ASIDE_ATOMIC, _ASIDE_FLAG, _RELEASED, _WEAK_RELEASED][heap rank][word] (mapped at
+        the first launch of several programs)."""
         if self._planes is None:
             granules = detector.heap_size // GRANULE
-            size = 4 * detector.world_size * granules * 4
+            size = 5 * detector.world_size * granules * 4
             path = f"{detector.shadow.path}-programs-{os.getpid()}-{detector.rank}"
             try:
                 mapping = _map_sparse(path, size, detector.world_size, detector.heap_size)
             finally:
                 os.unlink(path)  # this process's alone: gone with it
-            self._planes = np.frombuffer(mapping, np.int32).reshape(4, detector.world_size, granules)
+            self._planes = np.frombuffer(mapping, np.int32).reshape(5, detector.world_size, granules)
         return self._planes
 
     # which program made an access, and whether the running one has seen it ----------------------------
@@ -645,7 +715,7 @@ class _Programs:
         planes that the running program has not seen, and keeps aside an unseen load or atomic of
         another program that the record is about to replace (words only)."""
         heap = report[3]
-        own = planes[:3, detector.rank, heap][:, where]  # this rank's last store, load and atomic
+        own = planes[:_ACCESSES, detector.rank, heap][:, where]  # this rank's last store, load, atomic, flag load
         if own.max() > self.first:  # the launch has been here
             for plane in checked:
                 self._report_unseen(detector, own[plane], plane, unit, indices, report)
