@@ -9,9 +9,11 @@ memory model (docs/device-api.md):
 
 * each rank is one thread of a vector clock, and so is each program of the launch that runs now,
   for the length of the launch (`_Programs`): a rank's launches are ordered (stream order: a
-  launch begins after every program of the one before), the programs of one launch are not (they
-  run side by side on a GPU; the simulator runs them one after another and says where each
-  begins, `begin_program`);
+  launch begins after every program of the one before, `Shadow.vcs` hands the clock on where the
+  next runs in another process), the programs of one launch are not (they run side by side on a
+  GPU; the simulator runs them one after another and says where each begins, `begin_program`);
+  nothing orders a launch's start after a peer's launches (GPUs do not wait for each other there:
+  a fast rank may have run this very launch already);
 * an atomic with sem release or acq_rel at system scope publishes the rank's clock with the
   word it writes (the SYNC plane, joined: later atomics continue the release sequence); an
   atomic with sem acquire or acq_rel at system scope, and the simulator's `load_acquire`
@@ -23,11 +25,14 @@ memory model (docs/device-api.md):
   peers included; nothing else does (tl.debug_barrier orders the threads of one program, scope
   "cta" nothing between programs, a device_barrier ranks). A peer's flag acquired by one program
   orders that program only;
-* a host barrier (iris_jax.barrier) orders everything before it before everything after; a
-  change of the heap's allocations between launches orders the launches that had finished
-  before the next (a freed array's uses were over; its words keep their history).
+* a host barrier (iris_jax.barrier, once it waited for every rank's launches) orders everything
+  before it before everything after.
 
-Volatile and acquiring loads are atomic (flag reads): they race with plain stores only. A
+A heap block allocated anew has no history: its owner clears its words in every plane when it
+allocates it (`forget`, ThreadSanitizer's reset of shadow at allocation), before any kernel can be
+given it; the heap frees a block only once XLA is done with every buffer on it, so no launch in
+flight touches those words (docs/architecture.md). Volatile and acquiring loads are atomic reads
+(FLAG, recorded): they race with plain stores only, before or after them. A
 plain store races even where it writes the bytes the word already holds (the memory model
 knows no benign race; the collectives once rewrote their signature beside a flag every round).
 
@@ -35,8 +40,9 @@ Shadow memory lives in one sparse shared-memory file per heap session, mapped by
 that runs kernels, sized by the heaps' upper bound (address space, not memory: only the pages of
 accessed words are touched; docs/architecture.md says why it does not grow with the heap): for
 each rank, each heap and each 4-byte word, the clock of that rank's last plain store (WRITE),
-plain load (READ) and atomic (ATOMIC), the clock released there (SYNC) and the clock that would
-have been released had every atomic been release at system scope (WEAK, for the report's hint).
+plain load (READ), atomic (ATOMIC) and volatile or acquiring load (FLAG), the clock released there
+(SYNC) and the clock that would have been released had every atomic been release at system scope
+(WEAK, for the report's hint).
 Each rank writes only its own rows, so records need no lock; joins into SYNC and WEAK take one.
 Two accesses race when they overlap, at least one writes, not both are atomics, they are of
 different ranks, or of different programs of one launch of one rank, and the earlier one's clock
@@ -44,17 +50,22 @@ is not in the later one's vector clock. Between programs, the shadow needs no co
 programs' clocks are consecutive ranges of their rank's, so a record of this rank made after the
 launch began and before the running program began is another program's, which the program has
 seen up to its `known` entry (how, and the planes that are this process's own: `_Programs`).
-What that leaves out: a peer's view of a rank stays one number, so a peer that acquires one
+What that leaves out (docs/device-api.md, "What it does not see"; each a seeded xfail test of
+tests/jax/test_races.py): a peer's view of a rank stays one number, so a peer that acquires one
 program's release counts every earlier access of that rank as seen, other programs' too (a race
-hidden, never a false one); a Pallas kernel's programs count as one. Elements
+hidden, never a false one); elements under 4 bytes keep one record per byte, rank and kind, so
+between programs of a launch a load replaced by another program's is not checked; a Pallas
+kernel's programs count as one, and its plain ref accesses are not seen. Elements
 smaller than 4 bytes (int8, bfloat16, ...) are checked byte by byte: their accesses record one
-clock per byte in byte planes (WRITE, READ, ATOMIC; a second sparse file, mapped on the first
+clock per byte in byte planes (WRITE, READ, ATOMIC, FLAG; a second sparse file, mapped on the first
 such access) and mark their words "mixed"; they check the word planes of their words and the
 byte planes of their own bytes, so two ranks writing neighbouring bytes of one word do not race.
 A word access checks the byte planes only of words marked mixed (one byte of the mark per word),
 so code without small elements pays one look-up per access. Releases and acquires join per word
 whatever the element (a larger join can only hide a race). A ring of access records per rank
-(and a file of its source lines) lets the report name the earlier access; the heap's allocation
+(and a file of its source lines, numbered by a hash of the text: the host process's Pallas
+launches and the worker's Triton launches of one rank share it) lets the report name the earlier
+access, each racing pair of lines once per launch; the heap's allocation
 table and the names given to allocations (a heap array's name=; `Detector.names`) name the
 array.
 """

@@ -161,7 +161,7 @@ def small_stores(context_ptr, cells_ptr, out_ptr, W: tl.constexpr, WHERE: tl.con
 # programs_of_one_rank: races between the programs of one launch on one rank (they run side by side on a
 # GPU; the simulator runs them one after another, so the earlier program is the producer)
 (OVERLAPPING_TILES, UNORDERED_READ, CTA_FLAG, FLAG, LAST_ARRIVES, DISJOINT_TILES, PEER_FLAG_ELSEWHERE, PEER_FLAG_PASSED,
- READ_BY_BOTH) = range(9)
+ READ_BY_BOTH, PEER_SEES_ONE_NUMBER) = range(10)
 PROGRAM_BUGS = {"overlapping_tiles": OVERLAPPING_TILES, "unordered_read": UNORDERED_READ, "cta_flag": CTA_FLAG,
                 "peer_flag_elsewhere": PEER_FLAG_ELSEWHERE, "read_by_both": READ_BY_BOTH}
 PROGRAM_CORRECT = {"flag": FLAG, "last_arrives": LAST_ARRIVES, "disjoint_tiles": DISJOINT_TILES,
@@ -188,6 +188,10 @@ def programs_of_one_rank(context_ptr, tiles_ptr, flag_ptr, out_ptr, CASE: tl.con
                        its program 1 reads the tile (the acquire orders program 0 only)
     PEER_FLAG_PASSED   ... and program 0 passes it on: a release at gpu scope that program 1 acquires
                        before it reads (correct)
+    PEER_SEES_ONE_NUMBER  the even rank's program 0 stores tile 1 into its peer's `tiles` and raises no
+                       flag; its program 1 stores tile 0 there and raises the peer's flag; the odd rank
+                       waits for the flag and reads both tiles (program 0's store is a race: a known hole,
+                       the peer's view of a rank is one number)
     """
     ctx = Context.initialize(context_ptr, W)
     pid = tl.program_id(0)
@@ -210,6 +214,17 @@ def programs_of_one_rank(context_ptr, tiles_ptr, flag_ptr, out_ptr, CASE: tl.con
         if pid == 1:
             tl.store(tiles_ptr + offs, seen + 1)
         tl.store(out_ptr + pid * BLOCK + offs, seen)
+    elif CASE == PEER_SEES_ONE_NUMBER:
+        if ctx.rank % 2 == 0:
+            if pid == 0:
+                ctx.store(tiles_ptr + BLOCK + offs, value, to_rank=ctx.rank + 1)
+            else:
+                ctx.store(tiles_ptr + offs, value, to_rank=ctx.rank + 1)
+                ctx.atomic_xchg(flag_ptr + 1, 1, to_rank=ctx.rank + 1, sem="release", scope="sys")
+        elif pid == 0:
+            while ctx.atomic_add(flag_ptr + 1, 0, to_rank=ctx.rank, sem="acquire", scope="sys") == 0:
+                pass
+            tl.store(out_ptr + offs, tl.load(tiles_ptr + offs) + tl.load(tiles_ptr + BLOCK + offs))
     elif CASE == PEER_FLAG_ELSEWHERE or CASE == PEER_FLAG_PASSED:
         if ctx.rank % 2 == 0:
             if pid == 0:
@@ -240,6 +255,9 @@ def programs_of_one_rank(context_ptr, tiles_ptr, flag_ptr, out_ptr, CASE: tl.con
 
 # -- Pallas (iris_jax.pallas): the ring of tests/jax/pallas_kernels.py's ring_put, a mistake seeded --
 PALLAS_BUGS = ("no_wait", "relaxed_flag")
+# races the detector does not see (docs/device-api.md, "What it does not see"): two programs of one rank
+# store into one element of the next rank's inbox; the inbox read through the kernel's ref, not waited for
+PALLAS_HOLES = ("programs_overlap", "ref_read")
 
 
 def pallas_ring(bug: str | None):
@@ -249,6 +267,13 @@ def pallas_ring(bug: str | None):
 
     def kernel(ctx, inbox_ref, flags_ref, x_ref, o_ref):
         peer = (ctx.rank + 1) % ctx.world_size
+        if bug == "programs_overlap":  # (a grid of 2: each program stores the whole block)
+            ctx.store(inbox_ref, x_ref[...] * 2.0, to_rank=peer)
+            return
+        if bug == "ref_read":
+            ctx.store(inbox_ref, x_ref[...] * 2.0, to_rank=peer)
+            o_ref[...] = inbox_ref[...]  # a plain ref read: interpret mode's copy, not checked
+            return
         ctx.store(inbox_ref, x_ref[...] * 2.0, to_rank=peer)
         ctx.sync_threads()
         ctx.atomic_add(flags_ref.at[0], 1, to_rank=peer, sem="relaxed" if bug == "relaxed_flag" else "release")
