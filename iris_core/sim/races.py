@@ -53,9 +53,9 @@ seen up to its `known` entry (how, and the planes that are this process's own: `
 What that leaves out (docs/device-api.md, "What it does not see"; each a seeded xfail test of
 tests/jax/test_races.py): a peer's view of a rank stays one number, so a peer that acquires one
 program's release counts every earlier access of that rank as seen, other programs' too (a race
-hidden, never a false one); elements under 4 bytes keep one record per byte, rank and kind, so
-between programs of a launch a load replaced by another program's is not checked; a Pallas
-kernel's programs count as one, and its plain ref accesses are not seen. Elements
+hidden, never a false one); between programs of a launch, one load (atomic, flag load) per word
+or byte is kept aside beside the last, so a store that saw those two but not one between is not
+reported; a Pallas kernel's programs count as one, and its plain ref accesses are not seen. Elements
 smaller than 4 bytes (int8, bfloat16, ...) are checked byte by byte: their accesses record one
 clock per byte in byte planes (WRITE, READ, ATOMIC, FLAG; a second sparse file, mapped on the first
 such access) and mark their words "mixed"; they check the word planes of their words and the
@@ -244,14 +244,20 @@ _PAGE = mmap.PAGESIZE
 
 
 def _clear(path: str, mapping: mmap.mmap, rows) -> None:
-    """Zeroes `rows` (contiguous views of `mapping`, the file at `path`): the pages they cover whole
-    are punched out (memory given back, and no page touched), the rest zeroed if not zero."""
+    """Zeroes `rows` (contiguous views of `mapping`, the file at `path`): rows on no page of the file
+    are skipped (SEEK_DATA), the pages they cover whole punched out (memory given back, and no page
+    touched), the rest zeroed if not zero."""
     base = np.frombuffer(mapping, np.uint8).ctypes.data
     fd = os.open(path, os.O_RDWR)
     try:
         for row in rows:
             start = row.ctypes.data - base
             end = start + row.nbytes
+            try:
+                if os.lseek(fd, start, os.SEEK_DATA) >= end:  # no page there: never touched, nothing to clear
+                    continue
+            except OSError:  # ENXIO: no page after start
+                continue
             low, high = -(-start // _PAGE) * _PAGE, end // _PAGE * _PAGE
             if high <= low or _LIBC.fallocate(fd, _PUNCH_HOLE, low, high - low) != 0:
                 low = high = end  # no whole page (or no hole punching here): zero it all below
@@ -482,7 +488,7 @@ class Detector:
                 at, byte_planes = _span(small), self.shadow.byte_planes()
                 mixed[where] = 1  # before the record: a word access that checks after it sees both
                 if programs is not None:  # before the record, which replaces this rank's last one
-                    programs.before_record(self, byte_planes, 1, checked, None, at, small, report)
+                    programs.before_record(self, byte_planes, 1, checked, recorded, at, small, report)
                 byte_planes[recorded, rank, heap][at] = clock
                 self._check(planes, GRANULE, checked, where, granules, report)  # whole words of others
                 self._check(byte_planes, 1, checked, at, small, report)
@@ -634,11 +640,11 @@ class _Programs:
     program's own, over another program's: every access checks that row before it records. Two
     programs' loads (atomics) of one word do not race, yet a store after them must see both: a load
     that replaces in the row one of another program that it has not seen puts that one aside, in a
-    plane of the launch (`_ASIDE_READ`, `_ASIDE_ATOMIC`: the earliest such, where one is already),
-    which stores check once anything is there (a store that saw the one aside and the last but not
-    one between is not reported; elements under 4 bytes keep the last only). These planes are this
-    process's own (all programs of a rank run in its process: no lock, no shared file), sparse,
-    three rows of one rank.
+    plane of the launch (`_ASIDE_READ`, `_ASIDE_ATOMIC`, `_ASIDE_FLAG`: the earliest such, where one
+    is already; elements under 4 bytes in planes of bytes alike, `byte_planes`), which stores check
+    once anything is there (a store that saw the one aside and the last but not one between is not
+    reported). These planes are this process's own (all programs of a rank run in its process: no
+    lock, no shared file), sparse, rows of one rank.
     A system-scope acquire can bring this rank's own clock back through peers (`learn`): the program
     that made it is seen up to there, what that program had seen is not (a peer keeps one number).
     For the report's hint, atomics that release nothing between programs (relaxed, scope "cta")
@@ -657,7 +663,7 @@ class _Programs:
         self.base = 0
         self.aside = False
         self.weak_clock, self.weak_read = 0, None  # the running program's latest flag read that orders nothing
-        self._planes = None
+        self._planes = self._byte_planes = None
 
     def begin(self, detector: Detector, programs: int) -> None:
         self.concurrent, self.ordinal, self.packed = programs > 1, -1, 0
@@ -709,6 +715,23 @@ class _Programs:
             self._planes = np.frombuffer(mapping, np.int32).reshape(5, detector.world_size, granules)
         return self._planes
 
+    def byte_planes(self, detector: Detector) -> np.ndarray:
+        """[_ASIDE_READ, _ASIDE_ATOMIC, _ASIDE_FLAG][heap rank][byte]: the set-aside planes of elements
+        under 4 bytes (mapped at the first such access of a launch of several programs)."""
+        if self._byte_planes is None:
+            path = f"{detector.shadow.path}-programs-bytes-{os.getpid()}-{detector.rank}"
+            size = len(_ASIDE) * detector.world_size * detector.heap_size * 4
+            try:
+                mapping = _map_sparse(path, size, detector.world_size, detector.heap_size)
+            finally:
+                os.unlink(path)
+            self._byte_planes = np.frombuffer(mapping, np.int32).reshape(len(_ASIDE), detector.world_size,
+                                                                         detector.heap_size)
+        return self._byte_planes
+
+    def _aside_planes(self, detector: Detector, unit: int) -> np.ndarray:
+        return self.planes(detector) if unit == GRANULE else self.byte_planes(detector)
+
     # which program made an access, and whether the running one has seen it ----------------------------
     def unseen(self, clocks):
         """Which of these clocks of this rank are accesses of the launch's other programs that the
@@ -724,27 +747,28 @@ class _Programs:
         """Before an access records `recorded` into this rank's row of `planes` (one clock per `unit`
         bytes) at `where`: reports the launch's other programs' accesses there in the `checked`
         planes that the running program has not seen, and keeps aside an unseen load or atomic of
-        another program that the record is about to replace (words only)."""
+        another program that the record is about to replace (in planes of words or of bytes, as
+        `unit`)."""
         heap = report[3]
         own = planes[:_ACCESSES, detector.rank, heap][:, where]  # this rank's last store, load, atomic, flag load
         if own.max() > self.first:  # the launch has been here
             for plane in checked:
                 self._report_unseen(detector, own[plane], plane, unit, indices, report)
-            if unit == GRANULE and recorded in _ASIDE:
-                self._keep_aside(detector, _ASIDE[recorded], heap, where, own[recorded])
-        if self.aside and unit == GRANULE:
+            if recorded in _ASIDE:
+                self._keep_aside(detector, unit, _ASIDE[recorded], heap, where, own[recorded])
+        if self.aside:
             for plane in checked:
                 if plane in _ASIDE:
-                    kept = self.planes(detector)[_ASIDE[plane], heap][where]
+                    kept = self._aside_planes(detector, unit)[_ASIDE[plane], heap][where]
                     self._report_unseen(detector, kept, plane, unit, indices, report)
 
-    def _keep_aside(self, detector: Detector, slot: int, heap: int, where, old) -> None:
+    def _keep_aside(self, detector: Detector, unit: int, slot: int, heap: int, where, old) -> None:
         """Loads (atomics) of two programs do not race, but a store after both must see both: where the
         record replaces one the running program has not seen, that one goes to the launch's plane
         `slot`, unless an earlier one unseen is there already."""
         unseen = self.unseen(old)
         if unseen.any():
-            row = self.planes(detector)[slot, heap]
+            row = self._aside_planes(detector, unit)[slot, heap]
             kept = row[where]
             row[where] = np.where(unseen & ~self.unseen(kept), old, kept)
             self.aside = True

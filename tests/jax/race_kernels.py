@@ -161,7 +161,7 @@ def small_stores(context_ptr, cells_ptr, out_ptr, W: tl.constexpr, WHERE: tl.con
 # programs_of_one_rank: races between the programs of one launch on one rank (they run side by side on a
 # GPU; the simulator runs them one after another, so the earlier program is the producer)
 (OVERLAPPING_TILES, UNORDERED_READ, CTA_FLAG, FLAG, LAST_ARRIVES, DISJOINT_TILES, PEER_FLAG_ELSEWHERE, PEER_FLAG_PASSED,
- READ_BY_BOTH, PEER_SEES_ONE_NUMBER) = range(10)
+ READ_BY_BOTH, PEER_SEES_ONE_NUMBER, READ_BETWEEN) = range(11)
 PROGRAM_BUGS = {"overlapping_tiles": OVERLAPPING_TILES, "unordered_read": UNORDERED_READ, "cta_flag": CTA_FLAG,
                 "peer_flag_elsewhere": PEER_FLAG_ELSEWHERE, "read_by_both": READ_BY_BOTH}
 PROGRAM_CORRECT = {"flag": FLAG, "last_arrives": LAST_ARRIVES, "disjoint_tiles": DISJOINT_TILES,
@@ -192,6 +192,9 @@ def programs_of_one_rank(context_ptr, tiles_ptr, flag_ptr, out_ptr, CASE: tl.con
                        flag; its program 1 stores tile 0 there and raises the peer's flag; the odd rank
                        waits for the flag and reads both tiles (program 0's store is a race: a known hole,
                        the peer's view of a rank is one number)
+    READ_BETWEEN       programs 0, 1 and 2 read tile 0, programs 0 and 2 then release a flag each (gpu
+                       scope); program 3 acquires both and overwrites tile 0: program 1's read races
+                       with it (a known hole: two records per word between programs, first and last)
     """
     ctx = Context.initialize(context_ptr, W)
     pid = tl.program_id(0)
@@ -214,6 +217,18 @@ def programs_of_one_rank(context_ptr, tiles_ptr, flag_ptr, out_ptr, CASE: tl.con
         if pid == 1:
             tl.store(tiles_ptr + offs, seen + 1)
         tl.store(out_ptr + pid * BLOCK + offs, seen)
+    elif CASE == READ_BETWEEN:
+        if pid < 3:
+            seen = tl.load(tiles_ptr + offs)
+            tl.store(out_ptr + pid * BLOCK + offs, seen)
+            if pid != 1:
+                tl.atomic_xchg(flag_ptr + pid // 2, 1, sem="release", scope="gpu")
+        else:
+            while tl.atomic_add(flag_ptr, 0, sem="acquire", scope="gpu") == 0:
+                pass
+            while tl.atomic_add(flag_ptr + 1, 0, sem="acquire", scope="gpu") == 0:
+                pass
+            tl.store(tiles_ptr + offs, value)
     elif CASE == PEER_SEES_ONE_NUMBER:
         if ctx.rank % 2 == 0:
             if pid == 0:
