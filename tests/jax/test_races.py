@@ -548,7 +548,7 @@ def test_ragged_all_to_all_is_not_reported():
     np.testing.assert_array_equal(got, _want(arrays))
 
 
-@pytest.mark.parametrize("example", ["00_load_store.py", "03_message_passing.py"])
+@pytest.mark.parametrize("example", ["00_load_store.py", "03_message_passing.py", "06_pallas_all_reduce.py"])
 def test_examples_are_not_reported(example):
     """With IRIS_DETECT_RACES=1 a race would raise RaceError and fail the script."""
     from tests.jax.helpers import run_python
