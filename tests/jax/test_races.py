@@ -141,16 +141,19 @@ def _verdict_cases(world: int, every: bool = True):
     return cases
 
 
-STAGGER_S = 0.6  # a late rank's wait at each launch: longer than a whole launch of these kernels
+def _stagger_s(world: int) -> float:
+    """A late rank's wait at each launch: longer than a whole launch of these kernels (about 0.15 s
+    per case at 2 ranks, more at 8 on a 2-core box)."""
+    return 0.4 * max(1, world // 4)
 
 
 def _check_verdicts(world: int, position: str, every: bool = True):
     """Each case of `_verdict_cases` in `position`: "first" (the first kernel of a fresh runtime),
     "after" (after the cases before it and their allocations, in one runtime), "staggered" (the same,
-    every odd rank's launches beginning STAGGER_S late: its peers may run a whole launch first)."""
+    every odd rank's launches beginning `_stagger_s` late: its peers may run a whole launch first)."""
     rt = detecting(world)
     if position == "staggered":
-        races.stagger(rt.sim_session, world, rt.heap_size, [STAGGER_S * (r % 2) for r in range(world)])
+        races.stagger(rt.sim_session, world, rt.heap_size, [_stagger_s(world) * (r % 2) for r in range(world)])
     else:  # kernels and allocations before the first case
         run_ring(world, race_kernels.RING_CORRECT)
     wrong = []
@@ -231,7 +234,7 @@ def test_flag_loads_are_recorded():
     next rank's; rank 1 begins late, so its store comes after rank 0's read."""
     world = 2
     rt = detecting(world)
-    races.stagger(rt.sim_session, world, rt.heap_size, [0, STAGGER_S])
+    races.stagger(rt.sim_session, world, rt.heap_size, [0, _stagger_s(world)])
     mesh = jax.make_mesh((world,), ("i",), devices=jax.devices()[:world])
     rows = NamedSharding(mesh, P("i"))
     flag = iris_jax.zeros((world, 8), jnp.int32, sharding=rows, name="polled")
