@@ -15,6 +15,7 @@ from iris_core import flag_protocol
 from iris_core.device import barrier as device_barrier_lib
 from iris_core.errors import PeerTimeoutError
 from iris_core.heap.status import error_from_word
+from iris_core.sim import races
 from iris_jax import _runtime as runtime_lib
 from iris_jax._runtime import faults
 from iris_jax.calls.triton_call import triton_call
@@ -97,6 +98,8 @@ def barrier() -> None:
         raise
     rt.raise_faults()
     rt.sync_processes()
+    if rt.detect_races and rt.sim_session is not None:  # every rank's launches are over: they precede what follows
+        races.host_barrier(rt.sim_session, rt.world_size, rt.heap_size)
     check_heap_errors()
 
 

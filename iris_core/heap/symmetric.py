@@ -55,6 +55,9 @@ class SymmetricHeap(abc.ABC):
         self.growths = 0
         # (failure or None) -> every process's failures; the runtime's shares them between processes
         self.agree = lambda failure: [failure] if failure else []
+        # (offset, bytes) -> None, called at every allocation before it is returned (the simulator's race
+        # detector: a new block has no history)
+        self.on_allocate = None
         self.heap_bases: list[int] = []
         self._closed = False
 
@@ -93,6 +96,8 @@ class SymmetricHeap(abc.ABC):
                 self._names[offset] = name
             self.peak_used = max(self.peak_used, self.allocator.used)
             self._allocations_changed()
+        if self.on_allocate is not None:
+            self.on_allocate(offset, -(-max(nbytes, 1) // self.allocator.alignment) * self.allocator.alignment)
         if zero:
             try:
                 self.zero(offset, nbytes)

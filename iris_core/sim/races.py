@@ -9,9 +9,11 @@ memory model (docs/device-api.md):
 
 * each rank is one thread of a vector clock, and so is each program of the launch that runs now,
   for the length of the launch (`_Programs`): a rank's launches are ordered (stream order: a
-  launch begins after every program of the one before), the programs of one launch are not (they
-  run side by side on a GPU; the simulator runs them one after another and says where each
-  begins, `begin_program`);
+  launch begins after every program of the one before, `Shadow.vcs` hands the clock on where the
+  next runs in another process), the programs of one launch are not (they run side by side on a
+  GPU; the simulator runs them one after another and says where each begins, `begin_program`);
+  nothing orders a launch's start after a peer's launches (GPUs do not wait for each other there:
+  a fast rank may have run this very launch already);
 * an atomic with sem release or acq_rel at system scope publishes the rank's clock with the
   word it writes (the SYNC plane, joined: later atomics continue the release sequence); an
   atomic with sem acquire or acq_rel at system scope, and the simulator's `load_acquire`
@@ -23,11 +25,14 @@ memory model (docs/device-api.md):
   peers included; nothing else does (tl.debug_barrier orders the threads of one program, scope
   "cta" nothing between programs, a device_barrier ranks). A peer's flag acquired by one program
   orders that program only;
-* a host barrier (iris_jax.barrier) orders everything before it before everything after; a
-  change of the heap's allocations between launches orders the launches that had finished
-  before the next (a freed array's uses were over; its words keep their history).
+* a host barrier (iris_jax.barrier, once it waited for every rank's launches) orders everything
+  before it before everything after.
 
-Volatile and acquiring loads are atomic (flag reads): they race with plain stores only. A
+A heap block allocated anew has no history: its owner clears its words in every plane when it
+allocates it (`forget`, ThreadSanitizer's reset of shadow at allocation), before any kernel can be
+given it; the heap frees a block only once XLA is done with every buffer on it, so no launch in
+flight touches those words (docs/architecture.md). Volatile and acquiring loads are atomic reads
+(FLAG, recorded): they race with plain stores only, before or after them. A
 plain store races even where it writes the bytes the word already holds (the memory model
 knows no benign race; the collectives once rewrote their signature beside a flag every round).
 
@@ -35,8 +40,9 @@ Shadow memory lives in one sparse shared-memory file per heap session, mapped by
 that runs kernels, sized by the heaps' upper bound (address space, not memory: only the pages of
 accessed words are touched; docs/architecture.md says why it does not grow with the heap): for
 each rank, each heap and each 4-byte word, the clock of that rank's last plain store (WRITE),
-plain load (READ) and atomic (ATOMIC), the clock released there (SYNC) and the clock that would
-have been released had every atomic been release at system scope (WEAK, for the report's hint).
+plain load (READ), atomic (ATOMIC) and volatile or acquiring load (FLAG), the clock released there
+(SYNC) and the clock that would have been released had every atomic been release at system scope
+(WEAK, for the report's hint).
 Each rank writes only its own rows, so records need no lock; joins into SYNC and WEAK take one.
 Two accesses race when they overlap, at least one writes, not both are atomics, they are of
 different ranks, or of different programs of one launch of one rank, and the earlier one's clock
@@ -44,17 +50,22 @@ is not in the later one's vector clock. Between programs, the shadow needs no co
 programs' clocks are consecutive ranges of their rank's, so a record of this rank made after the
 launch began and before the running program began is another program's, which the program has
 seen up to its `known` entry (how, and the planes that are this process's own: `_Programs`).
-What that leaves out: a peer's view of a rank stays one number, so a peer that acquires one
+What that leaves out (docs/device-api.md, "What it does not see"; each a seeded xfail test of
+tests/jax/test_races.py): a peer's view of a rank stays one number, so a peer that acquires one
 program's release counts every earlier access of that rank as seen, other programs' too (a race
-hidden, never a false one); a Pallas kernel's programs count as one. Elements
+hidden, never a false one); between programs of a launch, one load (atomic, flag load) per word
+or byte is kept aside beside the last, so a store that saw those two but not one between is not
+reported; a Pallas kernel's programs count as one, and its plain ref accesses are not seen. Elements
 smaller than 4 bytes (int8, bfloat16, ...) are checked byte by byte: their accesses record one
-clock per byte in byte planes (WRITE, READ, ATOMIC; a second sparse file, mapped on the first
+clock per byte in byte planes (WRITE, READ, ATOMIC, FLAG; a second sparse file, mapped on the first
 such access) and mark their words "mixed"; they check the word planes of their words and the
 byte planes of their own bytes, so two ranks writing neighbouring bytes of one word do not race.
 A word access checks the byte planes only of words marked mixed (one byte of the mark per word),
 so code without small elements pays one look-up per access. Releases and acquires join per word
 whatever the element (a larger join can only hide a race). A ring of access records per rank
-(and a file of its source lines) lets the report name the earlier access; the heap's allocation
+(and a file of its source lines, numbered by a hash of the text: the host process's Pallas
+launches and the worker's Triton launches of one rank share it) lets the report name the earlier
+access, each racing pair of lines once per launch; the heap's allocation
 table and the names given to allocations (a heap array's name=; `Detector.names`) name the
 array.
 """
@@ -62,12 +73,15 @@ array.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
 import glob
+import hashlib
 import mmap
 import os
 import sys
 import threading
+import time
 import warnings
 
 import numpy as np
@@ -78,11 +92,14 @@ from iris_core.heap.shared_memory import SHM_DIR
 MODES = ("raise", "warn")
 GRANULE = 4  # bytes of heap per shadow word (the byte planes: one byte each)
 RING = 1 << 16  # access records kept per rank
-_WRITE, _READ, _ATOMIC, _SYNC, _WEAK = range(5)
-_PLANES = 5
-_BYTE_PLANES = 3  # WRITE, READ and ATOMIC of single bytes (what releases is joined per word)
-_ASIDE_READ, _ASIDE_ATOMIC, _RELEASED, _WEAK_RELEASED = range(4)  # a launch's planes of one rank (_Programs)
-_ASIDE = {_READ: _ASIDE_READ, _ATOMIC: _ASIDE_ATOMIC}
+_WRITE, _READ, _ATOMIC, _FLAG, _SYNC, _WEAK = range(6)  # _FLAG: a volatile or acquiring load (an atomic read)
+_PLANES = 6
+_ACCESSES = 4  # the planes of accesses (WRITE, READ, ATOMIC, FLAG); the others hold what releases made
+_BYTE_PLANES = _ACCESSES  # the same of single bytes (what releases is joined per word)
+# a launch's planes of one rank (_Programs)
+_ASIDE_READ, _ASIDE_ATOMIC, _ASIDE_FLAG, _RELEASED, _WEAK_RELEASED = range(5)
+_ASIDE = {_READ: _ASIDE_READ, _ATOMIC: _ASIDE_ATOMIC, _FLAG: _ASIDE_FLAG}
+_PLANE_KINDS = {_WRITE: "store", _READ: "load", _ATOMIC: "atomic", _FLAG: "flag load"}
 _MANY_RELEASES = 8  # earlier releases at the words of one atomic joined one by one, at most
 _RECORD_WORDS = 8  # clock, site, program, kind, heap rank, first byte, end byte, 0
 KINDS = ("load", "store", "atomic", "flag load")
@@ -131,7 +148,7 @@ class Shadow:
         granules = heap_size // GRANULE
         plane_bytes = _PLANES * world_size * world_size * granules * 4
         log_bytes = world_size * RING * _RECORD_WORDS * 8
-        clock_bytes = 2 * world_size * 8
+        clock_bytes = (3 + world_size) * world_size * 8
         mixed_bytes = world_size * granules
         size = plane_bytes + log_bytes + clock_bytes + mixed_bytes
         self._map = _map_sparse(self.path, size, world_size, heap_size)
@@ -140,7 +157,12 @@ class Shadow:
         self.log = buffer[plane_bytes:plane_bytes + log_bytes].view(np.int64).reshape(world_size, RING, _RECORD_WORDS)
         # published: each rank's clock at the end of its last launch; floor: the clocks a host barrier saw
         at = plane_bytes + log_bytes
-        self.clocks = buffer[at:at + clock_bytes].view(np.int64).reshape(2, world_size)
+        words = buffer[at:at + clock_bytes].view(np.int64)
+        self.clocks = words[:2 * world_size].reshape(2, world_size)
+        # nanoseconds each rank waits before each launch begins (tests: `stagger`)
+        self.delays = words[2 * world_size:3 * world_size]
+        # each rank's vector clock after its last access: its next launch, in whichever process, goes on from it
+        self.vcs = words[3 * world_size:].reshape(world_size, world_size)
         # per heap word: 1 once an element smaller than a word was accessed there (its byte planes hold records)
         self.mixed = buffer[at + clock_bytes:size].reshape(world_size, granules)
         self._byte_planes = None
@@ -152,7 +174,7 @@ class Shadow:
         word (a second sparse file, mapped on first use: runs that make none map nothing more)."""
         if self._byte_planes is None:
             size = _BYTE_PLANES * self.world_size * self.world_size * self.heap_size * 4
-            mapping = _map_sparse(self.path + "-bytes", size, self.world_size, self.heap_size)
+            mapping = self._byte_mapping = _map_sparse(self.path + "-bytes", size, self.world_size, self.heap_size)
             self._byte_planes = np.frombuffer(mapping, np.int32).reshape(
                 _BYTE_PLANES, self.world_size, self.world_size, self.heap_size)
         return self._byte_planes
@@ -166,9 +188,24 @@ class Shadow:
             fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
 
     def host_barrier(self) -> None:
-        """Everything every rank did so far happens before what any rank does next."""
+        """Everything every rank did so far happens before what any rank does next (called once every
+        rank's launches are over: iris_jax.barrier waits for them first)."""
         with self.locked():
             np.maximum(self.clocks[1], self.clocks[0], out=self.clocks[1])
+
+    def forget(self, offset: int, nbytes: int, heaps) -> None:
+        """A new allocation at [offset, offset + nbytes) of the heaps `heaps`: its words start with
+        no history in every plane (ThreadSanitizer resets shadow at allocation). Whole pages of the
+        shadow files are given back (a hole reads as zeros); the partial pages at the ends are
+        zeroed where they are not already."""
+        first, end = offset // GRANULE, -(-(offset + nbytes) // GRANULE)
+        rows = [self.planes[p, a, h, first:end] for p in range(_PLANES) for a in range(self.world_size) for h in heaps]
+        _clear(self.path, self._map, rows + [self.mixed[h, first:end] for h in heaps])
+        if self._byte_planes is not None or os.path.exists(self.path + "-bytes"):
+            planes = self.byte_planes()
+            _clear(self.path + "-bytes", self._byte_mapping, [
+                planes[p, a, h, first * GRANULE:end * GRANULE]
+                for p in range(_BYTE_PLANES) for a in range(self.world_size) for h in heaps])
 
     def site(self, rank: int, site: int) -> str:
         known = self._sites.setdefault(rank, {})
@@ -200,6 +237,37 @@ def _map_sparse(path: str, size: int, world_size: int, heap_size: int) -> mmap.m
         os.close(fd)
 
 
+_LIBC = ctypes.CDLL(None, use_errno=True)
+_LIBC.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+_PUNCH_HOLE = 0x02 | 0x01  # FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE
+_PAGE = mmap.PAGESIZE
+
+
+def _clear(path: str, mapping: mmap.mmap, rows) -> None:
+    """Zeroes `rows` (contiguous views of `mapping`, the file at `path`): rows on no page of the file
+    are skipped (SEEK_DATA), the pages they cover whole punched out (memory given back, and no page
+    touched), the rest zeroed if not zero."""
+    base = np.frombuffer(mapping, np.uint8).ctypes.data
+    fd = os.open(path, os.O_RDWR)
+    try:
+        for row in rows:
+            start = row.ctypes.data - base
+            end = start + row.nbytes
+            try:
+                if os.lseek(fd, start, os.SEEK_DATA) >= end:  # no page there: never touched, nothing to clear
+                    continue
+            except OSError:  # ENXIO: no page after start
+                continue
+            low, high = -(-start // _PAGE) * _PAGE, end // _PAGE * _PAGE
+            if high <= low or _LIBC.fallocate(fd, _PUNCH_HOLE, low, high - low) != 0:
+                low = high = end  # no whole page (or no hole punching here): zero it all below
+            for a, b in ((start, low), (high, end)):
+                if b > a and any(os.pread(fd, b - a, a)):  # pread: a hole is read without making a page
+                    mapping[a:b] = bytes(b - a)
+    finally:
+        os.close(fd)
+
+
 _SHADOWS: dict[str, Shadow] = {}
 
 
@@ -210,7 +278,25 @@ def shadow(session: str, world_size: int, heap_size: int) -> Shadow:
 
 
 def host_barrier(session: str, world_size: int, heap_size: int) -> None:
+    """Every rank's launches are over (the caller waited for them): what they did precedes what
+    follows. This process's Pallas launches, which end when the next begins, publish theirs first."""
+    for (found, _), d in _DETECTORS.items():
+        if found == session:
+            d.publish()
     shadow(session, world_size, heap_size).host_barrier()
+
+
+def forget(session: str, world_size: int, heap_size: int, heaps, offset: int, nbytes: int) -> None:
+    """The owner of `heaps` allocated [offset, offset + nbytes) anew: no history there (see Shadow.forget;
+    a session that has not mapped its shadow yet has none to forget)."""
+    if session in _SHADOWS or os.path.exists(shadow_path(session)):
+        shadow(session, world_size, heap_size).forget(offset, nbytes, heaps)
+
+
+def stagger(session: str, world_size: int, heap_size: int, delays_s) -> None:
+    """Test-only: rank r waits delays_s[r] seconds before each launch begins (so that one rank can
+    run a whole launch before a peer's begins; tests/jax/test_races.py)."""
+    shadow(session, world_size, heap_size).delays[:] = [int(d * 1e9) for d in delays_s]
 
 
 # -- where an access was made: the kernel's line --------------------------------------------------
@@ -279,18 +365,22 @@ class Detector:
         self.kernel = "?"
         self.allocations = None  # a function: (starts, sizes) of the heap's live allocations
         self.names = None  # a function: {offset: (owner, name)} of the named ones
-        self._starts = None  # its last answer
         self.programs = _Programs()  # the launch's programs: one thread each (see _Programs)
 
     # a launch --------------------------------------------------------------------------------
     def begin(self, kernel: str, programs: int = 1) -> None:
-        """A launch of `programs` programs begins (stream order: after everything this rank did)."""
+        """A launch of `programs` programs begins (stream order: after everything this rank did; of
+        the peers, after what a host barrier saw: nothing else orders it, as GPUs do not wait for
+        each other at a launch)."""
+        delay = int(self.shadow.delays[self.rank])
+        if delay:  # a test's staggered start
+            time.sleep(delay / 1e9)
         self.kernel = kernel
+        self._reported.clear()  # each racing pair of lines once per launch
+        # stream order, also where this rank's last launch ran in another process (a Pallas kernel's
+        # ops run in the host process, a Triton kernel's in the rank's worker)
+        np.maximum(self.vc, self.shadow.vcs[self.rank], out=self.vc)
         np.maximum(self.vc, self.shadow.clocks[1], out=self.vc)
-        if self.allocations is not None and self._heap_changed():
-            # memory freed and allocated again keeps its old accesses in the shadow: a freed array's
-            # uses were over when the host freed it, so what finished before counts as before
-            np.maximum(self.vc, self.shadow.clocks[0], out=self.vc)
         self.programs.begin(self, programs)
 
     def begin_program(self, x: int, y: int, z: int) -> None:
@@ -298,19 +388,18 @@ class Detector:
         programs before it did (on a GPU they run beside it)."""
         self.programs.next(self, _packed(x, y, z))
 
-    def _heap_changed(self) -> bool:
-        """Whether the heap's allocations changed since the last launch (a worker's table is a new
-        array at every change; a process that allocates builds a new one at every look)."""
-        starts, _ = self.allocations()
-        changed = starts is not self._starts
-        self._starts = starts
-        return changed
-
     def end(self) -> list[str]:
-        """The launch is over: publishes this rank's clock (see `begin`); returns its reports."""
+        """The launch is over: publishes this rank's clock (for a host barrier); returns its reports."""
         self.programs.end(self)  # the next launch comes after every program of this one
-        self.shadow.clocks[0, self.rank] = self.vc[self.rank]
+        self.publish()
         return self.take_reports()
+
+    def publish(self) -> None:
+        """This rank's vector clock as its next launch and a host barrier take it (a Pallas launch in
+        progress: up to now). A rank's launches run one after another: no lock."""
+        row = self.shadow.vcs[self.rank]
+        np.maximum(row, self.vc, out=row)
+        self.shadow.clocks[0, self.rank] = row[self.rank]
 
     def take_reports(self) -> list[str]:
         """The reports made since the last call (a launch in progress: a Pallas kernel's ops)."""
@@ -345,8 +434,8 @@ class Detector:
     def _site(self, where: str | None = None) -> int:
         text = f"kernel {self.kernel} at {where or _site_text()}"
         number = self.sites.get(text)
-        if number is None:
-            number = self.sites[text] = len(self.sites) + 1
+        if number is None:  # a hash: two processes that record for one rank (Pallas, Triton) agree on it
+            number = self.sites[text] = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=7).digest(), "little")
             with open(self.shadow.path + f"-sites-{self.rank}", "a") as f:
                 f.write(f"{number}\t{text}\n")
         return number
@@ -382,11 +471,11 @@ class Detector:
             self.shadow.log[rank, clock % RING] = record
             where = _span(granules)
             if kind == STORE:
-                recorded, checked = _WRITE, (_WRITE, _READ, _ATOMIC)
+                recorded, checked = _WRITE, (_WRITE, _READ, _ATOMIC, _FLAG)
             elif kind == LOAD:
                 recorded, checked = _READ, (_WRITE, _ATOMIC)
-            elif kind == FLAG_LOAD:  # races with plain stores only; not recorded (atomics never race with it)
-                recorded, checked = None, (_WRITE,)
+            elif kind == FLAG_LOAD:  # an atomic read: races with plain stores only, before it or after
+                recorded, checked = _FLAG, (_WRITE,)
             else:
                 recorded, checked = _ATOMIC, (_WRITE, _READ)
                 self._publish(heap, where, sem, scope)
@@ -399,16 +488,14 @@ class Detector:
                 at, byte_planes = _span(small), self.shadow.byte_planes()
                 mixed[where] = 1  # before the record: a word access that checks after it sees both
                 if programs is not None:  # before the record, which replaces this rank's last one
-                    programs.before_record(self, byte_planes, 1, checked, None, at, small, report)
-                if recorded is not None:
-                    byte_planes[recorded, rank, heap][at] = clock
+                    programs.before_record(self, byte_planes, 1, checked, recorded, at, small, report)
+                byte_planes[recorded, rank, heap][at] = clock
                 self._check(planes, GRANULE, checked, where, granules, report)  # whole words of others
                 self._check(byte_planes, 1, checked, at, small, report)
                 continue
             if programs is not None:  # before the record, which replaces this rank's last one
                 programs.before_record(self, planes, GRANULE, checked, recorded, where, granules, report)
-            if recorded is not None:  # record, then check: of two racing ranks one sees the other
-                planes[recorded, rank, heap][where] = clock
+            planes[recorded, rank, heap][where] = clock  # record, then check: of two racing ranks one sees the other
             self._check(planes, GRANULE, checked, where, granules, report)
             flagged = mixed[where]
             if flagged.any():  # bytes of these words were accessed as smaller elements
@@ -472,7 +559,7 @@ class Detector:
     def _report(self, plane, other, other_clock, racing, unit, kind, sem, scope, heap, clock, site, program):
         record = self.shadow.log[other, other_clock % RING]
         known = int(record[0]) == other_clock
-        other_kind = KINDS[int(record[3])] if known else {_WRITE: "store", _READ: "load", _ATOMIC: "atomic"}[plane]
+        other_kind = KINDS[int(record[3])] if known else _PLANE_KINDS[plane]
         other_site = self.shadow.site(other, int(record[1])) if known else "a line no longer recorded"
         key = (other, int(record[1]) if known else -1, site)
         if key in self._reported:
@@ -553,11 +640,11 @@ class _Programs:
     program's own, over another program's: every access checks that row before it records. Two
     programs' loads (atomics) of one word do not race, yet a store after them must see both: a load
     that replaces in the row one of another program that it has not seen puts that one aside, in a
-    plane of the launch (`_ASIDE_READ`, `_ASIDE_ATOMIC`: the earliest such, where one is already),
-    which stores check once anything is there (a store that saw the one aside and the last but not
-    one between is not reported; elements under 4 bytes keep the last only). These planes are this
-    process's own (all programs of a rank run in its process: no lock, no shared file), sparse,
-    three rows of one rank.
+    plane of the launch (`_ASIDE_READ`, `_ASIDE_ATOMIC`, `_ASIDE_FLAG`: the earliest such, where one
+    is already; elements under 4 bytes in planes of bytes alike, `byte_planes`), which stores check
+    once anything is there (a store that saw the one aside and the last but not one between is not
+    reported). These planes are this process's own (all programs of a rank run in its process: no
+    lock, no shared file), sparse, rows of one rank.
     A system-scope acquire can bring this rank's own clock back through peers (`learn`): the program
     that made it is seen up to there, what that program had seen is not (a peer keeps one number).
     For the report's hint, atomics that release nothing between programs (relaxed, scope "cta")
@@ -576,7 +663,7 @@ class _Programs:
         self.base = 0
         self.aside = False
         self.weak_clock, self.weak_read = 0, None  # the running program's latest flag read that orders nothing
-        self._planes = None
+        self._planes = self._byte_planes = None
 
     def begin(self, detector: Detector, programs: int) -> None:
         self.concurrent, self.ordinal, self.packed = programs > 1, -1, 0
@@ -615,18 +702,35 @@ class _Programs:
         self.concurrent = False
 
     def planes(self, detector: Detector) -> np.ndarray:
-        """[_ASIDE_READ, _ASIDE_ATOMIC, _RELEASED, _WEAK_RELEASED][heap rank][word] (mapped at the first
-        launch of several programs)."""
+        """[_ASIDE_READ, _ASIDE_ATOMIC, _ASIDE_FLAG, _RELEASED, _WEAK_RELEASED][heap rank][word] (mapped at
+        the first launch of several programs)."""
         if self._planes is None:
             granules = detector.heap_size // GRANULE
-            size = 4 * detector.world_size * granules * 4
+            size = 5 * detector.world_size * granules * 4
             path = f"{detector.shadow.path}-programs-{os.getpid()}-{detector.rank}"
             try:
                 mapping = _map_sparse(path, size, detector.world_size, detector.heap_size)
             finally:
                 os.unlink(path)  # this process's alone: gone with it
-            self._planes = np.frombuffer(mapping, np.int32).reshape(4, detector.world_size, granules)
+            self._planes = np.frombuffer(mapping, np.int32).reshape(5, detector.world_size, granules)
         return self._planes
+
+    def byte_planes(self, detector: Detector) -> np.ndarray:
+        """[_ASIDE_READ, _ASIDE_ATOMIC, _ASIDE_FLAG][heap rank][byte]: the set-aside planes of elements
+        under 4 bytes (mapped at the first such access of a launch of several programs)."""
+        if self._byte_planes is None:
+            path = f"{detector.shadow.path}-programs-bytes-{os.getpid()}-{detector.rank}"
+            size = len(_ASIDE) * detector.world_size * detector.heap_size * 4
+            try:
+                mapping = _map_sparse(path, size, detector.world_size, detector.heap_size)
+            finally:
+                os.unlink(path)
+            self._byte_planes = np.frombuffer(mapping, np.int32).reshape(len(_ASIDE), detector.world_size,
+                                                                         detector.heap_size)
+        return self._byte_planes
+
+    def _aside_planes(self, detector: Detector, unit: int) -> np.ndarray:
+        return self.planes(detector) if unit == GRANULE else self.byte_planes(detector)
 
     # which program made an access, and whether the running one has seen it ----------------------------
     def unseen(self, clocks):
@@ -643,27 +747,28 @@ class _Programs:
         """Before an access records `recorded` into this rank's row of `planes` (one clock per `unit`
         bytes) at `where`: reports the launch's other programs' accesses there in the `checked`
         planes that the running program has not seen, and keeps aside an unseen load or atomic of
-        another program that the record is about to replace (words only)."""
+        another program that the record is about to replace (in planes of words or of bytes, as
+        `unit`)."""
         heap = report[3]
-        own = planes[:3, detector.rank, heap][:, where]  # this rank's last store, load and atomic
+        own = planes[:_ACCESSES, detector.rank, heap][:, where]  # this rank's last store, load, atomic, flag load
         if own.max() > self.first:  # the launch has been here
             for plane in checked:
                 self._report_unseen(detector, own[plane], plane, unit, indices, report)
-            if unit == GRANULE and recorded in _ASIDE:
-                self._keep_aside(detector, _ASIDE[recorded], heap, where, own[recorded])
-        if self.aside and unit == GRANULE:
+            if recorded in _ASIDE:
+                self._keep_aside(detector, unit, _ASIDE[recorded], heap, where, own[recorded])
+        if self.aside:
             for plane in checked:
                 if plane in _ASIDE:
-                    kept = self.planes(detector)[_ASIDE[plane], heap][where]
+                    kept = self._aside_planes(detector, unit)[_ASIDE[plane], heap][where]
                     self._report_unseen(detector, kept, plane, unit, indices, report)
 
-    def _keep_aside(self, detector: Detector, slot: int, heap: int, where, old) -> None:
+    def _keep_aside(self, detector: Detector, unit: int, slot: int, heap: int, where, old) -> None:
         """Loads (atomics) of two programs do not race, but a store after both must see both: where the
         record replaces one the running program has not seen, that one goes to the launch's plane
         `slot`, unless an earlier one unseen is there already."""
         unseen = self.unseen(old)
         if unseen.any():
-            row = self.planes(detector)[slot, heap]
+            row = self._aside_planes(detector, unit)[slot, heap]
             kept = row[where]
             row[where] = np.where(unseen & ~self.unseen(kept), old, kept)
             self.aside = True

@@ -82,6 +82,8 @@ class Runtime:
         self._growths = itertools.count(1)
         if self.backend.process_per_rank:
             self.heap.agree = self._agree_on_growth  # one rank's failed growth fails it on every rank
+        if self.detect_races and self.sim_session is not None:
+            self.heap.on_allocate = self._forget_races
 
     # -- ranks and contexts ------------------------------------------------------
     @property
@@ -213,8 +215,11 @@ class Runtime:
         if self.backend.process_per_rank:
             store_barrier(self.store, f"iris/{self._session}/sync/{next(self._syncs)}",
                           self.rank_of(self.devices[0]), self.world_size, RENDEZVOUS_TIMEOUT_S)
-        if self.detect_races and self.sim_session is not None:  # what every rank did so far precedes what follows
-            races.host_barrier(self.sim_session, self.world_size, self.heap_size)
+
+    def _forget_races(self, offset: int, nbytes: int) -> None:
+        """A new heap block has no history for the race detector: cleared here, by its owner, before
+        the block is returned, so before any kernel can be given it (docs/architecture.md)."""
+        races.forget(self.sim_session, self.world_size, self.heap_size, self.heap.local_ranks, offset, nbytes)
 
     def _agree_on_growth(self, failure: str | None) -> list[str]:
         """Every process's failure to grow the heap (theirs and ours), through the store: the

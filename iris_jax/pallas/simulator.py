@@ -78,6 +78,7 @@ def _host(op, dtype, slot, ordering, ctx_row, index, rank, mask, other, *operand
     out = _run(op, dtype, slot, ordering.sem, words, index, rank, mask, other, *operands, check=check)
     if checked and checked[0] and (kind == races.ATOMIC or kind == races.FLAG_LOAD):
         detector.acquire(checked[0], sem, scope, where=ordering.site)
+    detector.publish()  # the launch ends with no call of ours: the rank's next launch goes on from here
     found = detector.take_reports()
     if found:
         races.emit(runtime_lib.runtime().detect_races, found)

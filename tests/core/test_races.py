@@ -100,3 +100,27 @@ def test_programs_of_one_launch(bug):
         assert "load by rank 0, program 15: " in found[0] and "its bytes" not in found[0], found[0]
         assert "bytes [4, 8) (heap offsets)" in found[0], found[0]
         assert "did read a flag the earlier one changed" in found[0] and "sem=acquire, scope=gpu" in found[0], found[0]
+
+
+def test_forget_clears_a_new_block_in_every_plane():
+    """An allocation's words start with no history (issue 56): every plane of every accessing rank, the
+    byte planes and the mixed marks, over the block only (whole pages punched out, the ends zeroed)."""
+    W, heap_size = 2, 1 << 20
+    session = "p0-test-races-forget"
+    try:
+        shadow = races.Shadow(session, W, heap_size)
+        bytes_ = shadow.byte_planes()
+        shadow.planes[:] = 7
+        bytes_[:] = 7
+        shadow.mixed[:] = 1
+        offset, nbytes = 256 * 3, 64 << 10  # not page-aligned: partial pages at both ends
+        races.forget(session, W, heap_size, [1], offset, nbytes)
+        words = slice(offset // 4, (offset + nbytes) // 4)
+        assert not shadow.planes[:, :, 1, words].any() and not shadow.mixed[1, words].any()
+        assert not bytes_[:, :, 1, offset:offset + nbytes].any()
+        assert (shadow.planes[:, :, 1, words.start - 1] == 7).all() and (shadow.planes[:, :, 1, words.stop] == 7).all()
+        assert (bytes_[:, :, 1, offset - 1] == 7).all() and (bytes_[:, :, 1, offset + nbytes] == 7).all()
+        assert (shadow.planes[:, :, 0] == 7).all() and shadow.mixed[0].all()  # heap 0: not this owner's
+    finally:
+        races.remove(session)
+        races._SHADOWS.pop(session, None)

@@ -21,13 +21,12 @@ def main(bug: int):
     (device,) = jax.devices()
     rank, world = rt.rank_of(device), rt.world_size
     data = iris_jax.zeros((N,), jnp.float32, device=device, name="data")
-    flags = [iris_jax.zeros((8,), jnp.int32, device=device, name=name) for name in ("data_flag", "ack", "ready",
-                                                                                   "counter")]
+    flags = [iris_jax.zeros((8,), jnp.int32, device=device, name=name) for name in ("data_flag", "ack", "counter")]
     iris_jax.barrier()  # every rank zeroed its flags before any peer raises them
     x = jnp.arange(N, dtype=jnp.float32) + rank * N
     call = jax.jit(lambda *a: iris_jax.triton_call(
         *a, kernel=race_kernels.pair_exchange, out_shape=jax.ShapeDtypeStruct((N,), jnp.float32), grid=(1,),
-        BUG=bug, W=world, BLOCK=N, symmetric=(0, 1, 2, 3, 4)))
+        BUG=bug, W=world, BLOCK=N, symmetric=(0, 1, 2, 3)))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         out = np.asarray(call(data, *flags, x))
