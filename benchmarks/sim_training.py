@@ -86,7 +86,6 @@ def _step(kind: str, size: dict, psum, pmean):
 
 def _run(kind: str, opts) -> dict:
     import jax
-    import jax.numpy as jnp
     import numpy as np
     from jax import lax
     from jax.sharding import NamedSharding
