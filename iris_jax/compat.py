@@ -104,6 +104,13 @@ def is_closed_jaxpr(value) -> bool:
     return isinstance(value, ClosedJaxpr)
 
 
+def jit_primitive():
+    """The primitive of a nested jax.jit (jax 0.10: `pjit_p`; later `jit_p`)."""
+    from jax._src import pjit
+
+    return getattr(pjit, "jit_p", None) or pjit.pjit_p
+
+
 # -- manual axes ------------------------------------------------------------------------------
 def varying_axes(aval) -> frozenset:
     """The manual mesh axes abstract value `aval` varies over (jax 0.10: its

@@ -28,7 +28,7 @@ import ctypes
 
 import jax
 import numpy as np
-from jax._src import ad_checkpoint, core, custom_derivatives, pjit, shard_map
+from jax._src import ad_checkpoint, core, custom_derivatives, shard_map
 from jax._src.interpreters import mlir as jax_mlir
 from jax._src.interpreters import partial_eval as pe
 from jax._src.lax.control_flow import conditionals, loops
@@ -36,6 +36,7 @@ from jax._src.lib import xla_client
 from jax.interpreters import mlir
 
 from iris_core.platform import SIMULATOR
+from iris_jax import compat
 from iris_jax.calls import cpu_lowering
 from iris_jax.calls._ffi import register_cpu_target
 from iris_jax.calls.triton_call import IrisKernelEffect
@@ -58,7 +59,7 @@ def _runs_kernels(*jaxprs) -> bool:
 
 # -- calls: inline -------------------------------------------------------------------------
 def _inline(ctx, args, jaxpr, name=None):
-    closed = jaxpr if isinstance(jaxpr, core.ClosedJaxpr) else pe.close_jaxpr(jaxpr)
+    closed = jaxpr if compat.is_closed_jaxpr(jaxpr) else pe.close_jaxpr(jaxpr)
     module_context = ctx.module_context
     if ctx.platforms is not None:
         module_context = module_context.replace(platforms=ctx.platforms)
@@ -150,8 +151,7 @@ def _gate(ctx, value, previous):
 def register() -> None:
     """Registers the simulator's rules (idempotent; done on import of iris_jax)."""
     platform = SIMULATOR.jax_platform
-    jit_p = getattr(pjit, "jit_p", None) or pjit.pjit_p
-    calls = {jit_p: "jaxpr", core.closed_call_p: "call_jaxpr"}
+    calls = {compat.jit_primitive(): "jaxpr", core.closed_call_p: "call_jaxpr"}
     regions = {loops.while_p: lambda p: (p["cond_jaxpr"], p["body_jaxpr"]),
                conditionals.cond_p: lambda p: p["branches"]}
     for prim, param in calls.items():
