@@ -5,7 +5,8 @@
 
 Each point: a jitted shard_map over the first `ranks` CPU devices calling the iris collective
 on `--dtype` of the given bytes per rank, and the same with the lax op (ragged_all_to_all: the
-lax formulation of iris_jax.reference, since XLA:CPU cannot run lax's), checked equal once,
+lax formulation of iris_jax.reference, since XLA:CPU cannot run lax's; put_to_next, the README's
+user kernel, which the interpreter runs: lax.ppermute of the same bytes), checked once,
 then timed call by call, lax and iris alternating, after a warm-up (compilation left out); the
 medians and their ratio (iris / lax) are printed. `--mode` is init(sim_collectives=...): "host"
 (the default: the ranks meet in this process) or "kernels" (the collective kernels under
@@ -26,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import small  # noqa: E402
 
-OPS = "psum,all_gather,psum_scatter,all_to_all,ppermute,ragged_all_to_all"
+OPS = "psum,all_gather,psum_scatter,all_to_all,ppermute,ragged_all_to_all,put_to_next"
 SIZES = "4K,64K,1M,4M"
 RANKS = "2,4,8"
 
@@ -34,6 +35,26 @@ RANKS = "2,4,8"
 def parse_size(s: str) -> int:
     units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
     return int(s[:-1]) * units[s[-1]] if s[-1] in units else int(s)
+
+
+def _kernel_op(ax, W, n, dtype):
+    """The README's put_to_next kernel (a user kernel: the interpreter runs it) as an op of one
+    operand; its inbox, a heap array, is made here and passed to the jitted call."""
+    import jax
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    import iris_jax
+    from benchmarks.user_kernels import put_to_next
+
+    mesh = jax.make_mesh((W,), (ax,), devices=iris_jax.runtime().devices[:W])
+    inbox = iris_jax.zeros((W * n,), dtype, sharding=NamedSharding(mesh, P(ax)), name="inbox")
+    block = 1 << max(n - 1, 0).bit_length()
+    call = jax.jit(jax.shard_map(
+        lambda box, v: iris_jax.triton_call(box, v, n, kernel=put_to_next, grid=(1,), W=W, BLOCK=block,
+                                            out_shape=jax.ShapeDtypeStruct((n,), dtype), symmetric=(0,)),
+        mesh=mesh, in_specs=(P(ax), P(ax)), out_specs=P(ax)))
+    return lambda v: call(inbox, v)
 
 
 def _ops(ax, W):
@@ -64,6 +85,7 @@ def _ops(ax, W):
                        lambda v: lax.all_to_all(v, ax, 0, 0, tiled=True)),
         "ppermute": (lambda v: iris_jax.ppermute(v, ax, ring), lambda v: lax.ppermute(v, ax, ring)),
         "ragged_all_to_all": (ragged(iris_jax.ragged_all_to_all), ragged(reference.ragged_all_to_all)),
+        "put_to_next": (None, lambda v: lax.ppermute(v, ax, ring)),  # a user kernel (_kernel_op)
     }
 
 
@@ -125,10 +147,14 @@ def _table(opts, ranks: list[int], mode: str, detect_races: bool) -> dict:
                 n = max(parse_size(size) // dtype.itemsize, W) // W * W
                 x = jax.device_put(jnp.asarray(np.random.default_rng(0).standard_normal(W * n), dtype),
                                    NamedSharding(mesh, P("i")))
-                run = jax.jit(jax.shard_map(iris_op, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
                 ref = jax.jit(jax.shard_map(lax_op, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
-                np.testing.assert_allclose(np.asarray(run(x), np.float32), np.asarray(ref(x), np.float32),
-                                           rtol=tolerance, atol=tolerance)
+                if name == "put_to_next":  # a user kernel, beside lax's ppermute of the same bytes
+                    run = _kernel_op("i", W, n, dtype)
+                    want = np.asarray(x, np.float32) + np.repeat(np.arange(W), n)
+                else:
+                    run = jax.jit(jax.shard_map(iris_op, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+                    want = np.asarray(ref(x), np.float32)
+                np.testing.assert_allclose(np.asarray(run(x), np.float32), want, rtol=tolerance, atol=tolerance)
                 iris_t, lax_t = [], []
                 for _ in range(opts.reps):
                     for fn, into in ((run, iris_t), (ref, lax_t)):

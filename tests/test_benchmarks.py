@@ -14,7 +14,7 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 BENCHMARKS = ROOT / "benchmarks"
-HELPERS = {"small.py"}  # modules of the scripts, not scripts
+HELPERS = {"small.py", "user_kernels.py"}  # modules of the scripts, not scripts
 
 # script -> its arguments besides --small (a script's first positional argument where it has one)
 ARGUMENTS = {"guard_cost.py": ["ptx"], "collectives.py": ["--ops", "psum,psum:heap"]}
