@@ -85,13 +85,11 @@ def execute(spec: KernelSpec, ins: list[int], outs: list[int]) -> None:
         raise runtime_lib.stale_program_error(f"kernel {spec.kernel_name}")
     if rt.backend.host_kernels is None:
         raise IrisError(f"kernels of the {rt.mode} model run on GPUs, not on the host (internal error)")
-    if spec.host is not None and runs_collectives_here(rt):
-        if rt.closed:  # (it touches no heap: shutdown need not wait for it, as running_call makes it wait)
-            raise runtime_lib.stale_program_error(f"kernel {spec.kernel_name}")
-        _execute_on_host(rt, spec, ins, outs)
-        return
-    with rt.running_call(f"kernel {spec.kernel_name}"):
-        _execute(rt, spec, ins, outs)
+    with rt.running_call(f"kernel {spec.kernel_name}"):  # shutdown waits for it (the call records are on the heaps)
+        if spec.host is not None and runs_collectives_here(rt):
+            _execute_on_host(rt, spec, ins, outs)
+        else:
+            _execute(rt, spec, ins, outs)
 
 
 def _execute_on_host(rt, spec: KernelSpec, ins: list[int], outs: list[int]) -> None:
@@ -190,10 +188,10 @@ def host_collective(kernel, constexprs: dict, dtype: np.dtype, site: tuple) -> h
     if constexprs.get("TRACING"):
         return None
     common = dict(members=constexprs["G"], what=constexprs["WHAT"], timeout_s=constexprs["TIMEOUT_NS"] / 1e9,
-                  site=call_table.digest(tuple(site)) if site else 0, accumulator=np.dtype(dtype))
+                  site=call_table.digest(tuple(site)) if site else 0)
     if kernel is ragged.ragged_kernel:
         return host_collectives.Collective(kind=kinds.RAGGED_ALL_TO_ALL, op=0, variant=0, in_blocks=1, out_blocks=1,
-                                           sources=(), slices=constexprs["SLICES"], **common)
+                                           sources=(), accumulator=dtype, slices=constexprs["SLICES"], **common)
     if kernel is not collective_kernels.collective_kernel:
         return None
     if constexprs["KIND"] == kinds.ALL_REDUCE and constexprs["VARIANT"] not in (kinds.ONE_SHOT, kinds.TWO_SHOT):
@@ -201,13 +199,16 @@ def host_collective(kernel, constexprs: dict, dtype: np.dtype, site: tuple) -> h
     return host_collectives.Collective(
         kind=constexprs["KIND"], op=constexprs["OP"], variant=constexprs["VARIANT"], in_blocks=constexprs["XB"],
         out_blocks=constexprs["OB"], sources=tuple(constexprs["SOURCES"]),
-        **dict(common, accumulator=np.dtype(kinds.accumulator(dtype.name))))
+        accumulator=np.dtype(kinds.accumulator(dtype.name)), **common)
 
 
 def runs_collectives_here(rt) -> bool:
     """Whether this runtime's collectives run on the host (every rank in this process, and
     neither the race detector nor sim_collectives="kernels" asks for the kernels)."""
     return rt.backend.host_kernels == "worker" and rt.sim_collectives == "host" and not rt.detect_races
+
+
+_RAGGED_ROW = ragged.ragged_kernel.arg_names.index("R")
 
 
 def _host_buffers(spec: KernelSpec, operands: list[int], outs: list[int]) -> tuple:
@@ -217,8 +218,8 @@ def _host_buffers(spec: KernelSpec, operands: list[int], outs: list[int]) -> tup
                 _host_array(outs[0], spec.result_nbytes[0], spec.result_dtypes[0], spec.host.out_blocks))
     x, output, *vectors = (_host_array(p, n, d, 1) for p, n, d in
                            zip(operands, spec.operand_nbytes, spec.operand_dtypes))
-    rows = dict(spec.scalars)  # N, M, R: the kernel's scalars after its five operands
-    x, output = x.reshape(-1, rows[9]), output.reshape(-1, rows[9])
+    R = dict(spec.scalars)[_RAGGED_ROW]  # the elements of a row (a scalar of the kernel's, by position)
+    x, output = x.reshape(-1, R), output.reshape(-1, R)
     out = _host_array(outs[0], spec.result_nbytes[0], spec.result_dtypes[0], output.shape[0])
     if outs[0] != operands[1]:  # (XLA may give the aliased result its own buffer)
         out[:] = output
