@@ -185,15 +185,13 @@ def host_collective(kernel, constexprs: dict, dtype: np.dtype, site: tuple) -> h
     """What a call of the collective kernel (or ragged_all_to_all's) asks for, where the host can
     run it in the kernel's place (None: another kernel, an all-reduce algorithm whose order of
     combining differs from member order, or device tracing, which records the kernel's own events)."""
-    if constexprs.get("TRACING"):
+    if kernel not in (ragged.ragged_kernel, collective_kernels.collective_kernel) or constexprs.get("TRACING"):
         return None
     common = dict(members=constexprs["G"], what=constexprs["WHAT"], timeout_s=constexprs["TIMEOUT_NS"] / 1e9,
                   site=call_table.digest(tuple(site)) if site else 0)
     if kernel is ragged.ragged_kernel:
         return host_collectives.Collective(kind=kinds.RAGGED_ALL_TO_ALL, op=0, variant=0, in_blocks=1, out_blocks=1,
                                            sources=(), accumulator=dtype, slices=constexprs["SLICES"], **common)
-    if kernel is not collective_kernels.collective_kernel:
-        return None
     if constexprs["KIND"] == kinds.ALL_REDUCE and constexprs["VARIANT"] not in (kinds.ONE_SHOT, kinds.TWO_SHOT):
         return None
     return host_collectives.Collective(

@@ -64,23 +64,32 @@ def whole_call(collective) -> bool:
     return rule_of(collective.name).operands > 1
 
 
-def kernel_effects(collective) -> set:
+def kernel_effects(collective, config) -> set:
     """The effects an equation of `collective` adds to lax's: the iris kernel effect where the
     collective runs a kernel (a type cast such as pvary runs none). Programs with iris kernels
     then carry JAX's runtime tokens, so jax.effects_barrier() waits for every device's kernels
-    (a replicated result is ready when its first device's copy is). Where the simulator runs
-    the collectives on the host (cpu_execution.runs_collectives_here), none: the call is a
-    meeting of the device threads that returns when every member's output is written, as
-    lax's collectives are, and carries no token (whose dispatch costs more than the call)."""
-    if not rule_of(collective.name).has_kernel or runs_collectives_here(_runtime.runtime()):
+    (a replicated result is ready when its first device's copy is; the tracer reads the events
+    of every device's kernel after it). Where the simulator runs the call on the host (`on_host`),
+    none: the call is a meeting of the device threads that returns when every member's output is
+    written, as lax's collectives are, and carries no token (whose dispatch costs more than the call)."""
+    if not rule_of(collective.name).has_kernel or on_host(config):
         return set()
     return {iris_kernel_effect}
 
 
+def on_host(config) -> bool:
+    """Whether the simulator runs calls of `config` on the host (cpu_execution.host_collective): its
+    collectives run there (runs_collectives_here), device tracing is off (it records the kernels'
+    own events) and the all-reduce algorithm combines in member order (ring, atomic and spinlock
+    run their kernels)."""
+    rt = _runtime.runtime()
+    return (runs_collectives_here(rt) and not rt.tracing.enabled
+            and config.variant in ("auto", "one_shot", "two_shot"))
+
+
 def _abstract_eval(*avals, collective, params, config):
     """lax's shapes and effects, plus the iris kernel's (`kernel_effects`)."""
-    del config
-    outs, effects = [], kernel_effects(collective)
+    outs, effects = [], kernel_effects(collective, config)
     for call in calls(collective, avals):
         out, effect = collective.abstract_eval(*call, **dict(params))
         outs.extend(out if collective.multiple_results else [out])

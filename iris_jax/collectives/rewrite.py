@@ -178,8 +178,9 @@ class _Rewriter:
             self.decided.append(eqn.outvars[0])
             if reason is None:
                 params = dict(collective=eqn.primitive, params=freeze(eqn.params), config=self.config)
+                added = kernel_effects(eqn.primitive, self.config)
                 return eqn.replace(primitive=iris_collective_p, params=params,
-                                   effects=with_kernel_effects(eqn.effects, [kernel_effects(eqn.primitive)]))
+                                   effects=with_kernel_effects(eqn.effects, [added]))
             if self.strict and refusal is UnsupportedCollectiveError:
                 raise UnsupportedCollectiveError(
                     f"iris_jax.{rule.name}: unsupported {reason}; use jax.lax.{rule.name} "
