@@ -63,7 +63,6 @@ class _Meeting:
         self.ready = False  # the last member to arrive wrote every member's output (or found a mismatch)
         self.error: BaseException | None = None  # ... or failed doing so
         self.waiters: list[threading.Lock] = []  # one per member waiting, released when it may go on
-        self.combined: np.ndarray | None = None  # an all-reduce's output, combined once
 
 
 @dataclass(frozen=True)
@@ -172,42 +171,46 @@ class Rendezvous:
                     waiter.release()
 
 
-def _combined(call: Collective, contributions: list[np.ndarray]) -> np.ndarray:
-    """The contributions combined in member order in the accumulator type (tiles.combined)."""
-    result = contributions[0].astype(call.accumulator)
-    combine = _COMBINE[call.op]
+_PASS_BYTES = 256 << 10  # the accumulator's bytes per pass: it stays in cache while every member's part is added
+
+
+def _combine_into(call: Collective, contributions: list[np.ndarray], outs: list[np.ndarray]) -> None:
+    """The contributions combined in member order in the accumulator type, rounded once to the
+    output's (tiles.combined), into each of `outs`; column range by column range (the same values:
+    every element is combined alone), which keeps the accumulator in cache."""
+    combine, step = _COMBINE[call.op], max(1, _PASS_BYTES // call.accumulator.itemsize)
     with np.errstate(all="ignore"):  # inf - inf and integer wrap-around are values here, as on a GPU
-        for value in contributions[1:]:
-            combine(result, value.astype(call.accumulator, copy=False), out=result)
-    return result
+        for c in range(0, contributions[0].shape[-1], step):
+            acc = contributions[0][..., c:c + step].astype(call.accumulator)
+            for value in contributions[1:]:
+                combine(acc, value[..., c:c + step].astype(call.accumulator, copy=False), out=acc)
+            for out in outs:
+                out[..., c:c + step] = acc
 
 
 def _run(call: Collective, meeting: _Meeting) -> None:
-    """What the last member to arrive does: an all-reduce's combination (once, for every member),
-    then every member's output. (Members writing their own outputs side by side, then waiting for
-    each other, was no faster on two cores: RESULTS.md.)"""
-    if call.kind == kinds.ALL_REDUCE:
-        meeting.combined = _combined(call, [b[0][0] for b in meeting.buffers])
-    for me in range(len(meeting.buffers)):
-        _output(call, meeting, me)
-
-
-def _output(call: Collective, meeting: _Meeting, me: int) -> None:
-    """Member `me`'s output from every member's input (the table in iris_core.collectives.kinds),
-    rounded once to the output's type where the members' contributions are combined."""
+    """What the last member to arrive does: every member's output from every member's input (the
+    table in iris_core.collectives.kinds), an all-reduce's combined once for every member. (Members
+    writing their own outputs side by side, then waiting for each other, was no faster on two
+    cores: RESULTS.md.)"""
     if call.kind == kinds.RAGGED_ALL_TO_ALL:
-        return _ragged(call, meeting.buffers, me)
-    inputs, out = [b[0] for b in meeting.buffers], meeting.buffers[me][-1]
+        for me in range(len(meeting.buffers)):
+            _ragged(call, meeting.buffers, me)
+        return
+    inputs, outputs = [b[0] for b in meeting.buffers], [b[-1] for b in meeting.buffers]
     if call.kind == kinds.ALL_REDUCE:
-        out[0] = meeting.combined
+        _combine_into(call, [x[0] for x in inputs], [out[0] for out in outputs])
     elif call.kind == kinds.REDUCE_SCATTER:
-        out[0] = _combined(call, [x[me] for x in inputs])
+        for me, out in enumerate(outputs):
+            _combine_into(call, [x[me] for x in inputs], [out[0]])
     elif kinds.gathers(call.kind):
-        for i, x in enumerate(inputs):
-            out[i] = x[me if call.in_blocks > 1 else 0]
+        for me, out in enumerate(outputs):
+            for i, x in enumerate(inputs):
+                out[i] = x[me if call.in_blocks > 1 else 0]
     else:  # from one source: PPERMUTE, BROADCAST
-        source = call.sources[me]
-        out[0] = inputs[source][0] if source >= 0 else 0
+        for me, out in enumerate(outputs):
+            source = call.sources[me]
+            out[0] = inputs[source][0] if source >= 0 else 0
 
 
 def _ragged(call: Collective, buffers: list[tuple], me: int) -> None:
