@@ -155,12 +155,7 @@ def register() -> None:
     regions = {loops.while_p: lambda p: (p["cond_jaxpr"], p["body_jaxpr"]),
                conditionals.cond_p: lambda p: p["branches"]}
     for prim, param in calls.items():
-        original = _original(prim, platform)
-        if getattr(original, "_iris_program_order", False):
-            continue
-        rule = _call_rule(original, param)
-        rule._iris_program_order = True
-        mlir.register_lowering(prim, rule, platform=platform, cacheable=False)
+        _wrap(prim, platform, lambda original, param=param: _call_rule(original, param))
     # JAX lowers an equation of a cacheable primitive into a function of its own, then copies
     # its body into the caller: the kernel calls inside would be chained in that function, not
     # to the caller's. Primitives that hold jaxprs are lowered in place instead (the same IR).
@@ -173,14 +168,14 @@ def register() -> None:
             if prim is not None:
                 jax_mlir._uncacheable_primitives.add(prim)
     for prim, jaxprs_of in regions.items():
-        original = _original(prim, platform)
-        if getattr(original, "_iris_program_order", False):
-            continue
-        rule = _region_rule(original, jaxprs_of)
-        rule._iris_program_order = True
-        mlir.register_lowering(prim, rule, platform=platform, cacheable=False)
+        _wrap(prim, platform, lambda original, jaxprs_of=jaxprs_of: _region_rule(original, jaxprs_of))
 
 
-def _original(prim, platform):
+def _wrap(prim, platform, make_rule) -> None:
+    """Registers make_rule(JAX's own rule) as `prim`'s lowering on `platform`, once."""
     entry = jax_mlir._platform_specific_lowerings[platform].get(prim) or jax_mlir._lowerings[prim]
-    return entry.rule
+    if getattr(entry.rule, "_iris_program_order", False):
+        return
+    rule = make_rule(entry.rule)
+    rule._iris_program_order = True
+    mlir.register_lowering(prim, rule, platform=platform, cacheable=False)
