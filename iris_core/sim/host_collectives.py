@@ -32,6 +32,9 @@ from iris_core.collectives import kinds
 from iris_core.errors import IrisError, PeerFailedError, PeerTimeoutError, RankMismatchError
 
 _COMBINE = {kinds.SUM: np.add, kinds.MAX: np.fmax, kinds.MIN: np.fmin}
+# the all-reduce algorithms run here: those that combine in member order (ring, atomic and spinlock
+# combine in another order, so their kernels run)
+ALL_REDUCE_VARIANTS = (kinds.ONE_SHOT, kinds.TWO_SHOT)
 
 
 @dataclass(frozen=True)
@@ -48,7 +51,6 @@ class Collective:
     accumulator: np.dtype
     what: str
     timeout_s: float
-    site: int = 0  # where the program made the call, as a digest (0: unknown)
     slices: int = 0  # RAGGED_ALL_TO_ALL: the slices each member sends each member
 
 

@@ -100,7 +100,8 @@ def _execute_on_host(rt, spec: KernelSpec, ins: list[int], outs: list[int]) -> N
     rendezvous = rt.service("host_collectives", lambda _: host_collectives.Rendezvous())
     try:
         sites_differ = rendezvous.run(spec.host, group.key, group.members, group.index, spec.signature,
-                                      spec.host.site, _host_buffers(spec, ins[2:len(ins) - spec.ordered_after], outs),
+                                      call.site if call else 0,  # (the call record's digest of the site)
+                                      _host_buffers(spec, ins[2:len(ins) - spec.ordered_after], outs),
                                       workspace=group.workspace)
     except (PeerTimeoutError, RankMismatchError) as e:
         named = _named(rt, call, group.members, e)
@@ -181,18 +182,17 @@ def _group(rt, address: int, nbytes: int) -> _Group:
     return group
 
 
-def host_collective(kernel, constexprs: dict, dtype: np.dtype, site: tuple) -> host_collectives.Collective | None:
+def host_collective(kernel, constexprs: dict, dtype: np.dtype) -> host_collectives.Collective | None:
     """What a call of the collective kernel (or ragged_all_to_all's) asks for, where the host can
     run it in the kernel's place (None: another kernel, an all-reduce algorithm whose order of
     combining differs from member order, or device tracing, which records the kernel's own events)."""
     if kernel not in (ragged.ragged_kernel, collective_kernels.collective_kernel) or constexprs.get("TRACING"):
         return None
-    common = dict(members=constexprs["G"], what=constexprs["WHAT"], timeout_s=constexprs["TIMEOUT_NS"] / 1e9,
-                  site=call_table.digest(tuple(site)) if site else 0)
+    common = dict(members=constexprs["G"], what=constexprs["WHAT"], timeout_s=constexprs["TIMEOUT_NS"] / 1e9)
     if kernel is ragged.ragged_kernel:
         return host_collectives.Collective(kind=kinds.RAGGED_ALL_TO_ALL, op=0, variant=0, in_blocks=1, out_blocks=1,
                                            sources=(), accumulator=dtype, slices=constexprs["SLICES"], **common)
-    if constexprs["KIND"] == kinds.ALL_REDUCE and constexprs["VARIANT"] not in (kinds.ONE_SHOT, kinds.TWO_SHOT):
+    if constexprs["KIND"] == kinds.ALL_REDUCE and constexprs["VARIANT"] not in host_collectives.ALL_REDUCE_VARIANTS:
         return None
     return host_collectives.Collective(
         kind=constexprs["KIND"], op=constexprs["OP"], variant=constexprs["VARIANT"], in_blocks=constexprs["XB"],

@@ -61,10 +61,9 @@ def _lower(ctx, operands, avals_in, *, pass_context, fn, scalar_args, out_shapes
         zeroed=tuple(zeroed), result_params=result_params, symmetric=tuple(symmetric), pass_context=pass_context,
         runtime=weakref.ref(runtime_lib.runtime()), debug=bool(debug))
     if group_axes:
-        site = _site(ctx)
-        spec = dataclasses.replace(spec, group_nbytes=aval_nbytes(extra_avals[1]), site=site,
+        spec = dataclasses.replace(spec, group_nbytes=aval_nbytes(extra_avals[1]), site=_site(ctx),
                                    host=cpu_execution.host_collective(launch.kernel, launch.constexprs,
-                                                                      spec.operand_dtypes[0], site),
+                                                                      spec.operand_dtypes[0]),
                                    **_signature(spec, avals_in))
     # the custom call's operands are [context row, group row?, *operands, previous result?]
     offset = len(extra) - (1 if pass_context else 0)

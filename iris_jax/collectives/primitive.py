@@ -29,6 +29,8 @@ from jax.extend.core import Primitive
 from jax.interpreters import mlir
 from jax.sharding import AxisType, PartitionSpec
 
+from iris_core.collectives.kinds import VARIANT_NAMES
+from iris_core.sim import host_collectives
 from iris_jax import _runtime, compat
 from iris_jax.calls import cpu_lowering
 from iris_jax.calls.cpu_execution import runs_collectives_here
@@ -83,8 +85,8 @@ def on_host(config) -> bool:
     own events) and the all-reduce algorithm combines in member order (ring, atomic and spinlock
     run their kernels)."""
     rt = _runtime.runtime()
-    return (runs_collectives_here(rt) and not rt.tracing.enabled
-            and config.variant in ("auto", "one_shot", "two_shot"))
+    host_variants = ("auto", *(VARIANT_NAMES[v] for v in host_collectives.ALL_REDUCE_VARIANTS))
+    return runs_collectives_here(rt) and not rt.tracing.enabled and config.variant in host_variants
 
 
 def _abstract_eval(*avals, collective, params, config):
