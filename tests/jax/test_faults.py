@@ -309,11 +309,20 @@ def test_collective_called_by_only_some_ranks(world):
     different lines, and ranks 0 and 2, which then time out in their second psum, name rank 1,
     the one call it made, and the lines where the calls parted."""
 
+    # The calls that pair wait AT_ONCE_S, so that ranks starting apart on a loaded machine still
+    # pair them; only the others' second psum, which rank 1 never makes, waits TIMEOUT_S.
     def first(v):
+        return psum(v, AT_ONCE_S)
+
+    def rank_1s_only(v):
+        return psum(v, AT_ONCE_S)
+
+    def second(v):
         return psum(v)
 
     def body(v):
-        return psum(10 * lax.cond(lax.axis_index("i") == 1, lambda u: u, first, v))
+        u = 10 * lax.cond(lax.axis_index("i") == 1, lambda u: u, first, v)
+        return lax.cond(lax.axis_index("i") == 1, rank_1s_only, second, u)
 
     x = inputs()
     program = spmd(body).lower(x).compile()
@@ -326,15 +335,16 @@ def test_collective_called_by_only_some_ranks(world):
     # both calls are made by psum() of this file; the lines that call it tell them apart
     here, helper = os.path.basename(__file__), psum.__code__.co_firstlineno + 1
     first_at = f"at {here}:{helper} < {here}:{first.__code__.co_firstlineno + 1}"
-    second_at = f"at {here}:{helper} < {here}:{body.__code__.co_firstlineno + 1}"
+    second_at = f"at {here}:{helper} < {here}:{second.__code__.co_firstlineno + 1}"
+    rank_1_at = f"at {here}:{helper} < {here}:{rank_1s_only.__code__.co_firstlineno + 1}"
     for r in (0, 2):  # (the group's calls are numbered from the world's first test on)
         made = re.search(r"rank 1 has made (\d+) call\(s\) of this group .*this rank's call (\d+) waits", errors[r])
         assert made and int(made[1]) == int(made[2]), errors[r]
         assert (f"their calls parted at call {int(made[1]) - 1}: this rank ran iris all_reduce(sum) of "
                 f"(float32[1, 64]) {first_at}") in errors[r], errors[r]
-        assert f"rank 1 ran iris all_reduce(sum) of (float32[1, 64]) {second_at}" in errors[r], errors[r]
+        assert f"rank 1 ran iris all_reduce(sum) of (float32[1, 64]) {rank_1_at}" in errors[r], errors[r]
     texts = [str(w.message) for w in warned]
-    assert any(t.startswith("rank 1: call ") and first_at in t and second_at in t for t in texts), texts
+    assert any(t.startswith("rank 1: call ") and first_at in t and rank_1_at in t for t in texts), texts
     got = np.asarray(out.addressable_shards[1].data)[0]
     xs = np.asarray(x)
     np.testing.assert_array_equal(got, xs[0] + 10 * xs[1] + xs[2])  # the others' first psum, paired
