@@ -122,9 +122,14 @@ def register_cpu_target(prefix: str, fn: Callable[[list[int], list[int]], None])
             detail = "".join(traceback.format_exception(e))
             return _error(frame.api, f"{type(e).__name__}: {e}\n{detail}")
 
+    return register_cpu_capsule(prefix, _capsule(handler))
+
+
+def register_cpu_capsule(prefix: str, capsule) -> str:
+    """Registers a handler (a capsule) as a new CPU FFI target named `prefix`_N; returns the name."""
     with _lock:
         name = f"{prefix}_{next(_counter)}"
-    jax.ffi.register_ffi_target(name, _capsule(handler), platform="cpu")
+    jax.ffi.register_ffi_target(name, capsule, platform="cpu")
     return name
 
 

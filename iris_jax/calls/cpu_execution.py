@@ -95,16 +95,16 @@ def execute(spec: KernelSpec, ins: list[int], outs: list[int]) -> None:
 def _execute_on_host(rt, spec: KernelSpec, ins: list[int], outs: list[int]) -> None:
     """A collective call run on the host (iris_core.sim.host_collectives), checked and named as a kernel's."""
     rank = ctypes.c_int64.from_address(ins[0]).value
-    group = _group(rt, ins[1], spec.group_nbytes)
+    group = group_row(rt, ins[1], spec.group_nbytes)
     call = rt.call_table and rt.call_table.begin(rank, group.key, spec.signature, spec.what, spec.site)
     rendezvous = rt.service("host_collectives", lambda _: host_collectives.Rendezvous())
     try:
         sites_differ = rendezvous.run(spec.host, group.key, group.members, group.index, spec.signature,
                                       call.site if call else 0,  # (the call record's digest of the site)
-                                      _host_buffers(spec, ins[2:len(ins) - spec.ordered_after], outs),
+                                      host_buffers(spec, ins[2:len(ins) - spec.ordered_after], outs),
                                       workspace=group.workspace)
     except (PeerTimeoutError, RankMismatchError) as e:
-        named = _named(rt, call, group.members, e)
+        named = named_fault(rt, call, group.members, e)
         if named is e:
             raise
         raise named from e
@@ -113,7 +113,7 @@ def _execute_on_host(rt, spec: KernelSpec, ins: list[int], outs: list[int]) -> N
         warnings.warn(f"rank {rank}: {divergence}", RankDivergenceWarning, stacklevel=1)
 
 
-def _named(rt, call, members, error: Exception) -> Exception:
+def named_fault(rt, call, members, error: Exception) -> Exception:
     """A timeout or mismatch with what the call records say of it: the members' calls that differ,
     or the members that made fewer calls of the group and where their calls parted."""
     problem = call and rt.call_table.mismatch(call, members)
@@ -137,7 +137,7 @@ def _execute(rt, spec: KernelSpec, ins: list[int], outs: list[int]) -> None:
                 f"operand {j} of kernel {spec.kernel_name} is declared symmetric but is not on "
                 f"rank {rank}'s heap (inside jit it was copied or computed); pass an array made by "
                 "iris_jax (zeros, to_heap, ...) straight into the jitted function. Nothing was run.")
-    group = _group(rt, group_ptr, spec.group_nbytes) if spec.group else None
+    group = group_row(rt, group_ptr, spec.group_nbytes) if spec.group else None
     call = group and rt.call_table and rt.call_table.begin(rank, group.key, spec.signature, spec.what, spec.site)
     members = group and group.members
     try:
@@ -146,7 +146,7 @@ def _execute(rt, spec: KernelSpec, ins: list[int], outs: list[int]) -> None:
         else:
             found = execute_here(spec, row_ptr, group_ptr, operand_ptrs, outs, race_detector(rt, rank))
     except PeerTimeoutError as e:  # a mismatch can also make the kernels wait for each other
-        named = _named(rt, call, members, e)
+        named = named_fault(rt, call, members, e)
         if named is e:
             raise
         raise named from e
@@ -170,7 +170,7 @@ class _Group:
     workspace: int  # the heap offset of the group's workspace
 
 
-def _group(rt, address: int, nbytes: int) -> _Group:
+def group_row(rt, address: int, nbytes: int) -> _Group:
     """The group row at `address`, read once per distinct row (a call site's rows never change)."""
     raw = ctypes.string_at(address, nbytes)
     groups = rt.service("group_rows", lambda _: {})
@@ -209,7 +209,7 @@ def runs_collectives_here(rt) -> bool:
 _RAGGED_ROW = ragged.ragged_kernel.arg_names.index("R")
 
 
-def _host_buffers(spec: KernelSpec, operands: list[int], outs: list[int]) -> tuple:
+def host_buffers(spec: KernelSpec, operands: list[int], outs: list[int]) -> tuple:
     """A host collective's buffers as host_collectives.Rendezvous.run takes them (no copy)."""
     if spec.host.kind != kinds.RAGGED_ALL_TO_ALL:
         return (_host_array(operands[0], spec.operand_nbytes[0], spec.operand_dtypes[0], spec.host.in_blocks),

@@ -26,7 +26,7 @@ from iris_core.platform import SIMULATOR
 from iris_core.sim import call_table
 from iris_jax import _runtime as runtime_lib
 from iris_jax import compat
-from iris_jax.calls import cpu_execution
+from iris_jax.calls import cpu_execution, host_meeting
 from iris_jax.calls._ffi import register_cpu_target
 from iris_jax.calls.autotune import resolve_call
 from iris_jax.calls.cpu_execution import KernelSpec
@@ -71,11 +71,16 @@ def _lower(ctx, operands, avals_in, *, pass_context, fn, scalar_args, out_shapes
     previous = _previous_call(ctx)
     if previous is not None:
         spec = dataclasses.replace(spec, ordered_after=1)
-    name = register_cpu_target("iris_cpu_kernel", lambda ins, outs: cpu_execution.execute(spec, ins, outs))
+    meeting = host_meeting.site(spec.runtime(), spec)
+    if meeting is not None:  # a host collective: its members meet in C
+        name, attributes = meeting[0], {"site": meeting[1]}
+    else:
+        name = register_cpu_target("iris_cpu_kernel", lambda ins, outs: cpu_execution.execute(spec, ins, outs))
+        attributes = {}
     tail, tail_avals = ([previous[0]], [previous[1]]) if previous is not None else ([], [])
     call_ctx = ctx.replace(avals_in=[*extra_avals, *avals_in, *tail_avals])
     results = jax.ffi.ffi_lowering(name, operand_output_aliases=aliases, has_side_effect=True)(
-        call_ctx, *extra, *operands, *tail)
+        call_ctx, *extra, *operands, *tail, **attributes)
     if results:
         _remember_call(ctx, results[0], ctx.avals_out[0])
     return results

@@ -4,28 +4,13 @@
  * Python thread that dispatches programs usually holds the GIL: a handler that needed the GIL
  * would wait for it at every call. This one touches Python only to word an error.
  *
- * The XLA FFI structures below are the prefixes of xla/ffi/api/c_api.h that the gate reads.
+ * The XLA FFI structures are in xla_ffi.h.
  * The fault page's layout comes from iris_core.faults (-D flags at build time).
  */
 #include <dlfcn.h>
-#include <stddef.h>
-#include <stdint.h>
 
-typedef struct Extension { size_t struct_size; int type; struct Extension *next; } Extension;
-typedef struct { size_t struct_size; void *extension_start; int major; int minor; } ApiVersion;
-typedef struct { size_t struct_size; ApiVersion api_version; uint32_t traits; int64_t state_type_id; } Metadata;
-typedef struct { Extension base; Metadata *metadata; } MetadataExtension;
-typedef struct { size_t struct_size; void *extension_start; ApiVersion api_version; void *internal_api;
-                 void *functions[]; } Api;
-typedef struct { size_t struct_size; Extension *extension_start; const Api *api; void *ctx; int stage; } CallFrame;
-typedef struct { size_t struct_size; void *extension_start; const char *message; int errc; } ErrorCreateArgs;
-typedef struct { size_t struct_size; void *extension_start; void *ctx; void *value; } QueryArgs;
-typedef void *(*ErrorCreate)(ErrorCreateArgs *);
-typedef void *(*Query)(QueryArgs *);
+#include "xla_ffi.h"
 
-enum { METADATA_EXTENSION = 1, PREPARE = 1, EXECUTE = 3, UNKNOWN_ERROR = 2 };
-enum { NO_TRAITS = 0, COMMAND_BUFFER_COMPATIBLE = 1 };  /* XLA_FFI_Handler_TraitsBits */
-enum { ERROR_CREATE = 0, STREAM_GET = 4, RUN_ID_GET = 16 };  /* positions in Api.functions */
 enum { OFF = 0, STEP = 1, CALL = 2 };
 #define MAX_DEVICES 64
 
@@ -72,16 +57,6 @@ void iris_gate_set_device(int device, int64_t *page, uint64_t status_word) {
     pages[device] = page;
 }
 
-static int answered_metadata(CallFrame *frame, uint32_t traits) {
-    Extension *ext = frame->extension_start;
-    if (!ext || ext->type != METADATA_EXTENSION) return 0;
-    Metadata *metadata = ((MetadataExtension *)ext)->metadata;
-    metadata->api_version.major = 0;
-    metadata->api_version.minor = 1;
-    metadata->traits = traits;
-    return 1;
-}
-
 static int query(CallFrame *frame, int function, void **value) {
     size_t offset = offsetof(Api, functions) + sizeof(void *) * (function + 1);
     if (frame->api->struct_size < offset) return 0;
@@ -89,11 +64,6 @@ static int query(CallFrame *frame, int function, void **value) {
     if (((Query)frame->api->functions[function])(&args)) return 0;
     *value = args.value;
     return 1;
-}
-
-static void *error(CallFrame *frame, const char *message) {
-    ErrorCreateArgs args = {sizeof(ErrorCreateArgs), NULL, message, UNKNOWN_ERROR};
-    return ((ErrorCreate)frame->api->functions[ERROR_CREATE])(&args);
 }
 
 static int recorded_a_fault(const int64_t *page) {
@@ -152,7 +122,7 @@ static void *gate(CallFrame *frame, int anchor) {
     message[0] = 0;
     formatter(device, message, sizeof(message));
     report_refusal_once(device, stream);
-    return error(frame, message);
+    return ffi_error(frame, message);
 }
 
 void *iris_fault_gate(CallFrame *frame) { return gate(frame, 1); }

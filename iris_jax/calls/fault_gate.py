@@ -44,14 +44,8 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
-import os
-import shutil
-import subprocess
 import sys
-import tempfile
 import threading
-import warnings
 
 import jax
 from jax._src import core
@@ -61,7 +55,7 @@ from jax._src.lib.mlir.dialects import hlo
 from iris_core import faults
 from iris_core.platform import GPU
 from iris_jax import _runtime as runtime_lib
-from iris_jax.calls import _ffi, kernel_cache
+from iris_jax.calls import _ffi, c_build
 
 TARGET = "iris_fault_gate"  # an anchor: lowered where it runs once per execution
 NESTED_TARGET = "iris_fault_gate_nested"  # inside control flow
@@ -70,35 +64,16 @@ _MODE_CODES = {"off": 0, "step": 1, "call": 2}  # fault_gate.c's
 # JAX's lowering rules of regions that may run zero or many times per execution (cond, switch,
 # while, scan, fori_loop, map): a gate lowered beneath one of them is nested.
 _CONTROL_FLOW_MODULES = ("/lax/control_flow/",)
-_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fault_gate.c")
 
 
 @functools.cache
 def _library() -> ctypes.CDLL | None:
-    """fault_gate.c, built on first use into the kernel cache's directory (or a temporary one);
-    None where no C compiler is found or the build fails."""
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        warnings.warn("no C compiler (cc, gcc or $CC) for the fault gate's host step: a Python step, slower, "
-                      "takes its place", stacklevel=3)
+    """fault_gate.c (built by c_build); None where it cannot be built."""
+    layout = (f"-DSTATUS_COPY={faults.STATUS_COPY}", f"-DSLOTS_AT={faults.SLOTS_AT}", f"-DSLOT={faults.SLOT}",
+              f"-DSLOTS={faults.SLOTS}")
+    lib = c_build.build("fault_gate", flags=layout, what="the fault gate's host step")
+    if lib is None:
         return None
-    layout = [f"-DSTATUS_COPY={faults.STATUS_COPY}", f"-DSLOTS_AT={faults.SLOTS_AT}", f"-DSLOT={faults.SLOT}",
-              f"-DSLOTS={faults.SLOTS}"]
-    with open(_SOURCE, "rb") as f:
-        key = hashlib.sha256(f.read() + " ".join(layout).encode()).hexdigest()[:16]
-    directory = kernel_cache.cache_dir() or tempfile.gettempdir()
-    path = os.path.join(directory, f"iris_fault_gate_{key}.so")
-    if not os.path.exists(path):
-        os.makedirs(directory, exist_ok=True)
-        partial = f"{path}.{os.getpid()}"
-        build = subprocess.run([compiler, "-O2", "-shared", "-fPIC", *layout, _SOURCE, "-o", partial, "-ldl"],
-                               capture_output=True, text=True)
-        if build.returncode != 0:
-            warnings.warn(f"the fault gate's C step did not build ({compiler}: {build.stderr.strip()[:500]}); "
-                          "a Python step, slower, takes its place", stacklevel=3)
-            return None
-        os.replace(partial, path)
-    lib = ctypes.CDLL(path)
     lib.iris_gate_start.argtypes = [_FORMATTER]
     lib.iris_gate_set_device.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64]
     if lib.iris_gate_start(_format_for_c):

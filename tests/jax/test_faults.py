@@ -44,6 +44,7 @@ import iris_jax
 from iris_core.errors import HeapExhaustedError, PeerTimeoutError, RankDivergenceWarning
 from iris_core.heap.rendezvous import FileStore, store_barrier
 from iris_core.heap.shared_memory import SHM_DIR
+from iris_jax.calls import host_meeting
 from tests.jax import fault_kernels
 from tests.jax.helpers import REPO, child_env, read_heap, use_runtime
 
@@ -60,14 +61,17 @@ def record(case: str, mode: str, error: str, seconds: float) -> None:
 
 
 # -- workers mode: one process, W CPU devices ----------------------------------------------------
-@pytest.fixture(params=["host", "kernels"])
-def world(request):
+@pytest.fixture(params=["host", "kernels", "host, Python meeting"])
+def world(request, monkeypatch):
     """A fresh runtime over the first W devices whose workers ran a collective (warm: a rank's
     first kernel can take longer than TIMEOUT_S); shut down afterwards, as a fault leaves
     the group's flags poisoned. Each test runs with the collectives on the host and as kernels
-    (init(sim_collectives=...)): the faults are named the same either way."""
+    (init(sim_collectives=...)), and on the host with the Python meeting that runs where no C
+    compiler is found (host_meeting.enabled): the faults are named the same every way."""
+    if request.param.endswith("Python meeting"):
+        monkeypatch.setattr(host_meeting, "enabled", False)
     iris_jax.shutdown()
-    rt = use_runtime(W, sim_collectives=request.param)
+    rt = use_runtime(W, sim_collectives=request.param.split(",")[0])
     check_psum_works()
     yield rt
     iris_jax.shutdown()
@@ -335,7 +339,6 @@ def test_collective_called_by_only_some_ranks(world):
     # both calls are made by psum() of this file; the lines that call it tell them apart
     here, helper = os.path.basename(__file__), psum.__code__.co_firstlineno + 1
     first_at = f"at {here}:{helper} < {here}:{first.__code__.co_firstlineno + 1}"
-    second_at = f"at {here}:{helper} < {here}:{second.__code__.co_firstlineno + 1}"
     rank_1_at = f"at {here}:{helper} < {here}:{rank_1s_only.__code__.co_firstlineno + 1}"
     for r in (0, 2):  # (the group's calls are numbered from the world's first test on)
         made = re.search(r"rank 1 has made (\d+) call\(s\) of this group .*this rank's call (\d+) waits", errors[r])

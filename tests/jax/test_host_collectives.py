@@ -18,6 +18,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import iris_jax
+from iris_jax.calls import host_meeting
 from tests.jax.helpers import use_runtime
 
 DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16, jnp.int32, jnp.uint8, jnp.int16)
@@ -66,6 +67,8 @@ CASES = {  # name: (mesh shape, mesh axes, the collectives' axes, axis_index_gro
 
 def _results(mode: str, case: str) -> dict:
     shape, names, axes, groups, variant = CASES[case]
+    host_meeting.enabled = mode != "host, Python meeting"  # (lowering reads it: every program is made here)
+    mode = mode.split(",")[0]
     use_runtime(8, HEAP, sim_collectives=mode)
     mesh = jax.make_mesh(shape, names, devices=jax.devices()[:int(np.prod(shape))])
     config = iris_jax.CollectiveConfig(variant=variant)
@@ -83,8 +86,14 @@ def _results(mode: str, case: str) -> dict:
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_host_collectives_equal_the_kernels_bit_for_bit(case):
-    host, kernels = _results("host", case), _results("kernels", case)
-    assert host.keys() == kernels.keys()
-    differ = [key for key in host if not np.array_equal(host[key], kernels[key])]
-    assert not differ, f"{case}: host and kernels differ in {differ}"
+def test_host_collectives_equal_the_kernels_bit_for_bit(case, monkeypatch):
+    """Met in C (the default) and in Python (where no C compiler is found), against the kernels."""
+    monkeypatch.setattr(host_meeting, "enabled", True)
+    kernels = _results("kernels", case)
+    for mode in ("host", "host, Python meeting"):
+        sites = len(host_meeting._sites)
+        host = _results(mode, case)
+        assert (len(host_meeting._sites) > sites) == (mode == "host"), f"{mode}: the C meeting ran or did not"
+        assert host.keys() == kernels.keys()
+        differ = [key for key in host if not np.array_equal(host[key], kernels[key])]
+        assert not differ, f"{case}: {mode} and kernels differ in {differ}"
