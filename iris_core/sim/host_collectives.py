@@ -128,7 +128,7 @@ class Rendezvous:
         if last:
             try:
                 if len(set(meeting.signatures)) == 1:
-                    _run(call, meeting)
+                    execute(call, meeting.buffers)
             except BaseException as e:  # no member may return as if its output were written
                 meeting.error = e
                 raise
@@ -154,8 +154,7 @@ class Rendezvous:
         if other is not None:
             with self._lock:
                 self._fail(group, _Failure(rank, members[other]))
-            raise RankMismatchError(f"iris {call.what}: rank {members[other]} made a different call than "
-                                    f"rank {rank} (call {number} of the group of ranks {members})")
+            raise mismatch(call, rank, members[other], number, members)
         return bool(site) and any(s and s != site for s in meeting.sites)
 
     def _raise_if_failed(self, call: Collective, group: int, rank: int, where: dict) -> None:
@@ -190,16 +189,22 @@ def _combine_into(call: Collective, contributions: list[np.ndarray], outs: list[
                 out[..., c:c + step] = acc
 
 
-def _run(call: Collective, meeting: _Meeting) -> None:
-    """What the last member to arrive does: every member's output from every member's input (the
-    table in iris_core.collectives.kinds), an all-reduce's combined once for every member. (Members
-    writing their own outputs side by side, then waiting for each other, was no faster on two
-    cores: RESULTS.md.)"""
+def mismatch(call: Collective, rank: int, other: int, number: int, members: list[int]) -> RankMismatchError:
+    """The error of `rank`, whose call `number` of the group differs from rank `other`'s."""
+    return RankMismatchError(f"iris {call.what}: rank {other} made a different call than rank {rank} (call "
+                             f"{number} of the group of ranks {members})")
+
+
+def execute(call: Collective, buffers: list[tuple]) -> None:
+    """What the last member to arrive does: every member's output from every member's input (each
+    member's buffers as Rendezvous.run takes them; the table in iris_core.collectives.kinds), an
+    all-reduce's combined once for every member. (Members writing their own outputs side by side,
+    then waiting for each other, was no faster on two cores: RESULTS.md.)"""
     if call.kind == kinds.RAGGED_ALL_TO_ALL:
-        for me in range(len(meeting.buffers)):
-            _ragged(call, meeting.buffers, me)
+        for me in range(len(buffers)):
+            _ragged(call, buffers, me)
         return
-    inputs, outputs = [b[0] for b in meeting.buffers], [b[-1] for b in meeting.buffers]
+    inputs, outputs = [b[0] for b in buffers], [b[-1] for b in buffers]
     if call.kind == kinds.ALL_REDUCE:
         _combine_into(call, [x[0] for x in inputs], [out[0] for out in outputs])
     elif call.kind == kinds.REDUCE_SCATTER:
