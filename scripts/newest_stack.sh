@@ -19,13 +19,16 @@ mirror() {  # the Debian mirror this machine's apt uses
 }
 if [ ! -x "$DIR/usr/bin/python3.13" ]; then
     command -v debootstrap >/dev/null || { apt-get update -qq && apt-get install -y -qq debootstrap >/dev/null; }
-    debootstrap --variant=minbase --include=python3,python3-venv,python3-pip,ca-certificates \
+    debootstrap --variant=minbase --include=python3,python3-venv,python3-pip,ca-certificates,gcc,libc6-dev \
         trixie "$DIR" "$(mirror || true)" >/dev/null
 fi
 # pip inside trusts the host's CA bundle (the chroot's own was refused here); the host's names
 # resolve inside (jax.distributed's gloo transport looks up this machine's hostname)
 cp /etc/ssl/certs/ca-certificates.crt "$DIR/etc/host-ca.crt"
 cp /etc/hosts /etc/resolv.conf "$DIR/etc/"
+# a C compiler, as users' machines have one: iris builds its C host steps with it (iris_jax/calls/c_build.py)
+[ -x "$DIR/usr/bin/cc" ] || chroot "$DIR" env PATH=/usr/bin:/bin DEBIAN_FRONTEND=noninteractive \
+    bash -c 'apt-get update -qq && apt-get install -y -qq gcc libc6-dev >/dev/null'
 mkdir -p "$DIR/iris" "$DIR/jax-tests"
 JAX_TESTS=${IRIS_JAX_SHARED:-$(cd "$ROOT/.." && pwd)/shared/jax-tests}
 cleanup() {

@@ -29,13 +29,13 @@ import ctypes
 import functools
 import hashlib
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 BUCKETS = 128
 RING = 8
 RECORD_BYTES = 256
-_TEXT_BYTES = RECORD_BYTES - 32  # after key, call + 1, signature and site (int64 each)
+TEXT_BYTES = RECORD_BYTES - 32  # after key, call + 1, signature and site (int64 each)
 NBYTES = BUCKETS * RING * RECORD_BYTES
 
 
@@ -68,24 +68,40 @@ class CallTable:
     def __init__(self, heap, offset: int):
         self.heap, self.offset = heap, offset
         self._counts: dict[tuple[int, int], int] = {}
+        self._next = None  # (rank, key) -> the call's number, where another writer numbers calls too
         self._lock = threading.Lock()
+
+    def count_with(self, next_number: Callable[[int, int], int], seed: Callable[[int, int, int], None]) -> None:
+        """Numbers calls with `next_number(rank, key)` from now on, for a writer of records beside
+        this table (iris_jax's C meeting), after `seed(rank, key, count)` hands it the counts so far."""
+        with self._lock:
+            for (rank, key), count in self._counts.items():
+                seed(rank, key, count)
+            self._next = next_number
+
+    def records_at(self, rank: int) -> int:
+        """The address of rank's table (in this process)."""
+        return self.heap.heap_bases[rank] + self.offset
 
     def _record(self, rank: int, key: int, number: int) -> int:
         slot = (key % BUCKETS) * RING + number % RING
-        return self.heap.heap_bases[rank] + self.offset + slot * RECORD_BYTES
+        return self.records_at(rank) + slot * RECORD_BYTES
 
     def begin(self, rank: int, key: int, signature: int, text: str, site: Sequence[str] = ()) -> Call:
         """Numbers rank's next call of group `key` and publishes its record; `site` is where
         the program made it, its frames innermost first ("file.py:12"; empty: unknown)."""
         with self._lock:
-            number = self._counts.get((rank, key), 0)
-            self._counts[rank, key] = number + 1
-        text, site_digest, encoded = self._text(text, tuple(site))
+            if self._next is not None:
+                number = self._next(rank, key)
+            else:
+                number = self._counts.get((rank, key), 0)
+                self._counts[rank, key] = number + 1
+        text, site_digest, encoded = self.record_text(text, tuple(site))
         call = Call(rank, key, number, signature, text, site_digest)
         address = self._record(rank, key, number)
         ctypes.c_int64.from_address(address + 8).value = 0  # (being rewritten)
         # (a c_char array, not ctypes.memmove: a foreign call gives up the GIL, and every rank's thread wants it)
-        (ctypes.c_char * _TEXT_BYTES).from_address(address + 32).raw = encoded
+        (ctypes.c_char * TEXT_BYTES).from_address(address + 32).raw = encoded
         ctypes.c_int64.from_address(address + 16).value = signature
         ctypes.c_int64.from_address(address + 24).value = call.site
         ctypes.c_int64.from_address(address).value = key
@@ -93,11 +109,11 @@ class CallTable:
         return call
 
     @functools.lru_cache(maxsize=1024)  # noqa: B019 (the table lives as long as its runtime)
-    def _text(self, text: str, site: tuple) -> tuple[str, int, bytes]:
+    def record_text(self, text: str, site: tuple) -> tuple[str, int, bytes]:
         """A call's text with its site, the site's digest and the text as a record holds it."""
         if site:
             text = f"{text} at {' < '.join(site[:3])}{' < ...' if len(site) > 3 else ''}"
-        return text, digest(site) if site else 0, text.encode()[:_TEXT_BYTES].ljust(_TEXT_BYTES, b"\0")
+        return text, digest(site) if site else 0, text.encode()[:TEXT_BYTES].ljust(TEXT_BYTES, b"\0")
 
     def _read(self, rank: int, key: int, number: int) -> _Record | None:
         """Rank's record of call `number` of group `key`, if it is (still) there."""
@@ -105,7 +121,7 @@ class CallTable:
         if (ctypes.c_int64.from_address(address).value != key
                 or ctypes.c_int64.from_address(address + 8).value != number + 1):
             return None  # not written yet, or overwritten
-        text = ctypes.string_at(address + 32, _TEXT_BYTES).rstrip(b"\0").decode(errors="replace")
+        text = ctypes.string_at(address + 32, TEXT_BYTES).rstrip(b"\0").decode(errors="replace")
         return _Record(number, ctypes.c_int64.from_address(address + 16).value,
                        ctypes.c_int64.from_address(address + 24).value, text)
 

@@ -1,9 +1,12 @@
 /* Where the simulator's collective calls meet, in C (iris_jax/calls/host_meeting.py says what and why).
  *
  * XLA calls the handler on each CPU device's own thread. A member that is not the last to arrive
- * records its buffers and waits here without the GIL; the last one calls into Python once to do
- * the whole call (host_collectives, on every member's buffers) and wakes the others. Python is
- * also called to read a group row the first time a (site, rank) sees it and to word an error.
+ * records its buffers and waits here without the GIL; the last one does the whole call for every
+ * member and wakes the others: here, for the calls a site's plan covers (copies, and sums in the
+ * types below, as iris_core.sim.host_collectives combines them: member order, in the accumulator,
+ * rounded once), with the members' call records written as iris_core.sim.call_table writes them;
+ * otherwise in Python, entered once. Python is also called to read a group row the first time a
+ * (site, rank) sees it and to word an error.
  *
  * Calls pair by their number in the group's sequence (per member), a member that does not arrive
  * within the site's timeout fails the group, and a failed group fails every later call at once,
@@ -21,8 +24,29 @@
 enum { PENDING = 0, DONE = 1, TIMED_OUT = 2, CLOSED = 3, FAILED = 4, UNRESOLVED = 5, ERROR = 6 };
 enum { MESSAGE_BYTES = 16384 };
 
+/* the kinds, ops and types of a site's plan (iris_core.collectives.kinds; host_meeting.py's) */
+enum { ALL_REDUCE = 0, ALL_GATHER = 1, REDUCE_SCATTER = 2, ALL_TO_ALL = 3, PPERMUTE = 4, BROADCAST = 5 };
+enum { SUM = 0, MAX = 1, MIN = 2 };
+enum { NO_PLAN = 0, F32 = 1, BF16 = 2, I32 = 3, BYTES = 4 };
+enum { CHUNK = 2048 };  /* elements combined per pass: the accumulator stays in cache */
+
 typedef struct Place Place;
-typedef struct Row { struct Row *next; int64_t rank; unsigned char *raw; struct Group *group; int index; } Row;
+typedef struct Counter { struct Counter *next; uint64_t key; int64_t rank, count; } Counter;
+typedef struct Row {
+    struct Row *next;
+    int64_t rank;
+    unsigned char *raw;
+    struct Group *group;
+    int index;
+    char *records;      /* rank's call table (NULL: none) */
+    Counter *counter;   /* its calls of the group, as the call table numbers them */
+} Row;
+
+typedef struct Plan {   /* what the last member does here (type NO_PLAN: Python does it) */
+    int kind, op, type, in_blocks, out_blocks;
+    int64_t in_bytes, out_bytes;
+    int64_t *sources;   /* PPERMUTE / BROADCAST: each member's source member (-1: zeros) */
+} Plan;
 
 typedef struct Site {  /* one call site, registered when lowered (never freed: a program may outlive its runtime) */
     Place *place;
@@ -31,6 +55,9 @@ typedef struct Site {  /* one call site, registered when lowered (never freed: a
     int row_bytes;
     double timeout_s;
     Row *rows;         /* the group rows seen, by rank */
+    int64_t signature, site;  /* what its call records say */
+    char text[TEXT_BYTES];
+    Plan plan;
 } Site;
 
 typedef struct Group {
@@ -42,7 +69,7 @@ typedef struct Group {
     int64_t failed_rank, waited_for;
 } Group;
 
-typedef struct Member { Site *site; int64_t rank; int nargs, nrets, status; void **pointers; } Member;
+typedef struct Member { Site *site; Row *row; int64_t rank; int nargs, nrets, status; void **pointers; } Member;
 
 typedef struct Meeting {
     struct Meeting *next;
@@ -54,9 +81,10 @@ typedef struct Meeting {
     Member member[];
 } Meeting;
 
-struct Place { pthread_mutex_t lock; Group *groups; Meeting *meetings; int closed; };
+struct Place { pthread_mutex_t lock; Group *groups; Meeting *meetings; Counter *counters; int closed; };
 
-/* Python: reads a group row (writes key, index and the members' ranks to `out`; 0: done) */
+/* Python: reads a group row (writes key, index, the call table's address and the members' ranks to `out`;
+ * 0: done) */
 typedef int (*Resolver)(int64_t site, int64_t rank, const void *row, int64_t *out);
 typedef void (*Completer)(Meeting *meeting);  /* does the call, sets each member's status */
 /* words why member `rank` at `site` failed: its outcome, the peer named, the call's number, and for ERROR the
@@ -80,14 +108,55 @@ Place *iris_meet_place(void) {
     return place;
 }
 
-Site *iris_meet_site(Place *place, int64_t id, int members, int row_bytes, double timeout_s) {
+/* `plan`: kind, op, type, in_blocks, out_blocks, in_bytes, out_bytes, then `members` sources */
+Site *iris_meet_site(Place *place, int64_t id, int members, int row_bytes, double timeout_s, int64_t signature,
+                     int64_t site_digest, const char *text, const int64_t *plan) {
     Site *site = calloc(1, sizeof(Site));
     site->place = place;
     site->id = id;
     site->members = members;
     site->row_bytes = row_bytes;
     site->timeout_s = timeout_s;
+    site->signature = signature;
+    site->site = site_digest;
+    memcpy(site->text, text, TEXT_BYTES);
+    Plan *p = &site->plan;
+    p->kind = (int)plan[0];
+    p->op = (int)plan[1];
+    p->type = (int)plan[2];
+    p->in_blocks = (int)plan[3];
+    p->out_blocks = (int)plan[4];
+    p->in_bytes = plan[5];
+    p->out_bytes = plan[6];
+    p->sources = malloc(sizeof(int64_t) * members);
+    memcpy(p->sources, plan + 7, sizeof(int64_t) * members);
     return site;
+}
+
+/* The number of rank's next call of group `key` in its call table (lock held). */
+static Counter *counter_of(Place *place, uint64_t key, int64_t rank) {
+    for (Counter *c = place->counters; c; c = c->next)
+        if (c->key == key && c->rank == rank) return c;
+    Counter *c = calloc(1, sizeof(Counter));
+    c->key = key;
+    c->rank = rank;
+    c->next = place->counters;
+    place->counters = c;
+    return c;
+}
+
+/* The call table's numbering (iris_core.sim.call_table.CallTable.count_with): rank's next call of `key`. */
+int64_t iris_meet_next_record(Place *place, uint64_t key, int64_t rank) {
+    pthread_mutex_lock(&place->lock);
+    int64_t number = counter_of(place, key, rank)->count++;
+    pthread_mutex_unlock(&place->lock);
+    return number;
+}
+
+void iris_meet_seed(Place *place, uint64_t key, int64_t rank, int64_t count) {
+    pthread_mutex_lock(&place->lock);
+    counter_of(place, key, rank)->count = count;
+    pthread_mutex_unlock(&place->lock);
 }
 
 /* Member `index` of a meeting as Python reads it: [site id, rank, nargs, nrets, pointers...]. */
@@ -153,7 +222,7 @@ static Row *row_of(Site *site, int64_t rank, const unsigned char *raw) {
     Place *place = site->place;
     for (Row *r = site->rows; r; r = r->next)
         if (r->rank == rank && !memcmp(r->raw, raw, site->row_bytes)) return r;
-    int64_t *out = malloc(sizeof(int64_t) * (2 + site->members));
+    int64_t *out = malloc(sizeof(int64_t) * (3 + site->members));
     pthread_mutex_unlock(&place->lock);
     int failed = resolver(site->id, rank, raw, out);
     pthread_mutex_lock(&place->lock);
@@ -166,7 +235,7 @@ static Row *row_of(Site *site, int64_t rank, const unsigned char *raw) {
         group->members = site->members;
         group->counts = calloc(site->members, sizeof(int64_t));
         group->ranks = malloc(sizeof(int64_t) * site->members);
-        memcpy(group->ranks, out + 2, sizeof(int64_t) * site->members);
+        memcpy(group->ranks, out + 3, sizeof(int64_t) * site->members);
         group->next = place->groups;
         place->groups = group;
     }
@@ -176,6 +245,8 @@ static Row *row_of(Site *site, int64_t rank, const unsigned char *raw) {
     memcpy(r->raw, raw, site->row_bytes);
     r->group = group;
     r->index = (int)out[1];
+    r->records = (char *)(intptr_t)out[2];
+    r->counter = counter_of(place, group->key, rank);
     r->next = site->rows;
     site->rows = r;
     free(out);
@@ -213,6 +284,111 @@ static void leave(Meeting *meeting) {
     free(meeting);
 }
 
+/* -- the last member's work, where the site's plan covers it ------------------------------------------ */
+static inline float from_bf16(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline uint16_t to_bf16(float f) {  /* round to nearest even; a NaN keeps its sign only (as ml_dtypes) */
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16 & 0x8000u) | 0x7fc0u);
+    return (uint16_t)((u + 0x7fffu + (u >> 16 & 1u)) >> 16);
+}
+
+/* Elements [0, n) of the G `inputs` combined in member order, into each of the `outputs`. */
+static void combine(const Plan *p, char **inputs, int G, int64_t n, char **outputs, int outs) {
+    for (int64_t c = 0; c < n; c += CHUNK) {
+        int64_t len = n - c < CHUNK ? n - c : CHUNK;
+        if (p->type == I32) {
+            int32_t acc[CHUNK];
+            memcpy(acc, inputs[0] + 4 * c, 4 * len);
+            for (int k = 1; k < G; k++) {
+                const int32_t *x = (const int32_t *)inputs[k] + c;
+                for (int64_t i = 0; i < len; i++) {
+                    if (p->op == SUM) acc[i] = (int32_t)((uint32_t)acc[i] + (uint32_t)x[i]);  /* wraps */
+                    else if (p->op == MAX) acc[i] = x[i] > acc[i] ? x[i] : acc[i];
+                    else acc[i] = x[i] < acc[i] ? x[i] : acc[i];
+                }
+            }
+            for (int o = 0; o < outs; o++) memcpy(outputs[o] + 4 * c, acc, 4 * len);
+            continue;
+        }
+        float acc[CHUNK];  /* F32 and BF16 sums: in float32, rounded once */
+        if (p->type == F32) memcpy(acc, inputs[0] + 4 * c, 4 * len);
+        else for (int64_t i = 0; i < len; i++) acc[i] = from_bf16(((const uint16_t *)inputs[0])[c + i]);
+        for (int k = 1; k < G; k++) {
+            if (p->type == F32) {
+                const float *x = (const float *)inputs[k] + c;
+                for (int64_t i = 0; i < len; i++) acc[i] = acc[i] + x[i];
+            } else {
+                const uint16_t *x = (const uint16_t *)inputs[k] + c;
+                for (int64_t i = 0; i < len; i++) acc[i] = acc[i] + from_bf16(x[i]);
+            }
+        }
+        for (int o = 0; o < outs; o++) {
+            if (p->type == F32) memcpy(outputs[o] + 4 * c, acc, 4 * len);
+            else for (int64_t i = 0; i < len; i++) ((uint16_t *)outputs[o])[c + i] = to_bf16(acc[i]);
+        }
+    }
+}
+
+/* host_collectives.execute for the kinds a plan covers: every member's output from every member's input. */
+static void run_plan(const Plan *p, Meeting *m) {
+    int G = m->group->members;
+    char *in[G], *out[G], *parts[G];
+    for (int i = 0; i < G; i++) {
+        in[i] = m->member[i].pointers[2];  /* after the context and group rows */
+        out[i] = m->member[i].pointers[m->member[i].nargs];
+    }
+    int64_t in_block = p->in_bytes / p->in_blocks, out_block = p->out_bytes / p->out_blocks;
+    int size = p->type == BF16 ? 2 : 4;
+    if (p->kind == ALL_REDUCE) {
+        combine(p, in, G, in_block / size, out, G);
+    } else if (p->kind == REDUCE_SCATTER) {
+        for (int me = 0; me < G; me++) {
+            for (int i = 0; i < G; i++) parts[i] = in[i] + me * in_block;
+            combine(p, parts, G, in_block / size, &out[me], 1);
+        }
+    } else if (p->kind == ALL_GATHER || p->kind == ALL_TO_ALL) {
+        for (int me = 0; me < G; me++)
+            for (int i = 0; i < G; i++)
+                memcpy(out[me] + i * out_block, in[i] + (p->in_blocks > 1 ? me : 0) * in_block, out_block);
+    } else {  /* PPERMUTE, BROADCAST */
+        for (int me = 0; me < G; me++) {
+            int64_t source = p->sources[me];
+            if (source >= 0) memcpy(out[me], in[source], out_block);
+            else memset(out[me], 0, out_block);
+        }
+    }
+}
+
+/* Whether the last member can do the call here: a plan, and every member's call the same from the same site. */
+static int planned(Meeting *m) {
+    Site *first = m->member[0].site;
+    if (first->plan.type == NO_PLAN) return 0;
+    for (int i = 1; i < m->group->members; i++) {
+        Site *s = m->member[i].site;
+        if (s->signature != first->signature || s->site != first->site) return 0;
+    }
+    return 1;
+}
+
+/* Member `me`'s record of call `number` (call_table.CallTable.begin's layout and order). */
+static void write_record(Row *row, Site *site, uint64_t key, int64_t number) {
+    if (!row->records) return;
+    char *at = row->records + ((key % BUCKETS) * RING + (uint64_t)number % RING) * RECORD_BYTES;
+    __atomic_store_n((int64_t *)(at + 8), 0, __ATOMIC_RELEASE);  /* (being rewritten) */
+    memcpy(at + 32, site->text, TEXT_BYTES);
+    *(int64_t *)(at + 16) = site->signature;
+    *(int64_t *)(at + 24) = site->site;
+    __atomic_store_n((int64_t *)at, (int64_t)key, __ATOMIC_RELEASE);
+    __atomic_store_n((int64_t *)(at + 8), number + 1, __ATOMIC_RELEASE);  /* last: the record is whole */
+}
+
 static void *failure(CallFrame *frame, int status, Site *site, int64_t rank, int64_t peer, int64_t number,
                      int64_t meeting) {
     static __thread char message[MESSAGE_BYTES];  /* XLA copies it */
@@ -246,6 +422,7 @@ static void *meet(CallFrame *frame) {
     Member *me = &meeting->member[row->index];
     int nargs = (int)frame->args.size, nrets = (int)frame->rets.size;
     me->site = site;
+    me->row = row;
     me->rank = rank;
     me->nargs = nargs;
     me->nrets = nrets;
@@ -254,9 +431,15 @@ static void *meet(CallFrame *frame) {
     for (int i = 0; i < nrets; i++) me->pointers[nargs + i] = frame->rets.values[i]->data;
     if (++meeting->arrived == group->members) {
         unlink_meeting(place, meeting);
-        for (int i = 0; i < group->members; i++) meeting->member[i].status = ERROR;  /* until Python says */
+        int here = planned(meeting);
+        for (int i = 0; i < group->members; i++) {
+            Member *member = &meeting->member[i];
+            member->status = here ? DONE : ERROR;  /* (Python sets each member's outcome) */
+            if (here) write_record(member->row, member->site, group->key, member->row->counter->count++);
+        }
         pthread_mutex_unlock(&place->lock);
-        completer(meeting);  /* (Python, under the GIL: the whole call, every member's status set) */
+        if (here) run_plan(&site->plan, meeting);
+        else completer(meeting);  /* (Python, under the GIL: the whole call, every member's outcome set) */
         pthread_mutex_lock(&place->lock);
         meeting->state = DONE;
         pthread_cond_broadcast(&meeting->wake);

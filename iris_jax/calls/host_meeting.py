@@ -5,12 +5,16 @@ Python FFI handler on every device's thread would take the GIL, record the call,
 meeting, wait and take the GIL again to return: eight devices pay that eight times per call,
 while XLA's own collectives meet in C. A training step of small collectives is mostly that.
 
-So the call site lowers to host_meeting.c's handler instead, with the site's number as an
+So the call site lowers to host_meeting.c's handler instead, with its C site (an address) as an
 attribute. A member that is not the last to arrive leaves its buffer pointers there and waits
-without the GIL; the last one enters Python once (`_complete`) and does the whole call for every
-member, as Rendezvous.run's last member does: their call records, the signatures compared, the
-combine (host_collectives.execute), the sites compared. Python is also entered the first time a
-(site, rank) meets its group row, and to word an error: timeouts, mismatches, failed groups and a
+without the GIL; the last one does the whole call for every member, as Rendezvous.run's last
+member does. Where the site has a plan (`_plan`: the copies, and sums in float32, bfloat16 and
+int32, maxima and minima in int32) and the members made the same call from the same site, the C
+code writes their call records and combines (the values of host_collectives.execute, bit for bit);
+otherwise it enters Python once (`_complete`): the records, the signatures compared, the combine,
+the sites compared. The C meeting numbers the call table's records (CallTable.count_with), so
+that records written here and in Python agree. Python is also entered the first time a (site,
+rank) meets its group row, and to word an error: timeouts, mismatches, failed groups and a
 shut-down runtime are named with the Python meeting's texts. Without a C compiler (c_build), the
 Python handler and Rendezvous run these calls, with the same values and errors.
 """
@@ -26,8 +30,9 @@ import warnings
 from dataclasses import dataclass, field
 
 from iris_core import faults
+from iris_core.collectives import kinds
 from iris_core.errors import IrisError, PeerFailedError, PeerTimeoutError, RankDivergenceWarning
-from iris_core.sim import host_collectives
+from iris_core.sim import call_table, host_collectives
 from iris_jax import _runtime as runtime_lib
 from iris_jax.calls import _ffi, c_build, cpu_execution
 
@@ -58,12 +63,18 @@ enabled = True  # tests switch it off to run the Python meeting (as without a C 
 
 @functools.cache
 def _library() -> ctypes.CDLL | None:
-    lib = c_build.build("host_meeting", what="the simulator's collective meeting place")
+    layout = (f"-DBUCKETS={call_table.BUCKETS}", f"-DRING={call_table.RING}",
+              f"-DRECORD_BYTES={call_table.RECORD_BYTES}", f"-DTEXT_BYTES={call_table.TEXT_BYTES}")
+    lib = c_build.build("host_meeting", flags=layout, what="the simulator's collective meeting place")
     if lib is None:
         return None
     lib.iris_meet_place.restype = ctypes.c_void_p
     lib.iris_meet_site.restype = ctypes.c_void_p
-    lib.iris_meet_site.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.c_double]
+    lib.iris_meet_site.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.c_double,
+                                   ctypes.c_int64, ctypes.c_int64, ctypes.c_char_p, ctypes.POINTER(ctypes.c_int64)]
+    lib.iris_meet_next_record.restype = ctypes.c_int64
+    lib.iris_meet_next_record.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int64]
+    lib.iris_meet_seed.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int64, ctypes.c_int64]
     lib.iris_meet_member.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_int64)]
     lib.iris_meet_number.restype = ctypes.c_int64
     lib.iris_meet_number.argtypes = [ctypes.c_void_p]
@@ -75,10 +86,14 @@ def _library() -> ctypes.CDLL | None:
 
 
 class _Place:
-    """A runtime's meeting place in C (a runtime service: closed with it, which fails the calls waiting)."""
+    """A runtime's meeting place in C (a runtime service: closed with it, which fails the calls waiting).
+    It numbers the runtime's call records from now on, as it writes some of them."""
 
-    def __init__(self, lib: ctypes.CDLL):
+    def __init__(self, rt, lib: ctypes.CDLL):
         self.lib, self.address = lib, lib.iris_meet_place()
+        if rt.call_table is not None:
+            rt.call_table.count_with(lambda rank, key: lib.iris_meet_next_record(self.address, key, rank),
+                                     lambda rank, key, count: lib.iris_meet_seed(self.address, key, rank, count))
 
     def close(self) -> None:
         self.lib.iris_meet_close(self.address)
@@ -93,18 +108,44 @@ def site(rt, spec: cpu_execution.KernelSpec) -> tuple[str, int] | None:
     lib = _library()
     if lib is None:
         return None
-    place = rt.service("host_meeting", lambda _: _Place(lib))
+    place = rt.service("host_meeting", lambda _: _Place(rt, lib))
     with _lock:
         number = next(_ids)
         _sites[number] = _Site(spec)
-    address = lib.iris_meet_site(place.address, number, spec.host.members, spec.group_nbytes, spec.host.timeout_s)
+    table = rt.call_table
+    _, digest, text = table.record_text(spec.what, tuple(spec.site)) if table is not None else ("", 0, b"")
+    plan = (ctypes.c_int64 * (7 + spec.host.members))(*_plan(spec))
+    address = lib.iris_meet_site(place.address, number, spec.host.members, spec.group_nbytes, spec.host.timeout_s,
+                                 spec.signature, digest, text.ljust(call_table.TEXT_BYTES, b"\0"), plan)
     handler = _ffi.capsule_at(ctypes.cast(lib.iris_host_meeting, ctypes.c_void_p).value)
     return _ffi.register_cpu_capsule("iris_cpu_kernel", handler), address
 
 
+# the types whose sums the C code combines as host_collectives does (their accumulators: float32, int32)
+_TYPES = {"float32": 1, "bfloat16": 2, "int32": 3}
+_BYTES = 4  # copies: any type
+
+
+def _plan(spec: cpu_execution.KernelSpec) -> list[int]:
+    """host_meeting.c's plan of a site: kind, op, type (0: Python does the call), in and out blocks,
+    in and out bytes, then every member's source."""
+    call, dtype = spec.host, spec.operand_dtypes[0].name
+    if call.kind in (kinds.ALL_REDUCE, kinds.REDUCE_SCATTER):
+        # (float maxima and minima stay with numpy, whose NaN and signed-zero rules they follow)
+        kind_type = _TYPES[dtype] if dtype == "int32" or (call.op == kinds.SUM and dtype in _TYPES) else 0
+    elif kinds.gathers(call.kind) or kinds.from_one_source(call.kind):
+        kind_type = _BYTES
+    else:  # ragged_all_to_all
+        kind_type = 0
+    sources = list(call.sources) or [-1] * call.members
+    return [call.kind, call.op, kind_type, call.in_blocks, call.out_blocks, spec.operand_nbytes[0],
+            spec.result_nbytes[0], *sources]
+
+
 @_RESOLVER
 def _resolve(number: int, rank: int, row: int, out) -> int:
-    """Reads rank's group row at site `number` into `out`: the group's key, rank's place, the members."""
+    """Reads rank's group row at site `number` into `out`: the group's key, rank's place, its call
+    table's address (0: none), the members."""
     try:
         spec = _sites[number].spec
         rt = spec.runtime()
@@ -112,8 +153,9 @@ def _resolve(number: int, rank: int, row: int, out) -> int:
             return 1
         group = _sites[number].groups[rank] = cpu_execution.group_row(rt, row, spec.group_nbytes)
         out[0], out[1] = group.key, group.index
+        out[2] = rt.call_table.records_at(rank) if rt.call_table is not None else 0
         for i, member in enumerate(group.members):
-            out[2 + i] = member
+            out[3 + i] = member
         return 0
     except BaseException:  # (nothing may cross into C) the caller names the call as failed
         traceback.print_exc()
