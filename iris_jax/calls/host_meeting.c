@@ -21,7 +21,8 @@
 #include "xla_ffi.h"
 
 /* a meeting's state, a member's outcome (host_meeting.py's) */
-enum { PENDING = 0, DONE = 1, TIMED_OUT = 2, CLOSED = 3, FAILED = 4, UNRESOLVED = 5, ERROR = 6 };
+enum { PENDING = 0, DONE = 1, TIMED_OUT = 2, CLOSED = 3, FAILED = 4, UNRESOLVED = 5, ERROR = 6,
+       SHARED = 7 /* (every member doing its part of a planned call) */ };
 enum { MESSAGE_BYTES = 16384 };
 
 /* the kinds, ops and types of a site's plan (iris_core.collectives.kinds; host_meeting.py's) */
@@ -29,6 +30,9 @@ enum { ALL_REDUCE = 0, ALL_GATHER = 1, REDUCE_SCATTER = 2, ALL_TO_ALL = 3, PPERM
 enum { SUM = 0, MAX = 1, MIN = 2 };
 enum { NO_PLAN = 0, F32 = 1, BF16 = 2, I32 = 3, BYTES = 4 };
 enum { CHUNK = 2048 };  /* elements combined per pass: the accumulator stays in cache */
+/* a planned call reading or writing this many bytes per member is shared out: every member does its part
+ * (two cores copy twice as fast as one); below it, the last member does it all (no second meeting) */
+enum { SHARED_BYTES = 1 << 20 };
 
 typedef struct Place Place;
 typedef struct Counter { struct Counter *next; uint64_t key; int64_t rank, count; } Counter;
@@ -75,7 +79,7 @@ typedef struct Meeting {
     struct Meeting *next;
     Group *group;
     int64_t number;
-    int arrived, left, state, linked;
+    int arrived, left, state, linked, finished;
     int64_t missing;   /* TIMED_OUT: the rank that never came */
     pthread_cond_t wake;
     Member member[];
@@ -336,8 +340,9 @@ static void combine(const Plan *p, char **inputs, int G, int64_t n, char **outpu
     }
 }
 
-/* host_collectives.execute for the kinds a plan covers: every member's output from every member's input. */
-static void run_plan(const Plan *p, Meeting *m) {
+/* host_collectives.execute for the kinds a plan covers: every member's output from every member's input;
+ * or `share`'s part of it (-1: all): its own output, and for an all-reduce its slice of every output. */
+static void run_plan(const Plan *p, Meeting *m, int share) {
     int G = m->group->members;
     char *in[G], *out[G], *parts[G];
     for (int i = 0; i < G; i++) {
@@ -345,20 +350,26 @@ static void run_plan(const Plan *p, Meeting *m) {
         out[i] = m->member[i].pointers[m->member[i].nargs];
     }
     int64_t in_block = p->in_bytes / p->in_blocks, out_block = p->out_bytes / p->out_blocks;
-    int size = p->type == BF16 ? 2 : 4;
+    int size = p->type == BF16 ? 2 : 4, first = share < 0 ? 0 : share, last = share < 0 ? G : share + 1;
     if (p->kind == ALL_REDUCE) {
-        combine(p, in, G, in_block / size, out, G);
+        int64_t n = in_block / size, lo = share < 0 ? 0 : n * share / G, hi = share < 0 ? n : n * (share + 1) / G;
+        char *outs[G];
+        for (int i = 0; i < G; i++) {
+            parts[i] = in[i] + lo * size;
+            outs[i] = out[i] + lo * size;
+        }
+        combine(p, parts, G, hi - lo, outs, G);
     } else if (p->kind == REDUCE_SCATTER) {
-        for (int me = 0; me < G; me++) {
+        for (int me = first; me < last; me++) {
             for (int i = 0; i < G; i++) parts[i] = in[i] + me * in_block;
             combine(p, parts, G, in_block / size, &out[me], 1);
         }
     } else if (p->kind == ALL_GATHER || p->kind == ALL_TO_ALL) {
-        for (int me = 0; me < G; me++)
+        for (int me = first; me < last; me++)
             for (int i = 0; i < G; i++)
                 memcpy(out[me] + i * out_block, in[i] + (p->in_blocks > 1 ? me : 0) * in_block, out_block);
     } else {  /* PPERMUTE, BROADCAST */
-        for (int me = 0; me < G; me++) {
+        for (int me = first; me < last; me++) {
             int64_t source = p->sources[me];
             if (source >= 0) memcpy(out[me], in[source], out_block);
             else memset(out[me], 0, out_block);
@@ -387,6 +398,18 @@ static void write_record(Row *row, Site *site, uint64_t key, int64_t number) {
     *(int64_t *)(at + 24) = site->site;
     __atomic_store_n((int64_t *)at, (int64_t)key, __ATOMIC_RELEASE);
     __atomic_store_n((int64_t *)(at + 8), number + 1, __ATOMIC_RELEASE);  /* last: the record is whole */
+}
+
+/* Member `index`'s part of a shared call (lock held); returns when every member has done its part. */
+static void do_share(Place *place, Meeting *meeting, int index) {
+    pthread_mutex_unlock(&place->lock);
+    run_plan(&meeting->member[index].site->plan, meeting, index);
+    pthread_mutex_lock(&place->lock);
+    if (++meeting->finished == meeting->group->members) {
+        meeting->state = DONE;
+        pthread_cond_broadcast(&meeting->wake);
+    }
+    while (meeting->state == SHARED) pthread_cond_wait(&meeting->wake, &place->lock);
 }
 
 static void *failure(CallFrame *frame, int status, Site *site, int64_t rank, int64_t peer, int64_t number,
@@ -437,12 +460,18 @@ static void *meet(CallFrame *frame) {
             member->status = here ? DONE : ERROR;  /* (Python sets each member's outcome) */
             if (here) write_record(member->row, member->site, group->key, member->row->counter->count++);
         }
-        pthread_mutex_unlock(&place->lock);
-        if (here) run_plan(&site->plan, meeting);
-        else completer(meeting);  /* (Python, under the GIL: the whole call, every member's outcome set) */
-        pthread_mutex_lock(&place->lock);
-        meeting->state = DONE;
-        pthread_cond_broadcast(&meeting->wake);
+        if (here && (site->plan.out_bytes >= SHARED_BYTES || site->plan.in_bytes >= SHARED_BYTES)) {
+            meeting->state = SHARED;
+            pthread_cond_broadcast(&meeting->wake);
+            do_share(place, meeting, row->index);
+        } else {
+            pthread_mutex_unlock(&place->lock);
+            if (here) run_plan(&site->plan, meeting, -1);
+            else completer(meeting);  /* (Python, under the GIL: the whole call, every member's outcome set) */
+            pthread_mutex_lock(&place->lock);
+            meeting->state = DONE;
+            pthread_cond_broadcast(&meeting->wake);
+        }
     } else {
         struct timespec deadline;
         clock_gettime(CLOCK_MONOTONIC, &deadline);
@@ -461,6 +490,7 @@ static void *meet(CallFrame *frame) {
             while (meeting->member[missing].site) missing++;
             fail_group(place, group, rank, group->ranks[missing], TIMED_OUT);
         }
+        if (meeting->state == SHARED) do_share(place, meeting, row->index);
     }
     int status = meeting->state == DONE ? me->status : meeting->state;
     int64_t peer = meeting->missing, key = (int64_t)(intptr_t)meeting;

@@ -10,6 +10,8 @@ each mode's results are compared byte by byte. (test_collectives.py checks both 
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -97,3 +99,31 @@ def test_host_collectives_equal_the_kernels_bit_for_bit(case, monkeypatch):
         assert host.keys() == kernels.keys()
         differ = [key for key in host if not np.array_equal(host[key], kernels[key])]
         assert not differ, f"{case}: {mode} and kernels differ in {differ}"
+
+
+def test_calls_shared_out_equal_the_python_meeting(monkeypatch):
+    """Calls of a megabyte or more per member are shared out in C (every member does its part:
+    host_meeting.c, SHARED_BYTES): their values equal the Python meeting's byte by byte, with
+    slices that do not divide evenly among the members (the Python meeting equals the kernels:
+    the test above)."""
+    ranks, n = 8, (1 << 18) + 24  # float32: 1 MiB and 96 bytes per rank
+    results = {}
+    for meeting in ("C", "Python"):
+        monkeypatch.setattr(host_meeting, "enabled", meeting == "C")
+        sites = len(host_meeting._sites)
+        use_runtime(8, HEAP)
+        mesh = jax.make_mesh((ranks,), ("i",), devices=jax.devices()[:ranks])
+        for dtype in (jnp.float32, jnp.bfloat16, jnp.int32):
+            values = np.random.default_rng(1).standard_normal((ranks, n)) * 1000
+            x = jax.device_put(values.astype(dtype).reshape(-1), NamedSharding(mesh, P("i")))
+            body = _program("i", iris_jax.CollectiveConfig())
+            run = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("i"), out_specs=P("i"), check_vma=False))
+            for i, out in enumerate(run(x)):
+                results[meeting, jnp.dtype(dtype).name, i] = np.asarray(out).view(np.uint8)
+        assert (len(host_meeting._sites) > sites) == (meeting == "C")
+    differ = [key[1:] for key in results if key[0] == "C" and not np.array_equal(results[key], results[("Python",
+                                                                                                       *key[1:])])]
+    assert not differ, f"the C meeting's shared calls differ from the Python meeting's in {differ}"
+    total = np.asarray(jnp.asarray(np.random.default_rng(1).standard_normal((ranks, n)) * 1000, jnp.float32))
+    np.testing.assert_array_equal(results["C", "float32", 0].view(np.float32).reshape(ranks, n)[3],
+                                  functools.reduce(np.add, total))  # member order, in float32
