@@ -25,9 +25,8 @@ enum { PENDING = 0, DONE = 1, TIMED_OUT = 2, CLOSED = 3, FAILED = 4, UNRESOLVED 
        SHARED = 7 /* (every member doing its part of a planned call) */ };
 enum { MESSAGE_BYTES = 16384 };
 
-/* the kinds, ops and types of a site's plan (iris_core.collectives.kinds; host_meeting.py's) */
-enum { ALL_REDUCE = 0, ALL_GATHER = 1, REDUCE_SCATTER = 2, ALL_TO_ALL = 3, PPERMUTE = 4, BROADCAST = 5 };
-enum { SUM = 0, MAX = 1, MIN = 2 };
+/* the types of a site's plan (host_meeting.py's); its kinds and ops are iris_core.collectives.kinds' (-D flags
+ * at build time, as the call table's layout) */
 enum { NO_PLAN = 0, F32 = 1, BF16 = 2, I32 = 3, BYTES = 4 };
 enum { CHUNK = 2048 };  /* elements combined per pass: the accumulator stays in cache */
 /* a planned call reading or writing this many bytes per member is shared out: every member does its part

@@ -64,7 +64,9 @@ enabled = True  # tests switch it off to run the Python meeting (as without a C 
 @functools.cache
 def _library() -> ctypes.CDLL | None:
     layout = (f"-DBUCKETS={call_table.BUCKETS}", f"-DRING={call_table.RING}",
-              f"-DRECORD_BYTES={call_table.RECORD_BYTES}", f"-DTEXT_BYTES={call_table.TEXT_BYTES}")
+              f"-DRECORD_BYTES={call_table.RECORD_BYTES}", f"-DTEXT_BYTES={call_table.TEXT_BYTES}",
+              *(f"-D{name.upper()}={getattr(kinds, name.upper())}" for name in
+                ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "sum", "max")))
     lib = c_build.build("host_meeting", flags=layout, what="the simulator's collective meeting place")
     if lib is None:
         return None
