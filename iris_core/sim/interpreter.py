@@ -87,10 +87,7 @@ def run_kernel(kernel, grid: Sequence[int], args: Sequence, constexprs: dict | N
     kernel = as_interpreted(kernel)
     fn = kernel.rewrite()
     constexprs = dict(constexprs or {})
-    sig = inspect.signature(kernel.fn)
-    names = list(sig.parameters)
-    annotations = {k: str(v) for k, v in kernel.fn.__annotations__.items()}
-    is_constexpr = {n for n in names if "constexpr" in annotations.get(n, "")}
+    sig, names, is_constexpr = _parameters(kernel.fn)
     positional = names[:len(args)]
     if is_constexpr & set(positional):
         raise TypeError(
@@ -141,6 +138,15 @@ def run_kernel(kernel, grid: Sequence[int], args: Sequence, constexprs: dict | N
     return found
 
 
+@functools.lru_cache(maxsize=256)
+def _parameters(fn) -> tuple[inspect.Signature, list[str], set[str]]:
+    """A kernel function's signature, its parameters' names and those that are constexprs (read once:
+    inspect.signature took a tenth of a small kernel's launch)."""
+    sig = inspect.signature(fn)
+    annotations = {k: str(v) for k, v in fn.__annotations__.items()}
+    return sig, list(sig.parameters), {n for n in sig.parameters if "constexpr" in annotations.get(n, "")}
+
+
 # Triton's type names of pointer arguments (what triton.runtime.jit.mangle_type says)
 _POINTER_TYPES = {"float32": "*fp32", "float16": "*fp16", "bfloat16": "*bf16", "float64": "*fp64", "int8": "*i8",
                   "int16": "*i16", "int32": "*i32", "int64": "*i64", "uint8": "*u8", "uint16": "*u16",
@@ -153,9 +159,16 @@ def _as_tensor(arg, ti):
     if isinstance(arg, Pointer) and arg.dtype in _POINTER_TYPES:
         import triton.language as tl
 
-        ty = tl.str_to_ty(_POINTER_TYPES[arg.dtype], None)
+        ty = _pointer_type(arg.dtype)
         return tl.tensor(ti.TensorHandle(np.array([arg.address], dtype=np.uint64), ty), ty)
     return ti._implicit_cvt(arg)
+
+
+@functools.cache
+def _pointer_type(dtype: str):
+    import triton.language as tl
+
+    return tl.str_to_ty(_POINTER_TYPES[dtype], None)
 
 
 def _iris_cause(error: BaseException):
