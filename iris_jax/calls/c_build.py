@@ -33,14 +33,16 @@ def build(name: str, *, flags: tuple = (), what: str) -> ctypes.CDLL | None:
             digest.update(f.read())
     directory = kernel_cache.cache_dir() or tempfile.gettempdir()
     path = os.path.join(directory, f"iris_{name}_{digest.hexdigest()[:16]}.so")
-    if not os.path.exists(path):
-        os.makedirs(directory, exist_ok=True)
-        partial = f"{path}.{os.getpid()}"
-        command = [compiler, "-O2", "-shared", "-fPIC", *flags, source, "-o", partial, "-ldl", "-lpthread"]
-        result = subprocess.run(command, capture_output=True, text=True)
-        if result.returncode != 0:
-            warnings.warn(f"{what} did not build ({compiler}: {result.stderr.strip()[:500]}); a Python step, "
-                          "slower, takes its place", stacklevel=3)
-            return None
-        os.replace(partial, path)
-    return ctypes.CDLL(path)
+    try:
+        if not os.path.exists(path):
+            os.makedirs(directory, exist_ok=True)
+            partial = f"{path}.{os.getpid()}"
+            command = [compiler, "-O2", "-shared", "-fPIC", *flags, source, "-o", partial, "-ldl", "-lpthread"]
+            result = subprocess.run(command, capture_output=True, text=True)
+            if result.returncode != 0:
+                raise OSError(f"{compiler}: {result.stderr.strip()[:500]}")
+            os.replace(partial, path)  # (atomic: processes building at once each leave a whole library)
+        return ctypes.CDLL(path)
+    except OSError as e:  # no compiler that works, a folder that cannot be written, a library that will not load
+        warnings.warn(f"{what} did not build ({e}); a Python step, slower, takes its place", stacklevel=3)
+        return None

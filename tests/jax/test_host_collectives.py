@@ -127,3 +127,23 @@ def test_calls_shared_out_equal_the_python_meeting(monkeypatch):
     total = np.asarray(jnp.asarray(np.random.default_rng(1).standard_normal((ranks, n)) * 1000, jnp.float32))
     np.testing.assert_array_equal(results["C", "float32", 0].view(np.float32).reshape(ranks, n)[3],
                                   functools.reduce(np.add, total))  # member order, in float32
+
+
+def test_without_a_c_compiler_the_python_meeting_runs(monkeypatch, tmp_path):
+    """No C compiler (CC names none): building the meeting warns, and the Python meeting runs the
+    calls, with lax's values."""
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    monkeypatch.setenv("IRIS_KERNEL_CACHE_DIR", str(tmp_path))  # (nothing built before to load)
+    host_meeting._library.cache_clear()
+    try:
+        with pytest.warns(UserWarning, match="meeting place did not build"):
+            assert host_meeting._library() is None
+        sites = len(host_meeting._sites)
+        use_runtime(4, HEAP)
+        mesh = jax.make_mesh((4,), ("i",), devices=jax.devices()[:4])
+        x = jax.device_put(np.arange(4 * N, dtype=np.float32), NamedSharding(mesh, P("i")))
+        run = jax.jit(jax.shard_map(lambda v: iris_jax.psum(v, "i"), mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+        np.testing.assert_array_equal(np.asarray(run(x)).reshape(4, N)[2], np.arange(4 * N).reshape(4, N).sum(0))
+        assert len(host_meeting._sites) == sites  # (no C site lowered)
+    finally:
+        host_meeting._library.cache_clear()
