@@ -17,6 +17,11 @@ exchanged; a member that does not arrive within the call's timeout fails the wai
 with PeerTimeoutError naming it; and either leaves the group failed, so that its later calls
 fail at once with PeerFailedError, as the kernels' poisoned flags make them, until the
 runtime is started again (a new Rendezvous).
+
+Rendezvous is the meeting in Python. Under JAX the members meet in C where a C compiler is found
+(iris_jax/calls/host_meeting.c, with the same pairing, faults and texts), which does the copies
+and the common sums itself and calls `execute` for the rest; Rendezvous runs where it cannot be
+built.
 """
 
 from __future__ import annotations
