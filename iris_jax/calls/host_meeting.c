@@ -424,14 +424,11 @@ static void *meet(CallFrame *frame) {
     Place *place = site->place;
     int64_t rank = *(int64_t *)frame->args.values[0]->data;
     pthread_mutex_lock(&place->lock);
-    if (place->closed) {
+    Row *row = place->closed ? NULL : row_of(site, rank, frame->args.values[1]->data);
+    if (place->closed || !row) {  /* (after row_of, which leaves the lock to ask Python: the place may close meanwhile) */
+        int closed = place->closed;
         pthread_mutex_unlock(&place->lock);
-        return failure(frame, CLOSED, site, rank, -1, -1, 0);
-    }
-    Row *row = row_of(site, rank, frame->args.values[1]->data);
-    if (!row) {
-        pthread_mutex_unlock(&place->lock);
-        return failure(frame, UNRESOLVED, site, rank, -1, -1, 0);
+        return failure(frame, closed ? CLOSED : UNRESOLVED, site, rank, -1, -1, 0);
     }
     Group *group = row->group;
     int64_t number = group->counts[row->index]++;

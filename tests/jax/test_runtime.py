@@ -103,7 +103,8 @@ def test_shutdown_waits_for_calls_in_flight(mode):
     """Shutting down while a collective still waits for a peer (rank 1 never calls) neither
     crashes nor hangs: shutdown waits for the call to time out, and the next runtime works.
     A collective on the host carries no kernel effect, so shutdown cannot wait for a program that
-    was dispatched but had not reached it yet: that call then fails naming the shut-down runtime."""
+    was dispatched but had not reached it yet, and members waiting in the C meeting fail when the
+    runtime closes it: such calls fail naming the shut-down runtime."""
     from jax import lax
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
