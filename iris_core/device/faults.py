@@ -45,6 +45,9 @@ def signature(KIND: tl.constexpr, OP: tl.constexpr, VARIANT: tl.constexpr, DTYPE
 if interpreting():
 
     def fail(ctx, CODE, WHAT, peer, epoch=0, group=-1, mine=0, theirs=0):
+        from iris_core.sim import replay
+
+        replay.host_only("a fault")
         code = int(_plain(CODE))
         raise faults.ERRORS[code](faults.message(code, str(_plain(WHAT)), int(ctx.rank), int(peer), int(epoch),
                                                  int(group), int(mine), int(theirs)))

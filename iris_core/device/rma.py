@@ -126,9 +126,10 @@ if interpreting():
     def _report(bad, offset, rank, rank_ok, from_base, from_rank, heap_size, access, OP, ELEMENT):
         """Simulator: raises NotOnHeapError before the access (and, in checked mode, holds
         every access to its live allocation)."""
-        from iris_core.sim import checks  # lazy: the simulator's modules load only when a kernel runs under it
+        from iris_core.sim import checks, replay  # lazy: the simulator's modules load only when a kernel runs under it
 
-        checks.check_access(bad, offset, rank, rank_ok, from_base, from_rank, heap_size, access, OP, ELEMENT)
+        replay.host_step(checks.check_access, bad, offset, rank, rank_ok, from_base, from_rank, heap_size, access, OP,
+                         ELEMENT)
 
 else:
 

@@ -89,7 +89,10 @@ def _check_allocation(offset, access, from_base, me, ranks, op_name, element) ->
     if offsets.size == 0:
         return
     index = np.searchsorted(starts, offsets, side="right") - 1
-    inside = (index >= 0) & (offsets + element <= starts[np.maximum(index, 0)] + sizes[np.maximum(index, 0)])
+    if starts.size:
+        inside = (index >= 0) & (offsets + element <= starts[np.maximum(index, 0)] + sizes[np.maximum(index, 0)])
+    else:  # nothing allocated
+        inside = np.zeros(offsets.shape, bool)
     target = int(ranks[0]) if ranks.size == 1 else None
     who = f"kernel {kernel_name() or '?'} on rank {me}: {op_name}"
     to = f" to rank {target}" if target is not None else ""

@@ -23,7 +23,7 @@ import ml_dtypes
 import numpy as np
 
 from iris_core.errors import IrisError
-from iris_core.sim import language, races
+from iris_core.sim import language, races, replay
 from iris_core.sim.checks import running_kernel
 
 
@@ -41,6 +41,7 @@ class Pointer:
         return f"Pointer(0x{self.address:x}, {self.dtype})"
 
 
+@functools.lru_cache(maxsize=64)  # numpy's dtype.name is slow for the few dtypes a kernel's arguments have
 def _dtype_name(dtype) -> str:
     if not isinstance(dtype, str):
         try:
@@ -104,11 +105,25 @@ def run_kernel(kernel, grid: Sequence[int], args: Sequence, constexprs: dict | N
     call_args = {n: v if n in is_constexpr else _as_tensor(v, ti) for n, v in bound.items()}
     grid = tuple(int(g) for g in grid) + (1,) * (3 - len(grid))
     _patch_interpreter(ti)
-    _LAUNCH.patched = frozenset()
-    patch_scope = ti._patch_lang(kernel.fn)
+    key = _replay_key(kernel.fn, call_args) if replay.ENABLED and detector is None and not debug else None
+    program = _PROGRAMS.get(key) if key is not None else None
+    if program is not None:
+        if isinstance(program, replay.Program):
+            _replay(ti, kernel, program, grid, call_args)
+            return []
+        key = None
+    kept = _LAUNCH.kept
+    if not kept:
+        _LAUNCH.patched = frozenset()
+    patch_scope = ti._patch_lang(kernel.fn)  # (kept: patches only language modules new to this process)
     fast_scope = ti._LangPatchScope()
-    for obj, name, value in _FAST_LANGUAGE:
-        fast_scope.set_attr(obj, name, value)
+    if not kept:
+        for obj, name, value in _FAST_LANGUAGE:
+            fast_scope.set_attr(obj, name, value)
+    elif not _LAUNCH.fast:
+        for obj, name, value in _FAST_LANGUAGE:
+            setattr(obj, name, value)
+        _LAUNCH.fast = True
     if detector is not None:
         detector.begin(kernel.fn.__name__, grid[0] * grid[1] * grid[2])
         for obj, name, value in races.builder_patches(ti, detector):
@@ -126,16 +141,74 @@ def run_kernel(kernel, grid: Sequence[int], args: Sequence, constexprs: dict | N
                         ti.interpreter_builder.set_grid_idx(x, y, z)
                         if detector is not None:
                             detector.begin_program(x, y, z)
-                        fn(**call_args)
+                        if key is None:
+                            fn(**call_args)
+                            continue
+                        with replay.Recorder(ti, call_args) as recorder:  # the launch's first program
+                            fn(**call_args)
+                        _PROGRAMS[key] = recorder.program() or recorder.why
+                        key = None
     except Exception as e:
         raise _iris_cause(e) or e  # noqa: B904  (the iris error itself, as the kernel raised it)
     finally:
-        _LAUNCH.patched = None
         ti.interpreter_builder.options = options
         fast_scope.restore()
-        patch_scope.restore()
+        if not kept:
+            _LAUNCH.patched = None
+            patch_scope.restore()
         found = detector.end() if detector is not None else []
     return found
+
+
+def _replay_key(fn, call_args: dict):
+    """What a kernel's recorded program holds for (iris_core.sim.replay): the kernel, its
+    arguments' types and its constexprs' values (None: a constexpr that cannot be a key)."""
+    try:
+        key = (fn, *((n, str(v.type)) if isinstance(v, _TENSOR) else (n, v) for n, v in call_args.items()))
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _replay(ti, kernel, program: replay.Program, grid: tuple, call_args: dict) -> None:
+    """Runs a launch from its kernel's recorded program (iris_core.sim.replay)."""
+    builder = ti.interpreter_builder
+    options = builder.options
+    builder.options = _no_debug(options)
+    # each value's check that its array fits its type passed when the program was recorded: the
+    # same operations on the same types make the same arrays (a fifth of a small replay's time)
+    checked = ti.TensorHandle.__post_init__
+    ti.TensorHandle.__post_init__ = _unchecked
+    try:
+        with running_kernel(kernel.fn.__name__):
+            builder.set_grid_dim(*grid)
+            for x in range(grid[0]):
+                for y in range(grid[1]):
+                    for z in range(grid[2]):
+                        builder.set_grid_idx(x, y, z)
+                        program.run(builder, call_args, _TENSOR)
+    except Exception as e:
+        raise _iris_cause(e) or e  # noqa: B904
+    finally:
+        builder.options = options
+        ti.TensorHandle.__post_init__ = checked
+
+
+def _no_debug(options):
+    if _NO_DEBUG[0] is not options:
+        _NO_DEBUG[:] = [options, dataclasses.replace(options, debug=False, sanitize_overflow=False)]
+    return _NO_DEBUG[1]
+
+
+def _unchecked(handle) -> None:
+    pass
+
+
+_NO_DEBUG: list = [None, None]  # the builder's options, and them with debug off
+
+
+_PROGRAMS: dict = {}  # _replay_key -> the kernel's recorded program, or why it is interpreted at every launch
 
 
 @functools.lru_cache(maxsize=256)
@@ -232,6 +305,8 @@ def _patch_interpreter(ti) -> None:
 
     import triton.language as tl
 
+    global _TENSOR
+    _TENSOR = tl.core.tensor
     _LANGS.extend([tl, tl.core])
     _keep_freed_memory()
     patch_lang._iris_fixed = True
@@ -336,13 +411,21 @@ def _patch_builder(ti) -> None:
         return ti.TensorHandle(address + ptr.data, ptr.dtype)
 
     splat = builder.create_splat
+    shapes: dict = {}  # a block type's name -> its shape and element count
 
     def broadcast(self, ret_ty, arg):
         # a read-only view instead of a filled tile: every operation makes a new array
-        if math.prod(ret_ty.shape) < _DENSE_MIN:
+        known = shapes.get(ret_ty.name)
+        if known is None:
+            shape = tuple(int(s) for s in ret_ty.shape)
+            known = shapes[ret_ty.name] = shape, math.prod(shape)
+        shape, count = known
+        if count < _DENSE_MIN:
             return splat(self, ret_ty, arg)
-        value = arg.data.reshape(-1)[:1].astype(cached_np_dtype(arg.dtype))
-        return ti.TensorHandle(np.broadcast_to(value, tuple(ret_ty.shape)), arg.dtype.scalar)
+        dtype = cached_np_dtype(arg.dtype)
+        view = np.ndarray(shape, dtype, arg.data.reshape(-1)[:1].astype(dtype), 0, (0,) * len(shape))
+        view.flags.writeable = False
+        return ti.TensorHandle(view, arg.dtype.scalar)
 
     cast = builder.cast_impl
 
@@ -413,13 +496,26 @@ def _host_array(address: int, count: int, dtype) -> np.ndarray:
 
 class _Launch(threading.local):
     patched: frozenset | None = None  # ids of the language modules patched by the running launch
+    kept = False  # keep_language_patched(): the language stays patched between launches
+    fast = False  # ... and _FAST_LANGUAGE is set
 
 
 _LAUNCH = _Launch()
+_TENSOR = None  # triton.language.core.tensor (set by _patch_interpreter)
 _LANGS: list = []
 _FAST_LANGUAGE: list = []  # (object, name, value) set during a launch (iris_core.sim.language)
 _LANGS_OF: dict = {}  # function -> ids of the language modules in its globals
 _PATCHES: dict = {}  # (modules to patch, modules patched before) -> [(object, name, value set)]
+
+
+def keep_language_patched() -> None:
+    """Leaves Triton's language patched for the interpreter after each launch, in this thread's
+    launches from now on (a simulated rank's worker, which runs nothing else: patching and
+    restoring it took a sixth of a small kernel's launch there). Elsewhere the patches would
+    change triton.language for code that is not a kernel."""
+    _LAUNCH.kept = True
+    if _LAUNCH.patched is None:
+        _LAUNCH.patched = frozenset()
 
 
 def enable_interpreter() -> None:

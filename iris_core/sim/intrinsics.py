@@ -11,7 +11,7 @@ import time
 
 import triton.language as tl
 
-from iris_core.sim import races
+from iris_core.sim import races, replay
 
 # the simulator: how long a flag read first yields the core, doubling up to _MAX_POLL_S
 # while the same flag keeps its value (ranks outnumber cores in tests, and a rank spinning
@@ -24,6 +24,7 @@ def sm_id():
 
 
 def global_timer():
+    replay.host_only("the clock")
     return tl.full((), time.time_ns(), tl.int64)
 
 
@@ -33,6 +34,7 @@ _last_poll = {"flag": None, "value": None, "misses": 0}
 def load_acquire(ptr):
     # the simulator's ranks share host memory; a flag read is a poll, so it lets the
     # ranks that would set the flag run first
+    replay.host_only("a flag wait")
     flag = ptr.handle.data.tobytes()
     again = flag == _last_poll["flag"]
     time.sleep(min(_POLL_S * 2 ** _last_poll["misses"], _MAX_POLL_S) if again else _POLL_S)
@@ -45,4 +47,5 @@ def load_acquire(ptr):
 
 
 def nanosleep(ns):
+    replay.host_only("a sleep")
     time.sleep(int(ns) * 1e-9)

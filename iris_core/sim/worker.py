@@ -4,12 +4,13 @@ import os
 import sys
 from multiprocessing.connection import Client
 
-from iris_core.sim.interpreter import enable_interpreter
+from iris_core.sim.interpreter import enable_interpreter, keep_language_patched
 from iris_core.sim.world import _serve  # (python -m imported iris_core.sim, and with it world, already)
 
 
 def main() -> None:
     enable_interpreter()  # before any kernel is defined in this process
+    keep_language_patched()  # this process runs only kernels and the simulator's own steps
     # the parent's import path (pytest's rootdirs, sys.path edits): modules whose functions
     # arrive pickled by reference must import here too
     sys.path.extend(p for p in os.environ.get("IRIS_SIM_SYS_PATH", "").split(os.pathsep) if p and p not in sys.path)

@@ -203,7 +203,10 @@ class SimWorld:
         """Runs `fn(state, *args)` on one rank and waits for its result; `what` names the call
         in errors (default: fn's name)."""
         what = what or fn.__name__
-        w = self._ensure_workers()[rank]
+        workers = self._workers
+        w = workers[rank] if workers is not None else None
+        if w is None or w.process.poll() is not None:  # (a call looks at its own rank only: the lock and
+            w = self._ensure_workers()[rank]  # every worker's exit status were most of a small call's time)
         with w.lock:
             try:
                 w.conn.send_bytes(pickling.dumps((fn, args)))

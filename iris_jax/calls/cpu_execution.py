@@ -285,10 +285,10 @@ def execute_in_worker(rt, rank, spec, row_ptr, group_ptr, operand_ptrs, outs) ->
         group = describe(group_ptr, spec.group_nbytes, np.dtype(np.int32), True) if spec.group else None
         area = staging.ensure(needed)
         if group is not None:
-            ctypes.memmove(area.address + group[1], group_ptr, spec.group_nbytes)
+            _copy(area.address + group[1], group_ptr, spec.group_nbytes)
         for desc, ptr, nbytes in zip(operands, operand_ptrs, spec.operand_nbytes):
             if desc[0] == "staged" and nbytes:
-                ctypes.memmove(area.address + desc[1], ptr, nbytes)
+                _copy(area.address + desc[1], ptr, nbytes)
         for i in spec.zeroed:
             ctypes.memset(area.address + results[i][1], 0, spec.result_nbytes[i])
         args = _kernel_args(spec, ("context", trace_words), group, operands, results)
@@ -297,8 +297,12 @@ def execute_in_worker(rt, rank, spec, row_ptr, group_ptr, operand_ptrs, outs) ->
                                   what=f"kernel {spec.kernel_name}")
         for desc, ptr, nbytes in zip(results, outs, spec.result_nbytes):
             if nbytes:
-                ctypes.memmove(ptr, area.address + desc[1], nbytes)
+                _copy(ptr, area.address + desc[1], nbytes)
     return found
+
+
+def _copy(to: int, source: int, nbytes: int) -> None:
+    memoryview((ctypes.c_char * nbytes).from_address(to)).cast("B")[:] = memoryview((ctypes.c_char * nbytes).from_address(source)).cast("B")
 
 
 def _trace_words(row_ptr: int, world_size: int) -> tuple[int, ...]:

@@ -381,17 +381,17 @@ def count_language_patches(state, n):
 
 def test_helper_calls_do_not_patch_the_language_again():
     """Triton's interpreter re-patches the language at every @triton.jit helper call (~6 ms
-    each); inside a launch iris patches each language module once, later launches set the
-    same patches again from a list, and the launch leaves the language as it was."""
-    (few, few_patches, leaked), = get_world(1).run(count_language_patches, 2)
-    (many, many_patches, _), = get_world(1).run(count_language_patches, 20)
+    each); inside a launch iris patches each language module once, and a worker, which runs
+    only kernels, keeps the patches for its later launches (keep_language_patched)."""
+    (few, few_patches, _), = get_world(1).run(count_language_patches, 2)
+    (many, many_patches, leaked), = get_world(1).run(count_language_patches, 20)
     np.testing.assert_array_equal(few, np.full(16, 2))
     np.testing.assert_array_equal(many, np.full(16, 20))
     # at most once per language module (3-4 builtin groups each; none if this worker launched
     # before); without the skip, each of the 20 helper calls patched again (90 groups)
     assert few_patches <= 12
     assert many_patches == 0
-    assert not leaked
+    assert not leaked  # (patched before this launch, and still)
 
 
 
