@@ -14,6 +14,8 @@ themselves (an iris collective waiting for the rank times out naming it).
 from __future__ import annotations
 
 import atexit
+import ctypes
+import functools
 import multiprocessing.connection
 import os
 import subprocess
@@ -28,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Listener
 
+from iris_core import c_build
 from iris_core.errors import IrisError, PeerTimeoutError, SimulatedRankError
 from iris_core.heap.shared_memory import SharedMemoryHeap, new_session, remove_stale_segments
 from iris_core.sim import pickling
@@ -203,13 +206,18 @@ class SimWorld:
         """Runs `fn(state, *args)` on one rank and waits for its result; `what` names the call
         in errors (default: fn's name)."""
         what = what or fn.__name__
+        payload = pickling.dumps((fn, args))
         workers = self._workers
         w = workers[rank] if workers is not None else None
-        if w is None or w.process.poll() is not None:  # (a call looks at its own rank only: the lock and
-            w = self._ensure_workers()[rank]  # every worker's exit status were most of a small call's time)
+        if w is not None and _exchange() is not None and len(payload) < 1 << 31:
+            with w.lock:
+                answered, result = self._exchange(w, rank, payload, timeout_s, what)
+            if answered:
+                return result
+        w = self._ensure_workers()[rank]
         with w.lock:
             try:
-                w.conn.send_bytes(pickling.dumps((fn, args)))
+                w.conn.send_bytes(payload)
             except OSError:  # it died, or was stopped, since _ensure_workers looked
                 stopped = w.stopped
                 self._discard(rank, w, f"it was gone before running {what}")
@@ -218,6 +226,30 @@ class SimWorld:
                     f"simulated rank {rank} died (exit code {w.process.returncode}) before running {what}; "
                     "a new worker starts on its next call") from None
             return self._collect({rank: w}, [rank], timeout_s, what)[0]
+
+    def _exchange(self, w: _Worker, rank: int, payload: bytes, timeout_s: float | None, what: str) -> tuple:
+        """One rank's call in one step without the GIL (exchange.c): (True, its result), or (False,
+        None) where the worker had exited since its last call (nothing was sent: the caller starts
+        a new one). Raises as _collect does for a reply that fails."""
+        limit = self.timeout_s if timeout_s is None else timeout_s
+        buffer = _REPLY.buffer
+        length = ctypes.c_uint64()
+        status = _exchange().iris_sim_exchange(w.conn.fileno(), payload, len(payload), buffer, len(buffer),
+                                               int(limit * 1000), ctypes.byref(length))
+        if status == _SPOKE_FIRST:
+            return False, None
+        workers, ranks = {rank: w}, [rank]
+        if status == _TIMED_OUT:
+            self._timed_out(workers, ranks, [rank], limit, what)
+        if status != _DONE:
+            return True, self._answer(workers, rank, ranks, set(), _raise(EOFError), what)
+        n = length.value
+
+        def read() -> bytes:
+            head = buffer.raw[:min(n, len(buffer))]
+            return head if n <= len(buffer) else head + _read_exactly(w.conn.fileno(), n - len(buffer))
+
+        return True, self._answer(workers, rank, ranks, set(), read, what)
 
     def _collect(self, workers, ranks: list[int], timeout_s: float | None, what: str) -> list:
         """The replies of `ranks` (workers: by rank); raises for the first that fails."""
@@ -229,38 +261,45 @@ class SimWorld:
             ready = multiprocessing.connection.wait([workers[r].conn for r in pending],
                                        timeout=max(0.0, deadline - time.monotonic()))
             if not ready:
-                missing = sorted(pending)
-                self._fail(workers, missing[0], ranks, f"rank(s) {missing} did not finish {what}")
-                raise PeerTimeoutError(
-                    f"simulated rank(s) {missing} did not finish within {limit:.0f} s ({what}: a wait on a "
-                    f"peer that never arrives?); {'the workers were' if len(ranks) > 1 else 'its worker was'} "
-                    "restarted. Raise the limit with IRIS_SIM_TIMEOUT or the timeout argument."
-                )
+                self._timed_out(workers, ranks, sorted(pending), limit, what)
             for conn in ready:
                 rank = next(r for r in pending if workers[r].conn is conn)
                 pending.discard(rank)
-                try:
-                    reply = pickling.loads(conn.recv_bytes())
-                except (EOFError, OSError):
-                    w = workers[rank]
-                    try:  # the connection closes before the exit can be reaped: poll() may say None
-                        code = w.process.wait(timeout=5)
-                    except subprocess.TimeoutExpired:
-                        code = None
-                    if w.stopped is not None:  # killed on purpose, by another call's failure or a restart
-                        raise SimulatedRankError(
-                            f"simulated rank {rank} was stopped while running {what}: {w.stopped}") from None
-                    self._fail(workers, rank, ranks, f"rank {rank} died while running {what}")
-                    raise SimulatedRankError(
-                        f"simulated rank {rank} died (exit code {code}) while running {what}; a new worker "
-                        "starts on its next call") from None
-                if reply[0] == "err":
-                    if pending:  # peers may be blocked waiting for this rank: restart everything
-                        self.restart(f"rank {rank} raised while running {what}")
-                    raise _rank_error(reply[3] if len(reply) > 3 else None)(
-                        f"simulated rank {rank} raised {reply[1]}\n--- rank {rank} traceback ---\n{reply[2]}")
-                results[rank] = reply[1]
+                results[rank] = self._answer(workers, rank, ranks, pending, conn.recv_bytes, what)
         return [results[r] for r in ranks]
+
+    def _timed_out(self, workers, ranks: list[int], missing: list[int], limit: float, what: str):
+        self._fail(workers, missing[0], ranks, f"rank(s) {missing} did not finish {what}")
+        raise PeerTimeoutError(
+            f"simulated rank(s) {missing} did not finish within {limit:.0f} s ({what}: a wait on a "
+            f"peer that never arrives?); {'the workers were' if len(ranks) > 1 else 'its worker was'} "
+            "restarted. Raise the limit with IRIS_SIM_TIMEOUT or the timeout argument."
+        )
+
+    def _answer(self, workers, rank: int, ranks: list[int], pending: set, read: Callable[[], bytes], what: str):
+        """Rank's reply (`read` reads it): its result, or the error it names (`pending`: the ranks
+        still running, restarted when this one raised)."""
+        try:
+            reply = pickling.loads(read())
+        except (EOFError, OSError):
+            w = workers[rank]
+            try:  # the connection closes before the exit can be reaped: poll() may say None
+                code = w.process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                code = None
+            if w.stopped is not None:  # killed on purpose, by another call's failure or a restart
+                raise SimulatedRankError(
+                    f"simulated rank {rank} was stopped while running {what}: {w.stopped}") from None
+            self._fail(workers, rank, ranks, f"rank {rank} died while running {what}")
+            raise SimulatedRankError(
+                f"simulated rank {rank} died (exit code {code}) while running {what}; a new worker "
+                "starts on its next call") from None
+        if reply[0] == "err":
+            if pending:  # peers may be blocked waiting for this rank: restart everything
+                self.restart(f"rank {rank} raised while running {what}")
+            raise _rank_error(reply[3] if len(reply) > 3 else None)(
+                f"simulated rank {rank} raised {reply[1]}\n--- rank {rank} traceback ---\n{reply[2]}")
+        return reply[1]
 
     def _fail(self, workers, rank: int, ranks: list[int], reason: str) -> None:
         """After a rank died or hung: a call on several ranks restarts every worker (its peers
@@ -269,6 +308,47 @@ class SimWorld:
             self.restart(reason)
         else:
             self._discard(rank, workers[rank], reason)
+
+
+_DONE, _SPOKE_FIRST, _TIMED_OUT = 0, 1, 2  # exchange.c's answers (and CLOSED 3, FAILED 4)
+
+
+@functools.cache
+def _exchange():
+    """exchange.c, built on first use (None where no C compiler works: Python's calls take its place)."""
+    lib = c_build.build(os.path.join(os.path.dirname(os.path.abspath(__file__)), "exchange.c"),
+                        what="the simulator's hand-off to its ranks")
+    if lib is not None:
+        lib.iris_sim_exchange.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32, ctypes.c_char_p,
+                                          ctypes.c_uint32, ctypes.c_int, ctypes.POINTER(ctypes.c_uint64)]
+    return lib
+
+
+class _ReplyBuffer(threading.local):
+    """Each calling thread's buffer for replies (a longer one's rest is read after it)."""
+
+    def __init__(self):
+        self.buffer = ctypes.create_string_buffer(1 << 16)
+
+
+_REPLY = _ReplyBuffer()
+
+
+def _read_exactly(fd: int, n: int) -> bytes:
+    parts = []
+    while n:
+        part = os.read(fd, n)
+        if not part:
+            raise EOFError
+        parts.append(part)
+        n -= len(part)
+    return b"".join(parts)
+
+
+def _raise(error: type):
+    def read():
+        raise error
+    return read
 
 
 def _rank_error(kind: type | None) -> type:

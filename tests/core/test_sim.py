@@ -100,6 +100,44 @@ def test_run_returns_results_by_rank_and_call_runs_one_rank():
     assert world.call(0, raise_on, 1) == 0
 
 
+def long_reply(state, n):
+    return bytes([state.rank]) * n
+
+
+def sleep_for(state, seconds):
+    time.sleep(seconds)
+    return state.rank
+
+
+@pytest.mark.parametrize("step", ["c", "python"])
+def test_a_call_on_one_rank_in_c_and_in_python(step, monkeypatch):
+    """SimWorld.call's hand-off (exchange.c: request and reply in one step without the GIL; Python's
+    connection where no C compiler works): results of any length, a rank's error, its death, a
+    worker that exited between calls (started again, with a warning) and the timeout, alike."""
+    from iris_core.sim import world as world_module
+
+    if step == "python":
+        monkeypatch.setattr(world_module, "_exchange", lambda: None)
+    else:
+        assert world_module._exchange() is not None  # (CI has a C compiler)
+    world = get_world(2)
+    assert world.call(1, long_reply, 3) == b"\x01" * 3
+    assert world.call(1, long_reply, 300_000) == b"\x01" * 300_000  # longer than the C step's buffer
+    with pytest.raises(SimulatedRankError, match="simulated rank 0 raised ValueError: boom from rank 0"):
+        world.call(0, raise_on, 0)
+    with pytest.raises(SimulatedRankError, match=r"simulated rank 1 died \(exit code 3\)"):
+        world.call(1, exit_on, 1)
+    assert world.call(1, rank_and_size) == (1, 2)
+    worker = world._workers[1]
+    worker.process.kill()
+    worker.process.wait()
+    with pytest.warns(RuntimeWarning, match=r"simulated rank 1's worker had exited \(code -9\) since its last call"):
+        assert world.call(1, rank_and_size) == (1, 2)
+    with pytest.raises(PeerTimeoutError, match=r"simulated rank\(s\) \[0\] did not finish within 1 s"):
+        world.call(0, sleep_for, 30, timeout_s=1)
+    assert world.run(rank_and_size) == [(0, 2), (1, 2)]
+
+
 def test_rank_error_names_the_rank_and_its_traceback_then_world_recovers():
     world = get_world(3)
     with pytest.raises(SimulatedRankError) as info:
