@@ -302,7 +302,13 @@ def execute_in_worker(rt, rank, spec, row_ptr, group_ptr, operand_ptrs, outs) ->
 
 
 def _copy(to: int, source: int, nbytes: int) -> None:
-    memoryview((ctypes.c_char * nbytes).from_address(to)).cast("B")[:] = memoryview((ctypes.c_char * nbytes).from_address(source)).cast("B")
+    """memmove holding the GIL: ctypes.memmove gives it up and takes it back, and with every
+    device's thread staging at once, the switching cost more than the copy."""
+    _bytes_at(to, nbytes)[:] = _bytes_at(source, nbytes)
+
+
+def _bytes_at(address: int, nbytes: int):
+    return memoryview((ctypes.c_ubyte * nbytes).from_address(address)).cast("B")
 
 
 def _trace_words(row_ptr: int, world_size: int) -> tuple[int, ...]:
