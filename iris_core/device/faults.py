@@ -45,7 +45,7 @@ def signature(KIND: tl.constexpr, OP: tl.constexpr, VARIANT: tl.constexpr, DTYPE
 if interpreting():
 
     def fail(ctx, CODE, WHAT, peer, epoch=0, group=-1, mine=0, theirs=0):
-        from iris_core.sim import replay
+        from iris_core.sim import replay  # lazy: the simulator's modules load only when a kernel runs under it
 
         replay.host_only("a fault")
         code = int(_plain(CODE))
