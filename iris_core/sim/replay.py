@@ -101,7 +101,8 @@ class Program:
             lines += [f"    v{slot + j} = v{slot}[{j - 1}]" for j in range(1, items + 1)]
         lines.append("    return None")
         scope = {name: obj for name, obj in names.values()}
-        exec(compile("\n".join(lines), "<iris_core.sim.replay>", "exec"), scope)
+        self.source = "\n".join(lines)
+        exec(compile(self.source, "<iris_core.sim.replay>", "exec"), scope)
         self._run = scope["run"]
 
     def run(self, builder, arguments: dict, tensor) -> None:

@@ -274,6 +274,7 @@ def execute_in_worker(rt, rank, spec, row_ptr, group_ptr, operand_ptrs, outs) ->
             return layout[ptr]
 
         def describe(ptr, nbytes, dtype, copy_in):
+            dtype = dtype.name  # (a name unpickles faster than a numpy dtype)
             where = rt.heap.locate(ptr) if nbytes else None
             if where is not None:
                 return ("heap", where[0], where[1], dtype)
