@@ -270,7 +270,14 @@ class Recorder:
             handle_init(handle)
 
         scope.set_attr(ti.TensorHandle, "__post_init__", post_init)
-        scope.set_attr(builtins, "print", self.reads("print")(builtins.print))  # (its first argument: not a constant)
+        print_ = builtins.print
+
+        def host_print(*args, **kwargs):
+            if not recorder.depth:
+                recorder.give_up("print")
+            return print_(*args, **kwargs)
+
+        scope.set_attr(builtins, "print", host_print)
         _RECORDING.recorder = self
         return self
 

@@ -211,7 +211,10 @@ class SimWorld:
         w = workers[rank] if workers is not None else None
         if w is not None and _exchange() is not None and len(payload) < 1 << 31:
             with w.lock:
-                answered, result = self._exchange(w, rank, payload, timeout_s, what)
+                try:
+                    answered, result = self._exchange(w, rank, payload, timeout_s, what)
+                except OSError:  # its connection was closed (the worker stopped) since the look above
+                    answered, result = False, None
             if answered:
                 return result
         w = self._ensure_workers()[rank]
@@ -235,7 +238,7 @@ class SimWorld:
         buffer = _REPLY.buffer
         length = ctypes.c_uint64()
         status = _exchange().iris_sim_exchange(w.conn.fileno(), payload, len(payload), buffer, len(buffer),
-                                               int(limit * 1000), ctypes.byref(length))
+                                               int(min(limit * 1000, 2**31 - 1)), ctypes.byref(length))
         if status == _SPOKE_FIRST:
             return False, None
         workers, ranks = {rank: w}, [rank]

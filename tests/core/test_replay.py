@@ -46,6 +46,14 @@ def _copy_if_positive(x_ptr, out_ptr, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _print_and_copy(x_ptr, out_ptr, BLOCK: tl.constexpr):
+    print()  # Python's print, run by the interpreter at every launch
+    print("copying", BLOCK)
+    offs = tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs))
+
+
+@triton.jit
 def _put_shifted(context_ptr, x_ptr, shift, W: tl.constexpr, BLOCK: tl.constexpr):
     ctx = Context.initialize(context_ptr, W)
     offs = tl.arange(0, BLOCK)
@@ -95,7 +103,11 @@ def _data_dependent_launches(state):
         out = np.zeros(4, np.float32)
         launch(_sum_rows, (1,), rows * k, out, ROWS=4, COLS=8)
         np.testing.assert_array_equal(out, (rows * k).sum(axis=1))
-    return [_program_of(kernel) for kernel in (_count_up, _copy_if_positive, _sum_rows)]
+    for k in (1, 2):
+        x, out = np.arange(8, dtype=np.float32) * k, np.zeros(8, np.float32)
+        launch(_print_and_copy, (1,), x, out, BLOCK=8)
+        np.testing.assert_array_equal(out, x)
+    return [_program_of(kernel) for kernel in (_count_up, _copy_if_positive, _sum_rows, _print_and_copy)]
 
 
 def _puts(state, session, offset, shift, block):
@@ -118,7 +130,7 @@ def test_a_kernel_is_replayed_with_the_values_the_interpreter_gives():
 def test_kernels_whose_run_depends_on_their_data_are_interpreted_every_time():
     whys, = get_world(1).run(_data_dependent_launches)
     assert whys == ["a value read by tensor.__index__", "a value read by tensor.__bool__",
-                    "a value made outside the builder"]
+                    "a value made outside the builder", "print"]
 
 
 def test_a_replayed_access_outside_the_heap_is_refused(sim_heap):
