@@ -211,10 +211,7 @@ class SimWorld:
         w = workers[rank] if workers is not None else None
         if w is not None and _exchange() is not None and len(payload) < 1 << 31:
             with w.lock:
-                try:
-                    answered, result = self._exchange(w, rank, payload, timeout_s, what)
-                except OSError:  # its connection was closed (the worker stopped) since the look above
-                    answered, result = False, None
+                answered, result = self._exchange(w, rank, payload, timeout_s, what)
             if answered:
                 return result
         w = self._ensure_workers()[rank]
@@ -232,12 +229,16 @@ class SimWorld:
 
     def _exchange(self, w: _Worker, rank: int, payload: bytes, timeout_s: float | None, what: str) -> tuple:
         """One rank's call in one step without the GIL (exchange.c): (True, its result), or (False,
-        None) where the worker had exited since its last call (nothing was sent: the caller starts
-        a new one). Raises as _collect does for a reply that fails."""
+        None) where the worker had exited since its last call or was stopped since the caller looked
+        (nothing was sent: the caller takes Python's path). Raises as _collect does for a reply that fails."""
+        try:
+            fd = w.conn.fileno()
+        except OSError:  # its connection is closed
+            return False, None
         limit = self.timeout_s if timeout_s is None else timeout_s
         buffer = _REPLY.buffer
         length = ctypes.c_uint64()
-        status = _exchange().iris_sim_exchange(w.conn.fileno(), payload, len(payload), buffer, len(buffer),
+        status = _exchange().iris_sim_exchange(fd, payload, len(payload), buffer, len(buffer),
                                                int(min(limit * 1000, 2**31 - 1)), ctypes.byref(length))
         if status == _SPOKE_FIRST:
             return False, None
@@ -250,7 +251,7 @@ class SimWorld:
 
         def read() -> bytes:
             head = buffer.raw[:min(n, len(buffer))]
-            return head if n <= len(buffer) else head + _read_exactly(w.conn.fileno(), n - len(buffer))
+            return head if n <= len(buffer) else head + _read_exactly(fd, n - len(buffer))
 
         return True, self._answer(workers, rank, ranks, set(), read, what)
 
