@@ -115,8 +115,7 @@ def register_cpu_target(prefix: str, fn: Callable[[list[int], list[int]], None])
             return None
         if frame.stage != _EXECUTE:
             return None
-        if not _THREAD.kept:
-            _keep_thread_state()
+        keep_thread_state()
         try:
             fn(_buffer_pointers(frame.args), _buffer_pointers(frame.rets))
             return None
@@ -134,11 +133,14 @@ class _Thread(threading.local):
 _THREAD = _Thread()
 
 
-def _keep_thread_state() -> None:
+def keep_thread_state() -> None:
     """Keeps the Python state of this thread (one of XLA's, which Python did not start) for the
-    thread's life. A ctypes callback makes one at its entry and frees it at its exit when the thread
-    has none: every call of every device paid for both (an eighth of the host's time for a small
-    kernel at 8 ranks). One more PyGILState_Ensure, never released, keeps it."""
+    thread's life; called at a ctypes callback's entry. A ctypes callback makes one at its entry and
+    frees it at its exit when the thread has none: every call of every device paid for both (an
+    eighth of the host's time for a small kernel at 8 ranks, a third of a float pmax's in the host
+    meeting). One more PyGILState_Ensure, never released, keeps it."""
+    if _THREAD.kept:
+        return
     ensure = ctypes.pythonapi.PyGILState_Ensure
     ensure.restype = ctypes.c_int
     ensure()

@@ -167,6 +167,7 @@ def _resolve(number: int, rank: int, row: int, out) -> int:
 @_COMPLETER
 def _complete(meeting: int) -> None:
     """The last member's work: every member's record, then the call (or the mismatch), every member's outcome."""
+    _ffi.keep_thread_state()
     lib = _library()
     number, members, size = lib.iris_meet_number(meeting), [], 1
     out = (ctypes.c_int64 * 64)()
