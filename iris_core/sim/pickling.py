@@ -15,7 +15,6 @@ from __future__ import annotations
 import importlib
 import io
 import pickle
-import sys
 import types
 
 import cloudpickle
@@ -66,18 +65,27 @@ def _named(module: str, qualname: str):
 _PICKLED_FNS: dict = {}
 
 
+def _reduce_kernel(kernel):
+    fn = kernel.fn
+    if kernel not in _PICKLED_FNS:
+        _PICKLED_FNS[kernel] = dumps(fn)
+    if _found_as(fn, kernel):
+        return _rebuild_named_kernel, (fn.__module__, fn.__qualname__, _PICKLED_FNS[kernel])
+    # a kernel no module names (a script's, a closure): its function pickled once, so that the
+    # receiver builds the kernel once (a function unpickled anew at every call was a new kernel,
+    # analysed again by the interpreter at every launch)
+    return _rebuild_pickled_kernel, (_PICKLED_FNS[kernel],)
+
+
+def _found_as(obj, expected) -> bool:
+    """Whether the receiver finds `expected` under `obj`'s module and name (a module it can import)."""
+    return obj.__module__ != "__main__" and _named(obj.__module__, obj.__qualname__) is expected
+
+
 class _Pickler(cloudpickle.CloudPickler):
     def reducer_override(self, obj):
         if isinstance(obj, _KERNEL_TYPES):
-            fn = obj.fn
-            if obj not in _PICKLED_FNS:
-                _PICKLED_FNS[obj] = dumps(fn)
-            if fn.__module__ != "__main__" and _named(fn.__module__, fn.__qualname__) is obj:
-                return _rebuild_named_kernel, (fn.__module__, fn.__qualname__, _PICKLED_FNS[obj])
-            # a kernel no module names (a script's, a closure): its function pickled once, so that the
-            # receiver builds the kernel once (a function unpickled anew at every call was a new kernel,
-            # analysed again by the interpreter at every launch)
-            return _rebuild_pickled_kernel, (_PICKLED_FNS[obj],)
+            return _reduce_kernel(obj)
         return super().reducer_override(obj)
 
 
@@ -89,21 +97,10 @@ class _FastPickler(pickle.Pickler):
     # called for objects other than the builtin scalars and containers (C's pickler checks those first)
     def reducer_override(self, obj):
         if isinstance(obj, _KERNEL_TYPES):
-            return _Pickler.reducer_override(self, obj)
-        if isinstance(obj, (types.FunctionType, type)) and not _importable(obj):
+            return _reduce_kernel(obj)
+        if isinstance(obj, (types.FunctionType, type)) and not _found_as(obj, obj):
             raise _ByValue
         return NotImplemented
-
-
-def _importable(obj) -> bool:
-    """Whether `obj` is its module's attribute of its name in a module the receiver can import."""
-    module = obj.__module__
-    if module == "__main__" or module not in sys.modules:
-        return False
-    found = sys.modules[module]
-    for part in obj.__qualname__.split("."):
-        found = getattr(found, part, None)
-    return found is obj
 
 
 def dumps(obj) -> bytes:

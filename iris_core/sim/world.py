@@ -245,11 +245,11 @@ class SimWorld:
         workers, ranks = {rank: w}, [rank]
         if status == _TIMED_OUT:
             self._timed_out(workers, ranks, [rank], limit, what)
-        if status != _DONE:
-            return True, self._answer(workers, rank, ranks, set(), _raise(EOFError), what)
-        n = length.value
 
         def read() -> bytes:
+            if status != _DONE:  # the worker's end closed, or a system call failed
+                raise EOFError
+            n = length.value
             head = buffer.raw[:min(n, len(buffer))]
             return head if n <= len(buffer) else head + _read_exactly(fd, n - len(buffer))
 
@@ -347,12 +347,6 @@ def _read_exactly(fd: int, n: int) -> bytes:
         parts.append(part)
         n -= len(part)
     return b"".join(parts)
-
-
-def _raise(error: type):
-    def read():
-        raise error
-    return read
 
 
 def _rank_error(kind: type | None) -> type:
