@@ -19,7 +19,7 @@ import weakref
 
 import jax
 import numpy as np
-from jax._src import source_info_util
+from jax._src import core, source_info_util
 from jax.interpreters import mlir
 
 from iris_core.platform import SIMULATOR
@@ -30,7 +30,7 @@ from iris_jax.calls import cpu_execution, host_meeting
 from iris_jax.calls._ffi import register_cpu_target
 from iris_jax.calls.autotune import resolve_call
 from iris_jax.calls.cpu_execution import KernelSpec
-from iris_jax.calls.operands import extra_operands
+from iris_jax.calls.operands import partition_operands, pick_rows
 from iris_jax.calls.triton_call import aval_nbytes, iris_triton_call_p, normalize_grid
 
 _CALL_PARAMS = {"name", "custom_call_target_name", "num_warps", "num_stages", "num_ctas",
@@ -44,8 +44,9 @@ def _lower(ctx, operands, avals_in, *, pass_context, fn, scalar_args, out_shapes
     result_params = tuple(range(len(out_shapes))) if result_params is None else tuple(result_params)
     group = 1 if group_axes else 0
     scalars = tuple(sorted((i + group, v) for i, _, v in scalar_args))
-    extra, extra_avals = extra_operands(ctx, group_axes, workspace, axis_index_groups)
-    lead = extra_avals if pass_context else []
+    extra, extra_avals, row_bytes = partition_operands(ctx, group_axes, workspace, axis_index_groups)
+    row_avals = [core.ShapedArray(table.shape[1:], np.int32) for table in extra_avals[1:]]
+    lead = row_avals if pass_context else []
     # iris_triton_call numbers its operands after the device index (hence - pass_context)
     launch = resolve_call(fn, [*lead, *avals_in], scalars, [ctx.avals_out[o] for o in result_params], metaparams,
                           {len(lead) + i - pass_context: o for i, o in input_output_aliases})
@@ -61,11 +62,11 @@ def _lower(ctx, operands, avals_in, *, pass_context, fn, scalar_args, out_shapes
         zeroed=tuple(zeroed), result_params=result_params, symmetric=tuple(symmetric), pass_context=pass_context,
         runtime=weakref.ref(runtime_lib.runtime()), debug=bool(debug))
     if group_axes:
-        spec = dataclasses.replace(spec, group_nbytes=aval_nbytes(extra_avals[1]), site=_site(ctx),
+        spec = dataclasses.replace(spec, group_nbytes=row_bytes[1], site=_site(ctx),
                                    host=cpu_execution.host_collective(launch.kernel, launch.constexprs,
                                                                       spec.operand_dtypes[0]),
                                    **_signature(spec, avals_in))
-    # the custom call's operands are [context row, group row?, *operands, previous result?]
+    # the custom call's operands are [partition id, context table, group table?, *operands, previous result?]
     offset = len(extra) - (1 if pass_context else 0)
     aliases = {i + offset: o for i, o in input_output_aliases}
     previous = _previous_call(ctx)
@@ -75,7 +76,8 @@ def _lower(ctx, operands, avals_in, *, pass_context, fn, scalar_args, out_shapes
     if meeting is not None:  # a host collective: its members meet in C
         name, attributes = meeting[0], {"site": meeting[1]}
     else:
-        name = register_cpu_target("iris_cpu_kernel", lambda ins, outs: cpu_execution.execute(spec, ins, outs))
+        name = register_cpu_target("iris_cpu_kernel",
+                                   lambda ins, outs: cpu_execution.execute(spec, pick_rows(ins, row_bytes), outs))
         attributes = {}
     tail, tail_avals = ([previous[0]], [previous[1]]) if previous is not None else ([], [])
     call_ctx = ctx.replace(avals_in=[*extra_avals, *avals_in, *tail_avals])

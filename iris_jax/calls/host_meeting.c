@@ -419,12 +419,25 @@ static void *failure(CallFrame *frame, int status, Site *site, int64_t rank, int
     return ffi_error(frame, message[0] ? message : "iris: a collective call failed");
 }
 
+/* The call's operands, [partition id, context table, group table, *rest] (iris_jax.calls.operands.
+ * partition_operands), as [this device's context row, its group row, *rest]; returns their number. */
+static int operand_pointers(CallFrame *frame, void **out) {
+    int64_t partition = *(uint32_t *)frame->args.values[0]->data, n = frame->args.size - 1;
+    for (int i = 0; i < n; i++) {
+        Buffer *b = frame->args.values[i + 1];
+        out[i] = i < 2 ? (char *)b->data + partition * b->dims[1] * (int64_t)sizeof(int32_t) : b->data;
+    }
+    return (int)n;
+}
+
 static void *meet(CallFrame *frame) {
     Site *site = (Site *)(intptr_t)*(int64_t *)((Scalar *)frame->attrs.values[0])->value;
     Place *place = site->place;
-    int64_t rank = *(int64_t *)frame->args.values[0]->data;
+    void *args[frame->args.size];
+    int nargs = operand_pointers(frame, args), nrets = (int)frame->rets.size;
+    int64_t rank = *(int64_t *)args[0];
     pthread_mutex_lock(&place->lock);
-    Row *row = place->closed ? NULL : row_of(site, rank, frame->args.values[1]->data);
+    Row *row = place->closed ? NULL : row_of(site, rank, args[1]);
     if (place->closed || !row) {  /* (after row_of, which leaves the lock to ask Python: the place may close meanwhile) */
         int closed = place->closed;
         pthread_mutex_unlock(&place->lock);
@@ -439,14 +452,13 @@ static void *meet(CallFrame *frame) {
     }
     Meeting *meeting = meeting_of(place, group, number);
     Member *me = &meeting->member[row->index];
-    int nargs = (int)frame->args.size, nrets = (int)frame->rets.size;
     me->site = site;
     me->row = row;
     me->rank = rank;
     me->nargs = nargs;
     me->nrets = nrets;
     me->pointers = malloc(sizeof(void *) * (nargs + nrets));
-    for (int i = 0; i < nargs; i++) me->pointers[i] = frame->args.values[i]->data;
+    memcpy(me->pointers, args, sizeof(void *) * nargs);
     for (int i = 0; i < nrets; i++) me->pointers[nargs + i] = frame->rets.values[i]->data;
     if (++meeting->arrived == group->members) {
         unlink_meeting(place, meeting);

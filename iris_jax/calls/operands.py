@@ -9,9 +9,16 @@ mesh order) become constants and each device selects its row in-graph by partiti
   collective's axes (or in its group of `axis_index_groups` over them), the group's global
   ranks, and the heap offset of the group's workspace (iris_jax._runtime.workspace; one workspace per
   partition of the ranks).
+
+On the simulator (`partition_operands`) the rows are not selected in-graph: the call receives
+the partition id and the whole tables, and its handler picks the rows (`pick_rows`). XLA:CPU
+compiles each in-graph selection into a kernel of its own (LLVM), which made compiling an iris
+program four times as slow as lax's; a constant and the partition id need no code.
 """
 
 from __future__ import annotations
+
+import ctypes
 
 import jax
 import jax.numpy as jnp
@@ -134,6 +141,27 @@ def extra_operands(ctx, group_axes, workspace="collective", axis_index_groups=No
         operands.append(per_device_operand(ctx, table))
         avals.append(core.ShapedArray(table.shape[1:], np.int32))
     return operands, avals
+
+
+def partition_operands(ctx, group_axes, workspace="collective", axis_index_groups=None):
+    """extra_operands as the simulator's calls take them: the partition id (uint32), then the context
+    table and, with `group_axes`, the group table, whole (constants); with the rows' sizes in bytes.
+    The call's handler picks this device's rows with pick_rows."""
+    from jax._src.lib.mlir.dialects import hlo
+
+    tables = [runtime_lib.runtime().context_table(devices_of(ctx))]
+    if group_axes:
+        tables.append(group_table(ctx, group_axes, workspace, axis_index_groups))
+    operands = [hlo.partition_id(), *(mlir.ir_constant(np.ascontiguousarray(t, np.int32)) for t in tables)]
+    avals = [core.ShapedArray((), np.uint32), *(core.ShapedArray(t.shape, np.int32) for t in tables)]
+    return operands, avals, tuple(4 * t.shape[1] for t in tables)
+
+
+def pick_rows(pointers: list[int], row_bytes: tuple[int, ...]) -> list[int]:
+    """A simulator call's operand pointers [partition id, *tables, *rest] (partition_operands) as
+    [*this device's rows, *rest]."""
+    partition = ctypes.c_uint32.from_address(pointers[0]).value
+    return [table + partition * size for table, size in zip(pointers[1:], row_bytes)] + pointers[1 + len(row_bytes):]
 
 
 def context_aval() -> core.ShapedArray:

@@ -77,9 +77,10 @@ def test_calls_chained_across_nested_jit_and_loops(mode):
     main = next(f for f in re.split(r"\n  func\.func ", text) if f.startswith("public @main"))
     assert len(_kernel_calls(main)) == len(_kernel_calls(text)) == 8
     # the first call of the loop body starts the chain; every later one takes the previous
-    # call's result (or the loop's) as its last operand: 3 operands, 4 once chained
+    # call's result (or the loop's) as its last operand: 4 operands (partition id, context and
+    # group tables, input), 5 once chained
     counts = [len(c.split(",")) for c in _kernel_calls(text)]
-    assert counts == [3] + [4] * 7, counts
+    assert counts == [4] + [5] * 7, counts
 
 
 @pytest.mark.parametrize("mode", ["host", "kernels"])
