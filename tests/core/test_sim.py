@@ -228,6 +228,41 @@ def test_segments_of_killed_runs_are_removed_by_the_next_run():
                 os.unlink(path)
 
 
+def test_workers_end_with_their_parent_even_in_a_long_call():
+    """A parent killed while its ranks are busy (a long kernel) takes its workers with it within
+    seconds: no rank runs its call to the end for no one."""
+    script = textwrap.dedent("""
+        import threading, time
+        from iris_core.sim import get_world
+        from tests.core.test_sim import sleep_for
+        world = get_world(2)
+        world.run(sleep_for, 0)  # the workers start
+        print(*(w.process.pid for w in world._workers), flush=True)
+        threading.Thread(target=world.run, args=(sleep_for, 120), daemon=True).start()
+        time.sleep(120)
+    """)
+    parent = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        workers = [int(pid) for pid in parent.stdout.readline().split()]
+        assert len(workers) == 2, workers
+        time.sleep(0.5)  # both in their call
+    finally:
+        parent.kill()
+        parent.wait()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(_alive(pid) for pid in workers):
+        time.sleep(0.2)
+    assert not any(_alive(pid) for pid in workers), "a worker outlived its parent"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # (a zombie has ended)
+    except FileNotFoundError:
+        return False
+
+
 def test_rank_state_needs_a_session_name_with_several_heaps():
     world = get_world(2)
     with world.create_heaps(1 << 16), world.create_heaps(1 << 16):
