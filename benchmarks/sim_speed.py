@@ -12,7 +12,9 @@ medians and their ratio (iris / lax) are printed. `--mode` is init(sim_collectiv
 (the default: the ranks meet in this process) or "kernels" (the collective kernels under
 Triton's interpreter, as before). With --detect-races, the collectives run their kernels
 (detection checks them) and the table is measured without and with the race detector, the
-third table giving the detector's cost (with / without). GPU speed is benchmarks/collectives.py.
+third table giving the detector's cost (with / without). With --compile, each cell is instead the
+time to lower and compile a program of one call (a new shape each time, the median of `--reps`),
+iris's and lax's. GPU speed is benchmarks/collectives.py.
 """
 
 from __future__ import annotations
@@ -99,6 +101,7 @@ def main():
                         help="init(sim_collectives=...): how the simulator runs the collectives")
     parser.add_argument("--detect-races", action="store_true", help="time the kernels without and with the detector")
     parser.add_argument("--dtype", default="float32", help="the elements' type (a jax.numpy dtype name)")
+    parser.add_argument("--compile", action="store_true", help="time lowering and compiling, not calls")
     small.add_flag(parser, "psum of 4 KiB per rank on 2 ranks, once")
     opts = parser.parse_args()
     if opts.small:
@@ -107,8 +110,8 @@ def main():
     os.environ["JAX_PLATFORMS"] = "cpu"
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                                + f" --xla_force_host_platform_device_count={max(ranks)}").strip()
-    if not opts.detect_races:
-        _table(opts, ranks, opts.mode, detect_races=False)
+    if opts.compile or not opts.detect_races:
+        (_compile_table if opts.compile else _table)(opts, ranks, opts.mode)
         return
     plain = _table(opts, ranks, "kernels", detect_races=False)
     checked = _table(opts, ranks, "kernels", detect_races=True)
@@ -118,7 +121,7 @@ def main():
         print(f"{key[0]:<18}{key[1]:>6}" + "".join(f"{b / a:>9.1f}x" for a, b in zip(plain[key], checked[key])))
 
 
-def _table(opts, ranks: list[int], mode: str, detect_races: bool) -> dict:
+def _table(opts, ranks: list[int], mode: str, detect_races: bool = False) -> dict:
     """iris's seconds per call by (op, ranks) and size; prints iris, lax and their ratio."""
     import jax
     import jax.numpy as jnp
@@ -168,6 +171,38 @@ def _table(opts, ranks: list[int], mode: str, detect_races: bool) -> dict:
             table[name, W] = times
     iris_jax.shutdown()
     return table
+
+
+def _compile_table(opts, ranks: list[int], mode: str) -> None:
+    """Prints the milliseconds to lower and compile a program of one call, iris | lax | iris / lax, by op
+    and ranks (put_to_next left out: a user kernel's call lowers as a collective's does)."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    import iris_jax
+
+    rt = iris_jax.init(sim_collectives=mode)
+    dtype = jnp.dtype(opts.dtype)
+    print(f"\nsimulator ({mode}), {os.cpu_count()} cores, {dtype.name}: ms to lower and compile a program of "
+          f"one call, median of {opts.reps} shapes (iris | lax | iris / lax)")
+    for W in ranks:
+        mesh = jax.make_mesh((W,), ("i",), devices=rt.devices[:W])
+        for name, (iris_op, lax_op) in _ops("i", W).items():
+            if name not in opts.ops.split(",") or iris_op is None:
+                continue
+            iris_t, lax_t = [], []
+            for k in range(opts.reps):  # a new shape each time: nothing comes from a cache
+                x = jax.ShapeDtypeStruct((W * W * (k + 1),), dtype, sharding=NamedSharding(mesh, P("i")))
+                for op, into in ((iris_op, iris_t), (lax_op, lax_t)):
+                    f = jax.jit(jax.shard_map(op, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+                    start = time.perf_counter()
+                    f.lower(x).compile()
+                    into.append(time.perf_counter() - start)
+            a, b = statistics.median(iris_t), statistics.median(lax_t)
+            print(f"{name:<18}{W:>6}{a * 1e3:9.1f} |{b * 1e3:7.1f} |{a / b:5.1f}x", flush=True)
+    iris_jax.shutdown()
 
 
 if __name__ == "__main__":
