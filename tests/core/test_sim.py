@@ -14,6 +14,7 @@ import triton.language as tl
 from iris_core.errors import PeerTimeoutError, SimulatedRankError
 from iris_core.heap.shared_memory import SHM_DIR
 from iris_core.sim import get_world, launch
+from tests.core.test_segment_lifetimes import wait_gone
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -249,18 +250,8 @@ def test_workers_end_with_their_parent_even_in_a_long_call():
     finally:
         parent.kill()
         parent.wait()
-    deadline = time.monotonic() + 60  # (the watch looks every second; 60 s: no verdict on speed)
-    while time.monotonic() < deadline and any(_alive(pid) for pid in workers):
-        time.sleep(0.2)
-    assert not any(_alive(pid) for pid in workers), "a worker outlived its parent"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # (a zombie has ended)
-    except FileNotFoundError:
-        return False
+    # (the watch looks every second; 60 s: no verdict on speed)
+    assert not wait_gone(workers, timeout_s=60), "a worker outlived its parent"
 
 
 def test_rank_state_needs_a_session_name_with_several_heaps():
