@@ -132,15 +132,19 @@ def group_table(ctx, group_axes: tuple[str, ...], workspace: str = "collective",
     return np.asarray(rows, np.int64).astype(np.int32)
 
 
+def _tables(ctx, group_axes, workspace, axis_index_groups) -> list[np.ndarray]:
+    """The context table, then with `group_axes` the group table."""
+    tables = [runtime_lib.runtime().context_table(devices_of(ctx))]
+    if group_axes:
+        tables.append(group_table(ctx, group_axes, workspace, axis_index_groups))
+    return tables
+
+
 def extra_operands(ctx, group_axes, workspace="collective", axis_index_groups=None):
     """Operands prepended to the kernel's arguments: the context row, then the group row."""
-    operands = [context_operand(ctx)]
-    avals = [context_aval()]
-    if group_axes:
-        table = group_table(ctx, group_axes, workspace, axis_index_groups)
-        operands.append(per_device_operand(ctx, table))
-        avals.append(core.ShapedArray(table.shape[1:], np.int32))
-    return operands, avals
+    tables = _tables(ctx, group_axes, workspace, axis_index_groups)
+    return ([per_device_operand(ctx, t) for t in tables],
+            [core.ShapedArray(t.shape[1:], np.int32) for t in tables])
 
 
 def partition_operands(ctx, group_axes, workspace="collective", axis_index_groups=None):
@@ -149,9 +153,7 @@ def partition_operands(ctx, group_axes, workspace="collective", axis_index_group
     The call's handler picks this device's rows with pick_rows."""
     from jax._src.lib.mlir.dialects import hlo
 
-    tables = [runtime_lib.runtime().context_table(devices_of(ctx))]
-    if group_axes:
-        tables.append(group_table(ctx, group_axes, workspace, axis_index_groups))
+    tables = _tables(ctx, group_axes, workspace, axis_index_groups)
     operands = [hlo.partition_id(), *(mlir.ir_constant(np.ascontiguousarray(t, np.int32)) for t in tables)]
     avals = [core.ShapedArray((), np.uint32), *(core.ShapedArray(t.shape, np.int32) for t in tables)]
     return operands, avals, tuple(4 * t.shape[1] for t in tables)
