@@ -14,7 +14,6 @@ import triton.language as tl
 from iris_core.errors import PeerTimeoutError, SimulatedRankError
 from iris_core.heap.shared_memory import SHM_DIR
 from iris_core.sim import get_world, launch
-from tests.core.test_segment_lifetimes import wait_gone
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -227,31 +226,6 @@ def test_segments_of_killed_runs_are_removed_by_the_next_run():
         for path in (stale, live):
             if os.path.exists(path):
                 os.unlink(path)
-
-
-def test_workers_end_with_their_parent_even_in_a_long_call():
-    """A parent killed while its ranks are busy (a long kernel) takes its workers with it within
-    seconds: no rank runs its call to the end for no one."""
-    script = textwrap.dedent("""
-        import threading, time
-        from iris_core.sim import get_world
-        from tests.core.test_sim import sleep_for
-        world = get_world(2)
-        world.run(sleep_for, 0)  # the workers start
-        print(*(w.process.pid for w in world._workers), flush=True)
-        threading.Thread(target=world.run, args=(sleep_for, 120), daemon=True).start()
-        time.sleep(120)
-    """)
-    parent = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE, text=True)
-    try:
-        workers = [int(pid) for pid in parent.stdout.readline().split()]
-        assert len(workers) == 2, workers
-        time.sleep(0.5)  # both in their call
-    finally:
-        parent.kill()
-        parent.wait()
-    # (the watch looks every second; 60 s: no verdict on speed)
-    assert not wait_gone(workers, timeout_s=60), "a worker outlived its parent"
 
 
 def test_rank_state_needs_a_session_name_with_several_heaps():
