@@ -44,17 +44,19 @@ def smap(mesh, f, in_specs, out_specs, **kwargs):
 
 def child_env(**extra) -> dict:
     """Environment for a child Python process: this checkout importable, no forced device
-    count (a launched rank has exactly one CPU device), no launcher variables; `extra`
-    sets variables (None removes one)."""
+    count (a launched rank has exactly one CPU device) but this process's other XLA flags, no
+    launcher variables; `extra` sets variables (None removes one; XLA_FLAGS adds to the kept flags)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("IRIS_SIM_")}
-    env.pop("XLA_FLAGS", None)
+    kept = " ".join(f for f in env.pop("XLA_FLAGS", "").split() if "xla_force_host_platform_device_count" not in f)
+    if kept:
+        env["XLA_FLAGS"] = kept
     env["JAX_PLATFORMS"] = "cpu"
     env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH", "")) if p)
     for key, value in extra.items():  # value None: remove the variable
         if value is None:
             env.pop(key, None)
         else:
-            env[key] = value
+            env[key] = f"{kept} {value}".strip() if key == "XLA_FLAGS" else value
     return env
 
 

@@ -301,7 +301,9 @@ def test_replace_lax_collectives_at_any_depth(rng):
     f = jax.shard_map(body, mesh=mesh, in_specs=P(None, "tp"), out_specs=P(None, "tp"), axis_names={"tp"})
     program = jax.grad(lambda x: jnp.sum(jnp.sin(f(x))))
     on_iris = iris_jax.replace_lax_collectives(program)
-    np.testing.assert_allclose(np.asarray(on_iris(x)), np.asarray(jax.jit(program)(x)), rtol=1e-5, atol=1e-6)
+    # the gradient passes float32 sums of 32 terms through cos: their rounding, which follows how XLA
+    # fused each program, reaches 1.4e-5 for some inputs (the random x depends on the tests run before)
+    np.testing.assert_allclose(np.asarray(on_iris(x)), np.asarray(jax.jit(program)(x)), rtol=1e-4, atol=1e-6)
     rows = iris_jax.explain(program, x)
     assert rows and all(row.runs_on == "iris" for row in rows), rows
     assert kernels(on_iris.lower(x)) >= 5
