@@ -2,7 +2,9 @@
 
 Every shard of a heap array sits at the same heap offset on its device, so a kernel can
 reach a peer's shard by translating its own pointer. Heap memory returns to the heap
-when the array (all of its shards) is garbage-collected.
+when the array (all of its shards) is garbage-collected. A constructor fills only the calling
+process's shards: with one process per rank, call `iris_jax.barrier()` before kernels write into
+peers' copies (docs/concepts.md).
 """
 
 from __future__ import annotations

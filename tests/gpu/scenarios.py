@@ -79,10 +79,13 @@ class World:
         return jax.make_array_from_callback(whole.shape, NamedSharding(self.mesh, spec), lambda idx: whole[idx])
 
     def heap(self, blocks: np.ndarray, axis: int = 0):
-        """Like put, on the symmetric heap."""
+        """Like put, on the symmetric heap, once every process's shards hold their blocks (a heap
+        constructor fills only its own process's shards, and peers' kernels may write into them)."""
         import iris_jax
 
-        return iris_jax.to_heap(self.put(blocks, axis))
+        array = iris_jax.to_heap(self.put(blocks, axis))
+        iris_jax.barrier()
+        return array
 
     def shard(self, a, rank: int) -> np.ndarray:
         """Rank's shard of `a` (read from its device now); rank must be one of self.ranks."""
@@ -341,6 +344,7 @@ def kernels(world: World) -> None:
     for n, hint in ((SMALL, None), (MID, 16), (LARGE, 16)):
         xs = world.inputs(n, "float32", seed=n)
         buf = iris_jax.full((W * n,), -7.0, jnp.float32, sharding=world.rows)
+        iris_jax.barrier()  # every rank's buf is poisoned before any rank stores into it
         x = world.put(xs)
         out_t = jax.ShapeDtypeStruct((n,), jnp.float32)
         grid = (-(-n // 1024),)
@@ -363,6 +367,7 @@ def kernels(world: World) -> None:
             world.expect(f"ring_load n={n}", world.shard(got, me), xs[me], exact=True)
 
     counter = iris_jax.zeros((W * 64,), jnp.int32, sharding=world.rows)
+    iris_jax.barrier()  # every rank zeroed its counter before any rank adds into rank 0's
     programs, iters = HAMMER
     world.smap(lambda c: iris_jax.triton_call(
         c, kernel=hammer, out_shape=jax.ShapeDtypeStruct((programs,), jnp.int32), grid=(programs,), ITERS=iters, W=W,
@@ -376,6 +381,7 @@ def kernels(world: World) -> None:
     if W % 2 == 0:
         flags = iris_jax.zeros((W * 128,), jnp.int32, sharding=world.rows)
         data = iris_jax.zeros((W * 128,), jnp.int32, sharding=world.rows)
+        iris_jax.barrier()
         res = world.smap(lambda f, d: iris_jax.triton_call(
             f, d, kernel=ping_pong, out_shape=jax.ShapeDtypeStruct((1,), jnp.int32), grid=(1,), ROUNDS=101, W=W,
             symmetric=(0, 1)), (P("i"), P("i")), P("i"))(flags, data)
@@ -385,6 +391,7 @@ def kernels(world: World) -> None:
 
     n = 1000
     buf = iris_jax.zeros((W * n,), jnp.float32, sharding=world.rows)
+    iris_jax.barrier()
     out_t = jax.ShapeDtypeStruct((n,), jnp.float32)
 
     def body(buf, x):
@@ -512,6 +519,7 @@ def tuple_hint(world: World) -> None:
     W, n = world.size, MID
     xs = world.inputs(n, "float32", seed=11)
     buf = iris_jax.full((W * n,), -7.0, jnp.float32, sharding=world.rows)
+    iris_jax.barrier()
     out = world.smap(lambda b, x: iris_jax.triton_call(
         b, x, n, kernel=ring_store, out_shape=jax.ShapeDtypeStruct((n,), jnp.float32), grid=(-(-n // 1024),), W=W,
         BLOCK=1024, HINT=(16,), symmetric=(0,)), (P("i"), P("i")), P("i"))(buf, world.put(xs))
@@ -569,6 +577,7 @@ def device_barrier(world: World, rounds: int = BARRIER_ROUNDS) -> None:
     # each rank stores into the next rank's inbox, then a barrier, then reads its own inbox
     n = 37
     inbox = iris_jax.full((W * n,), -7.0, jnp.float32, sharding=world.rows)
+    iris_jax.barrier()
     xs = world.inputs(n, "float32", seed=3)
     out_t = jax.ShapeDtypeStruct((n,), jnp.float32)
 

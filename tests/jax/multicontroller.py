@@ -57,6 +57,7 @@ def kernels(world) -> None:
     W, block = world.size, 32
     xs = world.inputs(N, "float32", seed=N)
     buf = iris_jax.full((W * N,), -7.0, jnp.float32, sharding=world.rows)
+    iris_jax.barrier()  # every process's buf is poisoned before any rank stores into it
     out_t = jax.ShapeDtypeStruct((N,), jnp.float32)
     grid = (-(-N // block),)
     out = world.smap(lambda b, x: iris_jax.triton_call(
