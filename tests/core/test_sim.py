@@ -14,6 +14,7 @@ import triton.language as tl
 from iris_core.errors import PeerTimeoutError, SimulatedRankError
 from iris_core.heap.shared_memory import SHM_DIR
 from iris_core.sim import get_world, launch
+from tests.core.test_segment_lifetimes import wait_gone
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -226,6 +227,38 @@ def test_segments_of_killed_runs_are_removed_by_the_next_run():
         for path in (stale, live):
             if os.path.exists(path):
                 os.unlink(path)
+
+
+def mark_then_sleep(state, folder, seconds):
+    """A long call that first says it started (a file per rank in `folder`)."""
+    open(os.path.join(folder, str(state.rank)), "w").close()
+    time.sleep(seconds)
+
+
+def test_workers_end_with_their_parent_even_in_a_long_call(tmp_path):
+    """A parent killed while its ranks are busy (a long kernel) takes its workers with it: no rank
+    runs its call to the end for no one."""
+    script = textwrap.dedent(f"""
+        import threading, time
+        from iris_core.sim import get_world
+        from tests.core.test_sim import mark_then_sleep
+        world = get_world(2)
+        world.run(mark_then_sleep, {str(tmp_path / "started")!r}, 0)  # the workers start
+        print(*(w.process.pid for w in world._workers), flush=True)
+        world.run(mark_then_sleep, {str(tmp_path)!r}, 120)
+    """)
+    (tmp_path / "started").mkdir()
+    parent = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        workers = [int(pid) for pid in parent.stdout.readline().split()]
+        assert len(workers) == 2, workers
+        while not all((tmp_path / str(rank)).exists() for rank in range(2)):  # both in their long call
+            assert parent.poll() is None, "the parent ended first"
+            time.sleep(0.02)
+    finally:
+        parent.kill()
+        parent.wait()
+    assert not wait_gone(workers, timeout_s=60), "a worker outlived its parent"  # (60 s: no verdict on speed)
 
 
 def test_rank_state_needs_a_session_name_with_several_heaps():
