@@ -239,15 +239,13 @@ def test_workers_end_with_their_parent_even_in_a_long_call(tmp_path):
     """A parent killed while its ranks are busy (a long kernel) takes its workers with it: no rank
     runs its call to the end for no one."""
     script = textwrap.dedent(f"""
-        import threading, time
         from iris_core.sim import get_world
-        from tests.core.test_sim import mark_then_sleep
+        from tests.core.test_sim import mark_then_sleep, sleep_for
         world = get_world(2)
-        world.run(mark_then_sleep, {str(tmp_path / "started")!r}, 0)  # the workers start
+        world.run(sleep_for, 0)  # the workers start
         print(*(w.process.pid for w in world._workers), flush=True)
         world.run(mark_then_sleep, {str(tmp_path)!r}, 120)
     """)
-    (tmp_path / "started").mkdir()
     parent = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE, text=True)
     try:
         workers = [int(pid) for pid in parent.stdout.readline().split()]
