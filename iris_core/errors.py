@@ -48,3 +48,9 @@ class RankDivergenceWarning(UserWarning):
 
 class RaceWarning(UserWarning):
     """A race the simulator's detector found, with iris_jax.init(detect_races="warn") (RaceError's message)."""
+
+
+class CStepWarning(UserWarning):
+    """One of iris's C host steps (the simulator's hand-off, its collective meeting place, the fault
+    gate) could not be built on this machine: no C compiler, a source file missing from the install,
+    or a failed build. The message names the file and the Python step that runs instead (slower)."""

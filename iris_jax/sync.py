@@ -181,6 +181,7 @@ def check_heap_errors() -> None:
     rt = runtime_lib.runtime()
     rt.backend.wait_for_dispatch()  # take_errors then waits for the launched kernels
     rt.raise_faults()
-    errors = [error_from_word(word, rank, rt.heap_size) for rank, word in rt.heap.take_errors()]
+    heap = rt.heap
+    errors = [error_from_word(word, rank, heap.mapped_size, upper=heap.heap_size) for rank, word in heap.take_errors()]
     if errors:
         raise errors[0] if len(errors) == 1 else type(errors[0])("\n".join(str(e) for e in errors))

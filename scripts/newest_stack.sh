@@ -3,6 +3,7 @@
 # Python 3.13, jax 0.12, jax-triton 0.4, triton 3.9) inside a Debian 13 chroot, since the CPU
 # machines and CI have only Python 3.11. Needs root (debootstrap, chroot, mounts).
 #   bash scripts/newest_stack.sh [pytest args...]     (default: the whole CPU suite)
+#   bash scripts/newest_stack.sh --wheel              (scripts/wheel_check.sh there instead: what users install)
 # The chroot is built once into $IRIS_CHROOT (default /var/tmp/iris-trixie; a minute or two here);
 # the repository is bind-mounted at /iris and its venv lives in the chroot (/opt/iris-venv).
 # JAX's own test files (tests/jax/jax_suite.py): the folder $IRIS_JAX_SHARED (default
@@ -53,6 +54,10 @@ in_chroot() {
         IRIS_VENV=/opt/iris-venv IRIS_STACK=newest PYTHON=python3.13 \
         ${IRIS_JAX_TESTS:+IRIS_JAX_TESTS="$IRIS_JAX_TESTS"} "$@"
 }
+if [ "${1:-}" = "--wheel" ]; then
+    in_chroot bash -c 'cd /iris && bash scripts/wheel_check.sh'
+    exit
+fi
 start=$(date +%s)
 in_chroot bash -c 'cd /iris && bash scripts/setup.sh && . /opt/iris-venv/bin/activate &&
     python -c "import sys, jax, jaxlib, jax_triton, triton; print(\"newest stack: Python\", sys.version.split()[0],

@@ -7,7 +7,8 @@ load, store or atomic. `heap_bases` is a pointer to the W 64-bit heap bases of t
 context (iris_core.heap.context_layout), preceded by the world size and the heap size.
 
 The heap guard (on by default; IRIS_HEAP_GUARD=0 compiles it out): every lane whose
-pointer lies outside the caller's heap, and every lane of an op whose rank is outside
+pointer lies outside the caller's heap (its mapped bytes: the bound word of the caller's
+status line, current as the heap grows), and every lane of an op whose rank is outside
 [0, world_size), is masked off, so nothing outside a heap is touched, and the failure is
 reported in the caller's status word (iris_core.heap.status; the host raises
 NotOnHeapError after the call). Ops without a mask (atomic_cas) and the pointers
@@ -35,6 +36,7 @@ SYSTEM = tl.constexpr("sys")
 GUARD = tl.constexpr(os.environ.get("IRIS_HEAP_GUARD", "1") != "0")
 STATUS_OFFSET = tl.constexpr(status.STATUS_OFFSET)
 SINK_OFFSET = tl.constexpr(status.SINK_OFFSET)
+BOUND_OFFSET = tl.constexpr(status.BOUND_OFFSET)
 RANK_MASK = tl.constexpr(status.RANK_MASK)
 RANK_SHIFT = tl.constexpr(status.RANK_SHIFT)
 OFFSET_MASK = tl.constexpr(status.OFFSET_MASK)
@@ -158,7 +160,6 @@ def _guarded(ptr, from_rank, to_rank, heap_bases, mask, hint: tl.constexpr, OP: 
     reported. The ops pass the caller's own rank (read from the context) as from_rank:
     it is checked only with CHECK_FROM."""
     world = tl.load(heap_bases - 2).to(tl.uint32)
-    heap_size = tl.load(heap_bases - 1)
     rank = tl.cast(to_rank, tl.int32)
     rank_ok = rank.to(tl.uint32) < world
     source = tl.cast(from_rank, tl.int32)
@@ -169,6 +170,8 @@ def _guarded(ptr, from_rank, to_rank, heap_bases, mask, hint: tl.constexpr, OP: 
         source = tl.where(source_ok, source, 0)
     from_base = tl.load(heap_bases + source)
     to_base = tl.load(heap_bases + tl.where(rank_ok, tl.cast(to_rank, tl.int32), 0))
+    # what is mapped on every rank, not the context's upper bound: read from memory, current after a growth
+    heap_size = tl.load(tl.cast(from_base + BOUND_OFFSET, tl.pointer_type(tl.int64)))
     offset = tl.cast(ptr, tl.uint64) - from_base  # wraps below the base: one unsigned compare
     ELEMENT: tl.constexpr = ptr.dtype.element_ty.primitive_bitwidth // 8
     ok = (offset <= heap_size - ELEMENT) & rank_ok

@@ -147,6 +147,7 @@ class CudaHeap(SymmetricHeap):
                 else:
                     self._map_peer_chunks(0, self.mapped_size, session)
             _check(rt.cudaDeviceSynchronize(), "cudaDeviceSynchronize")
+            self.publish_bound()
             for rank in self.local_ranks:
                 self._pages[rank] = _fault_page(rt)
         except BaseException:
@@ -218,7 +219,7 @@ class CudaHeap(SymmetricHeap):
         words = self._pages[rank][1]
         if faults.has_records(words):
             return faults.read_records(words)[0].error(rank)
-        return error_from_word(int(words[faults.STATUS_COPY]), rank, self.heap_size)
+        return error_from_word(int(words[faults.STATUS_COPY]), rank, self.mapped_size, upper=self.heap_size)
 
     def status_address(self, rank: int) -> int:
         """The device address of local rank's status word (iris_core.heap.status)."""
@@ -378,6 +379,14 @@ class CudaHeap(SymmetricHeap):
         _check(rt.cudaSetDevice(self.devices[rank]), "cudaSetDevice")
         _check(rt.cudaMemset(self.heap_bases[rank] + offset, 0, nbytes), "cudaMemset")
         _check(rt.cudaStreamSynchronize(0), "cudaStreamSynchronize")
+
+    def _store_word_local(self, rank: int, offset: int, value: int) -> None:
+        rt = _cudart()
+        word = np.array([value], np.int64)  # (one aligned 8-byte copy: a kernel reads the old or the new bound)
+        _check(rt.cudaSetDevice(self.devices[rank]), "cudaSetDevice")
+        _check(rt.cudaMemcpy(self.heap_bases[rank] + offset, word.ctypes.data, 8,
+                             rt.cudaMemcpyKind.cudaMemcpyDefault), "cudaMemcpy")
+        _check(rt.cudaStreamSynchronize(0), "cudaStreamSynchronize")  # (there before the next launch)
 
     def _release(self) -> None:
         rt = _cudart()

@@ -178,6 +178,7 @@ class SharedMemoryHeap(SymmetricHeap):
             if 0 in self.local_ranks:
                 self._table = _map_table(allocations_path(session), create=True)
                 self._allocations_changed()
+            self.publish_bound()
             _OPEN.add(self)
         except BaseException:
             self._release()
@@ -231,6 +232,9 @@ class SharedMemoryHeap(SymmetricHeap):
 
     def _zero_local(self, rank: int, offset: int, nbytes: int) -> None:
         self._arrays[rank][offset:offset + nbytes] = 0
+
+    def _store_word_local(self, rank: int, offset: int, value: int) -> None:
+        self._arrays[rank][offset:offset + 8].view(np.int64)[0] = value
 
     def read_words(self, rank: int, offset: int, count: int) -> np.ndarray:
         return self.host_view(rank, offset, (count,), np.int64).copy()

@@ -15,6 +15,13 @@ Lanes write with plain stores, so when several fail one of them is kept. An acce
 cannot be masked (a compare-and-swap, a pointer returned by `translate`) is redirected to
 the target's SINK_OFFSET line instead, inside its heap. The host reads and clears the word
 after the call (iris_jax.check_heap_errors) and raises NotOnHeapError.
+
+The guard's bound is the int64 at BOUND_OFFSET of the caller's own heap: how many bytes of
+every rank's heap are memory (`SymmetricHeap.mapped_size`), not the upper bound reserved for
+growth, past which nothing is mapped. The host writes it into each heap it owns at init and
+after each growth, once every process mapped the new bytes of every rank (iris_core.heap.
+symmetric), so a kernel reads it current from memory, whenever it was compiled; a bound that
+is one growth behind only refuses what was not there yet, it never lets a fault through.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from iris_core.errors import NotOnHeapError
 
 RESERVED_BYTES = 256  # offset 0 of every heap: never handed out by the allocator
 STATUS_OFFSET = 0
+BOUND_OFFSET = 64  # the guard's bound (the bytes mapped on every rank), an int64: see above
 SINK_OFFSET = 128
 
 OPS = ("translate", "load", "store", "get", "put", "copy", "atomic_add", "atomic_sub", "atomic_xchg",
@@ -61,20 +69,32 @@ def decode(word: int) -> dict | None:
             "rank_error": bool(word & RANK_ERROR_BIT)}
 
 
-def describe(info: dict, rank: int, heap_size: int, kernel: str | None = None) -> str:
-    """The NotOnHeapError message for a decoded status word of `rank`."""
+def describe(info: dict, rank: int, bound: int, kernel: str | None = None, upper: int | None = None) -> str:
+    """The NotOnHeapError message for a decoded status word of `rank`, whose heap's guard
+    bound (mapped bytes) was `bound` of an `upper` bound reserved for growth."""
     who = f"kernel {kernel}" if kernel else "an iris kernel"
     if info["rank_error"]:
         return (f"{who} on rank {rank}: {info['op']} with rank {info['rank']}, which is outside "
                 "[0, world_size); nothing was accessed. Pass a rank of the world (ctx.rank, a group member).")
     offset = info["offset"]
-    where = "before the heap" if offset < 0 else "past the heap's end" if offset >= heap_size else "at the heap's end"
+    if offset < 0:
+        where = "before the heap"
+    elif offset < bound:
+        where = f"at the heap's end ({bound} bytes mapped)"
+    elif upper is None or upper <= bound:
+        where = f"past the heap's end ({bound} bytes)"
+    elif offset >= upper:
+        where = f"past the heap's upper bound ({upper} bytes, of which {bound} are mapped)"
+    else:
+        where = (f"past the heap's {bound} mapped bytes (below its upper bound of {upper}: reserved for growth, "
+                 "not memory)")
     return (f"{who} on rank {rank}: {info['op']} to rank {info['rank']} through a pointer at byte offset "
-            f"{offset} from the caller's heap base, {where} (heap size {heap_size}); nothing was accessed. A pointer "
+            f"{offset} from the caller's heap base, {where}; nothing was accessed. A pointer "
             "given to a remote op must point into the caller's symmetric heap: pass arrays made by iris_jax "
             "(zeros, to_heap, ...) straight into the jitted function, and keep offsets inside them.")
 
 
-def error_from_word(word: int, rank: int, heap_size: int, kernel: str | None = None) -> NotOnHeapError | None:
+def error_from_word(word: int, rank: int, bound: int, kernel: str | None = None,
+                    upper: int | None = None) -> NotOnHeapError | None:
     info = decode(word)
-    return None if info is None else NotOnHeapError(describe(info, rank, heap_size, kernel))
+    return None if info is None else NotOnHeapError(describe(info, rank, bound, kernel, upper))

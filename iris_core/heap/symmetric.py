@@ -12,7 +12,7 @@ import numpy as np
 from iris_core.errors import HeapExhaustedError
 from iris_core.heap.allocator import ALIGNMENT, HeapAllocator, format_bytes
 from iris_core.heap.context_layout import encode_context
-from iris_core.heap.status import RESERVED_BYTES, STATUS_OFFSET
+from iris_core.heap.status import BOUND_OFFSET, RESERVED_BYTES, STATUS_OFFSET
 
 
 class SymmetricHeap(abc.ABC):
@@ -29,7 +29,9 @@ class SymmetricHeap(abc.ABC):
     once, as collective as the allocation that asks for it: every process decides alike
     (their allocators made the same calls) and `agree` (the runtime's: a process barrier that
     shares each one's outcome) makes one rank's failure every rank's HeapExhaustedError.
-    A live block never moves (its offset is its address on every rank).
+    A live block never moves (its offset is its address on every rank). The device's heap guard
+    refuses what lies past `mapped_size`: each heap holds that bound in its status line
+    (`publish_bound`, at init and after each growth; iris_core.heap.status).
     """
 
     GROWTH_STEP = 64 << 20  # a growth maps at least this much more (and a multiple of it)
@@ -114,6 +116,16 @@ class SymmetricHeap(abc.ABC):
     @abc.abstractmethod
     def _zero_local(self, rank: int, offset: int, nbytes: int) -> None: ...
 
+    @abc.abstractmethod
+    def _store_word_local(self, rank: int, offset: int, value: int) -> None:
+        """Writes the int64 `value` at `offset` of local rank's heap; returns when it is there."""
+
+    def publish_bound(self) -> None:
+        """Writes the guard's bound (`mapped_size`) into the status line of every heap this process
+        owns; heap types call it at the end of init, `_grow_for` after each growth."""
+        for rank in self.local_ranks:
+            self._store_word_local(rank, BOUND_OFFSET, self.mapped_size)
+
     def read_words(self, rank: int, offset: int, count: int) -> np.ndarray:
         """`count` int64 words of rank's heap at `offset`, copied to the host (after the
         device work that wrote them finished); a peer's heap too where this process maps it."""
@@ -171,6 +183,7 @@ class SymmetricHeap(abc.ABC):
             self.allocator.grow(new)
             self.mapped_size = new
             self.growths += 1
+            self.publish_bound()  # (every process mapped every rank's new bytes: kernels may reach them)
 
     def _map(self, old: int, new: int) -> None:
         """Makes bytes [old, new) of this process's ranks' ranges memory (the peers' follow in
@@ -232,9 +245,9 @@ class SymmetricHeap(abc.ABC):
         return self.heap_bases[rank] + offset
 
     def locate(self, address: int) -> tuple[int, int] | None:
-        """(rank, offset) of an address inside one of the heaps, else None."""
+        """(rank, offset) of an address inside the mapped part of one of the heaps, else None."""
         for rank, base in enumerate(self.heap_bases):
-            if base <= address < base + self.heap_size:
+            if base <= address < base + self.mapped_size:
                 return rank, address - base
         return None
 

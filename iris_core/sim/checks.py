@@ -70,7 +70,8 @@ def check_access(bad, offset, rank, rank_ok, from_base, from_rank, heap_size, ac
         offsets = _values(offset).astype(np.uint64).view(np.int64)
         where = int(offsets[min(lane, offsets.size - 1)])
         info = {"op": op_name, "rank": target, "offset": where, "rank_error": not bool(_values(rank_ok).all())}
-        raise NotOnHeapError(status.describe(info, me, size, kernel_name()))
+        heap = heap_at(int(_values(from_base)[0]))
+        raise NotOnHeapError(status.describe(info, me, size, kernel_name(), heap.heap_size if heap else None))
     if CHECKED:
         _check_allocation(offset, access, from_base, me, _values(rank), op_name, int(_values(element)[0]))
 

@@ -303,6 +303,8 @@ def stagger(session: str, world_size: int, heap_size: int, delays_s) -> None:
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _DEVICE = os.path.join(os.path.dirname(_HERE), "device")
 _TRITON = os.path.dirname(os.path.dirname(os.path.abspath(np.__file__)))  # site-packages: triton, numpy
+# iris's other modules count as kernel code wherever iris is installed (site-packages too, for a wheel)
+_IRIS = tuple(os.path.join(os.path.dirname(os.path.dirname(_HERE)), p, "") for p in ("iris_core", "iris_jax"))
 _DYNAMIC = "<dynamic-code>"
 _CATEGORY: dict = {}  # code object -> 0 (skip: Triton, the simulator), 1 (the device API), 2 (kernel code)
 
@@ -311,10 +313,12 @@ def _category(code) -> int:
     found = _CATEGORY.get(code)
     if found is None:
         name = os.path.abspath(code.co_filename)
-        if name.startswith(_HERE) or name.startswith(_TRITON) or "/triton/" in name or "/numpy/" in name:
-            found = 0
-        elif name.startswith(_DEVICE):
+        if name.startswith(_DEVICE):
             found = 1
+        elif name.startswith(_HERE) or "/triton/" in name or "/numpy/" in name:
+            found = 0
+        elif name.startswith(_TRITON) and not name.startswith(_IRIS):
+            found = 0
         else:
             found = 2
         _CATEGORY[code] = found

@@ -317,11 +317,14 @@ class SimWorld:
 _DONE, _SPOKE_FIRST, _TIMED_OUT = 0, 1, 2  # exchange.c's answers (and CLOSED 3, FAILED 4)
 
 
+EXCHANGE_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "exchange.c")
+
+
 @functools.cache
 def _exchange():
-    """exchange.c, built on first use (None where no C compiler works: Python's calls take its place)."""
-    lib = c_build.build(os.path.join(os.path.dirname(os.path.abspath(__file__)), "exchange.c"),
-                        what="the simulator's hand-off to its ranks")
+    """exchange.c, built on first use (None where it cannot be built: Python's calls take its place)."""
+    lib = c_build.build(EXCHANGE_SOURCE, what="the simulator's hand-off to its ranks",
+                        instead="Python's connection (iris_core.sim.world.SimWorld.call)")
     if lib is not None:
         lib.iris_sim_exchange.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32, ctypes.c_char_p,
                                           ctypes.c_uint32, ctypes.c_int, ctypes.POINTER(ctypes.c_uint64)]

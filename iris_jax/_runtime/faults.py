@@ -84,7 +84,8 @@ class FaultWatch:
                 word = self._heap.peek_status(rank) if peek and rank not in self._refused else 0
                 if word:  # a refused access has no time of its own: it counts as now
                     self._refused.add(rank)
-                    found.append((time.time_ns(), (rank, "guard"), error_from_word(word, rank, self._heap.heap_size)))
+                    found.append((time.time_ns(), (rank, "guard"), error_from_word(word, rank, self._heap.mapped_size,
+                                                                                      upper=self._heap.heap_size)))
             for _, key, error in sorted(found, key=lambda f: f[0]):
                 if key in self._reported:
                     continue

@@ -12,8 +12,8 @@ from iris_jax.calls import kernel_cache
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def build(name: str, *, flags: tuple = (), what: str) -> ctypes.CDLL | None:
-    """`name`.c of this folder as a shared library; None (having warned that `what` takes a slower
-    Python path) where no C compiler is found or the build fails."""
+def build(name: str, *, flags: tuple = (), what: str, instead: str) -> ctypes.CDLL | None:
+    """`name`.c of this folder as a shared library; None (having warned, naming the file and `instead`,
+    the Python step that takes its place) where it cannot be built."""
     return c_build.build(os.path.join(_HERE, f"{name}.c"), headers=[os.path.join(_HERE, "xla_ffi.h")], flags=flags,
-                         what=what, directory=kernel_cache.cache_dir())
+                         what=what, instead=instead, directory=kernel_cache.cache_dir())

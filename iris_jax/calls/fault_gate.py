@@ -67,11 +67,18 @@ _CONTROL_FLOW_MODULES = ("/lax/control_flow/",)
 
 
 @functools.cache
-def _library() -> ctypes.CDLL | None:
-    """fault_gate.c (built by c_build); None where it cannot be built."""
+def _built() -> ctypes.CDLL | None:
+    """fault_gate.c as a shared library (c_build); None where it cannot be built."""
     layout = (f"-DSTATUS_COPY={faults.STATUS_COPY}", f"-DSLOTS_AT={faults.SLOTS_AT}", f"-DSLOT={faults.SLOT}",
               f"-DSLOTS={faults.SLOTS}")
-    lib = c_build.build("fault_gate", flags=layout, what="the fault gate's host step")
+    return c_build.build("fault_gate", flags=layout, what="the fault gate's host step",
+                         instead="a Python gate (iris_jax.calls.fault_gate._python_gate)")
+
+
+@functools.cache
+def _library() -> ctypes.CDLL | None:
+    """The fault gate's C step, started; None where it cannot be built or no CUDA driver loads."""
+    lib = _built()
     if lib is None:
         return None
     lib.iris_gate_start.argtypes = [_FORMATTER]

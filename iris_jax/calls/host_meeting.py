@@ -67,7 +67,8 @@ def _library() -> ctypes.CDLL | None:
               f"-DRECORD_BYTES={call_table.RECORD_BYTES}", f"-DTEXT_BYTES={call_table.TEXT_BYTES}",
               *(f"-D{name.upper()}={getattr(kinds, name.upper())}" for name in
                 ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "sum", "max")))
-    lib = c_build.build("host_meeting", flags=layout, what="the simulator's collective meeting place")
+    lib = c_build.build("host_meeting", flags=layout, what="the simulator's collective meeting place",
+                        instead="the Python meeting (iris_jax.calls.host_meeting)")
     if lib is None:
         return None
     lib.iris_meet_place.restype = ctypes.c_void_p

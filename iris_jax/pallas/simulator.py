@@ -136,8 +136,9 @@ def _run(op, dtype, slot, sem, words, index, rank, mask, other, *operands, check
 
 
 def _check_bounds(op, pointers, base, rank, itemsize):
-    """A wild pointer would crash the process (on GPUs it faults the kernel): raise instead."""
-    size = runtime_lib.runtime().heap_size
+    """A wild pointer would crash the process (on GPUs it faults the kernel): raise instead
+    (the heap's mapped bytes, as the Triton device API's guard bounds them)."""
+    size = runtime_lib.runtime().heap.mapped_size
     if pointers.size and (int(pointers.min()) < base or int(pointers.max()) + itemsize > base + size):
         raise IndexError(f"iris {op}: an index reaches outside rank {rank}'s heap (offsets "
                          f"{int(pointers.min()) - base}..{int(pointers.max()) - base}, heap of {size} bytes)")

@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from iris_core.errors import HeapExhaustedError, IrisError
-from iris_core.heap import cuda, vmm
+from iris_core.heap import cuda, status, vmm
 from iris_core.heap.rendezvous import FileStore
 
 MiB = 1 << 20
@@ -23,8 +23,11 @@ class FakeCuda:
     class cudaError_t:  # noqa: N801 - CUDA's name
         cudaSuccess, cudaErrorPeerAccessAlreadyEnabled = 0, 704
 
+    class cudaMemcpyKind:  # noqa: N801 - CUDA's name
+        cudaMemcpyDefault, cudaMemcpyDeviceToHost = 4, 2
+
     def __init__(self, total=80 << 30):
-        self.total, self.pages, self.memsets = total, [], []
+        self.total, self.pages, self.memsets, self.words = total, [], [], []
 
     def __getattr__(self, name):  # the calls whose answer does not matter here
         return lambda *args: (0,)
@@ -34,6 +37,12 @@ class FakeCuda:
 
     def cudaMemset(self, pointer, value, nbytes):
         self.memsets.append((pointer, nbytes))
+        return (0,)
+
+    def cudaMemcpy(self, destination, source, nbytes, kind):
+        """Records an int64 written into a heap (the guard's bound): (address, value)."""
+        assert nbytes == 8 and kind == self.cudaMemcpyKind.cudaMemcpyDefault, (nbytes, kind)
+        self.words.append((destination, ctypes.c_int64.from_address(source).value))
         return (0,)
 
     def cudaDeviceCanAccessPeer(self, a, b):
@@ -127,6 +136,8 @@ def test_a_vmm_heap_reserves_its_bound_and_maps_as_allocations_need(fakes):
         assert sorted(fake_vmm.ranges.values()) == [4 << 30, 4 << 30]
         bases = list(heap.heap_bases)
         assert [m.pointer for m in fake_vmm.mapped] == bases  # the first GiB at each base
+        bound = [(base + status.BOUND_OFFSET, 1 << 30) for base in bases]  # the guard's: what is mapped
+        assert fake_cuda.words == bound
         first = heap.allocate(512 * MiB)
         big = heap.allocate(700 * MiB, owner="arrays")  # past 1 GiB: one growth, 256 MiB steps
         assert heap.growths == 1 and heap.mapped_size == 1280 * MiB  # the free end extended, to 256 MiB steps
@@ -135,6 +146,7 @@ def test_a_vmm_heap_reserves_its_bound_and_maps_as_allocations_need(fakes):
                  and m.pointer < base + heap.heap_size]
         assert grown.count((1 << 30, 256 * MiB)) == 2  # each rank's new allocation at base + 1 GiB
         assert (bases[1] + (1 << 30), 256 * MiB) in fake_cuda.memsets  # zeroed, as at init
+        assert fake_cuda.words[2:] == [(base + status.BOUND_OFFSET, 1280 * MiB) for base in bases]  # then moved
     finally:
         heap.close()
     assert fake_vmm.mapped == [] and fake_vmm.ranges == {}

@@ -139,6 +139,28 @@ def test_a_call_on_one_rank_in_c_and_in_python(step, monkeypatch):
     assert world.run(rank_and_size) == [(0, 2), (1, 2)]
 
 
+def test_an_install_without_exchange_c_warns_once_and_runs(monkeypatch, tmp_path):
+    """An install that lacks the C step's source (issue 65: the wheel once did): one CStepWarning
+    names the file and the Python step that takes its place, and the calls still run."""
+    from iris_core.errors import CStepWarning
+    from iris_core.sim import world as world_module
+
+    missing = str(tmp_path / "iris_core" / "sim" / "exchange.c")
+    monkeypatch.setattr(world_module, "EXCHANGE_SOURCE", missing)
+    world_module._exchange.cache_clear()
+    try:
+        with pytest.warns(CStepWarning) as caught:
+            assert world_module._exchange() is None
+            assert world_module._exchange() is None  # (asked again: no second warning)
+        assert len(caught) == 1
+        assert str(caught[0].message) == (
+            f"iris: the simulator's hand-off to its ranks ({missing}) did not build: {missing} not found; "
+            "Python's connection (iris_core.sim.world.SimWorld.call) takes its place (slower)")
+        assert get_world(2).call(1, long_reply, 300_000) == b"\x01" * 300_000
+    finally:
+        world_module._exchange.cache_clear()
+
+
 def test_rank_error_names_the_rank_and_its_traceback_then_world_recovers():
     world = get_world(3)
     with pytest.raises(SimulatedRankError) as info:

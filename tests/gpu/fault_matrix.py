@@ -30,6 +30,11 @@ survivors' next step (a new runtime, or the next call failing at once), and prin
     fused_missing the last rank never calls the fused matmul_all_reduce: the others get
                   PeerTimeoutError naming it; every rank's next fused call fails at once
                   (PeerFailedError: the lines were poisoned); then a new runtime
+    guard_bound   stores just past the mapped heap, just below its upper bound and past it,
+                  on the caller's heap and the next rank's, before and after the heap grows
+                  (tests/gpu/heap_guard.py's heap_guard_bound, a heap of GUARD_BOUND_HEAP):
+                  each refused and named, nothing written, the next call works; after the
+                  growth a store at the old bound lands
 """
 
 import faulthandler
@@ -44,6 +49,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 TIMEOUT_S = 3.0
 N = 65
 HEAP_BYTES = 512 << 20  # the collective workspace takes about 200 MiB of it
+GUARD_BOUND_HEAP = 4 << 30  # an upper bound past what a VMM heap maps at init (1 GiB): room to grow
 
 
 def main():
@@ -54,7 +60,8 @@ def main():
     jax.distributed.initialize(f"localhost:{port}", num_processes=n, process_id=me, local_device_ids=[0])
     import iris_jax
 
-    rt = iris_jax.init(heap_size=HEAP_BYTES, on_fault="trap" if case == "missing_trap" else "exit")
+    rt = iris_jax.init(heap_size=GUARD_BOUND_HEAP if case == "guard_bound" else HEAP_BYTES,
+                       on_fault="trap" if case == "missing_trap" else "exit")
     result = CASES[case](me, n, rt)
     print(f"fault {case} process {me}: {json.dumps(result)}", flush=True)
     os._exit(0)  # a dead peer or a lost CUDA context: no teardown through the coordination service
@@ -287,6 +294,24 @@ def guard(me, n, rt):
     return result
 
 
+def guard_bound(me, n, rt):
+    import iris_jax
+    from tests.gpu.heap_guard import heap_guard_bound
+    from tests.gpu.scenarios import World
+
+    world = World(".", shared_gpu=True)
+    mapped = rt.heap.mapped_size
+    start = time.monotonic()
+    heap_guard_bound(world)
+    result = {"seconds": time.monotonic() - start, "checks": world.checks, "failures": world.failures[:10],
+              "mapped": [mapped, rt.heap.mapped_size], "upper": rt.heap.heap_size}
+    got = _smap(_reduce)(_ones(n))
+    iris_jax.block_until_ready(got)
+    ok = float(got.addressable_shards[0].data[0, 0]) == n
+    result["next"] = "same runtime: all_reduce OK" if ok else "same runtime: all_reduce WRONG"
+    return result
+
+
 def exhausted(me, n, rt):
     import jax.numpy as jnp
 
@@ -420,7 +445,7 @@ def tile_mismatch(me, n, rt):
 
 CASES = {"missing": missing, "killed": killed, "mismatch": mismatch, "guard": guard, "exhausted": exhausted,
          "missing_trap": missing_trap, "fused_mismatch": fused_mismatch, "fused_missing": fused_missing,
-         "tile_mismatch": tile_mismatch}
+         "tile_mismatch": tile_mismatch, "guard_bound": guard_bound}
 
 if __name__ == "__main__":
     main()

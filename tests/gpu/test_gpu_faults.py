@@ -173,6 +173,17 @@ def test_kernel_refused_by_the_heap_guard(worlds, case, world):
         assert r["again"] is None and r["untouched"] and r["next"] == "same runtime: all_reduce OK", r
 
 
+@_worlds("guard_bound", 2, 4)
+def test_the_guard_bound_is_what_is_mapped(worlds, case, world):
+    """Issue 66: every refusal named (its message checked), nothing written, the next call working,
+    before and after a growth."""
+    found, texts = worlds[case, world].result()
+    for r in _survivors(found, texts, world, None):
+        assert not r["failures"] and r["checks"] > 0, r
+        assert r["mapped"][1] > r["mapped"][0], f"the heap did not grow: {r}"
+        assert r["next"] == "same runtime: all_reduce OK", r
+
+
 @_worlds("exhausted", 2, 4)
 def test_heap_exhausted(worlds, case, world):
     found, texts = worlds[case, world].result()

@@ -32,7 +32,7 @@ HANG_S = 60  # a bound against a hung watchdog only: it passes every WATCH_S (0.
 class PagedHeap:
     """The part of a GPU heap the watch reads: a fault page and a status word per local rank."""
 
-    heap_size = 1 << 20
+    heap_size = mapped_size = 1 << 20  # (a heap mapped to its bound)
 
     def __init__(self, ranks=(0, 1)):
         self.local_ranks = list(ranks)

@@ -20,6 +20,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import iris_jax
+from iris_core.errors import CStepWarning
 from iris_jax.calls import host_meeting
 from tests.jax.helpers import use_runtime
 
@@ -136,7 +137,8 @@ def test_without_a_c_compiler_the_python_meeting_runs(monkeypatch, tmp_path):
     monkeypatch.setenv("IRIS_KERNEL_CACHE_DIR", str(tmp_path))  # (nothing built before to load)
     host_meeting._library.cache_clear()
     try:
-        with pytest.warns(UserWarning, match="meeting place did not build"):
+        with pytest.warns(CStepWarning, match=r"meeting place \(\S+host_meeting\.c\) did not build: .*; "
+                                              r"the Python meeting \(iris_jax.calls.host_meeting\) takes its place"):
             assert host_meeting._library() is None
         sites = len(host_meeting._sites)
         use_runtime(4, HEAP)
