@@ -65,7 +65,8 @@ def device_barrier(*arrays, timeout_s: float = flag_protocol.DEFAULT_TIMEOUT_S):
 
 
 def check_barrier(status) -> None:
-    """Raises PeerTimeoutError if a device barrier's status names a missing rank.
+    """Raises PeerTimeoutError if a device barrier's status names a missing rank (as this
+    process's ranks saw it).
 
     Args:
       status: the first result of `device_barrier`.
@@ -73,7 +74,10 @@ def check_barrier(status) -> None:
     Raises:
       PeerTimeoutError: a rank did not arrive (the message names it).
     """
-    values = np.asarray(status).reshape(-1)
+    # this process's shards: with one process per rank the status spans devices it cannot read
+    shards = getattr(status, "addressable_shards", None)
+    blocks = [s.data for s in shards] if shards else [status]
+    values = np.concatenate([np.asarray(b).reshape(-1) for b in blocks])
     missing = sorted({int(v) for v in values if v >= 0})
     if missing:
         raise PeerTimeoutError(f"device barrier timed out waiting for rank(s) {missing}")

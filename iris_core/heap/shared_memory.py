@@ -54,6 +54,11 @@ _OPEN: weakref.WeakSet = weakref.WeakSet()  # the heaps mapped in this process
 _GENERATIONS: dict[tuple, itertools.count] = {}
 
 
+def open_heaps() -> list[SharedMemoryHeap]:
+    """The heaps this process has open."""
+    return [heap for heap in list(_OPEN) if not heap.closed]
+
+
 def heap_at(address: int) -> SharedMemoryHeap | None:
     """The open heap of this process that has a rank's heap base at `address`."""
     for heap in list(_OPEN):

@@ -23,7 +23,7 @@ import ml_dtypes
 import numpy as np
 
 from iris_core.errors import IrisError
-from iris_core.sim import language, races, replay
+from iris_core.sim import language, positions, races, replay
 from iris_core.sim.checks import running_kernel
 
 
@@ -132,6 +132,7 @@ def run_kernel(kernel, grid: Sequence[int], args: Sequence, constexprs: dict | N
     # overflow checks only matter where asserts fire (debug), as on GPUs; without them each
     # integer add of a tile costs 5 more array operations for a check that is thrown away
     ti.interpreter_builder.options = dataclasses.replace(options, debug=debug, sanitize_overflow=debug)
+    positions.kernel_started(kernel.fn.__name__, fn.__code__)
     try:
         with running_kernel(kernel.fn.__name__):
             ti.interpreter_builder.set_grid_dim(*grid)
@@ -151,6 +152,7 @@ def run_kernel(kernel, grid: Sequence[int], args: Sequence, constexprs: dict | N
     except Exception as e:
         raise _iris_cause(e) or e  # noqa: B904  (the iris error itself, as the kernel raised it)
     finally:
+        positions.kernel_ended()
         ti.interpreter_builder.options = options
         fast_scope.restore()
         if not kept:
@@ -363,7 +365,7 @@ def _patch_builder(ti) -> None:
 
     builder = ti.InterpreterBuilder
     masked_load, masked_store = builder.create_masked_load, builder.create_masked_store
-    rmw = builder.create_atomic_rmw
+    rmw, cas = builder.create_atomic_rmw, builder.create_atomic_cas
     np_dtype = ti._get_np_dtype
     np_dtypes: dict = {}
 
@@ -377,6 +379,11 @@ def _patch_builder(ti) -> None:
     # 3.9: cache_policy), handed on untouched
     def load(self, ptrs, mask, other, *policy):
         dtype_tt = ptrs.get_element_ty()
+        if ptrs.data.size == 1 and ((policy and policy[-1]) or races.acquiring_now()):
+            # a flag's read: perhaps a wait's poll (iris_core.sim.positions names it)
+            out = masked_load(self, ptrs, _bool_mask(ti, mask), other, *policy)
+            positions.note_read(int(ptrs.data.flat[0]), out.data.flat[0].item(), dtype_tt)
+            return out
         dtype_np = cached_np_dtype(dtype_tt)
         run = _dense_run(ptrs.data, mask.data, dtype_np.itemsize)
         if run is None or (other is not None and other.data.dtype != dtype_np):
@@ -398,7 +405,16 @@ def _patch_builder(ti) -> None:
         _host_array(address, hi - lo, values.dtype)[:] = values[lo:hi]
 
     def atomic_rmw(self, op, ptr, value, mask, *order):
-        return rmw(self, op, ptr, value, _bool_mask(ti, mask), *order)
+        out = rmw(self, op, ptr, value, _bool_mask(ti, mask), *order)
+        if ptr.data.size == 1:
+            positions.note_read(int(ptr.data.flat[0]), out.data.flat[0].item(), ptr.get_element_ty())
+        return out
+
+    def atomic_cas(self, ptr, compare, value, *order):
+        out = cas(self, ptr, compare, value, *order)
+        if ptr.data.size == 1:
+            positions.note_read(int(ptr.data.flat[0]), out.data.flat[0].item(), ptr.get_element_ty())
+        return out
 
     def addptr(self, ptr, offset):
         # as Triton's (offsets wrap to uint64, times the element size), in one or two array passes, not four
@@ -446,7 +462,7 @@ def _patch_builder(ti) -> None:
     builder.create_maxnumf = lambda self, lhs, rhs: self.binary_op(lhs, rhs, np.fmax)
     builder.create_minnumf = lambda self, lhs, rhs: self.binary_op(lhs, rhs, np.fmin)
     builder.create_masked_load, builder.create_masked_store = load, store
-    builder.create_atomic_rmw = atomic_rmw
+    builder.create_atomic_rmw, builder.create_atomic_cas = atomic_rmw, atomic_cas
     builder.create_addptr, builder.create_splat = addptr, broadcast
 
 

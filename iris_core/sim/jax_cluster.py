@@ -14,7 +14,9 @@ import importlib.abc
 import importlib.util
 import os
 import runpy
+import signal
 import sys
+import threading
 
 CLUSTERS = "jax._src.clusters"  # JAX's registry of cluster environments
 
@@ -66,7 +68,19 @@ class _RegisterWhenJaxImportsClusters(importlib.abc.MetaPathFinder):
         return spec
 
 
+def _say_position(signum, frame) -> None:
+    """The launcher's timeout asks where this rank is (SIGUSR1): iris_core.sim.positions answers on
+    stderr (imported here, late: the script has imported iris by the time its kernels wait)."""
+    from iris_core.sim import positions  # lazy: nothing of iris before the script
+
+    frames = sys._current_frames()
+    frames[threading.main_thread().ident] = frame
+    sys.stderr.write("[iris.sim] where this rank was: " + "; ".join(positions.describe(frames)) + "\n")
+    sys.stderr.flush()
+
+
 def main() -> None:
+    signal.signal(signal.SIGUSR1, _say_position)
     script = sys.argv[1]
     sys.argv = sys.argv[1:]
     sys.path[0] = os.path.dirname(os.path.abspath(script))  # as `python script.py` would have it

@@ -16,8 +16,10 @@ so a killed launcher's segments are stale for the next run to remove.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -26,6 +28,7 @@ import threading
 import time
 
 from iris_core.heap.shared_memory import new_session, remove_session_segments, remove_stale_segments
+from iris_core.sim import positions
 
 RANK_PROCESS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank_process.py")
 JAX_CLUSTER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "jax_cluster.py")
@@ -82,8 +85,12 @@ def launch_script(argv: list[str], world_size: int, timeout_s: float | None = No
                 break
             if deadline is not None and time.monotonic() > deadline:
                 hung = [r for r, p in enumerate(procs) if p.poll() is None]
-                print(f"[iris.sim] timeout after {timeout_s:.0f} s; ranks still running: {hung}",
-                      file=sys.stderr)
+                print(f"[iris.sim] timeout after {timeout_s:.0f} s; ranks still running: {hung}; where each "
+                      "was:", file=sys.stderr)
+                for r in hung:  # each prints its position (jax_cluster.py), prefixed with its rank
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(procs[r].pid, signal.SIGUSR1)
+                time.sleep(positions.ANSWER_S)
                 status = 124
                 break
             time.sleep(0.05)

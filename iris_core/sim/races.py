@@ -341,6 +341,20 @@ def _site_text() -> str:
     return "an unknown line"
 
 
+def allocation_at(starts, sizes, names, offset: int) -> tuple[int, int, str] | None:
+    """(start, size, what it is) of the live allocation holding heap `offset`, from the heap's
+    allocation table (`starts`, `sizes`: None where unknown) and `names` (a callable giving
+    {start: (owner, name)}, or None); None outside every allocation."""
+    if starts is None or len(starts) == 0:
+        return None
+    i = int(np.searchsorted(starts, offset, side="right")) - 1
+    if i < 0 or offset >= starts[i] + sizes[i]:
+        return None
+    start = int(starts[i])
+    owner, name = (names() if names is not None else {}).get(start, ("", None))
+    return start, int(sizes[i]), f'array "{name}"' if owner == "arrays" else name or "an unnamed allocation"
+
+
 def source_line(path: str, line: int, function: str) -> str:
     """A source line as reports name it: `file:line (function)`, the file relative to the repository."""
     return f"{_short(path)}:{line} ({function})"
@@ -590,16 +604,11 @@ class Detector:
         where = f"bytes [{first}, {end}) (heap offsets)"
         if self.allocations is None:
             return where
-        starts, sizes = self.allocations()
-        if starts is None or len(starts) == 0:
+        found = allocation_at(*self.allocations(), self.names, first)
+        if found is None:
             return where
-        i = int(np.searchsorted(starts, first, side="right")) - 1
-        if i < 0 or first >= starts[i] + sizes[i]:
-            return where
-        start = int(starts[i])
-        owner, name = (self.names() if self.names is not None else {}).get(start, ("", None))
-        what = f'array "{name}"' if owner == "arrays" else name or "an unnamed allocation"
-        return (f"{what} ({int(sizes[i])} bytes at heap offset {start}), its bytes [{first - start}, {end - start}) "
+        start, size, what = found
+        return (f"{what} ({size} bytes at heap offset {start}), its bytes [{first - start}, {end - start}) "
                 f"({(first - start) // GRANULE}..{(end - start - 1) // GRANULE} in 4-byte words)")
 
     def _remedy(self, other: int, other_kind: str, kind: str, other_clock: int) -> str:
@@ -931,6 +940,11 @@ class _Acquiring(threading.local):
 
 
 _ACQUIRING = _Acquiring()
+
+
+def acquiring_now() -> bool:
+    """Whether this thread's loads are acquiring now (inside `acquiring`)."""
+    return _ACQUIRING.active
 
 
 @contextlib.contextmanager

@@ -6,6 +6,7 @@ import threading
 import time
 from multiprocessing.connection import Client
 
+from iris_core.sim import positions
 from iris_core.sim.interpreter import enable_interpreter, keep_language_patched
 from iris_core.sim.world import _serve  # (python -m imported iris_core.sim, and with it world, already)
 
@@ -27,6 +28,7 @@ def main() -> None:
     # arrive pickled by reference must import here too
     sys.path.extend(p for p in os.environ.get("IRIS_SIM_SYS_PATH", "").split(os.pathsep) if p and p not in sys.path)
     address, rank, world_size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    positions.install(address + ".position")  # a call that times out asks where this rank is
     conn = Client(address, family="AF_UNIX", authkey=bytes.fromhex(os.environ["IRIS_SIM_WORKER_AUTH"]))
     _serve(rank, world_size, conn)
 

@@ -14,6 +14,7 @@ themselves (an iris collective waiting for the rank times out naming it).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import functools
 import multiprocessing.connection
@@ -33,7 +34,7 @@ from multiprocessing.connection import Listener
 from iris_core import c_build
 from iris_core.errors import IrisError, PeerTimeoutError, SimulatedRankError
 from iris_core.heap.shared_memory import SharedMemoryHeap, new_session, remove_stale_segments
-from iris_core.sim import pickling
+from iris_core.sim import pickling, positions
 
 DEFAULT_TIMEOUT_S = float(os.environ.get("IRIS_SIM_TIMEOUT", "120"))
 
@@ -91,6 +92,7 @@ class _Worker:
             self.conn = listener.accept()
         finally:
             listener.close()
+        self.position_path = address + ".position"  # where it answers positions.ask
         self.lock = threading.Lock()
         self.stopped: str | None = None  # why SimWorld killed this worker (None: it was not)
 
@@ -273,11 +275,18 @@ class SimWorld:
         return [results[r] for r in ranks]
 
     def _timed_out(self, workers, ranks: list[int], missing: list[int], limit: float, what: str):
+        where = positions.ask({r: workers[r].process.pid for r in missing}, lambda r: workers[r].position_path)
+        lines = [f"  rank {r}: {where[r]}" if r in where else f"  rank {r}: finished its part of this call"
+                 for r in ranks]
         self._fail(workers, missing[0], ranks, f"rank(s) {missing} did not finish {what}")
+        for r in missing:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(workers[r].position_path)
         raise PeerTimeoutError(
             f"simulated rank(s) {missing} did not finish within {limit:.0f} s ({what}: a wait on a "
-            f"peer that never arrives?); {'the workers were' if len(ranks) > 1 else 'its worker was'} "
-            "restarted. Raise the limit with IRIS_SIM_TIMEOUT or the timeout argument."
+            "peer that never arrives?); where each rank was:\n" + "\n".join(lines) + "\n"
+            f"{'The workers were' if len(ranks) > 1 else 'Its worker was'} restarted. Raise the limit with "
+            "IRIS_SIM_TIMEOUT or the timeout argument."
         )
 
     def _answer(self, workers, rank: int, ranks: list[int], pending: set, read: Callable[[], bytes], what: str):

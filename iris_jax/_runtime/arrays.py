@@ -62,6 +62,8 @@ def _place(values: jax.Array | None, shape, dtype, sharding: Sharding, name: str
     devices = sorted(sharding.addressable_devices, key=lambda d: d.id)
     for d in devices:
         rt.rank_of(d)  # raises for devices without a heap, before anything is allocated
+    if rt.fault_plan is not None:
+        rt.fault_plan.before_allocation(nbytes)
     owner = _Allocation(rt.heap, rt.heap.allocate(nbytes, owner="arrays", name=name))
     source = {s.device: s.data for s in values.addressable_shards} if values is not None else {}
     buffers = [_wrap(rt, rt.rank_of(d), owner, shard_shape, dtype, d, source.get(d)) for d in devices]

@@ -20,6 +20,7 @@ from iris_core.platform import GPU
 from iris_core.sim import host_collectives, races
 from iris_jax._runtime import backends, faults
 from iris_jax._runtime.backends import RENDEZVOUS_TIMEOUT_S
+from iris_jax._runtime.injected import FaultPlan
 from iris_jax._runtime.tracer import RuntimeTracer
 
 # ranks r // n form a domain (environment IRIS_DOMAIN_SIZE; unset: by process and host, see Runtime)
@@ -74,6 +75,7 @@ class Runtime:
             self._rank_of = {d.id: r for r, d in enumerate(started.members)}
         self._lock = threading.Lock()
         self._services: dict[str, object] = {}
+        self.fault_plan: FaultPlan | None = None  # faults injected on purpose (iris_jax._runtime.injected)
         self._syncs = itertools.count(1)
         self._calls = threading.Condition()  # host-executed kernel calls in flight (the simulator)
         self._running = 0

@@ -25,7 +25,7 @@ import threading
 import uuid
 import warnings
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -86,10 +86,21 @@ def execute(spec: KernelSpec, ins: list[int], outs: list[int]) -> None:
     if rt.backend.host_kernels is None:
         raise IrisError(f"kernels of the {rt.mode} model run on GPUs, not on the host (internal error)")
     with rt.running_call(f"kernel {spec.kernel_name}"):  # shutdown waits for it (the call records are on the heaps)
+        if rt.fault_plan is not None:
+            spec = _as_planned(rt.fault_plan, spec, ctypes.c_int64.from_address(ins[0]).value)
         if spec.host is not None and runs_collectives_here(rt):
             _execute_on_host(rt, spec, ins, outs)
         else:
             _execute(rt, spec, ins, outs)
+
+
+def _as_planned(plan, spec: KernelSpec, rank: int) -> KernelSpec:
+    """The call as the injected faults make it on `rank` (iris_jax._runtime.injected): raises for a
+    dead rank, waits for a late one, and a disagreeing call records another signature."""
+    tag = plan.before_call(rank, spec.what or f"kernel {spec.kernel_name}")
+    if tag is None:
+        return spec
+    return replace(spec, signature=spec.signature ^ 0x5EED, what=(spec.what or spec.kernel_name) + tag)
 
 
 def _execute_on_host(rt, spec: KernelSpec, ins: list[int], outs: list[int]) -> None:

@@ -32,12 +32,17 @@ _NEEDED = {
 @functools.cache
 def missing() -> tuple[str, ...]:
     """The JAX internals iris_jax.pallas needs that this JAX lacks."""
+    return absent_internals(_NEEDED)
+
+
+def absent_internals(needed: dict[str, tuple[str, ...]]) -> tuple[str, ...]:
+    """Which of `needed` (module -> dotted names in it) this JAX lacks, each named."""
     absent = []
-    for module_name, names in _NEEDED.items():
+    for module_name, names in needed.items():
         try:
             module = importlib.import_module(module_name)
-        except ImportError as e:
-            absent.append(f"{module_name} ({e})")
+        except Exception as e:  # noqa: BLE001  (an old JAX may fail on import in other ways than ImportError)
+            absent.append(f"{module_name} ({type(e).__name__}: {e})")
             continue
         absent += [f"{module_name}.{n}" for n in names if not _has(module, n)]
     return tuple(absent)

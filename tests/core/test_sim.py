@@ -1,6 +1,7 @@
 """The CPU simulator: SimWorld failure handling and recovery, and the script launcher."""
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -209,6 +210,15 @@ def test_hung_rank_times_out_and_world_recovers_with_its_heaps(sim_heap):
     elapsed = time.monotonic() - start
     assert elapsed >= 5  # not before its timeout (a monotonic deadline)
     assert "simulated rank(s) [1] did not finish within 5 s" in str(info.value)
+    # where each rank was: the hung one at its wait's line, polling its flag (not an array: a raw
+    # allocation), the others done
+    line = wait_for_flag_kernel.fn.__code__.co_firstlineno + 2
+    assert re.search(rf"  rank 1: kernel wait_for_flag_kernel at \S*tests/core/test_sim.py:({line}|{line + 1}) "
+                     rf"\(wait_for_flag_kernel\); its last read of one word: rank 1's heap at offset {flag_off}: "
+                     r"an unnamed allocation \(allocated at offset \d+\), byte 0 \(int32\), value 0, read \d+ times "
+                     "in a row", str(info.value)), str(info.value)
+    for r in (0, 2):
+        assert f"  rank {r}: finished its part of this call" in str(info.value), str(info.value)
     # fresh workers, the heap mapped again: they see what the parent wrote
     views = world.run(read_heap, heap.session, data_off, 4)
     for seen in views:

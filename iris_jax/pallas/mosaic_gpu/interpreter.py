@@ -1,0 +1,672 @@
+"""Multi-device Mosaic GPU kernels on JAX's GPU interpreter: iris's rules for what crosses devices.
+
+JAX's GPU interpret mode (jax 0.12) runs a Mosaic GPU kernel's local work on CPU devices (TMA,
+barriers, wgmma, warpgroups as threads) but refuses everything that reaches another device. It
+interprets the kernel at lowering time into io_callbacks on one process-wide memory keyed by
+(memory space, device, block, thread, ref count, buffer id); every device makes the same
+allocations in the same order, so a buffer's key on a peer differs from ours only in its device.
+
+The seam: a JaxprInterpreter subclass with a rule table for the multi-device primitives (remote
+refs, semaphores, multimem, pl.get_global), delegating every other equation to JAX's own
+interpreter, and four small patches of JAX's interpreter (install()). A remote access is the local
+key with its device field replaced; a semaphore is an int32 word in GMEM, zero at launch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+import math
+import threading
+import time
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax._src import core as jax_core
+from jax._src import dispatch, source_info_util
+from jax._src.pallas import core as pallas_core
+from jax._src.pallas import primitives as pallas_primitives
+from jax._src.pallas import utils as pallas_utils
+from jax._src.pallas.mosaic.interpret import shared_memory as generic_memory
+from jax._src.pallas.mosaic.interpret import utils as interpret_utils
+from jax._src.pallas.mosaic_gpu import core as gpu_core
+from jax._src.pallas.mosaic_gpu import primitives as gpu_primitives
+from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks, jaxpr_interpret
+from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call as gpu_interpret_call
+from jax._src.pallas.mosaic_gpu.interpret import params as gpu_params
+from jax._src.pallas.mosaic_gpu.interpret import shared_memory as gpu_memory
+from jax._src.state import indexing
+from jax._src.state import primitives as state_primitives
+from jax._src.state import types as state_types
+from jax.experimental import io_callback
+
+from iris_core.errors import PeerTimeoutError, RankMismatchError
+
+DEFAULT_TIMEOUT_S = 30.0
+_TOKEN = gpu_callbacks.TOKEN_SHAPE_DTYPE
+_POLL_S = 0.02  # how often a semaphore wait looks again (signals also wake it)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class InterpretGPUParams(gpu_params.InterpretGPUParams):
+    """JAX's GPU interpret parameters plus iris's: how long a semaphore wait may wait.
+
+    Named as JAX's class: pallas_call forwards the kernel's arguments' transforms to the GPU
+    interpreter only for a class of that name.
+    """
+
+    semaphore_timeout_s: float = DEFAULT_TIMEOUT_S
+
+
+# ------------------------------------------------------------------------------------------------
+# Host side: the callbacks, run on each device's thread against JAX's shared memory
+
+
+@dataclasses.dataclass(frozen=True)
+class _Site:
+    """Where an op sits, for error messages: the kernel's name and the op's source line."""
+
+    kernel: str
+    line: str
+
+    def __str__(self) -> str:
+        return f"{self.kernel} at {self.line}"
+
+
+@dataclasses.dataclass(frozen=True)
+class _DeviceIdCheck:
+    """A device id the kernel named, statically: what each checked value means and its bound."""
+
+    form: str  # "dict", "tuple", "scalar" or "logical": how to show the values
+    labels: tuple[str, ...]  # the axis (or joint axes) of each value
+    bounds: tuple[int, ...]  # each value must be in [0, bound)
+    mesh: str  # the mesh's axes and sizes, shown
+    op: str
+    site: _Site
+
+    def shown(self, values: Sequence[int]) -> str:
+        """The device id as the kernel wrote it, with its values."""
+        if self.form == "dict":
+            return "{" + ", ".join(f"{label}: {v}" for label, v in zip(self.labels, values)) + "}"
+        if self.form == "tuple":
+            return "(" + ", ".join(str(v) for v in values) + ")"
+        return f"logical id {values[0]}" if self.form == "logical" else str(values[0])
+
+    def error(self, values: Sequence[int], device: int | None) -> RankMismatchError | None:
+        """The error for `values` outside the mesh, or None where every value is inside it."""
+        bad = [(label, v, bound) for label, v, bound in zip(self.labels, values, self.bounds) if not 0 <= v < bound]
+        if not bad:
+            return None
+        on = "" if device is None else f" on device {device}"
+        ranges = "; ".join(f"{label} must be in [0, {bound}), got {v}" for label, v, bound in bad)
+        return RankMismatchError(
+            f"{self.op} in Mosaic GPU kernel {self.site}{on} names device_id {self.shown(values)}, which is outside "
+            f"the mesh {self.mesh}: {ranges}. Mosaic GPU does not check this (a GPU would reach memory that is no "
+            "peer's); pass mesh coordinates within the shard_map's mesh."
+        )
+
+
+def _key(key_array: Any) -> gpu_memory.HostAllocationKey:
+    return gpu_memory.HostAllocationKey.from_array(np.asarray(key_array))
+
+
+def _view(memory: Any, key: gpu_memory.HostAllocationKey, transforms: Sequence[Any]) -> np.ndarray:
+    """A numpy view of buffer `key` after `transforms` (the caller holds memory.lock)."""
+    base = view = memory.mem[key].content
+    for transform in transforms:
+        if isinstance(transform, gpu_memory.LAYOUT_TRANSFORMS):
+            continue
+        if isinstance(transform, indexing.NDIndexer):
+            access = interpret_utils.to_access((transform,), view.shape)
+            view = view[access.range]
+            if access.permutation is not None:
+                view = view.transpose(access.permutation)
+        elif isinstance(transform, state_types.TransposeTransform):
+            view = view.transpose(transform.permutation)
+        elif isinstance(transform, state_types.ReshapeTransform):
+            view = view.reshape(transform.shape)
+            if view.size and not np.shares_memory(view, base):
+                raise NotImplementedError(f"iris's Mosaic GPU interpreter: a reshape that copies ({transform})")
+        else:
+            raise NotImplementedError(f"iris's Mosaic GPU interpreter: transform {transform}")
+    return view
+
+
+@gpu_callbacks.fail_on_exception
+def _check_device_id(token, values, device, *, check: _DeviceIdCheck):
+    """Fails the launch when a device id computed at run time lies outside the mesh."""
+    error = check.error([int(v) for v in np.asarray(values)], int(device))
+    if error is not None:
+        raise error
+    return token
+
+
+@gpu_callbacks.fail_on_exception
+def _read(token, key_array, transforms):
+    memory = gpu_callbacks._get_shared_memory()
+    with memory.lock:
+        return token, np.array(_view(memory, _key(key_array), transforms))
+
+
+@gpu_callbacks.fail_on_exception
+def _write(token, key_array, transforms, value):
+    """Stores `value` and returns what was there (a swap), atomically."""
+    memory = gpu_callbacks._get_shared_memory()
+    with memory.lock:
+        view = _view(memory, _key(key_array), transforms)
+        old = np.array(view)
+        view[...] = value
+    return token, old
+
+
+@gpu_callbacks.fail_on_exception
+def _store_everywhere(token, key_array, transforms, value, *, num_devices: int):
+    """multimem_store: the same value into every device's copy of the buffer, at once."""
+    memory = gpu_callbacks._get_shared_memory()
+    key = _key(key_array)
+    with memory.lock:
+        for device in range(num_devices):
+            _view(memory, dataclasses.replace(key, device_id=device), transforms)[...] = value
+    return token
+
+
+_REDUCTIONS = {
+    "add": np.add,
+    "min": np.minimum,
+    "max": np.maximum,
+    "and": np.bitwise_and,
+    "or": np.bitwise_or,
+    "xor": np.bitwise_xor,
+}
+
+
+@gpu_callbacks.fail_on_exception
+def _load_reduced(token, key_array, transforms, *, num_devices: int, reduction: str, dtype: Any):
+    """multimem_load_reduce: every device's copy of the buffer, combined in device order."""
+    memory = gpu_callbacks._get_shared_memory()
+    key = _key(key_array)
+    with memory.lock:
+        views = [_view(memory, dataclasses.replace(key, device_id=d), transforms) for d in range(num_devices)]
+        return token, functools.reduce(_REDUCTIONS[reduction], views).astype(dtype)
+
+
+# wakes semaphore waiters; taken before memory.lock wherever both are held
+_SIGNALLED = threading.Condition()
+
+
+def _semaphore(memory: Any, key: gpu_memory.HostAllocationKey, shape: tuple[int, ...]) -> np.ndarray:
+    """The semaphore's words, created zero where a peer signals it before its owner allocated it."""
+    if key not in memory.mem:
+        memory.mem[key] = generic_memory.Buffer(np.zeros(shape, np.int32), ref_count=key.initial_ref_count)
+    return memory.mem[key].content
+
+
+@gpu_callbacks.fail_on_exception
+def _signal(token, key_array, transforms, increment, *, shape: tuple[int, ...]):
+    memory = gpu_callbacks._get_shared_memory()
+    key = _key(key_array)
+    with _SIGNALLED:
+        with memory.lock:
+            _semaphore(memory, key, shape)
+            _view(memory, key, transforms)[...] += int(increment)
+        _SIGNALLED.notify_all()
+    return token
+
+
+@gpu_callbacks.fail_on_exception
+def _wait(
+    token,
+    key_array,
+    transforms,
+    value,
+    device,
+    *,
+    decrement: bool,
+    shape: tuple[int, ...],
+    timeout_s: float,
+    site: _Site,
+):
+    """Waits until the semaphore reaches `value` (then takes it off if `decrement`); fails after timeout_s."""
+    memory = gpu_callbacks._get_shared_memory()
+    key, value = _key(key_array), int(value)
+    deadline = time.monotonic() + timeout_s
+    with _SIGNALLED:
+        while True:
+            memory.check_failed()  # another device failed: end this wait too
+            with memory.lock:
+                _semaphore(memory, key, shape)
+                view = _view(memory, key, transforms)
+                count = int(view)
+                if count >= value:
+                    if decrement:
+                        view[...] -= value
+                    return token
+            if time.monotonic() >= deadline:
+                raise PeerTimeoutError(_wait_timeout_message(site, int(device), count, value, timeout_s))
+            _SIGNALLED.wait(_POLL_S)
+
+
+def _wait_timeout_message(site: _Site, device: int, count: int, value: int, timeout_s: float) -> str:
+    return (
+        f"semaphore_wait in Mosaic GPU kernel {site} on device {device} timed out after {timeout_s:g} s: the "
+        f"semaphore's count is {count}, waiting for {value}. No device signalled it enough: a semaphore_signal "
+        "(with this device's id) is missing, or the signalling block cannot run while this one waits (the "
+        "interpreter runs a device's blocks one after another). Set the time with "
+        "iris_jax.pallas.mosaic_gpu.simulate(timeout_s=...)."
+    )
+
+
+@gpu_callbacks.fail_on_exception
+def _global_semaphore(token, device, *, uid: int, shape: tuple[int, ...]):
+    """pl.get_global: one zeroed int32 buffer per device and call site, for the whole launch."""
+    memory = gpu_callbacks._get_shared_memory()
+    key = gpu_memory.HostAllocationKey(
+        memory_space_id=gpu_memory.get_memory_space_idx(gpu_core.MemorySpace.GMEM),
+        device_id=int(device),
+        block_id=0,
+        thread_id=0,
+        initial_ref_count=1,
+        buffer_id=-1 - uid,
+    )  # JAX's buffer ids are positive
+    with memory.lock:
+        _semaphore(memory, key, shape)  # a peer may have created it by signalling first
+    return token, key.as_np_array
+
+
+# ------------------------------------------------------------------------------------------------
+# Trace side: the interpreter and its rules, run once while the kernel is lowered
+
+_ONE_EQUATION = jax_core.DebugInfo("iris_mosaic_gpu", "one equation of a Mosaic GPU kernel", None, None)
+_KERNEL_NAME = threading.local()  # the name of the kernel being interpreted, on the thread lowering it
+_GLOBAL_IDS = itertools.count()
+
+
+@dataclasses.dataclass(frozen=True)
+class _Rule:
+    """How iris interprets one primitive: `applies` (default: always) picks the equations it takes."""
+
+    run: Callable[..., tuple[Any, list[Any]]]
+    applies: Callable[[Any], bool] = lambda eqn: True
+
+
+_RULES: dict[jax_core.Primitive, _Rule] = {}
+
+
+def _rule(*primitives: jax_core.Primitive, applies: Callable[[Any], bool] | None = None):
+    def register(run):
+        for primitive in primitives:
+            _RULES[primitive] = _Rule(run, applies) if applies else _Rule(run)
+        return run
+
+    return register
+
+
+class IrisJaxprInterpreter(jaxpr_interpret.JaxprInterpreter):
+    """JAX's GPU interpreter with iris's rules for the primitives that cross devices."""
+
+    def interpret(self, jaxpr, token, *args):
+        env = interpret_utils.JaxprEnv(vars=jaxpr.constvars + jaxpr.invars, values=args)
+        for eqn in jaxpr.eqns:
+            rule = _RULES.get(eqn.primitive)
+            if rule is not None and rule.applies(eqn):
+                with source_info_util.user_context(eqn.source_info.traceback, name_stack=eqn.source_info.name_stack):
+                    token, out = rule.run(self, eqn, token, env.read_many(eqn.invars))
+            else:
+                token, out = self._delegate(eqn, token, env)
+            env.write_many(eqn.outvars, out)
+        return token, env.read_many(jaxpr.outvars)
+
+    def _delegate(self, eqn, token, env):
+        """One equation through JAX's own interpreter (its nested jaxprs come back through ours)."""
+        invars = list(dict.fromkeys(v for v in eqn.invars if isinstance(v, jax_core.Var)))
+        single = jax_core.Jaxpr([], invars, eqn.outvars, [eqn], debug_info=_ONE_EQUATION)
+        return super().interpret(single, token, *env.read_many(invars))
+
+    def site(self, eqn) -> _Site:
+        kernel = getattr(_KERNEL_NAME, "name", None)
+        return _Site(repr(kernel) if kernel else "(unnamed)", source_info_util.summarize(eqn.source_info))
+
+    @property
+    def mesh_shown(self) -> str:
+        return "{" + ", ".join(f"{name!r}: {size}" for name, size in self.device_info.axis_sizes.items()) + "}"
+
+    def peer_key(self, token, key_array, device_id, device_id_type, op: str, eqn):
+        """(token, the key of the buffer `key_array` names on device `device_id`), the id checked."""
+        device, token = self.logical_device(token, device_id, device_id_type, op, eqn)
+        return token, key_array.at[1].set(device)
+
+    def logical_device(self, token, device_id, device_id_type, op: str, eqn):
+        """(the logical id of the device `device_id` names, token); an id outside the mesh fails."""
+        info = self.device_info
+        names, sizes = tuple(info.axis_sizes), tuple(info.axis_sizes.values())
+        device_id_type = device_id_type or pallas_primitives.DeviceIdType.MESH
+        mesh_info = pallas_utils.MeshInfo(sizes, names, pallas_utils.strides_from_shape(sizes))
+        axis_index = info.axis_indices.__getitem__
+        # JAX's own checks and messages: dict ids need the MESH type, one id per mesh axis
+        logical, non_mesh_axes = pallas_primitives.device_id_to_logical(
+            mesh_info, device_id, device_id_type, axis_index
+        )
+        if non_mesh_axes:
+            raise ValueError(f"Unrecognized axes in device_id: {non_mesh_axes}")
+        form, labels, values, bounds = _device_id_parts(device_id, device_id_type, dict(info.axis_sizes))
+        check = _DeviceIdCheck(form, labels, bounds, self.mesh_shown, op, self.site(eqn))
+        static = [int(v) if not isinstance(v, jax_core.Tracer) else 0 for v in values]
+        if (error := check.error(static, None)) is not None:
+            raise error
+        if any(isinstance(v, jax_core.Tracer) for v in values):
+            token = io_callback(
+                functools.partial(_check_device_id, check=check),
+                _TOKEN,
+                token,
+                jnp.stack([jnp.asarray(v, jnp.int32) for v in values]),
+                jnp.int32(info.device_id),
+            )
+        return jnp.asarray(logical, jnp.int32), token
+
+    def split_peer(self, token, key_array, transforms, op: str, eqn):
+        """(token, the key of the buffer the transforms reach, the transforms without PeerMemRef)."""
+        rest = []
+        for transform in transforms:
+            if isinstance(transform, gpu_core.PeerMemRef):
+                token, key_array = self.peer_key(
+                    token, key_array, transform.device_id, transform.device_id_type, op, eqn
+                )
+            else:
+                rest.append(transform)
+        return token, key_array, tuple(rest)
+
+
+def _device_id_parts(device_id, device_id_type, sizes: dict[Hashable, int]):
+    """(form, labels, values, bounds) of a device id: each value the kernel gave, and its bound."""
+    if device_id_type == pallas_primitives.DeviceIdType.LOGICAL:
+        return "logical", ("the logical id",), (device_id,), (math.prod(sizes.values()),)
+    if isinstance(device_id, dict):
+        items = [
+            ((axis[0] if isinstance(axis, tuple) and len(axis) == 1 else axis), v) for axis, v in device_id.items()
+        ]
+        labels = tuple(repr(axis) for axis, _ in items)
+        bounds = tuple(
+            math.prod(sizes[a] for a in axis) if isinstance(axis, tuple) else sizes[axis] for axis, _ in items
+        )
+        return "dict", labels, tuple(v for _, v in items), bounds
+    values = tuple(jax.tree.leaves(device_id))
+    return (
+        ("tuple" if isinstance(device_id, (tuple, list)) else "scalar"),
+        tuple(repr(n) for n in sizes),
+        values,
+        tuple(sizes.values()),
+    )
+
+
+def _reaches_further(transforms) -> bool:
+    """Whether JAX's callbacks would refuse these transforms: a peer's ref, or a reshape."""
+    return any(isinstance(t, (gpu_core.PeerMemRef, state_types.ReshapeTransform)) for t in transforms)
+
+
+def _transforms_of(eqn, first: int):
+    return jax.tree.unflatten(eqn.params["tree"], eqn.invars[first:])
+
+
+@_rule(state_primitives.get_p, gpu_primitives.load_p, applies=lambda eqn: _reaches_further(_transforms_of(eqn, 1)))
+def _get(self, eqn, token, invals):
+    key_array, *leaves = invals
+    token, key_array, transforms = self.split_peer(
+        token, key_array, jax.tree.unflatten(eqn.params["tree"], leaves), "a read of plgpu.remote_ref", eqn
+    )
+    token, value = io_callback(_read, (_TOKEN, eqn.outvars[0].aval), token, key_array, transforms)
+    return token, [value]
+
+
+@_rule(state_primitives.swap_p, gpu_primitives.store_p, applies=lambda eqn: _reaches_further(_transforms_of(eqn, 2)))
+def _swap(self, eqn, token, invals):
+    key_array, value, *leaves = invals
+    token, key_array, transforms = self.split_peer(
+        token, key_array, jax.tree.unflatten(eqn.params["tree"], leaves), "a write to plgpu.remote_ref", eqn
+    )
+    token, old = io_callback(_write, (_TOKEN, eqn.invars[1].aval), token, key_array, transforms, value)
+    return token, ([] if eqn.primitive is gpu_primitives.store_p else [old])
+
+
+def _copy_to_peer(eqn) -> bool:
+    params = eqn.params
+    first = 2 + params["src_transforms_treedef"].num_leaves
+    leaves = eqn.invars[first : first + params["dst_transforms_treedef"].num_leaves]
+    return any(isinstance(t, gpu_core.PeerMemRef) for t in jax.tree.unflatten(params["dst_transforms_treedef"], leaves))
+
+
+@_rule(gpu_primitives.copy_smem_to_gmem_p, applies=_copy_to_peer)
+def _copy_smem_to_peer(self, eqn, token, invals):
+    """A TMA copy into a peer's GMEM: JAX's copy, to the peer's key."""
+    params = eqn.params
+    src, dst, *flat = invals
+    num_src, num_dst = params["src_transforms_treedef"].num_leaves, params["dst_transforms_treedef"].num_leaves
+    src_leaves, dst_leaves, rest = flat[:num_src], flat[num_src : num_src + num_dst], flat[num_src + num_dst :]
+    token, dst, dst_transforms = self.split_peer(
+        token, dst, jax.tree.unflatten(params["dst_transforms_treedef"], dst_leaves), "copy_smem_to_gmem", eqn
+    )
+    new_leaves, new_tree = jax.tree.flatten(dst_transforms)
+    return self._interpret_copy_smem_to_gmem_p(
+        eqn, token, src, dst, *src_leaves, *new_leaves, *rest, **dict(params, dst_transforms_treedef=new_tree)
+    )
+
+
+def _semaphore_shape(eqn) -> tuple[int, ...]:
+    return tuple(eqn.invars[0].aval.shape)
+
+
+@_rule(pallas_primitives.semaphore_signal_p, gpu_primitives.semaphore_signal_p)
+def _semaphore_signal(self, eqn, token, invals):
+    semaphore, transforms, increment, device_id, core_index = jax.tree.unflatten(eqn.params["args_tree"], invals)
+    if core_index is not None:
+        raise NotImplementedError(
+            "Mosaic GPU backend does not support the concept of cores, but core_index is specified"
+        )
+    if device_id is not None:
+        if eqn.params.get("memory_scope") == "gpu":
+            raise ValueError(
+                "Cannot signal a GPU-local semaphore from a remote device. Please use `memory_scope='sys'` instead."
+            )
+        token, semaphore = self.peer_key(
+            token, semaphore, device_id, eqn.params["device_id_type"], "semaphore_signal", eqn
+        )
+    signal = functools.partial(_signal, shape=_semaphore_shape(eqn))
+    return io_callback(signal, _TOKEN, token, semaphore, transforms, increment), []
+
+
+@_rule(gpu_primitives.semaphore_signal_parallel_p)
+def _semaphore_signal_parallel(self, eqn, token, invals):
+    semaphores, all_transforms, increments, device_ids = jax.tree.unflatten(eqn.params["args_tree"], invals)
+    for k, (semaphore, transforms, increment, device_id) in enumerate(
+        zip(semaphores, all_transforms, increments, device_ids)
+    ):
+        if device_id is not None:
+            token, semaphore = self.peer_key(token, semaphore, device_id, None, "semaphore_signal_parallel", eqn)
+        signal = functools.partial(_signal, shape=tuple(eqn.invars[k].aval.shape))
+        token = io_callback(signal, _TOKEN, token, semaphore, transforms, increment)
+    return token, []
+
+
+def _whole_mesh(self, axes, op: str, error: type[Exception], message: str) -> None:
+    """The check Mosaic GPU's lowering makes: collective axes must be every axis of the mesh."""
+    axes = tuple(axes) if isinstance(axes, (tuple, list)) else (axes,)
+    names = tuple(self.device_info.axis_sizes)
+    if not names:
+        raise ValueError(f"JAX device mesh is required by {op}, but not defined.")
+    if set(axes) != set(names):
+        raise error(message.format(axes=axes, names=names))
+
+
+_MULTIMEM_AXES = "Only collective_axes that include all JAX device mesh ({names}) axes are supported, but got {axes}"
+
+
+@_rule(gpu_primitives.semaphore_signal_multicast_p)
+def _semaphore_signal_multicast(self, eqn, token, invals):
+    _whole_mesh(
+        self,
+        eqn.params["collective_axes"],
+        "semaphore_signal_multicast",
+        ValueError,
+        "collective_axes {axes} must equal entire mesh axes {names}",
+    )
+    semaphore, transforms, increment = jax.tree.unflatten(eqn.params["args_tree"], invals)
+    signal = functools.partial(_signal, shape=_semaphore_shape(eqn))
+    for device in range(self.device_info.num_devices):
+        token = io_callback(signal, _TOKEN, token, semaphore.at[1].set(device), transforms, increment)
+    return token, []
+
+
+@_rule(pallas_primitives.semaphore_wait_p, gpu_primitives.semaphore_wait_p)
+def _semaphore_wait(self, eqn, token, invals):
+    semaphore, transforms, value, decrement = jax.tree.unflatten(eqn.params["args_tree"], invals)
+    timeout_s = getattr(self.interpret_params, "semaphore_timeout_s", DEFAULT_TIMEOUT_S)  # JAX's own params
+    wait = functools.partial(
+        _wait, decrement=bool(decrement), shape=_semaphore_shape(eqn), timeout_s=timeout_s, site=self.site(eqn)
+    )
+    return io_callback(wait, _TOKEN, token, semaphore, transforms, value, jnp.int32(self.device_info.device_id)), []
+
+
+@_rule(gpu_primitives.multimem_store_p)
+def _multimem_store(self, eqn, token, invals):
+    _whole_mesh(self, eqn.params["collective_axes"], "multimem_store", NotImplementedError, _MULTIMEM_AXES)
+    value, key_array, *leaves = invals
+    tree = eqn.params["transforms_tree"]
+    transforms = () if tree is None else jax.tree.unflatten(tree, leaves)
+    store = functools.partial(_store_everywhere, num_devices=self.device_info.num_devices)
+    return io_callback(store, _TOKEN, token, key_array, transforms, value), []
+
+
+@_rule(gpu_primitives.multimem_load_reduce_p)
+def _multimem_load_reduce(self, eqn, token, invals):
+    _whole_mesh(self, eqn.params["collective_axes"], "multimem_load_reduce", NotImplementedError, _MULTIMEM_AXES)
+    key_array, *leaves = invals
+    tree = eqn.params["tree"]
+    transforms = () if tree is None else jax.tree.unflatten(tree, leaves)
+    out = eqn.outvars[0].aval
+    load = functools.partial(
+        _load_reduced, num_devices=self.device_info.num_devices, reduction=eqn.params["reduction_op"], dtype=out.dtype
+    )
+    token, value = io_callback(load, (_TOKEN, out), token, key_array, transforms)
+    return token, [value]
+
+
+@_rule(pallas_primitives.get_global_p)
+def _get_global(self, eqn, token, invals):
+    what = eqn.params["what"]
+    allocate = functools.partial(_global_semaphore, uid=next(_GLOBAL_IDS), shape=tuple(what.shape))
+    token, key_array = io_callback(
+        allocate, (_TOKEN, gpu_memory.HostAllocationKey.shape_and_dtype()), token, jnp.int32(self.device_info.device_id)
+    )
+    return token, [key_array]
+
+
+# ------------------------------------------------------------------------------------------------
+# Installing: four patches of JAX's GPU interpreter, once per process
+
+_INSTALL_LOCK = threading.Lock()
+_ORIGINALS: dict[str, Any] = {}
+
+
+def _zeroed_semaphores(original):
+    """Semaphores are int32 words, zero at launch as Mosaic GPU guarantees (JAX allocates none)."""
+
+    @functools.wraps(original)
+    def get_uninitialized_array(shape, dtype, memory_space, uninitialized_memory):
+        if jnp.issubdtype(dtype, pallas_core.semaphore_dtype):
+            return jnp.zeros(shape, jnp.int32)
+        return original(shape, dtype, memory_space, uninitialized_memory)
+
+    return get_uninitialized_array
+
+
+@gpu_callbacks.fail_on_exception
+def _meet_every_device(token):
+    """Every device waits for the others: Mosaic GPU's barrier before a launch, and before its outputs are read."""
+    memory = gpu_callbacks._get_shared_memory()
+    if memory.num_devices > 1:
+        try:
+            memory.barrier.wait()
+        except threading.BrokenBarrierError:
+            memory.check_failed()  # a failing device broke it: raise that device's error, not the barrier's
+            raise
+    return token
+
+
+def _with_device_barrier(original):
+    @functools.wraps(original)
+    def update_clocks_for_device_barrier(token, device):
+        return _meet_every_device(original(token, device))
+
+    return update_clocks_for_device_barrier
+
+
+def _keeping_other_devices_state(original):
+    """JAX resets every device's per-cluster state after each grid point: with peers still running, skip it."""
+
+    @functools.wraps(original)
+    def cluster_finished(*, token):
+        if gpu_callbacks._get_shared_memory().num_devices > 1:
+            return token
+        return original(token=token)
+
+    return cluster_finished
+
+
+def _naming_the_kernel(original):
+    """Keeps the kernel's name on the lowering thread while JAX interprets it, for error messages."""
+
+    @functools.wraps(original)
+    def interpret_pallas_call(*args, **params):
+        previous = getattr(_KERNEL_NAME, "name", None)
+        _KERNEL_NAME.name = params.get("name")
+        try:
+            return original(*args, **params)
+        finally:
+            _KERNEL_NAME.name = previous
+
+    return interpret_pallas_call
+
+
+def install() -> None:
+    """Puts iris's rules into JAX's GPU interpreter; idempotent and thread-safe."""
+    with _INSTALL_LOCK:
+        if _ORIGINALS:
+            return
+        _ORIGINALS.update(
+            get_uninitialized_array=jaxpr_interpret.get_uninitialized_array,
+            JaxprInterpreter=jaxpr_interpret.JaxprInterpreter,
+            update_clocks=gpu_callbacks._update_clocks_for_device_barrier,
+            cluster_finished=gpu_callbacks.cluster_finished,
+            interpret_pallas_call=gpu_interpret_call.interpret_pallas_call,
+        )
+        jaxpr_interpret.get_uninitialized_array = _zeroed_semaphores(_ORIGINALS["get_uninitialized_array"])
+        jaxpr_interpret.JaxprInterpreter = IrisJaxprInterpreter  # looked up when each kernel is interpreted
+        gpu_callbacks._update_clocks_for_device_barrier = _with_device_barrier(_ORIGINALS["update_clocks"])
+        gpu_callbacks.cluster_finished = _keeping_other_devices_state(_ORIGINALS["cluster_finished"])
+        gpu_interpret_call.interpret_pallas_call = _naming_the_kernel(_ORIGINALS["interpret_pallas_call"])
+
+
+def installed() -> bool:
+    """Whether install() has run in this process."""
+    return bool(_ORIGINALS)
+
+
+def interpret_params(timeout_s: float | None = None, **params: Any) -> InterpretGPUParams:
+    """GPU interpret mode's parameters with iris's semaphore timeout (`params`: JAX's InterpretGPUParams fields)."""
+    timeout_s = DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
+    if not timeout_s > 0:
+        raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+    return InterpretGPUParams(semaphore_timeout_s=float(timeout_s), **params)
+
+
+set_interpret_mode = gpu_params.set_gpu_interpret_mode
+interpret_mode = gpu_params.force_gpu_interpret_mode
+
+
+def reset_state() -> None:
+    """Clears JAX's interpreter state and the failed launch's ordered-effect tokens (which would re-raise its error)."""
+    gpu_callbacks.reset_gpu_interpret_mode_state()
+    dispatch.runtime_tokens.clear()

@@ -1,0 +1,283 @@
+"""iris_jax.pallas.mosaic_gpu: multi-device Mosaic GPU kernels, unchanged, on the CPU devices.
+
+Each kernel runs under jax.shard_map over 2, 4 or 8 of the suite's CPU devices, its outputs
+poisoned (GPU interpret mode fills them with NaN, or int minima), and is checked against lax or
+numpy. Needs jax 0.12 (JAX's Mosaic GPU interpreter); on older JAX only the error is tested.
+"""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from iris_core.errors import IrisError, RankMismatchError
+from iris_jax.pallas import mosaic_gpu as iris_mgpu
+
+REASON = iris_mgpu.unsupported_reason()
+needs_interpreter = pytest.mark.skipif(REASON is not None, reason=REASON or "")
+
+if REASON is None:
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+    from jax.experimental.pallas.ops.gpu import all_gather_mgpu, reduce_scatter_mgpu
+
+L = 128  # elements per row: Mosaic GPU's collectives work in multiples of 128
+
+
+@pytest.fixture
+def simulated():
+    """Kernels traced in the test run on the simulator; JAX's interpreter state reset after a failure."""
+    with iris_mgpu.simulating(timeout_s=30):
+        yield
+    iris_mgpu.reset()
+
+
+def mesh_1d(n):
+    return jax.make_mesh((n,), ("x",), devices=jax.devices()[:n])
+
+
+def run(mesh, f, x, in_spec, out_spec):
+    g = jax.jit(jax.shard_map(f, mesh=mesh, in_specs=in_spec, out_specs=out_spec, check_vma=False))
+    return np.asarray(g(jax.device_put(x, NamedSharding(mesh, in_spec))))
+
+
+def rows(n, per_device, dtype=np.float32):
+    """Integer-valued rows, distinct per device (exact in every reduction order)."""
+    return (np.arange(n * per_device * L) % 1000).astype(dtype).reshape(n * per_device, L)
+
+
+def kernel_call(body, out_shape, dtype=jnp.float32, scratch=(plgpu.SemaphoreType.REGULAR,) if REASON is None else ()):
+    return plgpu.kernel(body, out_type=jax.ShapeDtypeStruct(out_shape, dtype), scratch_types=list(scratch))
+
+
+# (a) a ring: each device stores its rows into the next device's output, then signals it
+
+
+def ring(x_ref, o_ref, sem):
+    n = lax.axis_size("x")
+    nxt = lax.rem(lax.axis_index("x") + 1, n)
+    plgpu.remote_ref(o_ref, {"x": nxt})[...] = x_ref[...]
+    pl.semaphore_signal(sem, 1, device_id={"x": nxt})
+    pl.semaphore_wait(sem, 1)
+
+
+@needs_interpreter
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_ring_remote_ref_and_semaphores(simulated, n):
+    x = rows(n, 1)
+    out = run(mesh_1d(n), kernel_call(ring, (1, L)), x, P("x"), P("x"))
+    np.testing.assert_array_equal(out, np.roll(x, 1, axis=0))
+
+
+def ring_with_global_semaphore(x_ref, o_ref):
+    ring(x_ref, o_ref, pl.get_global(plgpu.SemaphoreType.REGULAR))
+
+
+@needs_interpreter
+def test_ring_through_pallas_call_with_mosaic_gpu_params(simulated):
+    n = 4
+    call = pl.pallas_call(
+        ring_with_global_semaphore,
+        out_shape=jax.ShapeDtypeStruct((1, L), jnp.float32),
+        compiler_params=plgpu.CompilerParams(),
+    )
+    x = rows(n, 1)
+    np.testing.assert_array_equal(run(mesh_1d(n), call, x, P("x"), P("x")), np.roll(x, 1, axis=0))
+
+
+@needs_interpreter
+def test_simulate_switches_interpret_mode_on_globally():
+    n = 2
+    iris_mgpu.simulate()
+    try:
+        out = run(mesh_1d(n), kernel_call(ring, (1, L)), rows(n, 1), P("x"), P("x"))
+    finally:
+        plgpu.set_gpu_interpret_mode(None)
+    np.testing.assert_array_equal(out, np.roll(rows(n, 1), 1, axis=0))
+
+
+# (b), (c) JAX's own Mosaic GPU collectives, unchanged
+
+
+@needs_interpreter
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_jax_all_gather_mgpu(simulated, n):
+    x = rows(n, 4)
+    gather = lambda v: all_gather_mgpu.all_gather(v, axis_name="x", num_blocks=2 if n == 4 else 1)  # noqa: E731
+    expected = run(mesh_1d(n), lambda v: lax.all_gather(v, "x", tiled=True), x, P("x"), P("x"))
+    np.testing.assert_array_equal(run(mesh_1d(n), gather, x, P("x"), P("x")), expected)
+
+
+@needs_interpreter
+@pytest.mark.parametrize("n", [2, 4, 8])
+@pytest.mark.parametrize("scatter_dimension", [None, 0])
+def test_jax_reduce_scatter_mgpu(simulated, n, scatter_dimension):
+    x = rows(n, n)
+    scatter = lambda v: reduce_scatter_mgpu.reduce_scatter(  # noqa: E731
+        v, axis_name="x", scatter_dimension=scatter_dimension, num_blocks=1
+    )
+    if scatter_dimension is None:
+        reference = lambda v: lax.psum(v, "x")  # noqa: E731
+    else:
+        reference = lambda v: lax.psum_scatter(v, "x", scatter_dimension=0, tiled=True)  # noqa: E731
+    expected = run(mesh_1d(n), reference, x, P("x"), P("x"))
+    np.testing.assert_array_equal(run(mesh_1d(n), scatter, x, P("x"), P("x")), expected)
+
+
+# (d) a 2D mesh: tuple ids, dict ids naming one axis, and a dict id over both axes joined
+
+
+def three_neighbours(x_ref, o_ref, sem):
+    a, b = lax.axis_index("a"), lax.axis_index("b")
+    size_a, size_b = lax.axis_size("a"), lax.axis_size("b")
+    targets = [
+        (a, lax.rem(b + 1, size_b)),  # a tuple of mesh coordinates
+        {"a": lax.rem(a + 1, size_a)},  # a dict naming one axis: b is ours
+        {("a", "b"): lax.rem(a * size_b + b + 1, size_a * size_b)},  # both axes as one
+    ]
+    for slot, target in enumerate(targets):
+        plgpu.remote_ref(o_ref.at[pl.ds(slot, 1)], target)[...] = x_ref[...]
+        pl.semaphore_signal(sem, 1, device_id=target)
+    pl.semaphore_wait(sem, 3)
+
+
+@needs_interpreter
+@pytest.mark.parametrize("shape", [(2, 2), (2, 4)])
+def test_2d_mesh_tuple_and_dict_device_ids(simulated, shape):
+    size_a, size_b = shape
+    n = size_a * size_b
+    mesh = jax.make_mesh(shape, ("a", "b"), devices=jax.devices()[:n])
+    x = rows(n, 1)
+    out = run(mesh, kernel_call(three_neighbours, (3, L)), x, P(("a", "b")), P(("a", "b"))).reshape(n, 3, L)
+    grid = x.reshape(size_a, size_b, L)
+    expected = np.stack(
+        [np.roll(grid, 1, axis=1).reshape(n, L), np.roll(grid, 1, axis=0).reshape(n, L), np.roll(x, 1, axis=0)], axis=1
+    )
+    np.testing.assert_array_equal(out, expected)
+
+
+# (e) multimem
+
+
+def gather_by_multimem(x_ref, o_ref, sem):
+    n = lax.axis_size("x")
+    plgpu.multimem_store(x_ref[...], o_ref.at[pl.ds(lax.axis_index("x"), 1)], "x")
+    plgpu.semaphore_signal_multicast(sem, collective_axes="x")
+    pl.semaphore_wait(sem, n, decrement=False)
+
+
+def sum_by_multimem(x_ref, o_ref):
+    o_ref[...] = plgpu.multimem_load_reduce(x_ref, collective_axes="x", reduction_op="add")
+
+
+def max_by_multimem(x_ref, o_ref):
+    o_ref[...] = plgpu.multimem_load_reduce(x_ref, collective_axes="x", reduction_op="max")
+
+
+@needs_interpreter
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_multimem_store_and_load_reduce(simulated, n):
+    x = rows(n, 1)
+    gathered = run(mesh_1d(n), kernel_call(gather_by_multimem, (n, L)), x, P("x"), P("x"))
+    np.testing.assert_array_equal(gathered, np.tile(x, (n, 1)))
+    summed = run(mesh_1d(n), kernel_call(sum_by_multimem, (1, L), scratch=()), x, P("x"), P("x"))
+    np.testing.assert_array_equal(summed, np.tile(x.sum(axis=0, keepdims=True), (n, 1)))
+    ints = rows(n, 1, np.int32)[::-1].copy()
+    largest = run(mesh_1d(n), kernel_call(max_by_multimem, (1, L), jnp.int32, scratch=()), ints, P("x"), P("x"))
+    np.testing.assert_array_equal(largest, np.tile(ints.max(axis=0, keepdims=True), (n, 1)))
+
+
+@needs_interpreter
+def test_multimem_over_part_of_the_mesh_is_refused(simulated):
+    mesh = jax.make_mesh((2, 2), ("a", "b"), devices=jax.devices()[:4])
+
+    def store_along_a(x_ref, o_ref):
+        plgpu.multimem_store(x_ref[...], o_ref, "a")
+
+    with pytest.raises(NotImplementedError, match=re.escape("Only collective_axes that include all JAX device mesh")):
+        run(mesh, kernel_call(store_along_a, (1, L), scratch=()), rows(4, 1), P(("a", "b")), P(("a", "b")))
+
+
+# (f) a wait that no one signals fails, naming itself
+
+
+def wait_forever(x_ref, o_ref, sem):
+    o_ref[...] = x_ref[...]
+
+    @pl.when(lax.axis_index("x") == 0)
+    def _():
+        pl.semaphore_wait(sem, 1)  # no one signals it: the other device finishes and waits at the end
+
+
+@needs_interpreter
+def test_unsignalled_wait_fails_with_its_place():
+    with iris_mgpu.simulating(timeout_s=0.5), pytest.raises(Exception) as caught:
+        run(mesh_1d(2), kernel_call(wait_forever, (1, L)), rows(2, 1), P("x"), P("x"))
+    iris_mgpu.reset()
+    text = str(caught.value)
+    assert "semaphore_wait in Mosaic GPU kernel 'wait_forever' at " in text, text
+    assert "test_pallas_mosaic_gpu.py" in text and "on device 0 timed out after 0.5 s" in text, text
+    assert "the semaphore's count is 0, waiting for 1" in text, text
+
+
+# (g) device ids outside the mesh, and the GPU path's own checks
+
+
+def store_to(device_id):
+    def kernel(x_ref, o_ref):
+        o_ref[...] = x_ref[...]
+        plgpu.remote_ref(o_ref, device_id(lax.axis_index("x")))[...] = x_ref[...]
+
+    return kernel
+
+
+@needs_interpreter
+def test_device_id_outside_the_mesh_is_named_before_anything_runs(simulated):
+    kernel = kernel_call(store_to(lambda me: {"x": 5}), (1, L), scratch=())
+    with pytest.raises(
+        RankMismatchError,
+        match=re.escape("names device_id {'x': 5}, which is outside the mesh {'x': 4}: 'x' must be in [0, 4), got 5"),
+    ):
+        run(mesh_1d(4), kernel, rows(4, 1), P("x"), P("x"))
+
+
+@needs_interpreter
+def test_device_id_outside_the_mesh_at_run_time_is_named():
+    kernel = kernel_call(store_to(lambda me: {"x": me + 2}), (1, L), scratch=())
+    with iris_mgpu.simulating(), pytest.raises(Exception) as caught:
+        run(mesh_1d(2), kernel, rows(2, 1), P("x"), P("x"))
+    iris_mgpu.reset()
+    assert re.search(
+        r"on device [01] names device_id \{'x': [23]\}, which is outside the mesh \{'x': 2\}: "
+        r"'x' must be in \[0, 2\)",
+        str(caught.value),
+    ), str(caught.value)
+
+
+@needs_interpreter
+def test_gpu_device_id_checks(simulated):
+    wrong_count = kernel_call(store_to(lambda me: (me, me)), (1, L), scratch=())
+    with pytest.raises(
+        ValueError, match="Number of device ids must match the number of mesh axes, but got 2 ids for a 1D mesh"
+    ):
+        run(mesh_1d(2), wrong_count, rows(2, 1), P("x"), P("x"))
+
+    def logical_dict(x_ref, o_ref, sem):
+        pl.semaphore_signal(sem, 1, device_id={"x": 0}, device_id_type=pl.DeviceIdType.LOGICAL)
+
+    with pytest.raises(ValueError, match="`device_id_type` must be MESH if `device_id` is a dict"):
+        run(mesh_1d(2), kernel_call(logical_dict, (1, L)), rows(2, 1), P("x"), P("x"))
+
+
+# (h) older JAX
+
+
+@pytest.mark.skipif(REASON is None, reason="this JAX has the Mosaic GPU interpreter")
+def test_simulate_needs_jax_0_12():
+    with pytest.raises(IrisError, match=r"needs jax >= 0\.12 .*tested with jax 0\.12\.0\.1"):
+        iris_mgpu.simulate()
