@@ -61,19 +61,23 @@ class Context:
       heap_bases: pointer to the W 64-bit heap bases (as mapped on this device).
       tracing: the device side of event tracing (`DeviceTracing`; inert unless built with
         `tracing=True`).
+      bound: the heap guard's bound, the bytes mapped on every rank (read once, at initialize;
+        0 with the guard compiled out).
     """
 
     rank: tl.tensor
     world_size: tl.constexpr
     heap_bases: tl.tensor
     tracing: DeviceTracing
+    bound: tl.tensor
 
     @triton.constexpr_function
-    def __init__(self, rank, world_size, heap_bases, tracing):
+    def __init__(self, rank, world_size, heap_bases, tracing, bound):
         self.rank = rank
         self.world_size = tl.constexpr(world_size)
         self.heap_bases = heap_bases
         self.tracing = tracing
+        self.bound = bound
 
     @staticmethod
     @triton.jit
@@ -92,8 +96,14 @@ class Context:
         words = context_ptr.to(tl.pointer_type(tl.uint64), bitcast=True)
         rank = tl.load(words).to(tl.int32)
         heap_bases = words + HEADER_WORDS
+        # the guard's bound, once per kernel: read at every op, the dependent load costs 6-9% of a guarded
+        # store (benchmarks/RESULTS.md, session 30)
+        if rma.GUARD:
+            bound = rma.bound_of(tl.load(heap_bases + rank))
+        else:
+            bound = tl.cast(0, tl.int64)
         return Context(rank, world_size, heap_bases,
-                       DeviceTracing(tracing, words + HEADER_WORDS + world_size, rank, heap_bases))
+                       DeviceTracing(tracing, words + HEADER_WORDS + world_size, rank, heap_bases), bound)
 
     @triton.jit
     def translate(self, ptr, from_rank, to_rank, hint: tl.constexpr = None, mask=None):
@@ -111,7 +121,7 @@ class Context:
           The translated pointer(s). With the heap guard on, lanes outside `from_rank`'s heap (or
           all lanes, for a rank out of range) are reported and point to `to_rank`'s sink line.
         """
-        return rma.translate(ptr, from_rank, to_rank, self.heap_bases, hint, mask)
+        return rma.translate(ptr, from_rank, to_rank, self.heap_bases, hint, mask, bound=self.bound)
 
     # RMA ops: with tracing=True each records one event (rank = the peer, address = my pointer)
     @triton.jit
@@ -132,7 +142,8 @@ class Context:
           The values, shaped like `ptr`.
         """
         event = self.tracing.record_event_start(EVENT_LOAD, from_rank, ptr, mask=mask)
-        value = rma.load(ptr, from_rank, self.rank, self.heap_bases, mask, other, cache_modifier, volatile, hint)
+        value = rma.load(ptr, from_rank, self.rank, self.heap_bases, mask, other, cache_modifier, volatile, hint,
+                         bound=self.bound)
         self.tracing.record_event_end(event)
         return value
 
@@ -149,7 +160,7 @@ class Context:
           hint: alignment of runs of `ptr` (see `translate`).
         """
         event = self.tracing.record_event_start(EVENT_STORE, to_rank, ptr, mask=mask)
-        rma.store(ptr, value, to_rank, self.rank, self.heap_bases, mask, cache_modifier, hint)
+        rma.store(ptr, value, to_rank, self.rank, self.heap_bases, mask, cache_modifier, hint, bound=self.bound)
         self.tracing.record_event_end(event)
 
     @triton.jit
@@ -169,7 +180,7 @@ class Context:
         """
         event = self.tracing.record_event_start(EVENT_GET, from_rank, from_ptr, mask=mask)
         rma.get(from_ptr, to_ptr, from_rank, self.rank, self.heap_bases, mask, other, load_cache_modifier,
-                store_cache_modifier, hint)
+                store_cache_modifier, hint, bound=self.bound)
         self.tracing.record_event_end(event)
 
     @triton.jit
@@ -189,7 +200,7 @@ class Context:
         """
         event = self.tracing.record_event_start(EVENT_PUT, to_rank, to_ptr, mask=mask)
         rma.put(from_ptr, to_ptr, to_rank, self.rank, self.heap_bases, mask, other, load_cache_modifier,
-                store_cache_modifier, hint)
+                store_cache_modifier, hint, bound=self.bound)
         self.tracing.record_event_end(event)
 
     @triton.jit
@@ -213,7 +224,7 @@ class Context:
         """
         event = self.tracing.record_event_start(EVENT_COPY, to_rank, dst_ptr, mask=mask)
         rma.copy(src_ptr, dst_ptr, from_rank, to_rank, self.rank, self.heap_bases, mask, other,
-                 load_cache_modifier, store_cache_modifier, hint)
+                 load_cache_modifier, store_cache_modifier, hint, bound=self.bound)
         self.tracing.record_event_end(event)
 
     @triton.jit
@@ -234,7 +245,7 @@ class Context:
           The value at `to_rank`'s copy before the operation (undefined in masked-off lanes).
         """
         event = self.tracing.record_event_start(EVENT_ATOMIC_ADD, to_rank, ptr, mask=mask)
-        old = rma.atomic_add(ptr, val, to_rank, self.rank, self.heap_bases, mask, sem, scope, hint)
+        old = rma.atomic_add(ptr, val, to_rank, self.rank, self.heap_bases, mask, sem, scope, hint, bound=self.bound)
         self.tracing.record_event_end(event)
         return old
 
@@ -256,7 +267,7 @@ class Context:
           The value at `to_rank`'s copy before the operation (undefined in masked-off lanes).
         """
         event = self.tracing.record_event_start(EVENT_ATOMIC_SUB, to_rank, ptr, mask=mask)
-        old = rma.atomic_sub(ptr, val, to_rank, self.rank, self.heap_bases, mask, sem, scope, hint)
+        old = rma.atomic_sub(ptr, val, to_rank, self.rank, self.heap_bases, mask, sem, scope, hint, bound=self.bound)
         self.tracing.record_event_end(event)
         return old
 
@@ -278,7 +289,7 @@ class Context:
           The value at `to_rank`'s copy before the operation (undefined in masked-off lanes).
         """
         event = self.tracing.record_event_start(EVENT_ATOMIC_XCHG, to_rank, ptr, mask=mask)
-        old = rma.atomic_xchg(ptr, val, to_rank, self.rank, self.heap_bases, mask, sem, scope, hint)
+        old = rma.atomic_xchg(ptr, val, to_rank, self.rank, self.heap_bases, mask, sem, scope, hint, bound=self.bound)
         self.tracing.record_event_end(event)
         return old
 
@@ -300,7 +311,7 @@ class Context:
           The value at `to_rank`'s copy before the operation (undefined in masked-off lanes).
         """
         event = self.tracing.record_event_start(EVENT_ATOMIC_XOR, to_rank, ptr, mask=mask)
-        old = rma.atomic_xor(ptr, val, to_rank, self.rank, self.heap_bases, mask, sem, scope, hint)
+        old = rma.atomic_xor(ptr, val, to_rank, self.rank, self.heap_bases, mask, sem, scope, hint, bound=self.bound)
         self.tracing.record_event_end(event)
         return old
 
@@ -322,7 +333,7 @@ class Context:
           The value at `to_rank`'s copy before the operation (undefined in masked-off lanes).
         """
         event = self.tracing.record_event_start(EVENT_ATOMIC_AND, to_rank, ptr, mask=mask)
-        old = rma.atomic_and(ptr, val, to_rank, self.rank, self.heap_bases, mask, sem, scope, hint)
+        old = rma.atomic_and(ptr, val, to_rank, self.rank, self.heap_bases, mask, sem, scope, hint, bound=self.bound)
         self.tracing.record_event_end(event)
         return old
 
@@ -344,7 +355,7 @@ class Context:
           The value at `to_rank`'s copy before the operation (undefined in masked-off lanes).
         """
         event = self.tracing.record_event_start(EVENT_ATOMIC_OR, to_rank, ptr, mask=mask)
-        old = rma.atomic_or(ptr, val, to_rank, self.rank, self.heap_bases, mask, sem, scope, hint)
+        old = rma.atomic_or(ptr, val, to_rank, self.rank, self.heap_bases, mask, sem, scope, hint, bound=self.bound)
         self.tracing.record_event_end(event)
         return old
 
@@ -366,7 +377,7 @@ class Context:
           The value at `to_rank`'s copy before the operation (undefined in masked-off lanes).
         """
         event = self.tracing.record_event_start(EVENT_ATOMIC_MIN, to_rank, ptr, mask=mask)
-        old = rma.atomic_min(ptr, val, to_rank, self.rank, self.heap_bases, mask, sem, scope, hint)
+        old = rma.atomic_min(ptr, val, to_rank, self.rank, self.heap_bases, mask, sem, scope, hint, bound=self.bound)
         self.tracing.record_event_end(event)
         return old
 
@@ -388,7 +399,7 @@ class Context:
           The value at `to_rank`'s copy before the operation (undefined in masked-off lanes).
         """
         event = self.tracing.record_event_start(EVENT_ATOMIC_MAX, to_rank, ptr, mask=mask)
-        old = rma.atomic_max(ptr, val, to_rank, self.rank, self.heap_bases, mask, sem, scope, hint)
+        old = rma.atomic_max(ptr, val, to_rank, self.rank, self.heap_bases, mask, sem, scope, hint, bound=self.bound)
         self.tracing.record_event_end(event)
         return old
 
@@ -411,7 +422,7 @@ class Context:
           lane goes to the target's sink line.
         """
         event = self.tracing.record_event_start(EVENT_ATOMIC_CAS, to_rank, ptr)
-        old = rma.atomic_cas(ptr, cmp, val, to_rank, self.rank, self.heap_bases, sem, scope, hint)
+        old = rma.atomic_cas(ptr, cmp, val, to_rank, self.rank, self.heap_bases, sem, scope, hint, bound=self.bound)
         self.tracing.record_event_end(event)
         return old
 

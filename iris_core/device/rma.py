@@ -8,7 +8,8 @@ context (iris_core.heap.context_layout), preceded by the world size and the heap
 
 The heap guard (on by default; IRIS_HEAP_GUARD=0 compiles it out): every lane whose
 pointer lies outside the caller's heap (its mapped bytes: the bound word of the caller's
-status line, current as the heap grows), and every lane of an op whose rank is outside
+status line, current as the heap grows; every op takes it as `bound=`, which a Context reads once
+at initialize, else each op reads it), and every lane of an op whose rank is outside
 [0, world_size), is masked off, so nothing outside a heap is touched, and the failure is
 reported in the caller's status word (iris_core.heap.status; the host raises
 NotOnHeapError after the call). Ops without a mask (atomic_cas) and the pointers
@@ -151,8 +152,15 @@ def _plain(ptr, from_rank, to_rank, heap_bases, hint: tl.constexpr):
 
 
 @triton.jit
+def bound_of(base):
+    """The guard's bound: the bytes mapped on every rank, from the status line of the heap at `base`
+    (iris_core.heap.status)."""
+    return tl.load(tl.cast(base + BOUND_OFFSET, tl.pointer_type(tl.int64)))
+
+
+@triton.jit
 def _guarded(ptr, from_rank, to_rank, heap_bases, mask, hint: tl.constexpr, OP: tl.constexpr,
-             CHECK_FROM: tl.constexpr = False):
+             CHECK_FROM: tl.constexpr = False, bound=None):
     """(to_rank's address of `ptr`, the lanes that may be accessed, to_rank's sink line).
 
     A lane may be accessed when it is in `mask`, `to_rank` is a rank and `ptr` lies in
@@ -171,7 +179,11 @@ def _guarded(ptr, from_rank, to_rank, heap_bases, mask, hint: tl.constexpr, OP: 
     from_base = tl.load(heap_bases + source)
     to_base = tl.load(heap_bases + tl.where(rank_ok, tl.cast(to_rank, tl.int32), 0))
     # what is mapped on every rank, not the context's upper bound: read from memory, current after a growth
-    heap_size = tl.load(tl.cast(from_base + BOUND_OFFSET, tl.pointer_type(tl.int64)))
+    # (a Context reads it once, at initialize, and passes it: one load per kernel, not per op)
+    if bound is None:
+        heap_size = bound_of(from_base)
+    else:
+        heap_size = bound
     offset = tl.cast(ptr, tl.uint64) - from_base  # wraps below the base: one unsigned compare
     ELEMENT: tl.constexpr = ptr.dtype.element_ty.primitive_bitwidth // 8
     ok = (offset <= heap_size - ELEMENT) & rank_ok
@@ -196,18 +208,18 @@ def _guarded(ptr, from_rank, to_rank, heap_bases, mask, hint: tl.constexpr, OP: 
 
 @triton.jit
 def _redirected(ptr, from_rank, to_rank, heap_bases, mask, hint: tl.constexpr, OP: tl.constexpr,
-                CHECK_FROM: tl.constexpr = False):
+                CHECK_FROM: tl.constexpr = False, bound=None):
     """The translated pointer, with the lanes the guard refuses sent to to_rank's sink line
     (for accesses that cannot be masked)."""
     if GUARD:
-        translated, access, sink = _guarded(ptr, from_rank, to_rank, heap_bases, mask, hint, OP, CHECK_FROM)
+        translated, access, sink = _guarded(ptr, from_rank, to_rank, heap_bases, mask, hint, OP, CHECK_FROM, bound)
         return tl.where(access, translated, sink)
     else:
         return _plain(ptr, from_rank, to_rank, heap_bases, hint)
 
 
 @triton.jit
-def translate(ptr, from_rank, to_rank, heap_bases, hint: tl.constexpr = None, mask=None):
+def translate(ptr, from_rank, to_rank, heap_bases, hint: tl.constexpr = None, mask=None, bound=None):
     """`ptr` (valid in `from_rank`'s heap) as an address in `to_rank`'s heap.
 
     Args:
@@ -223,14 +235,14 @@ def translate(ptr, from_rank, to_rank, heap_bases, hint: tl.constexpr = None, ma
       The translated pointer(s). With the heap guard on, lanes outside `from_rank`'s heap (or
       all lanes, for a rank out of range) are reported and point to `to_rank`'s sink line.
     """
-    return _redirected(ptr, from_rank, to_rank, heap_bases, mask, hint, OP_TRANSLATE, True)
+    return _redirected(ptr, from_rank, to_rank, heap_bases, mask, hint, OP_TRANSLATE, True, bound)
 
 
 @triton.jit
 def _load(ptr, from_rank, my_rank, heap_bases, mask, other, cache_modifier: tl.constexpr, volatile: tl.constexpr,
-          hint: tl.constexpr, OP: tl.constexpr):
+          hint: tl.constexpr, OP: tl.constexpr, bound=None):
     if GUARD:
-        remote, access, _ = _guarded(ptr, my_rank, from_rank, heap_bases, mask, hint, OP)
+        remote, access, _ = _guarded(ptr, my_rank, from_rank, heap_bases, mask, hint, OP, bound=bound)
         return tl.load(remote, mask=access, other=other, cache_modifier=cache_modifier, volatile=volatile)
     else:
         remote = _plain(ptr, my_rank, from_rank, heap_bases, hint)
@@ -239,9 +251,9 @@ def _load(ptr, from_rank, my_rank, heap_bases, mask, other, cache_modifier: tl.c
 
 @triton.jit
 def _store(ptr, value, to_rank, my_rank, heap_bases, mask, cache_modifier: tl.constexpr, hint: tl.constexpr,
-           OP: tl.constexpr):
+           OP: tl.constexpr, bound=None):
     if GUARD:
-        remote, access, _ = _guarded(ptr, my_rank, to_rank, heap_bases, mask, hint, OP)
+        remote, access, _ = _guarded(ptr, my_rank, to_rank, heap_bases, mask, hint, OP, bound=bound)
         tl.store(remote, value, mask=access, cache_modifier=cache_modifier)
     else:
         tl.store(_plain(ptr, my_rank, to_rank, heap_bases, hint), value, mask=mask, cache_modifier=cache_modifier)
@@ -249,10 +261,10 @@ def _store(ptr, value, to_rank, my_rank, heap_bases, mask, cache_modifier: tl.co
 
 @triton.jit
 def _atomic(ptr, val, to_rank, my_rank, heap_bases, mask, sem: tl.constexpr, scope: tl.constexpr,
-            hint: tl.constexpr, OP: tl.constexpr):
+            hint: tl.constexpr, OP: tl.constexpr, bound=None):
     """One remote atomic read-modify-write (OP says which); returns the old value."""
     if GUARD:
-        remote, access, _ = _guarded(ptr, my_rank, to_rank, heap_bases, mask, hint, OP)
+        remote, access, _ = _guarded(ptr, my_rank, to_rank, heap_bases, mask, hint, OP, bound=bound)
     else:
         remote = _plain(ptr, my_rank, to_rank, heap_bases, hint)
         access = mask
@@ -276,7 +288,7 @@ def _atomic(ptr, val, to_rank, my_rank, heap_bases, mask, sem: tl.constexpr, sco
 
 @triton.jit
 def load(ptr, from_rank, my_rank, heap_bases, mask=None, other=None, cache_modifier: tl.constexpr = NO_MODIFIER,
-         volatile: tl.constexpr = False, hint: tl.constexpr = None):
+         volatile: tl.constexpr = False, hint: tl.constexpr = None, bound=None):
     """Reads `from_rank`'s heap at the offset of my `ptr`.
 
     Args:
@@ -293,12 +305,12 @@ def load(ptr, from_rank, my_rank, heap_bases, mask=None, other=None, cache_modif
     Returns:
       The values, shaped like `ptr`.
     """
-    return _load(ptr, from_rank, my_rank, heap_bases, mask, other, cache_modifier, volatile, hint, OP_LOAD)
+    return _load(ptr, from_rank, my_rank, heap_bases, mask, other, cache_modifier, volatile, hint, OP_LOAD, bound=bound)
 
 
 @triton.jit
 def store(ptr, value, to_rank, my_rank, heap_bases, mask=None, cache_modifier: tl.constexpr = NO_MODIFIER,
-          hint: tl.constexpr = None):
+          hint: tl.constexpr = None, bound=None):
     """Writes `value` into `to_rank`'s heap at the offset of my `ptr`.
 
     Args:
@@ -311,13 +323,13 @@ def store(ptr, value, to_rank, my_rank, heap_bases, mask=None, cache_modifier: t
       cache_modifier: Triton's store cache modifier ("": the default).
       hint: alignment of runs of `ptr` (see `translate`).
     """
-    _store(ptr, value, to_rank, my_rank, heap_bases, mask, cache_modifier, hint, OP_STORE)
+    _store(ptr, value, to_rank, my_rank, heap_bases, mask, cache_modifier, hint, OP_STORE, bound=bound)
 
 
 @triton.jit
 def get(from_ptr, to_ptr, from_rank, my_rank, heap_bases, mask=None, other=None,
         load_cache_modifier: tl.constexpr = NO_MODIFIER, store_cache_modifier: tl.constexpr = NO_MODIFIER,
-        hint: tl.constexpr = None):
+        hint: tl.constexpr = None, bound=None):
     """Copies `from_rank`'s data at `from_ptr` into my memory at `to_ptr`.
 
     Args:
@@ -332,14 +344,15 @@ def get(from_ptr, to_ptr, from_rank, my_rank, heap_bases, mask=None, other=None,
       store_cache_modifier: Triton's cache modifier of the local store.
       hint: alignment of runs of `from_ptr` (see `translate`).
     """
-    value = _load(from_ptr, from_rank, my_rank, heap_bases, mask, other, load_cache_modifier, False, hint, OP_GET)
+    value = _load(from_ptr, from_rank, my_rank, heap_bases, mask, other, load_cache_modifier, False, hint, OP_GET,
+                  bound=bound)
     tl.store(to_ptr, value, mask=mask, cache_modifier=store_cache_modifier)
 
 
 @triton.jit
 def put(from_ptr, to_ptr, to_rank, my_rank, heap_bases, mask=None, other=None,
         load_cache_modifier: tl.constexpr = NO_MODIFIER, store_cache_modifier: tl.constexpr = NO_MODIFIER,
-        hint: tl.constexpr = None):
+        hint: tl.constexpr = None, bound=None):
     """Copies my data at `from_ptr` into `to_rank`'s heap at the offset of `to_ptr`.
 
     Args:
@@ -355,13 +368,13 @@ def put(from_ptr, to_ptr, to_rank, my_rank, heap_bases, mask=None, other=None,
       hint: alignment of runs of `to_ptr` (see `translate`).
     """
     value = tl.load(from_ptr, mask=mask, other=other, cache_modifier=load_cache_modifier)
-    _store(to_ptr, value, to_rank, my_rank, heap_bases, mask, store_cache_modifier, hint, OP_PUT)
+    _store(to_ptr, value, to_rank, my_rank, heap_bases, mask, store_cache_modifier, hint, OP_PUT, bound=bound)
 
 
 @triton.jit
 def copy(src_ptr, dst_ptr, from_rank, to_rank, my_rank, heap_bases, mask=None, other=None,
          load_cache_modifier: tl.constexpr = NO_MODIFIER, store_cache_modifier: tl.constexpr = NO_MODIFIER,
-         hint: tl.constexpr = None):
+         hint: tl.constexpr = None, bound=None):
     """Copies `from_rank`'s data at `src_ptr` into `to_rank`'s heap at `dst_ptr`.
 
     Both pointers are offsets in my heap; the caller should be one of the two ranks.
@@ -379,13 +392,14 @@ def copy(src_ptr, dst_ptr, from_rank, to_rank, my_rank, heap_bases, mask=None, o
       store_cache_modifier: Triton's cache modifier of the store.
       hint: alignment of runs of the pointers (see `translate`).
     """
-    value = _load(src_ptr, from_rank, my_rank, heap_bases, mask, other, load_cache_modifier, False, hint, OP_COPY)
-    _store(dst_ptr, value, to_rank, my_rank, heap_bases, mask, store_cache_modifier, hint, OP_COPY)
+    value = _load(src_ptr, from_rank, my_rank, heap_bases, mask, other, load_cache_modifier, False, hint, OP_COPY,
+                  bound=bound)
+    _store(dst_ptr, value, to_rank, my_rank, heap_bases, mask, store_cache_modifier, hint, OP_COPY, bound=bound)
 
 
 @triton.jit
 def atomic_add(ptr, val, to_rank, my_rank, heap_bases, mask=None, sem: tl.constexpr = ACQ_REL,
-               scope: tl.constexpr = SYSTEM, hint: tl.constexpr = None):
+               scope: tl.constexpr = SYSTEM, hint: tl.constexpr = None, bound=None):
     """Atomically adds `val` at `to_rank`'s copy of `ptr`.
 
     Args:
@@ -402,12 +416,12 @@ def atomic_add(ptr, val, to_rank, my_rank, heap_bases, mask=None, sem: tl.conste
     Returns:
       The value at `to_rank`'s copy before the operation (undefined in masked-off lanes).
     """
-    return _atomic(ptr, val, to_rank, my_rank, heap_bases, mask, sem, scope, hint, OP_ATOMIC_ADD)
+    return _atomic(ptr, val, to_rank, my_rank, heap_bases, mask, sem, scope, hint, OP_ATOMIC_ADD, bound=bound)
 
 
 @triton.jit
 def atomic_sub(ptr, val, to_rank, my_rank, heap_bases, mask=None, sem: tl.constexpr = ACQ_REL,
-               scope: tl.constexpr = SYSTEM, hint: tl.constexpr = None):
+               scope: tl.constexpr = SYSTEM, hint: tl.constexpr = None, bound=None):
     """Atomically subtracts `val` at `to_rank`'s copy of `ptr`.
 
     Args:
@@ -424,12 +438,12 @@ def atomic_sub(ptr, val, to_rank, my_rank, heap_bases, mask=None, sem: tl.conste
     Returns:
       The value at `to_rank`'s copy before the operation (undefined in masked-off lanes).
     """
-    return _atomic(ptr, val, to_rank, my_rank, heap_bases, mask, sem, scope, hint, OP_ATOMIC_SUB)
+    return _atomic(ptr, val, to_rank, my_rank, heap_bases, mask, sem, scope, hint, OP_ATOMIC_SUB, bound=bound)
 
 
 @triton.jit
 def atomic_xchg(ptr, val, to_rank, my_rank, heap_bases, mask=None, sem: tl.constexpr = ACQ_REL,
-                scope: tl.constexpr = SYSTEM, hint: tl.constexpr = None):
+                scope: tl.constexpr = SYSTEM, hint: tl.constexpr = None, bound=None):
     """Atomically exchanges with `val` at `to_rank`'s copy of `ptr`.
 
     Args:
@@ -446,12 +460,12 @@ def atomic_xchg(ptr, val, to_rank, my_rank, heap_bases, mask=None, sem: tl.const
     Returns:
       The value at `to_rank`'s copy before the operation (undefined in masked-off lanes).
     """
-    return _atomic(ptr, val, to_rank, my_rank, heap_bases, mask, sem, scope, hint, OP_ATOMIC_XCHG)
+    return _atomic(ptr, val, to_rank, my_rank, heap_bases, mask, sem, scope, hint, OP_ATOMIC_XCHG, bound=bound)
 
 
 @triton.jit
 def atomic_xor(ptr, val, to_rank, my_rank, heap_bases, mask=None, sem: tl.constexpr = ACQ_REL,
-               scope: tl.constexpr = SYSTEM, hint: tl.constexpr = None):
+               scope: tl.constexpr = SYSTEM, hint: tl.constexpr = None, bound=None):
     """Atomically xors with `val` at `to_rank`'s copy of `ptr`.
 
     Args:
@@ -468,12 +482,12 @@ def atomic_xor(ptr, val, to_rank, my_rank, heap_bases, mask=None, sem: tl.conste
     Returns:
       The value at `to_rank`'s copy before the operation (undefined in masked-off lanes).
     """
-    return _atomic(ptr, val, to_rank, my_rank, heap_bases, mask, sem, scope, hint, OP_ATOMIC_XOR)
+    return _atomic(ptr, val, to_rank, my_rank, heap_bases, mask, sem, scope, hint, OP_ATOMIC_XOR, bound=bound)
 
 
 @triton.jit
 def atomic_and(ptr, val, to_rank, my_rank, heap_bases, mask=None, sem: tl.constexpr = ACQ_REL,
-               scope: tl.constexpr = SYSTEM, hint: tl.constexpr = None):
+               scope: tl.constexpr = SYSTEM, hint: tl.constexpr = None, bound=None):
     """Atomically ands with `val` at `to_rank`'s copy of `ptr`.
 
     Args:
@@ -490,12 +504,12 @@ def atomic_and(ptr, val, to_rank, my_rank, heap_bases, mask=None, sem: tl.conste
     Returns:
       The value at `to_rank`'s copy before the operation (undefined in masked-off lanes).
     """
-    return _atomic(ptr, val, to_rank, my_rank, heap_bases, mask, sem, scope, hint, OP_ATOMIC_AND)
+    return _atomic(ptr, val, to_rank, my_rank, heap_bases, mask, sem, scope, hint, OP_ATOMIC_AND, bound=bound)
 
 
 @triton.jit
 def atomic_or(ptr, val, to_rank, my_rank, heap_bases, mask=None, sem: tl.constexpr = ACQ_REL,
-              scope: tl.constexpr = SYSTEM, hint: tl.constexpr = None):
+              scope: tl.constexpr = SYSTEM, hint: tl.constexpr = None, bound=None):
     """Atomically ors with `val` at `to_rank`'s copy of `ptr`.
 
     Args:
@@ -512,12 +526,12 @@ def atomic_or(ptr, val, to_rank, my_rank, heap_bases, mask=None, sem: tl.constex
     Returns:
       The value at `to_rank`'s copy before the operation (undefined in masked-off lanes).
     """
-    return _atomic(ptr, val, to_rank, my_rank, heap_bases, mask, sem, scope, hint, OP_ATOMIC_OR)
+    return _atomic(ptr, val, to_rank, my_rank, heap_bases, mask, sem, scope, hint, OP_ATOMIC_OR, bound=bound)
 
 
 @triton.jit
 def atomic_min(ptr, val, to_rank, my_rank, heap_bases, mask=None, sem: tl.constexpr = ACQ_REL,
-               scope: tl.constexpr = SYSTEM, hint: tl.constexpr = None):
+               scope: tl.constexpr = SYSTEM, hint: tl.constexpr = None, bound=None):
     """Atomically takes the minimum with `val` at `to_rank`'s copy of `ptr`.
 
     Args:
@@ -534,12 +548,12 @@ def atomic_min(ptr, val, to_rank, my_rank, heap_bases, mask=None, sem: tl.conste
     Returns:
       The value at `to_rank`'s copy before the operation (undefined in masked-off lanes).
     """
-    return _atomic(ptr, val, to_rank, my_rank, heap_bases, mask, sem, scope, hint, OP_ATOMIC_MIN)
+    return _atomic(ptr, val, to_rank, my_rank, heap_bases, mask, sem, scope, hint, OP_ATOMIC_MIN, bound=bound)
 
 
 @triton.jit
 def atomic_max(ptr, val, to_rank, my_rank, heap_bases, mask=None, sem: tl.constexpr = ACQ_REL,
-               scope: tl.constexpr = SYSTEM, hint: tl.constexpr = None):
+               scope: tl.constexpr = SYSTEM, hint: tl.constexpr = None, bound=None):
     """Atomically takes the maximum with `val` at `to_rank`'s copy of `ptr`.
 
     Args:
@@ -556,12 +570,12 @@ def atomic_max(ptr, val, to_rank, my_rank, heap_bases, mask=None, sem: tl.conste
     Returns:
       The value at `to_rank`'s copy before the operation (undefined in masked-off lanes).
     """
-    return _atomic(ptr, val, to_rank, my_rank, heap_bases, mask, sem, scope, hint, OP_ATOMIC_MAX)
+    return _atomic(ptr, val, to_rank, my_rank, heap_bases, mask, sem, scope, hint, OP_ATOMIC_MAX, bound=bound)
 
 
 @triton.jit
 def atomic_cas(ptr, cmp, val, to_rank, my_rank, heap_bases, sem: tl.constexpr = ACQ_REL,
-               scope: tl.constexpr = SYSTEM, hint: tl.constexpr = None):
+               scope: tl.constexpr = SYSTEM, hint: tl.constexpr = None, bound=None):
     """Atomically compares `to_rank`'s copy of `ptr` with `cmp` and, where equal, stores `val`.
 
     Args:
@@ -579,5 +593,5 @@ def atomic_cas(ptr, cmp, val, to_rank, my_rank, heap_bases, sem: tl.constexpr = 
       The value before the operation. It takes no mask: with the heap guard on, a refused
       lane goes to the target's sink line.
     """
-    remote = _redirected(ptr, my_rank, to_rank, heap_bases, None, hint, OP_ATOMIC_CAS)
+    remote = _redirected(ptr, my_rank, to_rank, heap_bases, None, hint, OP_ATOMIC_CAS, bound=bound)
     return tl.atomic_cas(remote, cmp, val, sem=sem, scope=scope)

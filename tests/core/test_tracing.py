@@ -308,10 +308,12 @@ def free_function_ops(context_ptr, x_ptr, flag_ptr, W: tl.constexpr, TRACING: tl
     words = context_ptr.to(tl.pointer_type(tl.uint64), bitcast=True)
     rank = tl.load(words).to(tl.int32)
     bases = words + 3  # after [rank, world_size, heap_size]
+    bound = rma.bound_of(tl.load(bases + rank))  # the guard's bound, read once, as Context.initialize does
     offs = tl.arange(0, 64)
     peer = (rank + 1) % W
-    rma.store(x_ptr + offs, rma.load(x_ptr + offs, peer, rank, bases, mask=offs < 40), peer, rank, bases)
-    rma.atomic_add(flag_ptr, 1, peer, rank, bases)
+    rma.store(x_ptr + offs, rma.load(x_ptr + offs, peer, rank, bases, mask=offs < 40, bound=bound), peer, rank,
+              bases, bound=bound)
+    rma.atomic_add(flag_ptr, 1, peer, rank, bases, bound=bound)
 
 
 def test_gpu_build_without_tracing_is_the_plain_kernel():
