@@ -17,22 +17,23 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("iris_core", "iris_jax")
+PACKAGES = ("iris_core", "iris_jax", "pytest_iris")
 
 # Builds each C step (the simulator's hand-off, the host meeting, the fault gate) and prints every
-# file the code opens by path: the C sources and headers, the launcher's scripts.
+# file the code opens by path: the C sources and headers, the launcher's scripts, pytest-iris's rank script.
 _BUILD_EVERY_STEP = textwrap.dedent("""
     import os, warnings, iris_core
     from iris_core import c_build
     from iris_core.errors import CStepWarning
     from iris_core.sim import launcher, world
     from iris_jax.calls import fault_gate, host_meeting
+    from pytest_iris import processes
     warnings.simplefilter("error", CStepWarning)
     built = {"exchange": world._exchange(), "host_meeting": host_meeting._library(),
              "fault_gate": fault_gate._built()}  # (built, not started: it starts only beside a CUDA driver)
     assert all(lib is not None for lib in built.values()), built
     home = os.path.dirname(os.path.dirname(os.path.abspath(iris_core.__file__)))
-    for path in sorted(c_build.requested | {launcher.RANK_PROCESS, launcher.JAX_CLUSTER}):
+    for path in sorted(c_build.requested | {launcher.RANK_PROCESS, launcher.JAX_CLUSTER, processes.RANK_MAIN}):
         print("opened", os.path.relpath(path, home))
 """)
 
@@ -74,8 +75,11 @@ def built(tmp_path_factory):
 
 def _package_files() -> list[str]:
     """Every file of the packages in the checkout (git's, else the folder's)."""
-    done = subprocess.run(["git", "ls-files", *PACKAGES], cwd=ROOT, capture_output=True, text=True)
-    if done.returncode == 0 and done.stdout.strip():
+    try:
+        done = subprocess.run(["git", "ls-files", *PACKAGES], cwd=ROOT, capture_output=True, text=True)
+    except FileNotFoundError:  # no git (the newest stack's chroot)
+        done = None
+    if done is not None and done.returncode == 0 and done.stdout.strip():
         return done.stdout.split()
     return [str(p.relative_to(ROOT)) for package in PACKAGES for p in (ROOT / package).rglob("*")
             if p.is_file() and "__pycache__" not in p.parts]

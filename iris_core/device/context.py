@@ -96,8 +96,8 @@ class Context:
         words = context_ptr.to(tl.pointer_type(tl.uint64), bitcast=True)
         rank = tl.load(words).to(tl.int32)
         heap_bases = words + HEADER_WORDS
-        # the guard's bound, once per kernel: read at every op, the dependent load costs 6-9% of a guarded
-        # store (benchmarks/RESULTS.md, session 30)
+        # the guard's bound, once per kernel: read at every op, a load that depends on the heap base and
+        # that a loop storing into the heap cannot keep in a register (benchmarks/RESULTS.md has its cost)
         if rma.GUARD:
             bound = rma.bound_of(tl.load(heap_bases + rank))
         else:
