@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What users install, checked as they get it (a CI step on both stacks): builds iris-jax's sdist and,
-# from that sdist, its wheel; installs the wheel with the `test` extra into a fresh venv outside the
+# from that sdist, its wheel; installs the wheel with the `test` and `plots` extras (example 04 plots) into a fresh venv outside the
 # repository; then, from a folder holding only copies of tests/ and examples/ (no package source on
 # the path), runs every example with the simulator's default settings and a cross-section of the
 # suite that exercises each C step, the simulator's worker processes, the host meeting, launched
@@ -25,7 +25,7 @@ step "build (sdist, then the wheel from it)" bash -c "python -m pip install -q -
     python -m pip install -q ${pins[*]} build && python -m build -o '$WORK/dist' '$ROOT' >'$WORK/build.log' ||
     { cat '$WORK/build.log'; exit 1; }"
 wheel=$(echo "$WORK"/dist/*.whl)
-step "install $(basename "$wheel")" python -m pip install -q "${pins[@]}" "$wheel[test]"
+step "install $(basename "$wheel")" python -m pip install -q "${pins[@]}" "$wheel[test,plots]"
 
 mkdir "$WORK/user"
 cp -r tests examples pyproject.toml "$WORK/user/"

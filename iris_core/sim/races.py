@@ -361,8 +361,12 @@ def source_line(path: str, line: int, function: str) -> str:
 
 
 def _short(path: str) -> str:
-    root = os.path.dirname(os.path.dirname(_HERE))
-    return os.path.relpath(path, root) if path.startswith(root) else path
+    """`path` relative to iris's checkout, else to the working folder (an installed iris, the user's
+    files under the folder they run from), else whole."""
+    for root in (os.path.dirname(os.path.dirname(_HERE)), os.getcwd()):
+        if path.startswith(root + os.sep):
+            return os.path.relpath(path, root)
+    return path
 
 
 # -- one rank's detector ---------------------------------------------------------------------------
