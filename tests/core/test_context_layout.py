@@ -80,17 +80,28 @@ def test_encode_rejects_bad_arguments(rank, bases, trace, heap_size):
         encode_context(rank, bases, trace, heap_size=heap_size)
 
 
+HEADER = tl.constexpr(HEADER_WORDS)
+
+
 @triton.jit
-def decode_kernel(context_ptr, out_ptr, W: tl.constexpr, NUM_TRACE: tl.constexpr):
-    """Writes [rank, world_size, heap_size, heap_bases..., tracing words...] as the kernel sees them."""
-    ctx = Context.initialize(context_ptr, W)
-    tl.store(out_ptr, ctx.rank.to(tl.int64))
-    tl.store(out_ptr + 1, tl.full((), ctx.world_size, tl.int64))
-    tl.store(out_ptr + 2, tl.load(ctx.heap_bases - 1).to(tl.int64, bitcast=True))
+def decode_kernel(context_ptr, out_ptr, W: tl.constexpr, NUM_TRACE: tl.constexpr, REAL: tl.constexpr):
+    """Writes [rank, world_size, heap_size, heap_bases..., tracing words...] as the kernel sees them:
+    through Context.initialize for a real context; a synthetic one's bases point nowhere, so there
+    the words are decoded as initialize decodes them, without its read of the guard's bound through
+    the caller's heap base."""
+    if REAL:
+        ctx = Context.initialize(context_ptr, W)
+        rank, heap_bases, trace = ctx.rank, ctx.heap_bases, ctx.tracing.words
+    else:
+        words = context_ptr.to(tl.pointer_type(tl.uint64), bitcast=True)
+        rank, heap_bases, trace = tl.load(words).to(tl.int32), words + HEADER, words + HEADER + W
+    tl.store(out_ptr, rank.to(tl.int64))
+    tl.store(out_ptr + 1, tl.full((), W, tl.int64))
+    tl.store(out_ptr + 2, tl.load(heap_bases - 1).to(tl.int64, bitcast=True))
     for r in tl.static_range(W):
-        tl.store(out_ptr + 3 + r, tl.load(ctx.heap_bases + r).to(tl.int64, bitcast=True))
+        tl.store(out_ptr + 3 + r, tl.load(heap_bases + r).to(tl.int64, bitcast=True))
     offs = tl.arange(0, NUM_TRACE)
-    tl.store(out_ptr + 3 + W + offs, tl.load(ctx.tracing.words + offs).to(tl.int64, bitcast=True))
+    tl.store(out_ptr + 3 + W + offs, tl.load(trace + offs).to(tl.int64, bitcast=True))
 
 
 def trace_pow2() -> int:
@@ -101,14 +112,14 @@ def decode_rank(state, session, synthetic_world, synthetic_trace):
     """Decodes this rank's real context, then a synthetic one with 64-bit-wide bases."""
     heap = state.heap(session)
     results = []
-    for rank, bases, trace in [(state.rank, heap.heap_bases, [5, 6]),
-                               (state.rank % synthetic_world, big_bases(synthetic_world), synthetic_trace)]:
+    for rank, bases, trace, real in [(state.rank, heap.heap_bases, [5, 6], True),
+                                     (state.rank % synthetic_world, big_bases(synthetic_world), synthetic_trace, False)]:
         context = encode_context(rank, bases, trace, heap_size=heap.heap_size)
         world = len(bases)
         # room for the full (padded) arange over the tracing words; poisoned
         out = np.full(3 + world + trace_pow2(), -77, np.int64)
         padded = np.concatenate([context, np.zeros(2 * (trace_pow2() - TRACE_WORDS), np.int32)])
-        launch(decode_kernel, (1,), padded, out, W=world, NUM_TRACE=trace_pow2())
+        launch(decode_kernel, (1,), padded, out, W=world, NUM_TRACE=trace_pow2(), REAL=real)
         results.append((context, out[:3 + world + TRACE_WORDS].copy(), list(heap.heap_bases)))
     return results
 
