@@ -117,14 +117,20 @@ def install(answer_path: str | None) -> None:
     signal.signal(signal.SIGUSR1, answer)
 
 
+def _stamp(path: str) -> tuple[int, int] | None:
+    """Which answer is at `path` (a new one is a new file: renamed over the old)."""
+    try:
+        found = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return found.st_ino, found.st_mtime_ns
+
+
 def ask(pids: dict[int, int], answer_path) -> dict[int, str]:
     """Each rank's position (rank -> text): signals `pids` (rank -> process id) and waits up to
     ANSWER_S for the files `answer_path(rank)`; a rank that did not answer says so."""
-    for rank, pid in pids.items():
-        try:
-            os.unlink(answer_path(rank))
-        except FileNotFoundError:
-            pass
+    before = {rank: _stamp(answer_path(rank)) for rank in pids}  # (several callers may ask at once)
+    for pid in pids.values():
         try:
             os.kill(pid, signal.SIGUSR1)
         except ProcessLookupError:
@@ -133,7 +139,7 @@ def ask(pids: dict[int, int], answer_path) -> dict[int, str]:
     deadline = time.monotonic() + ANSWER_S
     while len(found) < len(pids) and time.monotonic() < deadline:
         for rank in pids:
-            if rank not in found:
+            if rank not in found and _stamp(answer_path(rank)) not in (None, before[rank]):
                 try:
                     with open(answer_path(rank)) as f:
                         found[rank] = f.read()

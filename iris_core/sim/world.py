@@ -275,9 +275,13 @@ class SimWorld:
         return [results[r] for r in ranks]
 
     def _timed_out(self, workers, ranks: list[int], missing: list[int], limit: float, what: str):
-        where = positions.ask({r: workers[r].process.pid for r in missing}, lambda r: workers[r].position_path)
-        lines = [f"  rank {r}: {where[r]}" if r in where else f"  rank {r}: finished its part of this call"
+        everyone = self._workers or []
+        busy = [r for r, w in enumerate(everyone) if r not in ranks and w.lock.locked()]  # in calls of their own
+        asked = {r: workers[r] for r in missing} | {r: everyone[r] for r in busy}
+        where = positions.ask({r: w.process.pid for r, w in asked.items()}, lambda r: asked[r].position_path)
+        lines = [f"  rank {r}: {where[r]}" if r in missing else f"  rank {r}: finished its part of this call"
                  for r in ranks]
+        lines += [f"  rank {r} (in a call of its own): {where[r]}" for r in busy]
         self._fail(workers, missing[0], ranks, f"rank(s) {missing} did not finish {what}")
         for r in missing:
             with contextlib.suppress(FileNotFoundError):

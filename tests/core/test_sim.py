@@ -6,6 +6,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -509,3 +510,35 @@ def test_pointer_arguments_have_tritons_types():
         assert _POINTER_TYPES[dtype] == mangle_type(pointer)
         converted = _as_tensor(pointer, ti)
         assert converted.type == ti._implicit_cvt(pointer).type and int(converted.handle.data[0]) == 0x1000
+
+
+def spin_until_set(state, session, flag_off, spinning_off):
+    heap = state.heap(session)
+    launch(spin_on_flag_kernel, (1,), heap.host_view(state.rank, flag_off, (1,), np.int32),
+           heap.host_view(state.rank, spinning_off, (1,), np.int32))
+    return state.rank
+
+
+def test_a_timeout_says_where_the_ranks_busy_in_calls_of_their_own_are(sim_heap):
+    """Rank 0's call times out while rank 1 spins in a call of its own (in one process each rank's
+    kernel is its own call): the error says where rank 1 is too, who waits on whom; rank 1's
+    worker is left running, and its call returns once its flag is set."""
+    world = get_world(2)
+    heap = sim_heap(2, 1 << 16)
+    flag_off, spinning_off = heap.allocate(4), heap.allocate(4)
+    for r in range(2):
+        heap.host_view(r, flag_off, (1,), np.int32)[:] = 0
+        heap.host_view(r, spinning_off, (1,), np.int32)[:] = 0
+    with ThreadPoolExecutor(1) as pool:
+        other = pool.submit(world.call, 1, spin_until_set, heap.session, flag_off, spinning_off, timeout_s=60)
+        deadline = time.monotonic() + 30  # against a hang only
+        while heap.host_view(1, spinning_off, (1,), np.int32)[0] == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with pytest.raises(PeerTimeoutError) as info:
+            world.call(0, sleep_for, 30, timeout_s=1)
+        heap.host_view(1, flag_off, (1,), np.int32)[0] = 1  # rank 1 goes on
+        assert other.result(timeout=60) == 1
+    assert re.search(r"  rank 1 \(in a call of its own\): kernel spin_on_flag_kernel at \S*tests/core/test_sim.py:\d+ "
+                     rf"\(spin_on_flag_kernel\); its last read of one word: rank 1's heap at offset {flag_off}: ",
+                     str(info.value)), str(info.value)
+    assert "  rank 0: in no kernel" in str(info.value), str(info.value)  # (rank 0 sleeps in a host step)
