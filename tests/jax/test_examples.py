@@ -56,3 +56,16 @@ def test_fault_tolerant_training_survives_a_dead_process():
         assert failed, out
         assert f"process {p}: a new world of 3 ranks" in out, out
         assert f"process {p}: 8 steps, 3 ranks at the end, parameters equal numpy's" in out, out
+
+
+def test_mosaic_gpu_example():
+    """examples/11: a Mosaic GPU ring and JAX's all_gather_mgpu on 4 simulated devices (jax 0.12);
+    on older JAX it says which JAX it needs and exits cleanly."""
+    from iris_jax.pallas.mosaic_gpu import unsupported_reason
+
+    result = run_python(["examples/11_mosaic_gpu_ring.py"], timeout=300,
+                        XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    assert result.returncode == 0, result.stdout
+    expected = ("OK: 4 devices on CPU devices (iris's simulator)" if unsupported_reason() is None else
+                "skipped: iris_jax.pallas.mosaic_gpu needs jax >= 0.12")
+    assert expected in result.stdout, result.stdout
