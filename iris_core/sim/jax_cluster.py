@@ -16,7 +16,6 @@ import os
 import runpy
 import signal
 import sys
-import threading
 
 CLUSTERS = "jax._src.clusters"  # JAX's registry of cluster environments
 
@@ -73,10 +72,7 @@ def _say_position(signum, frame) -> None:
     stderr (imported here, late: the script has imported iris by the time its kernels wait)."""
     from iris_core.sim import positions  # lazy: nothing of iris before the script
 
-    frames = sys._current_frames()
-    frames[threading.main_thread().ident] = frame
-    sys.stderr.write("[iris.sim] where this rank was: " + "; ".join(positions.describe(frames)) + "\n")
-    sys.stderr.flush()
+    positions.answer(frame)
 
 
 def main() -> None:

@@ -97,24 +97,25 @@ def describe(frames: dict | None = None) -> list[str]:
     return lines or ["in no kernel (in a host step, or between calls)"]
 
 
-def install(answer_path: str | None) -> None:
-    """On SIGUSR1 this process writes its position to `answer_path` (a temporary name, then
-    renamed), else to stderr. Call from the main thread."""
+def answer(frame, answer_path: str | None = None) -> None:
+    """Writes this process's position (`frame`: the main thread's, where a signal handler got
+    it) to `answer_path` (a temporary name, then renamed), else to stderr."""
+    frames = sys._current_frames()
+    frames[threading.main_thread().ident] = frame
+    if answer_path is None:
+        sys.stderr.write("[iris.sim] where this rank was: " + "; ".join(describe(frames)) + "\n")
+        sys.stderr.flush()
+        return
+    partial = f"{answer_path}.{os.getpid()}"
+    with open(partial, "w") as f:
+        f.write("\n".join(describe(frames)))
+    os.replace(partial, answer_path)
 
-    def answer(signum, frame):
-        frames = sys._current_frames()
-        frames[threading.main_thread().ident] = frame
-        text = "\n".join(describe(frames))
-        if answer_path is None:
-            sys.stderr.write(f"[iris.sim] position: {text}\n")
-            sys.stderr.flush()
-            return
-        partial = f"{answer_path}.{os.getpid()}"
-        with open(partial, "w") as f:
-            f.write(text)
-        os.replace(partial, answer_path)
 
-    signal.signal(signal.SIGUSR1, answer)
+def install(answer_path: str) -> None:
+    """On SIGUSR1 this process writes its position to `answer_path` (`answer`). Call from the main
+    thread."""
+    signal.signal(signal.SIGUSR1, lambda signum, frame: answer(frame, answer_path))
 
 
 def _stamp(path: str) -> tuple[int, int] | None:

@@ -53,6 +53,23 @@ def spin_on_flag_kernel(flag_ptr, spinning_ptr):
         pass
 
 
+def spin_until_set(state, session, flag_off, spinning_off):
+    """This rank spins on its own flag (saying so in its `spinning` word) until it is set."""
+    heap = state.heap(session)
+    launch(spin_on_flag_kernel, (1,), heap.host_view(state.rank, flag_off, (1,), np.int32),
+           heap.host_view(state.rank, spinning_off, (1,), np.int32))
+    return state.rank
+
+
+def zeroed_flags(heap, world_size: int) -> tuple[int, int]:
+    """A flag word and a `spinning` word on every heap, zeroed: (their offsets)."""
+    flag_off, spinning_off = heap.allocate(4), heap.allocate(4)
+    for r in range(world_size):
+        heap.host_view(r, flag_off, (1,), np.int32)[:] = 0
+        heap.host_view(r, spinning_off, (1,), np.int32)[:] = 0
+    return flag_off, spinning_off
+
+
 def wait_for_flag_or_raise(state, session, flag_off, spinning_off, bad_rank):
     """Every rank but `bad_rank` waits for a flag that only `bad_rank` would set; it raises once
     the others spin (each says so in its `spinning` word)."""
@@ -64,8 +81,7 @@ def wait_for_flag_or_raise(state, session, flag_off, spinning_off, bad_rank):
             assert time.monotonic() < deadline, "the other ranks never started spinning"
             time.sleep(0.01)
         raise RuntimeError("failed before setting the flag")
-    launch(spin_on_flag_kernel, (1,), heap.host_view(state.rank, flag_off, (1,), np.int32),
-           heap.host_view(state.rank, spinning_off, (1,), np.int32))
+    spin_until_set(state, session, flag_off, spinning_off)
 
 
 def hang_on(state, session, flag_off, hung_rank):
@@ -181,10 +197,7 @@ def test_rank_error_names_the_rank_and_its_traceback_then_world_recovers():
 def test_rank_error_releases_peers_blocked_on_it(sim_heap):
     world = get_world(3)
     heap = sim_heap(3, 1 << 16)
-    flag_off, spinning_off = heap.allocate(4), heap.allocate(4)
-    for r in range(3):
-        heap.host_view(r, flag_off, (1,), np.int32)[:] = 0
-        heap.host_view(r, spinning_off, (1,), np.int32)[:] = 0
+    flag_off, spinning_off = zeroed_flags(heap, 3)
     # rank 2's error, not PeerTimeoutError: reported at once, not at the timeout
     with pytest.raises(SimulatedRankError, match="simulated rank 2 raised RuntimeError: failed before setting"):
         world.run(wait_for_flag_or_raise, heap.session, flag_off, spinning_off, 2, timeout_s=120)
@@ -512,23 +525,13 @@ def test_pointer_arguments_have_tritons_types():
         assert converted.type == ti._implicit_cvt(pointer).type and int(converted.handle.data[0]) == 0x1000
 
 
-def spin_until_set(state, session, flag_off, spinning_off):
-    heap = state.heap(session)
-    launch(spin_on_flag_kernel, (1,), heap.host_view(state.rank, flag_off, (1,), np.int32),
-           heap.host_view(state.rank, spinning_off, (1,), np.int32))
-    return state.rank
-
-
 def test_a_timeout_says_where_the_ranks_busy_in_calls_of_their_own_are(sim_heap):
     """Rank 0's call times out while rank 1 spins in a call of its own (in one process each rank's
     kernel is its own call): the error says where rank 1 is too, who waits on whom; rank 1's
     worker is left running, and its call returns once its flag is set."""
     world = get_world(2)
     heap = sim_heap(2, 1 << 16)
-    flag_off, spinning_off = heap.allocate(4), heap.allocate(4)
-    for r in range(2):
-        heap.host_view(r, flag_off, (1,), np.int32)[:] = 0
-        heap.host_view(r, spinning_off, (1,), np.int32)[:] = 0
+    flag_off, spinning_off = zeroed_flags(heap, 2)
     with ThreadPoolExecutor(1) as pool:
         other = pool.submit(world.call, 1, spin_until_set, heap.session, flag_off, spinning_off, timeout_s=60)
         deadline = time.monotonic() + 30  # against a hang only
