@@ -10,9 +10,10 @@ user kernel, which the interpreter runs: lax.ppermute of the same bytes), checke
 then timed call by call, lax and iris alternating, after a warm-up (compilation left out); the
 medians and their ratio (iris / lax) are printed. `--mode` is init(sim_collectives=...): "host"
 (the default: the ranks meet in this process) or "kernels" (the collective kernels under
-Triton's interpreter, as before). With --detect-races, the collectives run their kernels
-(detection checks them) and the table is measured without and with the race detector, the
-third table giving the detector's cost (with / without). With --compile, each cell is instead the
+Triton's interpreter, as before). With --detect-races the table is measured without and with the
+race detector, in `--mode` (host: the detector sees the collectives' reads, writes and order;
+kernels: it checks their kernels' every access), the third table giving the detector's cost (with /
+without). With --compile, each cell is instead the
 time to lower and compile a program of one call (a new shape each time, the median of `--reps`),
 iris's and lax's. GPU speed is benchmarks/collectives.py.
 """
@@ -113,8 +114,8 @@ def main():
     if opts.compile or not opts.detect_races:
         (_compile_table if opts.compile else _table)(opts, ranks, opts.mode)
         return
-    plain = _table(opts, ranks, "kernels", detect_races=False)
-    checked = _table(opts, ranks, "kernels", detect_races=True)
+    plain = _table(opts, ranks, opts.mode, detect_races=False)
+    checked = _table(opts, ranks, opts.mode, detect_races=True)
     print(f"\nslowdown with the race detector (with / without, iris's time)\n{'op':<18}{'ranks':>6}"
           + "".join(f"{s:>10}" for s in opts.sizes.split(",")))
     for key in plain:

@@ -35,10 +35,17 @@ def pytest_addoption(parser):
     group.addoption("--iris-gpu", action="store_true", default=False,
                     help="run @pytest.mark.iris tests on this machine's GPUs instead of the CPU simulator "
                          "(a test that asks for more ranks than there are GPUs is skipped, saying so)")
+    group.addoption("--iris-no-races", action="store_true", default=False,
+                    help="run @pytest.mark.iris tests without the race detector, whatever their markers say")
+
+
+NO_RACES = "IRIS_PYTEST_NO_RACES"  # --iris-no-races, as the ranks' processes (processes=True) see it
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", MARKER)
+    if config.getoption("iris_no_races", False):
+        os.environ[NO_RACES] = "1"
 
 
 def _worlds(definition) -> list[Settings] | None:
@@ -141,8 +148,8 @@ def _iris_runtime(request, _iris_settings):
         devices = processes.join_world()
     else:
         devices = _devices(settings.ranks, request.config.getoption("iris_gpu"))
-    runtime = iris_jax.init(devices=devices, heap_size=settings.heap_size,
-                            detect_races="raise" if settings.detect_races else False)
+    detect = settings.detect_races and os.environ.get(NO_RACES) != "1"
+    runtime = iris_jax.init(devices=devices, heap_size=settings.heap_size, detect_races="raise" if detect else False)
     world = IrisWorld(runtime=runtime, mesh=Mesh(np.array(devices), (AXIS,)), size=len(devices), axis=AXIS,
                       settings=settings)
     try:

@@ -224,6 +224,13 @@ def test_faults_on_demand_are_named_as_real_ones(user):
 
         @pytest.mark.iris(ranks=(2, 4), timeout_s=2)
         def test_a_rank_dies(iris_world, iris_faults):
+            a_rank_dies(iris_world, iris_faults)
+
+        @pytest.mark.iris(ranks=(2, 4), timeout_s=2, detect_races=False)
+        def test_a_rank_dies_without_the_detector(iris_world, iris_faults):
+            a_rank_dies(iris_world, iris_faults)
+
+        def a_rank_dies(iris_world, iris_faults):
             step = psum_step(iris_world)
             iris_faults.kill(rank=1, at_call=2)
             np.testing.assert_array_equal(step(), np.full(8, iris_world.size, np.float32))
@@ -257,4 +264,4 @@ def test_faults_on_demand_are_named_as_real_ones(user):
                 iris_jax.zeros((16,), jnp.float32, sharding=NamedSharding(iris_world.mesh, P("i")))
         ''')
     result = _run(user, "-p", "no:randomly")
-    result.assert_outcomes(passed=5)
+    result.assert_outcomes(passed=7)

@@ -66,6 +66,7 @@ class _Meeting:
         self.buffers: list[tuple | None] = [None] * size  # each member's (input, ..., output)
         self.signatures: list[int | None] = [None] * size
         self.sites: list[int] = [0] * size
+        self.clocks: list = [None] * size  # each member's vector clock, where the race detector is on
         self.arrived = 0
         self.ready = False  # the last member to arrive wrote every member's output (or found a mismatch)
         self.error: BaseException | None = None  # ... or failed doing so
@@ -95,12 +96,14 @@ class Rendezvous:
         self._failed: dict[int, _Failure] = {}  # group -> how it failed
 
     def run(self, call: Collective, group: int, members: list[int], me: int, signature: int, site: int,
-            buffers: tuple, *, workspace: int = -1) -> bool:
+            buffers: tuple, *, workspace: int = -1, clock: np.ndarray | None = None) -> bool:
         """Member `me` (of `members`, global ranks) makes its next call of `group` on `buffers`: its
         input as [in_blocks, m] and its output as [out_blocks, m] (RAGGED_ALL_TO_ALL: its operand [N,
         R], input offsets, send sizes, output offsets, and its output [M, R], which holds the
         output operand). `signature` is what the members' calls must agree on, `site` where the
         program made it (a digest; 0: unknown), `workspace` the group's heap offset, which errors name.
+        `clock`: the member's vector clock (iris_core.sim.races), joined in place with every member's as
+        they arrived: the call orders each member's later accesses after every member's earlier ones.
 
         Returns:
           Whether a member made the call from another site of the program (its sites known).
@@ -122,6 +125,7 @@ class Rendezvous:
                 meeting = self._meetings[key] = _Meeting(len(members))
             meeting.buffers[me] = buffers
             meeting.signatures[me], meeting.sites[me] = signature, site
+            meeting.clocks[me] = clock
             meeting.arrived += 1
             last = meeting.arrived == len(members)
             if last:
@@ -132,6 +136,7 @@ class Rendezvous:
                 meeting.waiters.append(waiter)
         if last:
             try:
+                _join(meeting.clocks)
                 if len(set(meeting.signatures)) == 1:
                     execute(call, meeting.buffers)
             except BaseException as e:  # no member may return as if its output were written
@@ -175,6 +180,15 @@ class Rendezvous:
             for waiter in self._meetings.pop(key).waiters:
                 if waiter.locked():
                     waiter.release()
+
+
+def _join(clocks: list) -> None:
+    """Each member's vector clock becomes the join of all (members without one: the detector is off)."""
+    present = [c for c in clocks if c is not None]
+    if len(present) > 1:
+        joined = np.maximum.reduce(present)
+        for c in present:
+            c[:] = joined
 
 
 _PASS_BYTES = 256 << 10  # the accumulator's bytes per pass: it stays in cache while every member's part is added

@@ -12,6 +12,7 @@ answers; SimWorld's timeout (iris_core.sim.world) and the launcher's put them in
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import sys
@@ -97,6 +98,9 @@ def describe(frames: dict | None = None) -> list[str]:
     return lines or ["in no kernel (in a host step, or between calls)"]
 
 
+_ANSWERS = itertools.count()
+
+
 def answer(frame, answer_path: str | None = None) -> None:
     """Writes this process's position (`frame`: the main thread's, where a signal handler got
     it) to `answer_path` (a temporary name, then renamed), else to stderr."""
@@ -106,7 +110,8 @@ def answer(frame, answer_path: str | None = None) -> None:
         sys.stderr.write("[iris.sim] where this rank was: " + "; ".join(describe(frames)) + "\n")
         sys.stderr.flush()
         return
-    partial = f"{answer_path}.{os.getpid()}"
+    # a name per answer: a second asker's signal can run this handler again while the first writes
+    partial = f"{answer_path}.{os.getpid()}.{next(_ANSWERS)}"
     with open(partial, "w") as f:
         f.write("\n".join(describe(frames)))
     os.replace(partial, answer_path)

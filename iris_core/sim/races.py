@@ -528,6 +528,14 @@ class Detector:
                     programs.before_record(self, byte_planes, 1, checked, None, at, small, report)
         return touched
 
+    def access_range(self, address: int, nbytes: int, element: int, kind: int, where: str | None = None) -> None:
+        """Records and checks the `nbytes` at `address` as one access of `element`-byte elements, made
+        by the host in a kernel's place (a collective the simulator runs on the host reads its operands
+        and writes its results) at the program's source line `where`; nothing when no byte is on a heap."""
+        end = address + nbytes
+        if nbytes > 0 and any(b < end and address < b + self.heap_size for b in self.bases.tolist()):
+            self.access_at(np.arange(address, end, element, dtype=np.uint64), element, kind, where=where)
+
     def _check(self, planes, unit: int, checked, where, indices, report) -> None:
         """Reports the records of other ranks in `planes` (one clock per `unit` bytes) at `where`
         (the `indices`, or their slice) that this rank has not seen."""

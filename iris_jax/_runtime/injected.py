@@ -40,6 +40,7 @@ class FaultPlan:
         self._calls: dict[int, int] = defaultdict(int)
         self._planned: list[Injection] = []
         self.dead: dict[int, int] = {}  # rank -> the call it died at
+        self.deaths: dict[int, str] = {}  # rank -> what its first call after it died raised
         self.heap_out: str | None = None  # why heap arrays cannot be allocated (None: they can)
 
     def add(self, kind: str, rank: int, at_call: int = 1, seconds: float = 0.0) -> Injection:
@@ -69,15 +70,22 @@ class FaultPlan:
             if any(i.kind == "kill" for i in due):
                 self.dead.setdefault(rank, count)
         if rank in self.dead:
-            raise SimulatedRankError(
-                f"simulated rank {rank} died at its iris call {self.dead[rank]} (injected by iris_faults.kill); "
-                f"its call {count}, {what}, did not run")
+            death = (f"simulated rank {rank} died at its iris call {self.dead[rank]} (injected by iris_faults.kill); "
+                     f"its call {count}, {what}, did not run")
+            with self._lock:
+                self.deaths.setdefault(rank, death)
+            raise SimulatedRankError(death)
         for injection in due:
             if injection.kind == "delay":
                 time.sleep(injection.seconds)
         if any(i.kind == "disagree" for i in due):
             return f" (rank {rank}'s call made to differ by iris_faults.disagree)"
         return None
+
+    def death_note(self, ranks) -> str:
+        """What the dead ones among `ranks` raised (for a survivor's error: it waited for them), or ""."""
+        with self._lock:
+            return "\n".join(self.deaths[r] for r in ranks if r in self.deaths)
 
     def before_allocation(self, nbytes: int) -> None:
         if self.heap_out is not None:

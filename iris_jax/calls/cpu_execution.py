@@ -109,19 +109,45 @@ def _execute_on_host(rt, spec: KernelSpec, ins: list[int], outs: list[int]) -> N
     group = group_row(rt, ins[1], spec.group_nbytes)
     call = rt.call_table and rt.call_table.begin(rank, group.key, spec.signature, spec.what, spec.site)
     rendezvous = rt.service("host_collectives", lambda _: host_collectives.Rendezvous())
+    operands = ins[2:len(ins) - spec.ordered_after]
+    detector = race_detector(rt, rank)
+    if detector is not None:
+        _host_accesses(detector, spec, operands, outs, before=True)
     try:
         sites_differ = rendezvous.run(spec.host, group.key, group.members, group.index, spec.signature,
                                       call.site if call else 0,  # (the call record's digest of the site)
-                                      host_buffers(spec, ins[2:len(ins) - spec.ordered_after], outs),
-                                      workspace=group.workspace)
+                                      host_buffers(spec, operands, outs), workspace=group.workspace,
+                                      clock=None if detector is None else detector.vc)
     except (PeerTimeoutError, RankMismatchError) as e:
         named = named_fault(rt, call, group.members, e)
         if named is e:
             raise
         raise named from e
+    if detector is not None:
+        _host_accesses(detector, spec, operands, outs, before=False)
+        found = detector.end()
+        if found:
+            races.emit(rt.detect_races, found, spec.kernel)
     divergence = sites_differ and call and rt.call_table.divergence(call, group.members)
     if divergence:
         warnings.warn(f"rank {rank}: {divergence}", RankDivergenceWarning, stacklevel=1)
+
+
+def _host_accesses(detector, spec: KernelSpec, operands: list[int], outs: list[int], before: bool) -> None:
+    """What the race detector sees of a collective run on the host: the member reads its operands
+    (`before` the members meet, which joins their clocks: host_collectives.Rendezvous) and writes its
+    results (after), each where it lies on a heap, at the line of the program that made the call. The
+    kernel's own workspace traffic is ordered by its flags and is left out (sim_collectives="kernels"
+    checks the kernels themselves)."""
+    where = spec.site[0] if spec.site else None
+    if before:
+        detector.begin(spec.what or spec.kernel_name)
+        for address, nbytes, dtype in zip(operands, spec.operand_nbytes, spec.operand_dtypes):
+            if address not in outs:  # (ragged_all_to_all's output operand: written, below)
+                detector.access_range(address, nbytes, dtype.itemsize, races.LOAD, where)
+        return
+    for address, nbytes, dtype in zip(outs, spec.result_nbytes, spec.result_dtypes):
+        detector.access_range(address, nbytes, dtype.itemsize, races.STORE, where)
 
 
 def named_fault(rt, call, members, error: Exception) -> Exception:
@@ -131,8 +157,9 @@ def named_fault(rt, call, members, error: Exception) -> Exception:
     if problem:
         return RankMismatchError(problem)
     behind = call and isinstance(error, PeerTimeoutError) and rt.call_table.behind(call, members)
-    if behind:
-        return PeerTimeoutError(f"{error}\n{behind}")
+    died = isinstance(error, PeerTimeoutError) and rt.fault_plan is not None and rt.fault_plan.death_note(members)
+    if behind or died:  # (a rank killed by iris_faults: what it raised, as the survivor waited for it)
+        return PeerTimeoutError("\n".join(str(part) for part in (error, behind, died) if part))
     return error
 
 
@@ -213,8 +240,9 @@ def host_collective(kernel, constexprs: dict, dtype: np.dtype) -> host_collectiv
 
 def runs_collectives_here(rt) -> bool:
     """Whether this runtime's collectives run on the host (every rank in this process, and
-    neither the race detector nor sim_collectives="kernels" asks for the kernels)."""
-    return rt.backend.host_kernels == "worker" and rt.sim_collectives == "host" and not rt.detect_races
+    sim_collectives="kernels" does not ask for the kernels). The race detector sees what they read
+    and write and the order they make (`_host_accesses`)."""
+    return rt.backend.host_kernels == "worker" and rt.sim_collectives == "host"
 
 
 _RAGGED_ROW = ragged.ragged_kernel.arg_names.index("R")

@@ -105,8 +105,11 @@ class _Place:
 def site(rt, spec: cpu_execution.KernelSpec) -> tuple[str, int] | None:
     """The FFI target and C site (its address, the handler's attribute) of a call lowered for `rt`, or
     None where the call is not a host collective of this runtime or no C library could be built. The
-    target is the C handler under a name of its own, as every simulator call site has."""
-    if spec.host is None or not enabled or not cpu_execution.runs_collectives_here(rt):
+    target is the C handler under a name of its own, as every simulator call site has. Calls meet in
+    Python where the race detector is on (that meeting joins the members' vector clocks) or faults
+    are injected (each call asks the plan first: iris_jax._runtime.injected)."""
+    if (spec.host is None or not enabled or not cpu_execution.runs_collectives_here(rt) or rt.detect_races
+            or rt.fault_plan is not None):
         return None
     lib = _library()
     if lib is None:

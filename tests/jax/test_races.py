@@ -22,10 +22,13 @@ from tests.jax.helpers import TEST_HEAP
 N = 64
 
 
-def detecting(world: int, mode: str = "warn"):
-    """A runtime over the first `world` devices with the race detector on."""
+def detecting(world: int, mode: str = "warn", collectives: str = "kernels"):
+    """A runtime over the first `world` devices with the race detector on; its collectives run their
+    kernels under the interpreter (the tests that check the kernels), or on the host ("host", the
+    default of init: the detector sees their reads, writes and order, not their kernels)."""
     iris_jax.shutdown()
-    return iris_jax.init(heap_size=TEST_HEAP, devices=jax.devices()[:world], detect_races=mode)
+    return iris_jax.init(heap_size=TEST_HEAP, devices=jax.devices()[:world], detect_races=mode,
+                         sim_collectives=collectives)
 
 
 @pytest.fixture(autouse=True)
@@ -356,9 +359,10 @@ def _collective_cases(world):
     return cases
 
 
+@pytest.mark.parametrize("collectives", ["kernels", "host"])
 @pytest.mark.parametrize("world", [2, 4])
-def test_collectives_are_not_reported(world):
-    detecting(world)
+def test_collectives_are_not_reported(world, collectives):
+    detecting(world, collectives=collectives)
     mesh = jax.make_mesh((world,), ("i",), devices=jax.devices()[:world])
     rows = NamedSharding(mesh, P("i"))
     x = np.random.default_rng(0).standard_normal((world, 96 * world)).astype(np.float32)
@@ -488,12 +492,13 @@ def _caught(run):
     return out, [str(w.message) for w in caught if issubclass(w.category, RaceWarning)]
 
 
-@pytest.mark.parametrize("between", ["device_barrier", "host_barrier", "nothing"])
+@pytest.mark.parametrize("between", ["device_barrier", "host_barrier", "nothing", "psum", "psum kernels"])
 def test_launches_ordered_by_a_barrier(between):
     """A store into the next rank's inbox, then that rank's plain load of it in a later launch: a
-    device_barrier or a host barrier between orders them; nothing between is a race."""
+    device_barrier, a host barrier or a psum between (run on the host, or its kernel) orders them;
+    nothing between is a race."""
     world = 2
-    detecting(world)
+    detecting(world, collectives="kernels" if between == "psum kernels" else "host")
     mesh = jax.make_mesh((world,), ("i",), devices=jax.devices()[:world])
     rows = NamedSharding(mesh, P("i"))
     inbox = iris_jax.zeros((world, N), jnp.float32, sharding=rows)
@@ -509,7 +514,13 @@ def test_launches_ordered_by_a_barrier(between):
                                     grid=(1,), BLOCK=N)[None]
 
     smap = partial_smap(mesh)
-    if between == "device_barrier":
+    if between.startswith("psum"):
+        def step(b, v):
+            sent = send(b, v)
+            total = iris_jax.psum(sent, "i")  # (kernel calls and collectives run in program order)
+            return receive(b), total
+        (got, _), found = _caught(lambda: jax.block_until_ready(smap(step, 2)(inbox, x)))
+    elif between == "device_barrier":
         def step(b, v):
             sent = send(b, v)
             _, b, sent = iris_jax.device_barrier(b, sent)
@@ -529,6 +540,32 @@ def test_launches_ordered_by_a_barrier(between):
         np.testing.assert_array_equal(np.asarray(got), np.roll(np.asarray(x), 1, axis=0))
 
 
+@pytest.mark.parametrize("collectives", ["host", "kernels"])
+def test_collective_reading_a_peers_unordered_store(collectives):
+    """Each rank stores into the next rank's inbox, then every rank psums its inbox with nothing
+    between: the psum's read races with the previous rank's store, whether the psum runs on the host
+    or as its kernel, and the report names both, the array and the psum's line."""
+    world = 4
+    detecting(world, collectives=collectives)
+    mesh = jax.make_mesh((world,), ("i",), devices=jax.devices()[:world])
+    rows = NamedSharding(mesh, P("i"))
+    inbox = iris_jax.zeros((world, N), jnp.float32, sharding=rows, name="inbox")
+    x = jax.device_put(np.arange(world * N, dtype=np.float32).reshape(world, N), rows)
+
+    def step(b, v):
+        sent = iris_jax.triton_call(b[0], v[0], kernel=race_kernels.store_to_next, grid=(1,), W=world, BLOCK=N,
+                                    out_shape=jax.ShapeDtypeStruct((N,), jnp.float32))
+        return iris_jax.psum(b[0], "i")[None], sent[None]
+
+    _, found = _caught(lambda: jax.block_until_ready(partial_smap(mesh)(step, 2)(inbox, x)))
+    assert found, "no race reported"
+    report = found[0]
+    assert 'array "inbox"' in report and "store_to_next" in report, report
+    assert "load by rank" in report and "store by rank" in report, report
+    if collectives == "host":
+        assert "iris all_reduce(sum)" in report and "test_races.py" in report, report
+
+
 def partial_smap(mesh):
     def smap(f, outputs):
         out_specs = P("i") if outputs == 1 else (P("i"),) * outputs
@@ -536,11 +573,12 @@ def partial_smap(mesh):
     return smap
 
 
-def test_ragged_all_to_all_is_not_reported():
+@pytest.mark.parametrize("collectives", ["kernels", "host"])
+def test_ragged_all_to_all_is_not_reported(collectives):
     from tests.jax.test_ragged_all_to_all import _inputs, _want
 
     world = 4
-    detecting(world)
+    detecting(world, collectives=collectives)
     mesh = jax.make_mesh((world,), ("i",), devices=jax.devices()[:world])
     arrays = _inputs(world, 2, 24, 24, (3,), np.float32)
     program = jax.jit(jax.shard_map(lambda *a: iris_jax.ragged_all_to_all(*[v[0] for v in a], axis_name="i")[None],
@@ -670,4 +708,3 @@ def test_hole_pallas_plain_ref_accesses():
     detecting(2)
     _, found = _run_pallas(2, race_kernels.pallas_ring("ref_read"))
     assert found and 'array "inbox" (' in found[0], found
-
