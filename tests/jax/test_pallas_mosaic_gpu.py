@@ -274,6 +274,68 @@ def test_gpu_device_id_checks(simulated):
         run(mesh_1d(2), kernel_call(logical_dict, (1, L)), rows(2, 1), P("x"), P("x"))
 
 
+# (h) races: remote accesses, semaphores as release / acquire, multimem (simulate(detect_races=True))
+
+
+@pytest.fixture
+def detecting():
+    """Kernels traced in the test run on the simulator with the race detector on."""
+    with iris_mgpu.simulating(timeout_s=30, detect_races=True):
+        yield
+    iris_mgpu.reset()
+
+
+def handshake_ring(bug):
+    """Each device still reads its own output, tells the device before it that the buffer is free,
+    waits for the next device's word that its buffer is free, stores its rows there and signals."""
+
+    def kernel(x_ref, o_ref, free, arrived):
+        n, me = lax.axis_size("x"), lax.axis_index("x")
+        nxt, prev = lax.rem(me + 1, n), lax.rem(me + n - 1, n)
+        o_ref[...] = o_ref[...]  # the buffer in use (a read, and a plain write back)
+        pl.semaphore_signal(free, 1, device_id={"x": prev})
+        if bug != "write_before_free":
+            pl.semaphore_wait(free, 1)
+        plgpu.remote_ref(o_ref, {"x": nxt})[...] = x_ref[...]
+        pl.semaphore_signal(arrived, 1, device_id={"x": nxt})
+        if bug == "read_before_wait":
+            o_ref[...] = o_ref[...] * 1  # BUG: reads what the previous device writes before waiting for it
+        pl.semaphore_wait(arrived, 1)
+        if bug == "write_before_free":
+            pl.semaphore_wait(free, 1)  # BUG: only now, after the store into the next device's buffer
+
+    return kernel_call(kernel, (1, L), scratch=(plgpu.SemaphoreType.REGULAR,) * 2)
+
+
+@needs_interpreter
+@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("bug", ["read_before_wait", "write_before_free"])
+def test_seeded_races_are_named(detecting, n, bug):
+    with pytest.raises(Exception) as caught:
+        run(mesh_1d(n), handshake_ring(bug), rows(n, 1), P("x"), P("x"))
+    text = str(caught.value)
+    assert "RaceError: data race on device " in text and "'s GMEM buffer" in text, text
+    lines = re.findall(r"(load|store) by device (\d+), block 0, warpgroup 0 at \S*test_pallas_mosaic_gpu.py:(\d+)", text)
+    assert len(lines) == 2 and lines[0][1] != lines[1][1], text  # two devices' accesses, each with its line
+    assert "pl.semaphore_signal after its access" in text, text
+
+
+@needs_interpreter
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_correct_kernels_report_no_race(detecting, n):
+    x = rows(n, 1)
+    np.testing.assert_array_equal(run(mesh_1d(n), handshake_ring(None), x, P("x"), P("x")), np.roll(x, 1, axis=0))
+    np.testing.assert_array_equal(run(mesh_1d(n), kernel_call(ring, (1, L)), x, P("x"), P("x")), np.roll(x, 1, axis=0))
+    y = rows(n, 4)
+    gather = lambda v: all_gather_mgpu.all_gather(v, axis_name="x", num_blocks=1)  # noqa: E731
+    expected = run(mesh_1d(n), lambda v: lax.all_gather(v, "x", tiled=True), y, P("x"), P("x"))
+    np.testing.assert_array_equal(run(mesh_1d(n), gather, y, P("x"), P("x")), expected)
+    z = rows(n, n)
+    scatter = lambda v: reduce_scatter_mgpu.reduce_scatter(v, axis_name="x", scatter_dimension=0, num_blocks=1)  # noqa: E731
+    expected = run(mesh_1d(n), lambda v: lax.psum_scatter(v, "x", scatter_dimension=0, tiled=True), z, P("x"), P("x"))
+    np.testing.assert_array_equal(run(mesh_1d(n), scatter, z, P("x"), P("x")), expected)
+
+
 # (h) older JAX
 
 

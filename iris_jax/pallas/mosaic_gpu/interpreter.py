@@ -8,8 +8,16 @@ allocations in the same order, so a buffer's key on a peer differs from ours onl
 
 The seam: a JaxprInterpreter subclass with a rule table for the multi-device primitives (remote
 refs, semaphores, multimem, pl.get_global), delegating every other equation to JAX's own
-interpreter, and four small patches of JAX's interpreter (install()). A remote access is the local
-key with its device field replaced; a semaphore is an int32 word in GMEM, zero at launch.
+interpreter, and six small patches of JAX's interpreter (install()). A remote access is the local
+key with its device field replaced, read and written through JAX's own callbacks; a semaphore is an
+int32 word in GMEM, zero at launch.
+
+Races (`simulate(detect_races=True)`): JAX's detector keeps a vector clock per thread of every
+device and checks each buffer's reads and writes; a remote access goes through it as the calling
+thread's access of the peer's buffer, so it is checked against the peer's own accesses. A semaphore
+signal releases (the signaller's clock goes with the semaphore) and a wait that returns acquires
+(joins it); multimem stores and loads are a write and a read of every device's buffer. Reports
+take iris's form (`_RaceState`): both accesses, their devices and source lines, and the remedy.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import itertools
 import math
 import threading
 import time
+import warnings
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
@@ -31,6 +40,7 @@ from jax._src import dispatch, source_info_util
 from jax._src.pallas import core as pallas_core
 from jax._src.pallas import primitives as pallas_primitives
 from jax._src.pallas import utils as pallas_utils
+from jax._src.pallas.mosaic.interpret import race_detection_state as generic_races
 from jax._src.pallas.mosaic.interpret import shared_memory as generic_memory
 from jax._src.pallas.mosaic.interpret import utils as interpret_utils
 from jax._src.pallas.mosaic_gpu import core as gpu_core
@@ -38,13 +48,14 @@ from jax._src.pallas.mosaic_gpu import primitives as gpu_primitives
 from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks, jaxpr_interpret
 from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call as gpu_interpret_call
 from jax._src.pallas.mosaic_gpu.interpret import params as gpu_params
+from jax._src.pallas.mosaic_gpu.interpret import race_detection_state as gpu_races
 from jax._src.pallas.mosaic_gpu.interpret import shared_memory as gpu_memory
 from jax._src.state import indexing
 from jax._src.state import primitives as state_primitives
 from jax._src.state import types as state_types
 from jax.experimental import io_callback
 
-from iris_core.errors import PeerTimeoutError, RankMismatchError
+from iris_core.errors import PeerTimeoutError, RaceError, RaceWarning, RankMismatchError
 
 DEFAULT_TIMEOUT_S = 30.0
 _TOKEN = gpu_callbacks.TOKEN_SHAPE_DTYPE
@@ -116,7 +127,24 @@ def _key(key_array: Any) -> gpu_memory.HostAllocationKey:
 
 def _view(memory: Any, key: gpu_memory.HostAllocationKey, transforms: Sequence[Any]) -> np.ndarray:
     """A numpy view of buffer `key` after `transforms` (the caller holds memory.lock)."""
-    base = view = memory.mem[key].content
+    return _transformed(memory.mem[key].content, transforms)
+
+
+def _access(memory: Any, key: gpu_memory.HostAllocationKey, transforms: Sequence[Any]):
+    """What `transforms` reach of buffer `key`, as JAX's race detector takes it: JAX's own Access, or
+    where a reshape is among them (which JAX's callbacks refuse), the bounding box of the elements reached."""
+    if not any(isinstance(t, state_types.ReshapeTransform) for t in transforms):
+        return memory.access(key, transforms)
+    shape = memory.buffer_shape_and_dtype(key).shape
+    reached = _transformed(np.arange(math.prod(shape)).reshape(shape), transforms).reshape(-1)
+    if reached.size == 0:
+        return memory.access(key, ())
+    box = np.unravel_index(reached, shape)
+    return interpret_utils.Access(tuple(slice(int(i.min()), int(i.max()) + 1) for i in box), None)
+
+
+def _transformed(base: np.ndarray, transforms: Sequence[Any]) -> np.ndarray:
+    view = base
     for transform in transforms:
         if isinstance(transform, gpu_memory.LAYOUT_TRANSFORMS):
             continue
@@ -163,14 +191,27 @@ def _write(token, key_array, transforms, value):
     return token, old
 
 
+def _checked(memory, thread, keys, transforms, write: bool, source_info) -> None:
+    """The race detector's check of one access by `thread` of each buffer in `keys` (detection on)."""
+    if not memory.detect_races:
+        return
+    clock = memory.incr_clock(thread)
+    races = gpu_callbacks.get_races()
+    for key in keys:
+        check = races.check_write if write else races.check_read
+        check(thread, clock.generic_clock, key, _access(memory, key, transforms), source_info=source_info)
+
+
 @gpu_callbacks.fail_on_exception
-def _store_everywhere(token, key_array, transforms, value, *, num_devices: int):
+def _store_everywhere(token, key_array, transforms, value, thread, *, num_devices: int, source_info=None):
     """multimem_store: the same value into every device's copy of the buffer, at once."""
     memory = gpu_callbacks._get_shared_memory()
     key = _key(key_array)
+    keys = [dataclasses.replace(key, device_id=device) for device in range(num_devices)]
     with memory.lock:
-        for device in range(num_devices):
-            _view(memory, dataclasses.replace(key, device_id=device), transforms)[...] = value
+        for each in keys:
+            _view(memory, each, transforms)[...] = value
+    _checked(memory, thread, keys, transforms, True, source_info)
     return token
 
 
@@ -185,13 +226,16 @@ _REDUCTIONS = {
 
 
 @gpu_callbacks.fail_on_exception
-def _load_reduced(token, key_array, transforms, *, num_devices: int, reduction: str, dtype: Any):
+def _load_reduced(token, key_array, transforms, thread, *, num_devices: int, reduction: str, dtype: Any,
+                  source_info=None):
     """multimem_load_reduce: every device's copy of the buffer, combined in device order."""
     memory = gpu_callbacks._get_shared_memory()
     key = _key(key_array)
+    keys = [dataclasses.replace(key, device_id=d) for d in range(num_devices)]
     with memory.lock:
-        views = [_view(memory, dataclasses.replace(key, device_id=d), transforms) for d in range(num_devices)]
-        return token, functools.reduce(_REDUCTIONS[reduction], views).astype(dtype)
+        reduced = functools.reduce(_REDUCTIONS[reduction], [_view(memory, k, transforms) for k in keys]).astype(dtype)
+    _checked(memory, thread, keys, transforms, False, source_info)
+    return token, reduced
 
 
 # wakes semaphore waiters; taken before memory.lock wherever both are held
@@ -205,14 +249,27 @@ def _semaphore(memory: Any, key: gpu_memory.HostAllocationKey, shape: tuple[int,
     return memory.mem[key].content
 
 
+def _released(memory) -> dict:
+    """Per semaphore (its key), the join of the clocks its signals released (the race detector's)."""
+    return memory.__dict__.setdefault("_iris_released", {})
+
+
 @gpu_callbacks.fail_on_exception
-def _signal(token, key_array, transforms, increment, *, shape: tuple[int, ...]):
+def _signal(token, key_array, transforms, increment, thread, *, shape: tuple[int, ...]):
+    """Adds `increment` to the semaphore; with race detection, releases the signalling thread's clock."""
     memory = gpu_callbacks._get_shared_memory()
     key = _key(key_array)
     with _SIGNALLED:
         with memory.lock:
             _semaphore(memory, key, shape)
             _view(memory, key, transforms)[...] += int(increment)
+            if memory.detect_races:
+                clock = memory.incr_clock(thread, take_lock=False)
+                released = _released(memory)
+                if key in released:
+                    released[key].update(clock)
+                else:
+                    released[key] = clock
         _SIGNALLED.notify_all()
     return token
 
@@ -224,6 +281,7 @@ def _wait(
     transforms,
     value,
     device,
+    thread,
     *,
     decrement: bool,
     shape: tuple[int, ...],
@@ -244,6 +302,8 @@ def _wait(
                 if count >= value:
                     if decrement:
                         view[...] -= value
+                    if memory.detect_races and key in _released(memory):  # acquires what the signals released
+                        memory.clocks[thread].update(_released(memory)[key])
                     return token
             if time.monotonic() >= deadline:
                 raise PeerTimeoutError(_wait_timeout_message(site, int(device), count, value, timeout_s))
@@ -275,6 +335,70 @@ def _global_semaphore(token, device, *, uid: int, shape: tuple[int, ...]):
     with memory.lock:
         _semaphore(memory, key, shape)  # a peer may have created it by signalling first
     return token, key.as_np_array
+
+
+class _RaceState(gpu_races.GPURaceDetectionState):
+    """JAX's race detection state (every read and write of every buffer, with its thread's vector
+    clock), reporting in iris's form: the buffer, both accesses with their devices, threads and
+    source lines, and what would order them; RaceError, or RaceWarning where on_race is "warn"."""
+
+    def check_read(self, thread, clock, buffer_key, rnge, source_info=None):
+        self._check(thread, clock, buffer_key, rnge.range, source_info, write=False)
+        self._check_ref_union(thread, clock, buffer_key, False, source_info)
+
+    def check_write(self, thread, clock, buffer_key, rnge, source_info=None):
+        self._check(thread, clock, buffer_key, rnge.range, source_info, write=True)
+        self._check_ref_union(thread, clock, buffer_key, True, source_info)
+
+    def _check(self, thread, clock, key, rnge, source_info, *, write: bool) -> None:
+        line = source_info_util.summarize(source_info) if source_info is not None else "pallas_call"
+        with self.lock:
+            earlier = [("store", w) for w in self.writes[key]]
+            if write:  # (a read races with earlier writes only)
+                earlier += [("load", r) for r in self.reads[key]]
+            (self.writes if write else self.reads)[key].append((thread, clock, rnge, line))
+        for kind, (other, other_clock, other_range, other_line) in earlier:
+            if other_clock.ordered(clock) or not generic_races._ranges_overlap(rnge, other_range):
+                continue
+            with self.lock:
+                self.races_found = True
+            self._report(key, rnge, ("store" if write else "load", thread, line), (kind, other, other_line))
+            return
+
+    def _report(self, key, rnge, this, other) -> None:
+        where = f"{_SPACES.get(key.memory_space_id, 'memory space ' + str(key.memory_space_id))} buffer {key.buffer_id}"
+        text = (
+            f"data race on device {key.device_id}'s {where}, elements {_shown_range(rnge)}:\n"
+            f"    {other[0]} by {_thread_shown(other[1])} at {other[2]}\n"
+            f"    {this[0]} by {_thread_shown(this[1])} at {this[2]}\n"
+            "    nothing orders them: the writer must pl.semaphore_signal after its access and the other side "
+            "pl.semaphore_wait on that semaphore before its own (a release, then an acquire), or a barrier between."
+        )
+        if self.on_race == "raise":
+            raise RaceError(text)
+        warnings.warn(text, RaceWarning, stacklevel=2)
+
+
+_SPACES = {index: space.name for space, index in gpu_memory.IDX_BY_GPU_MEMORY_SPACE.items()}  # GMEM, SMEM, ...
+
+
+def _thread_shown(thread) -> str:
+    """A thread of JAX's GPU interpreter as the report names it."""
+    device = getattr(thread, "device_id", None)
+    if device is None:
+        return f"a TMA copy ({thread})"
+    parts = [f"device {device}", f"block {thread.block_id}", f"warpgroup {thread.warpgroup_id}"]
+    if hasattr(thread, "warp_id"):
+        parts.append(f"warp {thread.warp_id}")
+    return ", ".join(parts)
+
+
+def _shown_range(rnge) -> str:
+    def one(r):
+        if isinstance(r, slice):
+            return f"{r.start if r.start is not None else ''}:{r.stop if r.stop is not None else ''}"
+        return str(r)
+    return "[" + ", ".join(one(r) for r in rnge) + "]"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -411,23 +535,42 @@ def _transforms_of(eqn, first: int):
     return jax.tree.unflatten(eqn.params["tree"], eqn.invars[first:])
 
 
+def _reshaped(transforms) -> bool:
+    return any(isinstance(t, state_types.ReshapeTransform) for t in transforms)
+
+
 @_rule(state_primitives.get_p, gpu_primitives.load_p, applies=lambda eqn: _reaches_further(_transforms_of(eqn, 1)))
 def _get(self, eqn, token, invals):
+    """A read of a peer's ref: JAX's own read (and race check) of the peer's buffer by this thread."""
     key_array, *leaves = invals
     token, key_array, transforms = self.split_peer(
         token, key_array, jax.tree.unflatten(eqn.params["tree"], leaves), "a read of plgpu.remote_ref", eqn
     )
-    token, value = io_callback(_read, (_TOKEN, eqn.outvars[0].aval), token, key_array, transforms)
+    if _reshaped(transforms):  # JAX's callbacks refuse a reshape (and see no race through it)
+        token, value = io_callback(_read, (_TOKEN, eqn.outvars[0].aval), token, key_array, transforms)
+        return token, [value]
+    ref, transforms = jaxpr_interpret.resolve_ref(eqn.invars[0].aval, key_array, transforms)
+    token, value = gpu_callbacks.call_get(
+        token=token, result_shape_and_dtype=eqn.outvars[0].aval, mesh_location=self.mesh_location,
+        thread=self.thread, allocation_key_as_array=ref, transforms=transforms, source_info=eqn.source_info)
     return token, [value]
 
 
 @_rule(state_primitives.swap_p, gpu_primitives.store_p, applies=lambda eqn: _reaches_further(_transforms_of(eqn, 2)))
 def _swap(self, eqn, token, invals):
+    """A write to a peer's ref: JAX's own swap (and race check) of the peer's buffer by this thread."""
     key_array, value, *leaves = invals
     token, key_array, transforms = self.split_peer(
         token, key_array, jax.tree.unflatten(eqn.params["tree"], leaves), "a write to plgpu.remote_ref", eqn
     )
-    token, old = io_callback(_write, (_TOKEN, eqn.invars[1].aval), token, key_array, transforms, value)
+    if _reshaped(transforms):
+        token, old = io_callback(_write, (_TOKEN, eqn.invars[1].aval), token, key_array, transforms, value)
+    else:
+        ref, transforms = jaxpr_interpret.resolve_ref(eqn.invars[0].aval, key_array, transforms)
+        token, old = gpu_callbacks.call_swap(
+            token=token, result_shape_and_dtype=eqn.invars[1].aval, mesh_location=self.mesh_location,
+            thread=self.thread, allocation_key_as_array=ref, transforms=transforms, val=value, mask=None,
+            source_info=eqn.source_info)
     return token, ([] if eqn.primitive is gpu_primitives.store_p else [old])
 
 
@@ -474,7 +617,7 @@ def _semaphore_signal(self, eqn, token, invals):
             token, semaphore, device_id, eqn.params["device_id_type"], "semaphore_signal", eqn
         )
     signal = functools.partial(_signal, shape=_semaphore_shape(eqn))
-    return io_callback(signal, _TOKEN, token, semaphore, transforms, increment), []
+    return io_callback(signal, _TOKEN, token, semaphore, transforms, increment, self.thread), []
 
 
 @_rule(gpu_primitives.semaphore_signal_parallel_p)
@@ -486,7 +629,7 @@ def _semaphore_signal_parallel(self, eqn, token, invals):
         if device_id is not None:
             token, semaphore = self.peer_key(token, semaphore, device_id, None, "semaphore_signal_parallel", eqn)
         signal = functools.partial(_signal, shape=tuple(eqn.invars[k].aval.shape))
-        token = io_callback(signal, _TOKEN, token, semaphore, transforms, increment)
+        token = io_callback(signal, _TOKEN, token, semaphore, transforms, increment, self.thread)
     return token, []
 
 
@@ -515,7 +658,7 @@ def _semaphore_signal_multicast(self, eqn, token, invals):
     semaphore, transforms, increment = jax.tree.unflatten(eqn.params["args_tree"], invals)
     signal = functools.partial(_signal, shape=_semaphore_shape(eqn))
     for device in range(self.device_info.num_devices):
-        token = io_callback(signal, _TOKEN, token, semaphore.at[1].set(device), transforms, increment)
+        token = io_callback(signal, _TOKEN, token, semaphore.at[1].set(device), transforms, increment, self.thread)
     return token, []
 
 
@@ -526,7 +669,9 @@ def _semaphore_wait(self, eqn, token, invals):
     wait = functools.partial(
         _wait, decrement=bool(decrement), shape=_semaphore_shape(eqn), timeout_s=timeout_s, site=self.site(eqn)
     )
-    return io_callback(wait, _TOKEN, token, semaphore, transforms, value, jnp.int32(self.device_info.device_id)), []
+    return io_callback(
+        wait, _TOKEN, token, semaphore, transforms, value, jnp.int32(self.device_info.device_id), self.thread
+    ), []
 
 
 @_rule(gpu_primitives.multimem_store_p)
@@ -535,8 +680,8 @@ def _multimem_store(self, eqn, token, invals):
     value, key_array, *leaves = invals
     tree = eqn.params["transforms_tree"]
     transforms = () if tree is None else jax.tree.unflatten(tree, leaves)
-    store = functools.partial(_store_everywhere, num_devices=self.device_info.num_devices)
-    return io_callback(store, _TOKEN, token, key_array, transforms, value), []
+    store = functools.partial(_store_everywhere, num_devices=self.device_info.num_devices, source_info=eqn.source_info)
+    return io_callback(store, _TOKEN, token, key_array, transforms, value, self.thread), []
 
 
 @_rule(gpu_primitives.multimem_load_reduce_p)
@@ -547,9 +692,10 @@ def _multimem_load_reduce(self, eqn, token, invals):
     transforms = () if tree is None else jax.tree.unflatten(tree, leaves)
     out = eqn.outvars[0].aval
     load = functools.partial(
-        _load_reduced, num_devices=self.device_info.num_devices, reduction=eqn.params["reduction_op"], dtype=out.dtype
+        _load_reduced, num_devices=self.device_info.num_devices, reduction=eqn.params["reduction_op"], dtype=out.dtype,
+        source_info=eqn.source_info,
     )
-    token, value = io_callback(load, (_TOKEN, out), token, key_array, transforms)
+    token, value = io_callback(load, (_TOKEN, out), token, key_array, transforms, self.thread)
     return token, [value]
 
 
@@ -564,7 +710,7 @@ def _get_global(self, eqn, token, invals):
 
 
 # ------------------------------------------------------------------------------------------------
-# Installing: four patches of JAX's GPU interpreter, once per process
+# Installing: six patches of JAX's GPU interpreter, once per process
 
 _INSTALL_LOCK = threading.Lock()
 _ORIGINALS: dict[str, Any] = {}
@@ -641,12 +787,14 @@ def install() -> None:
             update_clocks=gpu_callbacks._update_clocks_for_device_barrier,
             cluster_finished=gpu_callbacks.cluster_finished,
             interpret_pallas_call=gpu_interpret_call.interpret_pallas_call,
+            races=gpu_callbacks.GPURaceDetectionState,
         )
         jaxpr_interpret.get_uninitialized_array = _zeroed_semaphores(_ORIGINALS["get_uninitialized_array"])
         jaxpr_interpret.JaxprInterpreter = IrisJaxprInterpreter  # looked up when each kernel is interpreted
         gpu_callbacks._update_clocks_for_device_barrier = _with_device_barrier(_ORIGINALS["update_clocks"])
         gpu_callbacks.cluster_finished = _keeping_other_devices_state(_ORIGINALS["cluster_finished"])
         gpu_interpret_call.interpret_pallas_call = _naming_the_kernel(_ORIGINALS["interpret_pallas_call"])
+        gpu_callbacks.GPURaceDetectionState = _RaceState  # made by the first launch with detect_races
 
 
 def installed() -> bool:
