@@ -105,6 +105,21 @@ def test_simulate_switches_interpret_mode_on_globally():
 
 
 @needs_interpreter
+def test_cpu_devices_report_a_settable_core_count():
+    """Mosaic GPU ops default their block count to the device's SM count: CPU devices report one."""
+    n = 2
+    with iris_mgpu.simulating(core_count=3):
+        assert [d.core_count for d in jax.devices()] == [3] * len(jax.devices())
+        x = rows(n, 4)
+        got = run(mesh_1d(n), lambda v: all_gather_mgpu.all_gather(v, axis_name="x"), x, P("x"), P("x"))
+    iris_mgpu.reset()
+    expected = run(mesh_1d(n), lambda v: lax.all_gather(v, "x", tiled=True), x, P("x"), P("x"))
+    np.testing.assert_array_equal(got, expected)
+    with pytest.raises(ValueError, match="core_count must be a positive int"):
+        iris_mgpu.simulate(core_count=0)
+
+
+@needs_interpreter
 @pytest.mark.parametrize("n", [2, 4, 8])
 def test_jax_all_gather_mgpu(simulated, n):
     x = rows(n, 4)

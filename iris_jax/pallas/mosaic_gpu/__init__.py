@@ -23,11 +23,14 @@ if not missing():
     from iris_jax.pallas.mosaic_gpu import interpreter as _interpreter
 
 
-def simulate(*, timeout_s: float | None = None, **params: Any) -> None:
+def simulate(*, timeout_s: float | None = None, core_count: int | None = None, **params: Any) -> None:
     """Runs every Mosaic GPU kernel traced from now on under GPU interpret mode, peers included.
 
     Args:
       timeout_s: how long a semaphore wait may wait before the launch fails, naming the wait (None: 30 s).
+      core_count: what a CPU device reports as `core_count` (a GPU's SM count, which Mosaic GPU ops
+        take as their default block count; None: 132, an H100 SXM's). The interpreter runs a device's
+        blocks one after another, so a small count runs faster.
       params: fields of JAX's `plgpu.InterpretGPUParams` (`detect_races`, `uninitialized_memory`, ...).
 
     Raises:
@@ -36,17 +39,22 @@ def simulate(*, timeout_s: float | None = None, **params: Any) -> None:
     require()
     kernel_params = _interpreter.interpret_params(timeout_s, **params)
     _interpreter.install()
+    _interpreter.set_core_count(core_count)
     _interpreter.set_interpret_mode(kernel_params)
 
 
 @contextlib.contextmanager
-def simulating(*, timeout_s: float | None = None, **params: Any) -> Iterator[None]:
-    """simulate() for the kernels traced inside a `with` block only."""
+def simulating(*, timeout_s: float | None = None, core_count: int | None = None, **params: Any) -> Iterator[None]:
+    """simulate() for the kernels traced inside a `with` block only (and its core_count)."""
     require()
     kernel_params = _interpreter.interpret_params(timeout_s, **params)
     _interpreter.install()
-    with _interpreter.interpret_mode(kernel_params):
-        yield
+    before = _interpreter.set_core_count(core_count)
+    try:
+        with _interpreter.interpret_mode(kernel_params):
+            yield
+    finally:
+        _interpreter.set_core_count(before)
 
 
 def reset() -> None:

@@ -150,7 +150,11 @@ def _transformed(base: np.ndarray, transforms: Sequence[Any]) -> np.ndarray:
             continue
         if isinstance(transform, indexing.NDIndexer):
             access = interpret_utils.to_access((transform,), view.shape)
-            view = view[access.range]
+            # an integer index as a slice of one, that axis then dropped: a view even of one element
+            kept = tuple(r if isinstance(r, slice) else slice(int(r), int(r) + 1) for r in access.range)
+            dropped = [axis for axis, r in enumerate(access.range) if not isinstance(r, slice)]
+            view = view[kept]
+            view = view.reshape([size for axis, size in enumerate(view.shape) if axis not in dropped])
             if access.permutation is not None:
                 view = view.transpose(access.permutation)
         elif isinstance(transform, state_types.TransposeTransform):
@@ -795,6 +799,41 @@ def install() -> None:
         gpu_callbacks.cluster_finished = _keeping_other_devices_state(_ORIGINALS["cluster_finished"])
         gpu_interpret_call.interpret_pallas_call = _naming_the_kernel(_ORIGINALS["interpret_pallas_call"])
         gpu_callbacks.GPURaceDetectionState = _RaceState  # made by the first launch with detect_races
+
+
+DEFAULT_CORE_COUNT = 132  # an H100 SXM's SMs
+_CORE_COUNT = [DEFAULT_CORE_COUNT]
+
+
+def set_core_count(count: int | None) -> int:
+    """What CPU devices report as `core_count` from now on (None: DEFAULT_CORE_COUNT); returns the
+    count before. Mosaic GPU ops read it (`jax.devices()[0].core_count`, `backend.get_default_device()`)
+    as their default block count; CPU devices have none. Installed as a property of JAX's device class
+    that answers for CPU devices only (a GPU's own attribute is looked up as before)."""
+    count = DEFAULT_CORE_COUNT if count is None else count
+    if not isinstance(count, int) or count < 1:
+        raise ValueError(f"core_count must be a positive int, got {count!r}")
+    device_class = type(jax.devices("cpu")[0])
+    if not isinstance(device_class.__dict__.get("core_count"), _CoreCount):
+        device_class.core_count = _CoreCount(getattr(device_class, "__getattr__", None))
+    before, _CORE_COUNT[0] = _CORE_COUNT[0], count
+    return before
+
+
+class _CoreCount:
+    """`device.core_count`: the simulated count for a CPU device, the device's own attribute otherwise."""
+
+    def __init__(self, lookup):
+        self.lookup = lookup
+
+    def __get__(self, device, owner=None):
+        if device is None:
+            return self
+        if device.platform == "cpu":
+            return _CORE_COUNT[0]
+        if self.lookup is None:
+            raise AttributeError("core_count")
+        return self.lookup(device, "core_count")
 
 
 def installed() -> bool:
