@@ -27,6 +27,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from benchmarks import small  # noqa: E402
+
 L = 128
 
 
@@ -35,7 +37,10 @@ def main() -> None:
     parser.add_argument("--devices", default="2,4,8")
     parser.add_argument("--rows", default="1,64", help="rows of 128 float32 per device")
     parser.add_argument("--reps", type=int, default=10)
+    small.add_flag(parser, "2 devices, one row, one call each (on JAX without the interpreter: says so)")
     opts = parser.parse_args()
+    if opts.small:
+        opts.devices, opts.rows, opts.reps = "2", "1", 1
     counts = [int(n) for n in opts.devices.split(",")]
     os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={max(counts)}"
 
@@ -50,6 +55,9 @@ def main() -> None:
 
     from iris_jax.pallas import mosaic_gpu as iris_mgpu
 
+    if opts.small and iris_mgpu.unsupported_reason() is not None:
+        print(f"not run: {iris_mgpu.unsupported_reason()}")
+        return
     iris_mgpu.require()
 
     def ring(x_ref, o_ref, sem):

@@ -20,11 +20,15 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from benchmarks import small  # noqa: E402
+
 SUITE = ["benchmarks/plugin_suite", "examples/testing"]
 
 
-def _run(extra: list[str]) -> float:
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", *extra, *SUITE]
+def _run(extra: list[str], suite: list[str]) -> float:
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", *extra, *suite]
     start = time.perf_counter()
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     took = time.perf_counter() - start
@@ -38,12 +42,16 @@ def _run(extra: list[str]) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--reps", type=int, default=2)
+    small.add_flag(parser, "one test of the suite at 2 ranks, once each way")
     opts = parser.parse_args()
+    suite = SUITE
+    if opts.small:
+        opts.reps, suite = 1, ["benchmarks/plugin_suite/test_user_code.py::test_collective_matches_lax[ranks=2-ppermute]"]
     on, off = [], []
-    print(f"pytest {' '.join(SUITE)} on {os.cpu_count()} cores")
+    print(f"pytest {' '.join(suite)} on {os.cpu_count()} cores")
     for _ in range(opts.reps):
-        on.append(_run([]))
-        off.append(_run(["--iris-no-races"]))
+        on.append(_run([], suite))
+        off.append(_run(["--iris-no-races"], suite))
     a, b = statistics.median(on), statistics.median(off)
     print(f"median with detection {a:.1f} s, without {b:.1f} s: {a / b:.2f}x")
 

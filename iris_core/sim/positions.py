@@ -55,7 +55,9 @@ def _line(frame, kernel_code) -> str:
     via, found = None, None
     while frame is not None:
         path = os.path.abspath(frame.f_code.co_filename)
-        if path.startswith(_DEVICE) and found is None:  # the outermost: the device API function the kernel called
+        if frame.f_code.co_filename.startswith("<") and frame.f_code is not kernel_code:
+            pass  # generated code (a dataclass's __init__ in "<string>"): no line of the user's
+        elif path.startswith(_DEVICE) and found is None:  # the outermost: the device API function the kernel called
             via = getattr(frame.f_code, "co_qualname", frame.f_code.co_name)
         elif not path.startswith(_HERE) and "/triton/" not in path and "/numpy/" not in path and found is None:
             found = source_line(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)

@@ -26,7 +26,11 @@ memory model (docs/device-api.md):
   "cta" nothing between programs, a device_barrier ranks). A peer's flag acquired by one program
   orders that program only;
 * a host barrier (iris_jax.barrier, once it waited for every rank's launches) orders everything
-  before it before everything after.
+  before it before everything after;
+* a collective that the simulator runs on the host in its kernel's place (iris_jax.calls.cpu_execution,
+  `_host_accesses`) is a launch of its own: each member reads its operands (`access_range`), the
+  meeting joins every member's clock into each (host_collectives.Rendezvous.run(clock=)), and each
+  member writes its results.
 
 A heap block allocated anew has no history: its owner clears its words in every plane when it
 allocates it (`forget`, ThreadSanitizer's reset of shadow at allocation), before any kernel can be
