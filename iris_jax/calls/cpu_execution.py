@@ -113,16 +113,21 @@ def _execute_on_host(rt, spec: KernelSpec, ins: list[int], outs: list[int]) -> N
     detector = race_detector(rt, rank)
     if detector is not None:
         _host_accesses(detector, spec, operands, outs, before=True)
+    met = False
     try:
         sites_differ = rendezvous.run(spec.host, group.key, group.members, group.index, spec.signature,
                                       call.site if call else 0,  # (the call record's digest of the site)
                                       host_buffers(spec, operands, outs), workspace=group.workspace,
                                       clock=None if detector is None else detector.vc)
+        met = True
     except (PeerTimeoutError, RankMismatchError) as e:
         named = named_fault(rt, call, group.members, e)
         if named is e:
             raise
         raise named from e
+    finally:
+        if detector is not None and not met:
+            detector.end()  # the launch is over, as a kernel's is when it fails (its reports go with it)
     if detector is not None:
         _host_accesses(detector, spec, operands, outs, before=False)
         found = detector.end()
