@@ -28,7 +28,7 @@ memory model (docs/device-api.md):
 * a host barrier (iris_jax.barrier, once it waited for every rank's launches) orders everything
   before it before everything after;
 * a collective that the simulator runs on the host in its kernel's place (iris_jax.calls.cpu_execution,
-  `_host_accesses`) is a launch of its own: each member reads its operands (`access_range`), the
+  `_host_reads`, `_host_writes`) is a launch of its own: each member reads its operands (`access_range`), the
   meeting joins every member's clock into each (host_collectives.Rendezvous.run(clock=)), and each
   member writes its results.
 

@@ -112,7 +112,7 @@ def _execute_on_host(rt, spec: KernelSpec, ins: list[int], outs: list[int]) -> N
     operands = ins[2:len(ins) - spec.ordered_after]
     detector = race_detector(rt, rank)
     if detector is not None:
-        _host_accesses(detector, spec, operands, outs, before=True)
+        _host_reads(detector, spec, operands, outs)
     met = False
     try:
         sites_differ = rendezvous.run(spec.host, group.key, group.members, group.index, spec.signature,
@@ -129,7 +129,7 @@ def _execute_on_host(rt, spec: KernelSpec, ins: list[int], outs: list[int]) -> N
         if detector is not None and not met:
             detector.end()  # the launch is over, as a kernel's is when it fails (its reports go with it)
     if detector is not None:
-        _host_accesses(detector, spec, operands, outs, before=False)
+        _host_writes(detector, spec, outs)
         found = detector.end()
         if found:
             races.emit(rt.detect_races, found, spec.kernel)
@@ -138,21 +138,26 @@ def _execute_on_host(rt, spec: KernelSpec, ins: list[int], outs: list[int]) -> N
         warnings.warn(f"rank {rank}: {divergence}", RankDivergenceWarning, stacklevel=1)
 
 
-def _host_accesses(detector, spec: KernelSpec, operands: list[int], outs: list[int], before: bool) -> None:
-    """What the race detector sees of a collective run on the host: the member reads its operands
-    (`before` the members meet, which joins their clocks: host_collectives.Rendezvous) and writes its
-    results (after), each where it lies on a heap, at the line of the program that made the call. The
-    kernel's own workspace traffic is ordered by its flags and is left out (sim_collectives="kernels"
-    checks the kernels themselves)."""
-    where = spec.site[0] if spec.site else None
-    if before:
-        detector.begin(spec.what or spec.kernel_name)
-        for address, nbytes, dtype in zip(operands, spec.operand_nbytes, spec.operand_dtypes):
-            if address not in outs:  # (ragged_all_to_all's output operand: written, below)
-                detector.access_range(address, nbytes, dtype.itemsize, races.LOAD, where)
-        return
+def _host_reads(detector, spec: KernelSpec, operands: list[int], outs: list[int]) -> None:
+    """What the race detector sees of a collective run on the host, before the members meet (which
+    joins their clocks: host_collectives.Rendezvous): a launch begins and the member reads its
+    operands, where they lie on a heap, at the line of the program that made the call. The kernel's
+    own workspace traffic is ordered by its flags and is left out (sim_collectives="kernels" checks
+    the kernels themselves)."""
+    detector.begin(spec.what or spec.kernel_name)
+    for address, nbytes, dtype in zip(operands, spec.operand_nbytes, spec.operand_dtypes):
+        if address not in outs:  # (ragged_all_to_all's output operand: written, _host_writes)
+            detector.access_range(address, nbytes, dtype.itemsize, races.LOAD, _program_line(spec))
+
+
+def _host_writes(detector, spec: KernelSpec, outs: list[int]) -> None:
+    """... and after they met: the member writes its results."""
     for address, nbytes, dtype in zip(outs, spec.result_nbytes, spec.result_dtypes):
-        detector.access_range(address, nbytes, dtype.itemsize, races.STORE, where)
+        detector.access_range(address, nbytes, dtype.itemsize, races.STORE, _program_line(spec))
+
+
+def _program_line(spec: KernelSpec) -> str | None:
+    return spec.site[0] if spec.site else None
 
 
 def named_fault(rt, call, members, error: Exception) -> Exception:
@@ -246,7 +251,7 @@ def host_collective(kernel, constexprs: dict, dtype: np.dtype) -> host_collectiv
 def runs_collectives_here(rt) -> bool:
     """Whether this runtime's collectives run on the host (every rank in this process, and
     sim_collectives="kernels" does not ask for the kernels). The race detector sees what they read
-    and write and the order they make (`_host_accesses`)."""
+    and write and the order they make (`_host_reads`, `_host_writes`)."""
     return rt.backend.host_kernels == "worker" and rt.sim_collectives == "host"
 
 

@@ -18,6 +18,7 @@ suite skips saying so. docs/testing.md lists the outcome.
 from __future__ import annotations
 
 import re
+import sys
 import types
 import unittest
 
@@ -94,7 +95,7 @@ def test_jax_mosaic_gpu_test(name, monkeypatch):
     monkeypatch.setattr(jtu, "is_device_rocm", lambda: False)
     monkeypatch.setattr(jtu, "is_cuda_compute_capability_at_least", lambda *a: True)
     monkeypatch.setattr(jtu, "is_cuda_compute_capability_equal", lambda *a: True)
-    module = __import__("sys").modules[type(test).__module__]
+    module = sys.modules[type(test).__module__]
     if hasattr(module, "cuda_versions"):
         monkeypatch.setattr(module, "cuda_versions", types.SimpleNamespace(cuda_supports_multicast=lambda *a: True))
     result = unittest.TestResult()

@@ -133,7 +133,7 @@ def _view(memory: Any, key: gpu_memory.HostAllocationKey, transforms: Sequence[A
 def _access(memory: Any, key: gpu_memory.HostAllocationKey, transforms: Sequence[Any]):
     """What `transforms` reach of buffer `key`, as JAX's race detector takes it: JAX's own Access, or
     where a reshape is among them (which JAX's callbacks refuse), the bounding box of the elements reached."""
-    if not any(isinstance(t, state_types.ReshapeTransform) for t in transforms):
+    if not _reshaped(transforms):
         return memory.access(key, transforms)
     shape = memory.buffer_shape_and_dtype(key).shape
     reached = _transformed(np.arange(math.prod(shape)).reshape(shape), transforms).reshape(-1)
@@ -141,6 +141,11 @@ def _access(memory: Any, key: gpu_memory.HostAllocationKey, transforms: Sequence
         return memory.access(key, ())
     box = np.unravel_index(reached, shape)
     return interpret_utils.Access(tuple(slice(int(i.min()), int(i.max()) + 1) for i in box), None)
+
+
+def _reshaped(transforms) -> bool:
+    """Whether a reshape is among `transforms` (JAX's callbacks refuse one)."""
+    return any(isinstance(t, state_types.ReshapeTransform) for t in transforms)
 
 
 def _transformed(base: np.ndarray, transforms: Sequence[Any]) -> np.ndarray:
@@ -306,8 +311,9 @@ def _wait(
                 if count >= value:
                     if decrement:
                         view[...] -= value
-                    if memory.detect_races and key in _released(memory):  # acquires what the signals released
-                        memory.clocks[thread].update(_released(memory)[key])
+                    released = _released(memory).get(key) if memory.detect_races else None
+                    if released is not None:  # acquires what the signals released
+                        memory.clocks[thread].update(released)
                     return token
             if time.monotonic() >= deadline:
                 raise PeerTimeoutError(_wait_timeout_message(site, int(device), count, value, timeout_s))
@@ -356,18 +362,19 @@ class _RaceState(gpu_races.GPURaceDetectionState):
 
     def _check(self, thread, clock, key, rnge, source_info, *, write: bool) -> None:
         line = source_info_util.summarize(source_info) if source_info is not None else "pallas_call"
-        with self.lock:
-            earlier = [("store", w) for w in self.writes[key]]
-            if write:  # (a read races with earlier writes only)
-                earlier += [("load", r) for r in self.reads[key]]
-            (self.writes if write else self.reads)[key].append((thread, clock, rnge, line))
-        for kind, (other, other_clock, other_range, other_line) in earlier:
-            if other_clock.ordered(clock) or not generic_races._ranges_overlap(rnge, other_range):
-                continue
-            with self.lock:
-                self.races_found = True
-            self._report(key, rnge, ("store" if write else "load", thread, line), (kind, other, other_line))
-            return
+        with self.lock:  # the records made before this one (the lists only grow: read below without the lock)
+            writes, reads = self.writes[key], self.reads[key]
+            # a read races with earlier writes only, a write with earlier reads too
+            earlier = [("store", writes, len(writes)), ("load", reads, len(reads) if write else 0)]
+            (writes if write else reads).append((thread, clock, rnge, line))
+        for kind, records, count in earlier:
+            for other, other_clock, other_range, other_line in itertools.islice(records, count):
+                if other_clock.ordered(clock) or not generic_races._ranges_overlap(rnge, other_range):
+                    continue
+                with self.lock:
+                    self.races_found = True
+                self._report(key, rnge, ("store" if write else "load", thread, line), (kind, other, other_line))
+                return
 
     def _report(self, key, rnge, this, other) -> None:
         where = f"{_SPACES.get(key.memory_space_id, 'memory space ' + str(key.memory_space_id))} buffer {key.buffer_id}"
@@ -537,10 +544,6 @@ def _reaches_further(transforms) -> bool:
 
 def _transforms_of(eqn, first: int):
     return jax.tree.unflatten(eqn.params["tree"], eqn.invars[first:])
-
-
-def _reshaped(transforms) -> bool:
-    return any(isinstance(t, state_types.ReshapeTransform) for t in transforms)
 
 
 @_rule(state_primitives.get_p, gpu_primitives.load_p, applies=lambda eqn: _reaches_further(_transforms_of(eqn, 1)))
