@@ -44,6 +44,7 @@ from iris_core.heap import context_layout
 _TILE_TIMEOUT_NS = flag_protocol.timeout_ns(flag_protocol.DEFAULT_TIMEOUT_S)  # the tile collectives' default
 
 HEADER_WORDS = tl.constexpr(context_layout.HEADER_WORDS)  # [rank, world_size, heap_size] before the bases
+OWN_BASE_WORD = tl.constexpr(context_layout.own_base_offset(0))  # the rank's own base, at this + world_size
 
 
 @aggregate
@@ -97,9 +98,10 @@ class Context:
         rank = tl.load(words).to(tl.int32)
         heap_bases = words + HEADER_WORDS
         # the guard's bound, once per kernel: read at every op, a load that depends on the heap base and
-        # that a loop storing into the heap cannot keep in a register (benchmarks/RESULTS.md has its cost)
+        # that a loop storing into the heap cannot keep in a register (benchmarks/RESULTS.md has its cost);
+        # the own base sits at a fixed word, so its load issues with the rank's, not after it
         if rma.GUARD:
-            bound = rma.bound_of(tl.load(heap_bases + rank))
+            bound = rma.bound_of(tl.load(words + OWN_BASE_WORD + world_size))
         else:
             bound = tl.cast(0, tl.int64)
         return Context(rank, world_size, heap_bases,

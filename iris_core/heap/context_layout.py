@@ -4,7 +4,7 @@ Layout, in 64-bit words (see ../shared/reference/iris_device_api.md)::
 
     [rank, world_size, heap_size, heap_base_0 .. heap_base_{W-1},
      trace_enabled, max_events, trace_counter_ptr, op_index_counter_ptr,
-     13 trace-buffer pointers, fault_page]
+     13 trace-buffer pointers, fault_page, own_base]
 
 `world_size` and `heap_size` sit right before the bases, where the device's heap guard
 finds them from the bases' pointer alone (iris_core.device.rma: heap_bases[-2], [-1]).
@@ -12,7 +12,9 @@ finds them from the bases' pointer alone (iris_core.device.rma: heap_bases[-2], 
 The tracing words are zero while tracing is off; when on, the counters and the 13
 buffers are byte offsets into the rank's own heap, not addresses (iris_core.tracing.buffers).
 `fault_page` is the address, as the device sees it, of the rank's fault page (iris_core.faults;
-0: none, on the simulator and on bare heaps).
+0: none, on the simulator and on bare heaps). `own_base` repeats the rank's own heap base at a word whose
+index is known without the rank, so that a kernel reads it together with the rank, not after it: the heap
+guard's bound lies behind it (iris_core.device.context.Context.initialize).
 
 Words are stored as little-endian int32 pairs so that JAX without x64 can carry the
 array; the kernel casts the pointer to int64 and reads whole words.
@@ -35,6 +37,11 @@ TRACE_WORDS = 4 + len(TRACE_FIELDS)
 
 def context_words(world_size: int) -> int:
     """Number of 64-bit words in the context of a world of `world_size` ranks."""
+    return own_base_offset(world_size) + 1
+
+
+def own_base_offset(world_size: int) -> int:
+    """Word index of `own_base` in the context (the last word)."""
     return HEADER_WORDS + world_size + TRACE_WORDS + 1
 
 
@@ -54,7 +61,8 @@ def encode_context(rank: int, heap_bases: Sequence[int], trace_words: Sequence[i
     trace = list(trace_words) + [0] * (TRACE_WORDS - len(trace_words))
     if len(trace) != TRACE_WORDS:
         raise ValueError(f"expected at most {TRACE_WORDS} tracing words, got {len(trace_words)}")
-    words = np.array([rank, world_size, heap_size, *heap_bases, *trace, fault_page], dtype=np.uint64)
+    words = np.array([rank, world_size, heap_size, *heap_bases, *trace, fault_page, heap_bases[rank]],
+                     dtype=np.uint64)
     return words.view(np.int32).copy()
 
 
@@ -70,4 +78,5 @@ def decode_context(array: np.ndarray) -> dict:
         "heap_bases": [int(w) for w in words[HEADER_WORDS:t]],
         "trace": [int(w) for w in words[t:t + TRACE_WORDS]],
         "fault_page": int(words[t + TRACE_WORDS]),
+        "own_base": int(words[own_base_offset(world_size)]),
     }

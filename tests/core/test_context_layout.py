@@ -13,6 +13,7 @@ from iris_core.heap.context_layout import (
     context_words,
     decode_context,
     encode_context,
+    own_base_offset,
     trace_offset,
 )
 from iris_core.sim import get_world, launch
@@ -45,6 +46,7 @@ def test_encode_decode_round_trip(world_size):
             "heap_bases": bases,
             "trace": trace + [0] * (TRACE_WORDS - len(trace)),
             "fault_page": page,
+            "own_base": bases[rank],
         }
 
 
@@ -52,14 +54,15 @@ def test_encode_decode_round_trip(world_size):
 def test_word_layout(world_size):
     bases = big_bases(world_size)
     array = encode_context(world_size - 1, bases, [7, 9], heap_size=HEAP_SIZE, fault_page=0xABC000)
-    assert context_words(world_size) == HEADER_WORDS + world_size + 4 + len(TRACE_FIELDS) + 1
+    assert context_words(world_size) == HEADER_WORDS + world_size + 4 + len(TRACE_FIELDS) + 2
     assert trace_offset(world_size) == 3 + world_size
     # little-endian int32 pairs: low word first
     low, high = array[0::2].view(np.uint32), array[1::2].view(np.uint32)
     words = [int(lo) | int(hi) << 32 for lo, hi in zip(low, high, strict=True)]
     assert words[:3] == [world_size - 1, world_size, HEAP_SIZE]  # the guard reads these before the bases
     assert words[3:3 + world_size] == bases
-    assert words[trace_offset(world_size):] == [7, 9] + [0] * (TRACE_WORDS - 2) + [0xABC000]  # the fault page last
+    assert words[trace_offset(world_size):] == [7, 9] + [0] * (TRACE_WORDS - 2) + [0xABC000, bases[-1]]
+    assert own_base_offset(world_size) == context_words(world_size) - 1  # the own base last, after the fault page
 
 
 def test_decode_accepts_a_copy_in_another_layout():
