@@ -30,9 +30,10 @@ from iris_core.sim.checks import running_kernel
 class Pointer:
     """A typed raw address, accepted wherever a kernel expects a tensor argument."""
 
-    def __init__(self, address: int, dtype):
+    def __init__(self, address: int, dtype, owner=None):
         self.address = int(address)
         self.dtype = _dtype_name(dtype)
+        self._owner = owner  # the array the address points into, kept alive as long as the pointer
 
     def data_ptr(self) -> int:
         return self.address
@@ -545,7 +546,8 @@ def enable_interpreter() -> None:
 
 
 def pointer_to(array: np.ndarray) -> Pointer:
-    return Pointer(array.ctypes.data, array.dtype)
+    """A Pointer to `array`'s data (which it keeps alive)."""
+    return Pointer(array.ctypes.data, array.dtype, owner=array)
 
 
 def launch(kernel, grid: Sequence[int], *args, **constexprs) -> None:
