@@ -240,6 +240,71 @@ def test_unsignalled_wait_fails_with_its_place():
     assert "the semaphore's count is 0, waiting for 1" in text, text
 
 
+# (f') a persistent grid: blocks that wait on each other run at once where a GPU keeps them resident
+
+
+def blocks_meet(x_ref, o_ref):
+    """Every block signals the device's semaphore, then waits for all of them: on a GPU this ends
+    only when the grid's blocks are resident at once, as a grid of at most one block per SM is."""
+    sem = pl.get_global(plgpu.SemaphoreType.REGULAR)
+    pl.semaphore_signal(sem, 1)
+    pl.semaphore_wait(sem, lax.axis_size("b"), decrement=False)
+    b = lax.axis_index("b")
+    o_ref.at[pl.ds(b, 1)][...] = x_ref.at[pl.ds(b, 1)][...] + 1
+
+
+def meeting_blocks(blocks):
+    return plgpu.kernel(blocks_meet, out_type=jax.ShapeDtypeStruct((blocks, L), jnp.float32), grid=(blocks,),
+                        grid_names=("b",))
+
+
+@needs_interpreter
+@pytest.mark.parametrize("n, blocks", [(2, 2), (2, 4), (4, 4)])
+def test_a_grid_that_fits_the_sms_is_resident(n, blocks):
+    with iris_mgpu.simulating(timeout_s=30, core_count=blocks):
+        x = rows(n, blocks)
+        out = run(mesh_1d(n), meeting_blocks(blocks), x, P("x"), P("x"))
+    iris_mgpu.reset()
+    np.testing.assert_array_equal(out, x + 1)
+
+
+@needs_interpreter
+def test_a_grid_larger_than_the_sms_runs_in_waves_and_its_wait_is_named():
+    """More blocks than SMs: a GPU runs them in waves, so blocks that wait for all the others never end;
+    here the wait fails within its timeout, saying why the blocks did not run at once."""
+    with iris_mgpu.simulating(timeout_s=0.5, core_count=2), pytest.raises(Exception) as caught:
+        run(mesh_1d(2), meeting_blocks(3), rows(2, 3), P("x"), P("x"))
+    iris_mgpu.reset()
+    text = str(caught.value)
+    assert "semaphore_wait in Mosaic GPU kernel 'blocks_meet' at " in text, text
+    assert "the semaphore's count is 1, waiting for 3" in text, text
+    assert "the grid's 3 blocks run one after another: more than the device's core_count (2)" in text, text
+
+
+@needs_interpreter
+@pytest.mark.parametrize("n, core_count, pool", [(2, 2, None), (4, 4, 128)])
+def test_jax_collective_matmul(n, core_count, pool):
+    """JAX's all_gather_lhs_matmul: every block of a device waits for a signal from every block of the
+    previous one. It needs all of its process's devices, so it runs in a process of its own; 4 devices
+    of 4 resident blocks of 3 warpgroups are 48 threads waiting at once, for which XLA's CPU pool needs
+    PJRT_NPROC=96 or more."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "PJRT_NPROC", "NPROC")}
+    if pool:
+        env["PJRT_NPROC"] = str(pool)
+    script = os.path.join(os.path.dirname(__file__), "mosaic_collective_matmul.py")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    done = subprocess.run([sys.executable, script, str(n), str(core_count), "60"], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    error = float(re.search(r"relative error (\S+)", done.stdout).group(1))
+    assert error < 1e-2, done.stdout  # bfloat16 outputs: a unit in the last place is 2**-8 of the value
+
+
 # (g) device ids outside the mesh, and the GPU path's own checks
 
 

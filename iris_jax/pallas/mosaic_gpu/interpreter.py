@@ -8,9 +8,10 @@ allocations in the same order, so a buffer's key on a peer differs from ours onl
 
 The seam: a JaxprInterpreter subclass with a rule table for the multi-device primitives (remote
 refs, semaphores, multimem, pl.get_global), delegating every other equation to JAX's own
-interpreter, and six small patches of JAX's interpreter (install()). A remote access is the local
+interpreter, and seven small patches of JAX's interpreter (install()). A remote access is the local
 key with its device field replaced, read and written through JAX's own callbacks; a semaphore is an
-int32 word in GMEM, zero at launch.
+int32 word in GMEM, zero at launch. A grid of at most core_count blocks runs resident, its blocks as
+threads at once, as a persistent grid does on a GPU (_resident).
 
 Races (`simulate(detect_races=True)`): JAX's detector keeps a vector clock per thread of every
 device and checks each buffer's reads and writes; a remote access goes through it as the calling
@@ -22,10 +23,12 @@ take iris's form (`_RaceState`): both accesses, their devices and source lines, 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import itertools
 import math
+import os
 import threading
 import time
 import warnings
@@ -42,6 +45,7 @@ from jax._src.pallas import primitives as pallas_primitives
 from jax._src.pallas import utils as pallas_utils
 from jax._src.pallas.mosaic.interpret import race_detection_state as generic_races
 from jax._src.pallas.mosaic.interpret import shared_memory as generic_memory
+from jax._src.pallas.mosaic.interpret import thread_map
 from jax._src.pallas.mosaic.interpret import utils as interpret_utils
 from jax._src.pallas.mosaic_gpu import core as gpu_core
 from jax._src.pallas.mosaic_gpu import primitives as gpu_primitives
@@ -83,6 +87,7 @@ class _Site:
 
     kernel: str
     line: str
+    blocks: str = ""  # how the grid's blocks run (_resident)
 
     def __str__(self) -> str:
         return f"{self.kernel} at {self.line}"
@@ -324,8 +329,8 @@ def _wait_timeout_message(site: _Site, device: int, count: int, value: int, time
     return (
         f"semaphore_wait in Mosaic GPU kernel {site} on device {device} timed out after {timeout_s:g} s: the "
         f"semaphore's count is {count}, waiting for {value}. No device signalled it enough: a semaphore_signal "
-        "(with this device's id) is missing, or the signalling block cannot run while this one waits (the "
-        "interpreter runs a device's blocks one after another). Set the time with "
+        "(with this device's id) is missing, or the signalling block cannot run while this one waits"
+        + (f" ({site.blocks})" if site.blocks else "") + ". Set the time with "
         "iris_jax.pallas.mosaic_gpu.simulate(timeout_s=...)."
     )
 
@@ -463,7 +468,8 @@ class IrisJaxprInterpreter(jaxpr_interpret.JaxprInterpreter):
 
     def site(self, eqn) -> _Site:
         kernel = getattr(_KERNEL_NAME, "name", None)
-        return _Site(repr(kernel) if kernel else "(unnamed)", source_info_util.summarize(eqn.source_info))
+        return _Site(repr(kernel) if kernel else "(unnamed)", source_info_util.summarize(eqn.source_info),
+                     getattr(_KERNEL_NAME, "blocks", None) or "")
 
     @property
     def mesh_shown(self) -> str:
@@ -717,7 +723,7 @@ def _get_global(self, eqn, token, invals):
 
 
 # ------------------------------------------------------------------------------------------------
-# Installing: six patches of JAX's GPU interpreter, once per process
+# Installing: seven patches of JAX's GPU interpreter, once per process
 
 _INSTALL_LOCK = threading.Lock()
 _ORIGINALS: dict[str, Any] = {}
@@ -768,17 +774,90 @@ def _keeping_other_devices_state(original):
     return cluster_finished
 
 
-def _naming_the_kernel(original):
-    """Keeps the kernel's name on the lowering thread while JAX interprets it, for error messages."""
+DEFAULT_POOL = 48  # XLA's CPU pool without PJRT_NPROC, as a resident grid sees it (jax 0.12, measured)
+
+
+def thread_pool() -> int:
+    """The size of XLA's CPU thread pool, on which a kernel's interpreter threads wait in callbacks:
+    PJRT_NPROC (or NPROC) when JAX started, else DEFAULT_POOL."""
+    for name in ("PJRT_NPROC", "NPROC"):
+        value = os.environ.get(name, "")
+        if value.strip().isdigit():
+            return int(value)
+    return DEFAULT_POOL
+
+
+def _resident(mesh, num_devices: int):
+    """(`mesh` with its grid run as blocks of one cluster, all at once, where a GPU keeps them
+    resident; how the grid's blocks run, for the timeout's message).
+
+    JAX's interpreter runs a kernel's grid points one after another (only a cluster's blocks and their
+    warpgroups run as threads), so a persistent kernel whose blocks wait on each other's signals (the
+    collective matmul waits for one signal per SM) waits forever. On a GPU a grid of at most one block
+    per SM runs at once: such a grid becomes the leading cluster axes here (`lax.axis_index` of a grid
+    axis reads the block's coordinate instead). A larger grid, or one whose threads on every device
+    outnumber what XLA's CPU pool holds (thread_pool), still runs point after point."""
+    if not isinstance(mesh, gpu_core.Mesh) or math.prod(mesh.grid) <= 1:
+        return mesh, "the grid has one block"
+    blocks = math.prod(mesh.grid)
+    threads = num_devices * blocks * math.prod(mesh.cluster) * (mesh.num_threads or 1)
+    if blocks > _CORE_COUNT[0]:
+        return mesh, (f"the grid's {blocks} blocks run one after another: more than the device's core_count "
+                      f"({_CORE_COUNT[0]}), as a GPU runs more blocks than SMs in waves")
+    if 2 * threads > thread_pool():  # measured: 48 threads hung 2 runs in 8 with a pool of 64, none of 8 with 128
+        return mesh, (f"the grid's {blocks} blocks run one after another: all resident, {threads} threads "
+                      f"(devices x blocks x warpgroups) would wait at once on XLA's CPU pool of {thread_pool()}, "
+                      f"which needs twice as many; set PJRT_NPROC={2 * threads} (or more) before JAX starts, or "
+                      "a smaller core_count")
+    folded = copy.copy(mesh)  # not dataclasses.replace: its check allows 3 cluster axes, a GPU's limit
+    for name, value in (("grid", ()), ("grid_names", ()), ("cluster", (*mesh.grid, *mesh.cluster)),
+                        ("cluster_names", (*mesh.grid_names, *mesh.cluster_names))):
+        object.__setattr__(folded, name, value)
+    return folded, f"the grid's {blocks} blocks are resident at once, as on a GPU"
+
+
+_PER_DEVICE = 24  # threads' computations on one CPU device: XLA lets 32 run at once, the rest wait in line
+_ON_DEVICE: list[int] = []  # how many run on each CPU device now
+_ON_DEVICE_LOCK = threading.Lock()
+
+
+def _spread(original):
+    """JAX's thread_map runs each thread's part of a kernel as a computation on the default device,
+    but XLA runs at most 32 computations of one CPU device at once: a kernel of more threads (a resident
+    grid of 4 blocks of 3 warpgroups on 4 devices: 48) leaves the rest queued behind threads that wait
+    for them, forever. Each thread's computation goes to the first CPU device with room."""
+
+    @functools.wraps(original)
+    def run_jaxpr(jaxpr, consts, *args):
+        devices = jax.local_devices(backend="cpu")
+        with _ON_DEVICE_LOCK:
+            _ON_DEVICE.extend([0] * (len(devices) - len(_ON_DEVICE)))
+            index = next((i for i, n in enumerate(_ON_DEVICE) if n < _PER_DEVICE),
+                         min(range(len(devices)), key=_ON_DEVICE.__getitem__))
+            _ON_DEVICE[index] += 1
+        try:
+            with jax.default_device(devices[index]):
+                return original(jaxpr, consts, *args)
+        finally:
+            with _ON_DEVICE_LOCK:
+                _ON_DEVICE[index] -= 1
+
+    return run_jaxpr
+
+
+def _launching(original):
+    """JAX's interpret_pallas_call with the kernel's name kept on the lowering thread while JAX
+    interprets it (for error messages) and its grid resident where a GPU's would be (_resident)."""
 
     @functools.wraps(original)
     def interpret_pallas_call(*args, **params):
-        previous = getattr(_KERNEL_NAME, "name", None)
+        previous = getattr(_KERNEL_NAME, "name", None), getattr(_KERNEL_NAME, "blocks", None)
         _KERNEL_NAME.name = params.get("name")
+        params["mesh"], _KERNEL_NAME.blocks = _resident(params.get("mesh"), jaxpr_interpret.DeviceInfo().num_devices)
         try:
             return original(*args, **params)
         finally:
-            _KERNEL_NAME.name = previous
+            _KERNEL_NAME.name, _KERNEL_NAME.blocks = previous
 
     return interpret_pallas_call
 
@@ -795,13 +874,15 @@ def install() -> None:
             cluster_finished=gpu_callbacks.cluster_finished,
             interpret_pallas_call=gpu_interpret_call.interpret_pallas_call,
             races=gpu_callbacks.GPURaceDetectionState,
+            run_jaxpr=thread_map._run_jaxpr,
         )
         jaxpr_interpret.get_uninitialized_array = _zeroed_semaphores(_ORIGINALS["get_uninitialized_array"])
         jaxpr_interpret.JaxprInterpreter = IrisJaxprInterpreter  # looked up when each kernel is interpreted
         gpu_callbacks._update_clocks_for_device_barrier = _with_device_barrier(_ORIGINALS["update_clocks"])
         gpu_callbacks.cluster_finished = _keeping_other_devices_state(_ORIGINALS["cluster_finished"])
-        gpu_interpret_call.interpret_pallas_call = _naming_the_kernel(_ORIGINALS["interpret_pallas_call"])
+        gpu_interpret_call.interpret_pallas_call = _launching(_ORIGINALS["interpret_pallas_call"])
         gpu_callbacks.GPURaceDetectionState = _RaceState  # made by the first launch with detect_races
+        thread_map._run_jaxpr = _spread(_ORIGINALS["run_jaxpr"])
 
 
 DEFAULT_CORE_COUNT = 132  # an H100 SXM's SMs
