@@ -38,13 +38,8 @@ NOT_YET = {
     "(copy_smem_to_gmem to every device) have no rule yet",
     r"PallasCallRemoteDMA(WG)?Test\.test_remote_dma_tma_load": "TMA copies from a peer's ref into SMEM "
     "(copy_gmem_to_smem of a remote_ref) have no rule yet",
-    r"PallasCallRemoteDMA(WG)?Test\.test_remote_dma_atomic_store": "atomics on a peer's ref (plgpu.atomic_add of a "
-    "remote_ref) have no rule yet",
     r"PallasCallRemoteDMA(WG)?Test\.test_remote_dma_inline_mgpu": "plgpu.inline_mgpu is Mosaic GPU's own IR, which no "
     "interpreter runs (JAX's interpret mode refuses it: inline_mgpu='error')",
-    r"PallasCallRemoteDMA(WG)?Test\.test_semaphore_signal_collective_axes": "pl.semaphore_read has no rule yet",
-    r"PallasCallRemoteDMA(WG)?Test\.test_semaphore_signal_multicast_collective_axes_warp_level": "pl.semaphore_read "
-    "has no rule yet",
 }
 
 # test -> why it is not run at all: it can leave JAX's interpreter blocked for the tests after it

@@ -240,6 +240,49 @@ def test_unsignalled_wait_fails_with_its_place():
     assert "the semaphore's count is 0, waiting for 1" in text, text
 
 
+# (f) atomics into a peer's ref, and pl.semaphore_read
+
+
+def atomic_sum_into_device_0(x_ref, o_ref, count_ref, ready, done):
+    """Every device atomically adds its row into device 0's first output row and maxes it into the second,
+    once device 0 has zeroed them; device 0 then waits for all of them and reads the semaphore's count."""
+    n = lax.axis_size("x")
+    me = lax.axis_index("x")
+    o_ref[...] = jnp.zeros_like(o_ref)
+
+    @pl.when(me == 0)
+    def _():
+        for d in range(n):
+            pl.semaphore_signal(ready, 1, device_id={"x": d})
+
+    pl.semaphore_wait(ready, 1)
+    plgpu.atomic_add(plgpu.remote_ref(o_ref, {"x": 0}).at[pl.ds(0, 1)], x_ref[...])
+    plgpu.atomic_max(plgpu.remote_ref(o_ref, {"x": 0}).at[pl.ds(1, 1)], x_ref[...])
+    pl.semaphore_signal(done, 1, device_id={"x": 0})
+
+    @pl.when(me == 0)
+    def _():
+        pl.semaphore_wait(done, n, decrement=False)
+        count_ref[0] = pl.semaphore_read(done)
+
+
+@needs_interpreter
+@pytest.mark.parametrize("n", [2, 4])
+def test_atomics_into_a_peers_ref_and_semaphore_read(simulated, n):
+    kernel = plgpu.kernel(
+        atomic_sum_into_device_0,
+        out_type=(jax.ShapeDtypeStruct((2, L), jnp.float32), jax.ShapeDtypeStruct((1,), jnp.int32)),
+        scratch_types=[plgpu.SemaphoreType.REGULAR, plgpu.SemaphoreType.REGULAR],
+    )
+    mesh = mesh_1d(n)
+    x = rows(n, 1)
+    g = jax.jit(jax.shard_map(kernel, mesh=mesh, in_specs=P("x"), out_specs=(P("x"), P("x")), check_vma=False))
+    out, count = map(np.asarray, g(jax.device_put(x, NamedSharding(mesh, P("x")))))
+    np.testing.assert_array_equal(out[:2], np.stack([x.sum(axis=0), x.max(axis=0)]))
+    np.testing.assert_array_equal(out[2:], np.zeros((2 * n - 2, L), np.float32))
+    assert count[0] == n
+
+
 # (f') a persistent grid: blocks that wait on each other run at once where a GPU keeps them resident
 
 

@@ -205,6 +205,19 @@ def _write(token, key_array, transforms, value):
     return token, old
 
 
+_ATOMIC_OPS = {"add": np.add, "min": np.minimum, "max": np.maximum, "and": np.bitwise_and, "or": np.bitwise_or,
+               "xor": np.bitwise_xor}
+
+
+def _atomic(token, key_array, transforms, value, *, op: str):
+    """Combines `value` into the buffer element by element, atomically (plgpu.atomic_*)."""
+    memory = gpu_callbacks._get_shared_memory()
+    with memory.lock:
+        view = _view(memory, _key(key_array), transforms)
+        view[...] = _ATOMIC_OPS[op](view, np.asarray(value, view.dtype))
+    return token
+
+
 def _checked(memory, thread, keys, transforms, write: bool, source_info) -> None:
     """The race detector's check of one access by `thread` of each buffer in `keys` (detection on)."""
     if not memory.detect_races:
@@ -286,6 +299,16 @@ def _signal(token, key_array, transforms, increment, thread, *, shape: tuple[int
                     released[key] = clock
         _SIGNALLED.notify_all()
     return token
+
+
+@gpu_callbacks.fail_on_exception
+def _read_semaphore(token, key_array, transforms, *, shape: tuple[int, ...]):
+    """The semaphore's count now (a plain read: it orders nothing, as on a GPU)."""
+    memory = gpu_callbacks._get_shared_memory()
+    key = _key(key_array)
+    with memory.lock:
+        _semaphore(memory, key, shape)
+        return token, np.int32(_view(memory, key, transforms))
 
 
 @gpu_callbacks.fail_on_exception
@@ -587,6 +610,19 @@ def _swap(self, eqn, token, invals):
     return token, ([] if eqn.primitive is gpu_primitives.store_p else [old])
 
 
+@_rule(gpu_primitives.atomic_store_p)
+def _atomic_store(self, eqn, token, invals):
+    """plgpu.atomic_add / min / max / and / or / xor, into this device's ref or a peer's (remote_ref); JAX's
+    interpreter has no rule for them. Not seen by the race detector (docs/pallas.md)."""
+    ref, transforms, value, *mask = jax.tree.unflatten(eqn.params["args_tree"], invals)
+    if mask and mask[0] is not None:
+        raise NotImplementedError("a masked plgpu atomic store is not simulated")
+    op = eqn.params["atomic_type"].value
+    token, key_array, transforms = self.split_peer(token, ref, transforms or (), f"plgpu.atomic_{op}", eqn)
+    atomic = functools.partial(_atomic, op=op)
+    return io_callback(atomic, _TOKEN, token, key_array, transforms, value), []
+
+
 def _copy_to_peer(eqn) -> bool:
     params = eqn.params
     first = 2 + params["src_transforms_treedef"].num_leaves
@@ -685,6 +721,14 @@ def _semaphore_wait(self, eqn, token, invals):
     return io_callback(
         wait, _TOKEN, token, semaphore, transforms, value, jnp.int32(self.device_info.device_id), self.thread
     ), []
+
+
+@_rule(pallas_primitives.semaphore_read_p)
+def _semaphore_read(self, eqn, token, invals):
+    semaphore, transforms = jax.tree.unflatten(eqn.params["args_tree"], invals)
+    read = functools.partial(_read_semaphore, shape=_semaphore_shape(eqn))
+    token, value = io_callback(read, (_TOKEN, jax.ShapeDtypeStruct((), jnp.int32)), token, semaphore, transforms)
+    return token, [value]
 
 
 @_rule(gpu_primitives.multimem_store_p)
