@@ -34,10 +34,6 @@ TIMEOUT_S = 10.0
 
 # test (a regex of Case.test_name) -> why it does not pass yet
 NOT_YET = {
-    r"PallasCallMultimem(WG)?Test\.test_multimem_store(_contiguous)?_tma": "TMA copies into a plgpu.multicast_ref "
-    "(copy_smem_to_gmem to every device) have no rule yet",
-    r"PallasCallRemoteDMA(WG)?Test\.test_remote_dma_tma_load": "TMA copies from a peer's ref into SMEM "
-    "(copy_gmem_to_smem of a remote_ref) have no rule yet",
     r"PallasCallRemoteDMA(WG)?Test\.test_remote_dma_inline_mgpu": "plgpu.inline_mgpu is Mosaic GPU's own IR, which no "
     "interpreter runs (JAX's interpret mode refuses it: inline_mgpu='error')",
 }

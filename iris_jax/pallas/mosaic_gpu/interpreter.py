@@ -627,23 +627,55 @@ def _copy_to_peer(eqn) -> bool:
     params = eqn.params
     first = 2 + params["src_transforms_treedef"].num_leaves
     leaves = eqn.invars[first : first + params["dst_transforms_treedef"].num_leaves]
-    return any(isinstance(t, gpu_core.PeerMemRef) for t in jax.tree.unflatten(params["dst_transforms_treedef"], leaves))
+    return any(isinstance(t, (gpu_core.PeerMemRef, gpu_core.MulticastRef))
+               for t in jax.tree.unflatten(params["dst_transforms_treedef"], leaves))
 
 
 @_rule(gpu_primitives.copy_smem_to_gmem_p, applies=_copy_to_peer)
 def _copy_smem_to_peer(self, eqn, token, invals):
-    """A TMA copy into a peer's GMEM: JAX's copy, to the peer's key."""
+    """A TMA copy into a peer's GMEM (remote_ref), or into every device's (multicast_ref): JAX's copy, to
+    each destination's key."""
     params = eqn.params
     src, dst, *flat = invals
     num_src, num_dst = params["src_transforms_treedef"].num_leaves, params["dst_transforms_treedef"].num_leaves
     src_leaves, dst_leaves, rest = flat[:num_src], flat[num_src : num_src + num_dst], flat[num_src + num_dst :]
-    token, dst, dst_transforms = self.split_peer(
-        token, dst, jax.tree.unflatten(params["dst_transforms_treedef"], dst_leaves), "copy_smem_to_gmem", eqn
-    )
+    dst_transforms = jax.tree.unflatten(params["dst_transforms_treedef"], dst_leaves)
+    multicast = [t for t in dst_transforms if isinstance(t, gpu_core.MulticastRef)]
+    if multicast:
+        _whole_mesh(self, multicast[0].collective_axes, "copy_smem_to_gmem into a multicast_ref", NotImplementedError,
+                    _MULTIMEM_AXES)
+        dst_transforms = tuple(t for t in dst_transforms if not isinstance(t, gpu_core.MulticastRef))
+        destinations = [dst.at[1].set(device) for device in range(self.device_info.num_devices)]
+    else:
+        token, dst, dst_transforms = self.split_peer(token, dst, dst_transforms, "copy_smem_to_gmem", eqn)
+        destinations = [dst]
     new_leaves, new_tree = jax.tree.flatten(dst_transforms)
-    return self._interpret_copy_smem_to_gmem_p(
-        eqn, token, src, dst, *src_leaves, *new_leaves, *rest, **dict(params, dst_transforms_treedef=new_tree)
+    local = dict(params, dst_transforms_treedef=new_tree)
+    out = []
+    for destination in destinations:
+        token, out = self._interpret_copy_smem_to_gmem_p(eqn, token, src, destination, *src_leaves, *new_leaves, *rest,
+                                                          **local)
+    return token, out
+
+
+def _copy_from_peer(eqn) -> bool:
+    params = eqn.params
+    leaves = eqn.invars[3 : 3 + params["src_transforms_treedef"].num_leaves]
+    return any(isinstance(t, gpu_core.PeerMemRef) for t in jax.tree.unflatten(params["src_transforms_treedef"], leaves))
+
+
+@_rule(gpu_primitives.copy_gmem_to_smem_p, applies=_copy_from_peer)
+def _copy_peer_to_smem(self, eqn, token, invals):
+    """A TMA copy from a peer's GMEM into SMEM: JAX's copy (and its barrier's arrival), from the peer's key."""
+    params = eqn.params
+    num_src = params["src_transforms_treedef"].num_leaves
+    (src, dst, barrier), src_leaves, rest = invals[:3], invals[3 : 3 + num_src], invals[3 + num_src :]
+    token, src, src_transforms = self.split_peer(
+        token, src, jax.tree.unflatten(params["src_transforms_treedef"], src_leaves), "copy_gmem_to_smem", eqn
     )
+    new_leaves, new_tree = jax.tree.flatten(src_transforms)
+    local = eqn.replace(params=dict(params, src_transforms_treedef=new_tree))
+    return self._interpret_copy_gmem_to_smem_p(local, token, lambda: [src, dst, barrier, *new_leaves, *rest])
 
 
 def _semaphore_shape(eqn) -> tuple[int, ...]:
