@@ -91,6 +91,19 @@ def test_ring_through_pallas_call_with_mosaic_gpu_params(simulated):
 
 
 @needs_interpreter
+@pytest.mark.parametrize("n", [2, 4])
+def test_ring_through_pallas_call_with_a_semaphore_in_scratch_shapes(simulated, n):
+    call = pl.pallas_call(
+        ring,
+        out_shape=jax.ShapeDtypeStruct((1, L), jnp.float32),
+        scratch_shapes=[plgpu.SemaphoreType.REGULAR],
+        compiler_params=plgpu.CompilerParams(),
+    )
+    x = rows(n, 1)
+    np.testing.assert_array_equal(run(mesh_1d(n), call, x, P("x"), P("x")), np.roll(x, 1, axis=0))
+
+
+@needs_interpreter
 def test_simulate_switches_interpret_mode_on_globally():
     n = 2
     iris_mgpu.simulate()

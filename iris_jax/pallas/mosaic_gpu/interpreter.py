@@ -8,7 +8,7 @@ allocations in the same order, so a buffer's key on a peer differs from ours onl
 
 The seam: a JaxprInterpreter subclass with a rule table for the multi-device primitives (remote
 refs, semaphores, multimem, pl.get_global), delegating every other equation to JAX's own
-interpreter, and seven small patches of JAX's interpreter (install()). A remote access is the local
+interpreter, and eight small patches of JAX's interpreter (install()). A remote access is the local
 key with its device field replaced, read and written through JAX's own callbacks; a semaphore is an
 int32 word in GMEM, zero at launch. A grid of at most core_count blocks runs resident, its blocks as
 threads at once, as a persistent grid does on a GPU (_resident).
@@ -799,7 +799,7 @@ def _get_global(self, eqn, token, invals):
 
 
 # ------------------------------------------------------------------------------------------------
-# Installing: seven patches of JAX's GPU interpreter, once per process
+# Installing: eight patches of JAX's GPU interpreter, once per process
 
 _INSTALL_LOCK = threading.Lock()
 _ORIGINALS: dict[str, Any] = {}
@@ -921,6 +921,34 @@ def _spread(original):
     return run_jaxpr
 
 
+def _with_gmem_scratch(original):
+    """JAX's collection of a pallas_call's kernel buffers, plus GMEM scratch (a semaphore in
+    `scratch_shapes`), which JAX's asserts is an input or an output: a zeroed buffer per device."""
+
+    @functools.wraps(original)
+    def get_kernel_buffers(token, device, num_threads, grid_mapping, invars, arg_transforms, *rest):
+        first = grid_mapping.num_inputs + grid_mapping.num_outputs
+        scratch = [i for i, var in enumerate(invars)
+                   if i >= first and gpu_callbacks.is_gmem_memory_space(var.aval.memory_space)]
+        if not scratch:
+            return original(token, device, num_threads, grid_mapping, invars, arg_transforms, *rest)
+        kept = [i for i in range(len(invars)) if i not in scratch]
+        transforms = [arg_transforms[i] for i in kept] if arg_transforms else arg_transforms
+        token, keys = original(token, device, num_threads, grid_mapping, [invars[i] for i in kept], transforms, *rest)
+        found = dict(zip(kept, keys))
+        for i in scratch:
+            aval = invars[i].aval
+            token, request = gpu_callbacks.call_make_allocation_request_array(
+                token=token, compute_unit=device,
+                memory_space_id=gpu_memory.get_memory_space_idx(gpu_core.MemorySpace.GMEM), initial_ref_count=num_threads)
+            zeros = jnp.zeros(aval.shape, jnp.int32 if jnp.issubdtype(aval.dtype, pallas_core.semaphore_dtype)
+                              else aval.dtype)
+            token, found[i] = gpu_callbacks.call_allocate_buffer_for_all_threads(token, None, device, request, zeros)
+        return token, [found[i] for i in range(len(invars))]
+
+    return get_kernel_buffers
+
+
 def _launching(original):
     """JAX's interpret_pallas_call with the kernel's name kept on the lowering thread while JAX
     interprets it (for error messages) and its grid resident where a GPU's would be (_resident)."""
@@ -949,6 +977,7 @@ def install() -> None:
             update_clocks=gpu_callbacks._update_clocks_for_device_barrier,
             cluster_finished=gpu_callbacks.cluster_finished,
             interpret_pallas_call=gpu_interpret_call.interpret_pallas_call,
+            kernel_buffers=gpu_interpret_call._get_kernel_buffers,
             races=gpu_callbacks.GPURaceDetectionState,
             run_jaxpr=thread_map._run_jaxpr,
         )
@@ -957,6 +986,7 @@ def install() -> None:
         gpu_callbacks._update_clocks_for_device_barrier = _with_device_barrier(_ORIGINALS["update_clocks"])
         gpu_callbacks.cluster_finished = _keeping_other_devices_state(_ORIGINALS["cluster_finished"])
         gpu_interpret_call.interpret_pallas_call = _launching(_ORIGINALS["interpret_pallas_call"])
+        gpu_interpret_call._get_kernel_buffers = _with_gmem_scratch(_ORIGINALS["kernel_buffers"])
         gpu_callbacks.GPURaceDetectionState = _RaceState  # made by the first launch with detect_races
         thread_map._run_jaxpr = _spread(_ORIGINALS["run_jaxpr"])
 
