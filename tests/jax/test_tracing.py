@@ -151,10 +151,10 @@ def test_enable_disable_reset_and_jit_caching(setup):
     assert not iris_jax.tracing.is_enabled()
     run(f, x)  # recompiled without tracing: nothing more, the recorded events stay readable
     assert per_rank() == [W + 3] * W
-    from iris_core.heap.context_layout import trace_offset
+    from iris_core.heap.context_layout import TRACE_WORDS, trace_offset
 
-    words = iris_jax.runtime().context(0)
-    assert np.all(words.view(np.uint64)[trace_offset(W):] == 0)  # the context carries no tracing words
+    words = iris_jax.runtime().context(0).view(np.uint64)
+    assert np.all(words[trace_offset(W):trace_offset(W) + TRACE_WORDS] == 0)  # the context carries no tracing words
 
 
 def test_overflow_export_and_plot(setup, tmp_path):
