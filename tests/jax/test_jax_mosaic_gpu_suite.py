@@ -39,12 +39,7 @@ NOT_YET = {
 }
 
 # test -> why it is not run at all: it can leave JAX's interpreter blocked for the tests after it
-NOT_RUN = {
-    r"PallasCallRemoteDMA(WG)?Test\.test_permuted_mesh": "Mosaic GPU's lowering refuses a mesh whose devices are not "
-    "in device-id order; the interpreter runs while the kernel is traced, where the shard_map's device ids are not "
-    "visible, so the simulator runs the kernel on the reversed mesh instead of refusing it, and in the whole suite "
-    "the test after it then hung (2026-12-07)",
-}
+NOT_RUN: dict[str, str] = {}
 
 
 def _modules():

@@ -396,6 +396,18 @@ def test_device_id_outside_the_mesh_at_run_time_is_named():
 
 
 @needs_interpreter
+def test_a_mesh_not_in_device_id_order_is_refused_for_kernels_that_reach_peers(simulated):
+    """Mosaic GPU's lowering refuses it (device ids are NVSHMEM's PE ids): the same error, before anything
+    runs; a kernel that stays on its device runs on such a mesh."""
+    mesh = jax.sharding.Mesh(jax.devices()[:2][::-1], ("x",))
+    x = rows(2, 1)
+    with pytest.raises(NotImplementedError, match=r"row-major device ids\. Got: \[1 0\]"):
+        run(mesh, kernel_call(ring, (1, L)), x, P("x"), P("x"))
+    copy = kernel_call(lambda x_ref, o_ref, sem: o_ref.__setitem__(..., x_ref[...] + 1), (1, L))
+    np.testing.assert_array_equal(run(mesh, copy, x, P("x"), P("x")), x + 1)
+
+
+@needs_interpreter
 def test_gpu_device_id_checks(simulated):
     wrong_count = kernel_call(store_to(lambda me: (me, me)), (1, L), scratch=())
     with pytest.raises(

@@ -8,7 +8,7 @@ allocations in the same order, so a buffer's key on a peer differs from ours onl
 
 The seam: a JaxprInterpreter subclass with a rule table for the multi-device primitives (remote
 refs, semaphores, multimem, pl.get_global), delegating every other equation to JAX's own
-interpreter, and eight small patches of JAX's interpreter (install()). A remote access is the local
+interpreter, and nine small patches of JAX's interpreter (install()). A remote access is the local
 key with its device field replaced, read and written through JAX's own callbacks; a semaphore is an
 int32 word in GMEM, zero at launch. A grid of at most core_count blocks runs resident, its blocks as
 threads at once, as a persistent grid does on a GPU (_resident).
@@ -29,6 +29,7 @@ import functools
 import itertools
 import math
 import os
+import re
 import threading
 import time
 import warnings
@@ -40,7 +41,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax._src import core as jax_core
 from jax._src import dispatch, source_info_util
+from jax._src.interpreters import mlir
 from jax._src.pallas import core as pallas_core
+from jax._src.pallas import pallas_call as pallas_call_module
 from jax._src.pallas import primitives as pallas_primitives
 from jax._src.pallas import utils as pallas_utils
 from jax._src.pallas.mosaic.interpret import race_detection_state as generic_races
@@ -799,7 +802,7 @@ def _get_global(self, eqn, token, invals):
 
 
 # ------------------------------------------------------------------------------------------------
-# Installing: eight patches of JAX's GPU interpreter, once per process
+# Installing: nine patches of JAX's GPU interpreter, once per process
 
 _INSTALL_LOCK = threading.Lock()
 _ORIGINALS: dict[str, Any] = {}
@@ -939,8 +942,8 @@ def _with_gmem_scratch(original):
         for i in scratch:
             aval = invars[i].aval
             token, request = gpu_callbacks.call_make_allocation_request_array(
-                token=token, compute_unit=device,
-                memory_space_id=gpu_memory.get_memory_space_idx(gpu_core.MemorySpace.GMEM), initial_ref_count=num_threads)
+                token=token, compute_unit=device, initial_ref_count=num_threads,
+                memory_space_id=gpu_memory.get_memory_space_idx(gpu_core.MemorySpace.GMEM))
             zeros = jnp.zeros(aval.shape, jnp.int32 if jnp.issubdtype(aval.dtype, pallas_core.semaphore_dtype)
                               else aval.dtype)
             token, found[i] = gpu_callbacks.call_allocate_buffer_for_all_threads(token, None, device, request, zeros)
@@ -949,12 +952,65 @@ def _with_gmem_scratch(original):
     return get_kernel_buffers
 
 
+_COMMUNICATING = (gpu_primitives.semaphore_signal_parallel_p, gpu_primitives.semaphore_signal_multicast_p,
+                  gpu_primitives.multimem_store_p, gpu_primitives.multimem_load_reduce_p)
+
+
+def _communicates(jaxpr) -> bool:
+    """Whether a kernel reaches another device (what Mosaic GPU's lowering asks of the module it built):
+    a remote or multicast ref among an op's transforms, a signal with a device id, multimem."""
+    for eqn in jaxpr.eqns:
+        if eqn.primitive in _COMMUNICATING:
+            return True
+        if eqn.primitive in (pallas_primitives.semaphore_signal_p, gpu_primitives.semaphore_signal_p):
+            if jax.tree.unflatten(eqn.params["args_tree"], eqn.invars)[3] is not None:  # its device_id
+                return True
+        for value in eqn.params.values():
+            for item in value if isinstance(value, tuple) else (value,):
+                item = getattr(item, "jaxpr", item)  # a closed jaxpr's own
+                if isinstance(item, jax_core.Jaxpr) and _communicates(item):
+                    return True
+                if isinstance(item, jax.tree_util.PyTreeDef) and re.search(r"\b(PeerMemRef|MulticastRef)\b", str(item)):
+                    return True
+    return False
+
+
+_MESH = threading.local()  # the concrete mesh of the kernel being lowered, on the lowering thread
+
+
+def _recording_the_mesh(original):
+    """pallas_call's lowering (which interprets the kernel in GPU interpret mode) with the concrete mesh
+    of its shard_map kept for the interpreter, which sees only the mesh's sizes (_refuse_permuted_mesh)."""
+
+    @functools.wraps(original)
+    def lowering(ctx, *args, **params):
+        previous, _MESH.mesh = getattr(_MESH, "mesh", None), getattr(ctx.module_context.axis_context, "mesh", None)
+        try:
+            return original(ctx, *args, **params)
+        finally:
+            _MESH.mesh = previous
+
+    return lowering
+
+
+def _refuse_permuted_mesh(jaxpr) -> None:
+    """Mosaic GPU's lowering refuses a kernel that reaches other devices under a mesh whose devices are not
+    in row-major id order (its device ids are NVSHMEM's PE ids): the same error, before anything runs."""
+    ids = getattr(getattr(_MESH, "mesh", None), "device_ids", None)
+    if ids is not None and not np.array_equal(np.ravel(ids), np.arange(np.size(ids))) and _communicates(jaxpr):
+        raise NotImplementedError(
+            "Mosaic GPU only supports meshes with device ordering that follows row-major device ids. "
+            f"Got: {np.ravel(ids)} device ids."
+        )
+
+
 def _launching(original):
     """JAX's interpret_pallas_call with the kernel's name kept on the lowering thread while JAX
     interprets it (for error messages) and its grid resident where a GPU's would be (_resident)."""
 
     @functools.wraps(original)
     def interpret_pallas_call(*args, **params):
+        _refuse_permuted_mesh(params["jaxpr"])
         previous = getattr(_KERNEL_NAME, "name", None), getattr(_KERNEL_NAME, "blocks", None)
         _KERNEL_NAME.name = params.get("name")
         params["mesh"], _KERNEL_NAME.blocks = _resident(params.get("mesh"), jaxpr_interpret.DeviceInfo().num_devices)
@@ -978,6 +1034,7 @@ def install() -> None:
             cluster_finished=gpu_callbacks.cluster_finished,
             interpret_pallas_call=gpu_interpret_call.interpret_pallas_call,
             kernel_buffers=gpu_interpret_call._get_kernel_buffers,
+            lowering=pallas_call_module._pallas_call_lowering,
             races=gpu_callbacks.GPURaceDetectionState,
             run_jaxpr=thread_map._run_jaxpr,
         )
@@ -987,6 +1044,9 @@ def install() -> None:
         gpu_callbacks.cluster_finished = _keeping_other_devices_state(_ORIGINALS["cluster_finished"])
         gpu_interpret_call.interpret_pallas_call = _launching(_ORIGINALS["interpret_pallas_call"])
         gpu_interpret_call._get_kernel_buffers = _with_gmem_scratch(_ORIGINALS["kernel_buffers"])
+        # the lowering is found by name (plgpu.kernel's mpmd_map) and through pallas_call_p's rule
+        pallas_call_module._pallas_call_lowering = _recording_the_mesh(_ORIGINALS["lowering"])
+        mlir.register_lowering(pallas_call_module.pallas_call_p, pallas_call_module._pallas_call_lowering)
         gpu_callbacks.GPURaceDetectionState = _RaceState  # made by the first launch with detect_races
         thread_map._run_jaxpr = _spread(_ORIGINALS["run_jaxpr"])
 
