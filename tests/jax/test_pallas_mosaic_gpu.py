@@ -338,24 +338,22 @@ def test_a_grid_larger_than_the_sms_runs_in_waves_and_its_wait_is_named():
 
 
 @needs_interpreter
-@pytest.mark.parametrize("n, core_count, pool", [(2, 2, None), (4, 4, 128)])
-def test_jax_collective_matmul(n, core_count, pool):
+@pytest.mark.parametrize("n", [2, 4])
+def test_jax_collective_matmul(n):
     """JAX's all_gather_lhs_matmul: every block of a device waits for a signal from every block of the
-    previous one. It needs all of its process's devices, so it runs in a process of its own; 4 devices
-    of 4 resident blocks of 3 warpgroups are 48 threads waiting at once, for which XLA's CPU pool needs
-    PJRT_NPROC=96 or more."""
+    previous one, so it ends only with its grid resident. It needs all of its process's devices, so it runs
+    in a process of its own: n devices of 2 blocks of 3 warpgroups, within XLA's CPU pool without
+    PJRT_NPROC (larger grids: benchmarks/RESULTS.md, session 32)."""
     import os
     import subprocess
     import sys
 
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "PJRT_NPROC", "NPROC")}
-    if pool:
-        env["PJRT_NPROC"] = str(pool)
     script = os.path.join(os.path.dirname(__file__), "mosaic_collective_matmul.py")
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
-    done = subprocess.run([sys.executable, script, str(n), str(core_count), "60"], env=env, capture_output=True,
-                          text=True, timeout=300)
+    done = subprocess.run([sys.executable, script, str(n), "2", "60"], env=env, capture_output=True, text=True,
+                          timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     error = float(re.search(r"relative error (\S+)", done.stdout).group(1))
     assert error < 1e-2, done.stdout  # bfloat16 outputs: a unit in the last place is 2**-8 of the value
@@ -482,6 +480,29 @@ def test_correct_kernels_report_no_race(detecting, n):
     scatter = lambda v: reduce_scatter_mgpu.reduce_scatter(v, axis_name="x", scatter_dimension=0, num_blocks=1)  # noqa: E731
     expected = run(mesh_1d(n), lambda v: lax.psum_scatter(v, "x", scatter_dimension=0, tiled=True), z, P("x"), P("x"))
     np.testing.assert_array_equal(run(mesh_1d(n), scatter, z, P("x"), P("x")), expected)
+
+
+def atomic_without_handshake(x_ref, o_ref, done):
+    """Each device stores its own output while the previous device atomically adds into it: nothing orders
+    the plain store and the atomic."""
+    n, me = lax.axis_size("x"), lax.axis_index("x")
+    o_ref[...] = x_ref[...]
+    plgpu.atomic_add(plgpu.remote_ref(o_ref, {"x": lax.rem(me + 1, n)}), x_ref[...])
+    pl.semaphore_signal(done, 1, device_id={"x": lax.rem(me + 1, n)})
+    pl.semaphore_wait(done, 1)
+
+
+@needs_interpreter
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="hole: plgpu.atomic_* stores are not checked "
+                   "(JAX's race detector knows no atomic access)")
+def test_hole_an_atomic_racing_a_plain_store(detecting):
+    try:
+        run(mesh_1d(2), kernel_call(atomic_without_handshake, (1, L)), rows(2, 1), P("x"), P("x"))
+    except Exception as e:
+        if "RaceError" not in str(e):
+            raise  # anything but the race report fails the test (the xfail takes only the AssertionError below)
+        return
+    raise AssertionError("the race between the atomic and the plain store was not reported")
 
 
 # (h) older JAX
