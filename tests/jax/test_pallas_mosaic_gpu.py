@@ -343,7 +343,7 @@ def test_jax_collective_matmul(n):
     """JAX's all_gather_lhs_matmul: every block of a device waits for a signal from every block of the
     previous one, so it ends only with its grid resident. It needs all of its process's devices, so it runs
     in a process of its own: n devices of 2 blocks of 3 warpgroups, within XLA's CPU pool without
-    PJRT_NPROC (larger grids: benchmarks/RESULTS.md, session 32)."""
+    PJRT_NPROC (larger grids, measured: benchmarks/RESULTS.md)."""
     import os
     import subprocess
     import sys

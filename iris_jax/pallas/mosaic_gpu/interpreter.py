@@ -883,7 +883,7 @@ def _resident(mesh, num_devices: int):
     if blocks > _CORE_COUNT[0]:
         return mesh, (f"the grid's {blocks} blocks run one after another: more than the device's core_count "
                       f"({_CORE_COUNT[0]}), as a GPU runs more blocks than SMs in waves")
-    if 2 * threads > thread_pool():  # measured: 48 threads hung 2 runs in 8 with a pool of 64, none of 8 with 128
+    if 2 * threads > thread_pool():  # a pool of just the threads hung at times (benchmarks/RESULTS.md)
         return mesh, (f"the grid's {blocks} blocks run one after another: all resident, {threads} threads "
                       f"(devices x blocks x warpgroups) would wait at once on XLA's CPU pool of {thread_pool()}, "
                       f"which needs twice as many; set PJRT_NPROC={2 * threads} (or more) before JAX starts, or "
