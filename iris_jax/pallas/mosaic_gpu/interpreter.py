@@ -212,6 +212,7 @@ _ATOMIC_OPS = {"add": np.add, "min": np.minimum, "max": np.maximum, "and": np.bi
                "xor": np.bitwise_xor}
 
 
+@gpu_callbacks.fail_on_exception
 def _atomic(token, key_array, transforms, value, *, op: str):
     """Combines `value` into the buffer element by element, atomically (plgpu.atomic_*)."""
     memory = gpu_callbacks._get_shared_memory()
@@ -877,7 +878,7 @@ def _resident(mesh, num_devices: int):
     axis reads the block's coordinate instead). A larger grid, or one whose threads on every device
     outnumber what XLA's CPU pool holds (thread_pool), still runs point after point."""
     if not isinstance(mesh, gpu_core.Mesh) or math.prod(mesh.grid) <= 1:
-        return mesh, "the grid has one block"
+        return mesh, ""  # one block (or a pallas_call grid, which JAX's interpreter runs point by point)
     blocks = math.prod(mesh.grid)
     threads = num_devices * blocks * math.prod(mesh.cluster) * (mesh.num_threads or 1)
     if blocks > _CORE_COUNT[0]:
