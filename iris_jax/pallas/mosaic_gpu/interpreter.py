@@ -29,7 +29,6 @@ import functools
 import itertools
 import math
 import os
-import re
 import threading
 import time
 import warnings
@@ -448,7 +447,7 @@ def _shown_range(rnge) -> str:
 # Trace side: the interpreter and its rules, run once while the kernel is lowered
 
 _ONE_EQUATION = jax_core.DebugInfo("iris_mosaic_gpu", "one equation of a Mosaic GPU kernel", None, None)
-_KERNEL_NAME = threading.local()  # the name of the kernel being interpreted, on the thread lowering it
+_LAUNCH = threading.local()  # the kernel being interpreted (its name, how its blocks run), on the lowering thread
 _GLOBAL_IDS = itertools.count()
 
 
@@ -494,9 +493,9 @@ class IrisJaxprInterpreter(jaxpr_interpret.JaxprInterpreter):
         return super().interpret(single, token, *env.read_many(invars))
 
     def site(self, eqn) -> _Site:
-        kernel = getattr(_KERNEL_NAME, "name", None)
+        kernel = getattr(_LAUNCH, "name", None)
         return _Site(repr(kernel) if kernel else "(unnamed)", source_info_util.summarize(eqn.source_info),
-                     getattr(_KERNEL_NAME, "blocks", None) or "")
+                     getattr(_LAUNCH, "blocks", None) or "")
 
     @property
     def mesh_shown(self) -> str:
@@ -627,12 +626,18 @@ def _atomic_store(self, eqn, token, invals):
     return io_callback(atomic, _TOKEN, token, key_array, transforms, value), []
 
 
+_REMOTE = (gpu_core.PeerMemRef, gpu_core.MulticastRef)
+
+
+def _holds(tree: jax.tree_util.PyTreeDef, kinds: tuple[type, ...] = _REMOTE) -> bool:
+    """Whether a tree of transforms holds one of `kinds` (a remote or multicast ref): its structure says,
+    whatever its leaves."""
+    nodes = jax.tree.leaves(jax.tree.unflatten(tree, [None] * tree.num_leaves), is_leaf=lambda x: isinstance(x, kinds))
+    return any(isinstance(node, kinds) for node in nodes)
+
+
 def _copy_to_peer(eqn) -> bool:
-    params = eqn.params
-    first = 2 + params["src_transforms_treedef"].num_leaves
-    leaves = eqn.invars[first : first + params["dst_transforms_treedef"].num_leaves]
-    return any(isinstance(t, (gpu_core.PeerMemRef, gpu_core.MulticastRef))
-               for t in jax.tree.unflatten(params["dst_transforms_treedef"], leaves))
+    return _holds(eqn.params["dst_transforms_treedef"])
 
 
 @_rule(gpu_primitives.copy_smem_to_gmem_p, applies=_copy_to_peer)
@@ -663,9 +668,7 @@ def _copy_smem_to_peer(self, eqn, token, invals):
 
 
 def _copy_from_peer(eqn) -> bool:
-    params = eqn.params
-    leaves = eqn.invars[3 : 3 + params["src_transforms_treedef"].num_leaves]
-    return any(isinstance(t, gpu_core.PeerMemRef) for t in jax.tree.unflatten(params["src_transforms_treedef"], leaves))
+    return _holds(eqn.params["src_transforms_treedef"], (gpu_core.PeerMemRef,))
 
 
 @_rule(gpu_primitives.copy_gmem_to_smem_p, applies=_copy_from_peer)
@@ -971,7 +974,7 @@ def _communicates(jaxpr) -> bool:
                 item = getattr(item, "jaxpr", item)  # a closed jaxpr's own
                 if isinstance(item, jax_core.Jaxpr) and _communicates(item):
                     return True
-                if isinstance(item, jax.tree_util.PyTreeDef) and re.search(r"\b(PeerMemRef|MulticastRef)\b", str(item)):
+                if isinstance(item, jax.tree_util.PyTreeDef) and _holds(item):
                     return True
     return False
 
@@ -1012,13 +1015,13 @@ def _launching(original):
     @functools.wraps(original)
     def interpret_pallas_call(*args, **params):
         _refuse_permuted_mesh(params["jaxpr"])
-        previous = getattr(_KERNEL_NAME, "name", None), getattr(_KERNEL_NAME, "blocks", None)
-        _KERNEL_NAME.name = params.get("name")
-        params["mesh"], _KERNEL_NAME.blocks = _resident(params.get("mesh"), jaxpr_interpret.DeviceInfo().num_devices)
+        previous = getattr(_LAUNCH, "name", None), getattr(_LAUNCH, "blocks", None)
+        _LAUNCH.name = params.get("name")
+        params["mesh"], _LAUNCH.blocks = _resident(params.get("mesh"), jaxpr_interpret.DeviceInfo().num_devices)
         try:
             return original(*args, **params)
         finally:
-            _KERNEL_NAME.name, _KERNEL_NAME.blocks = previous
+            _LAUNCH.name, _LAUNCH.blocks = previous
 
     return interpret_pallas_call
 
