@@ -13,9 +13,10 @@ import triton
 import triton.language as tl
 
 from iris_core.device import Context, rma
+from iris_core.device.context import OWN_BASE_WORD
 from iris_core.device.tracing import EVENT_USER, EVENT_WAIT, NO_EVENT
 from iris_core.errors import IrisError
-from iris_core.heap.context_layout import decode_context, own_base_offset
+from iris_core.heap.context_layout import decode_context
 from iris_core.sim import get_world, launch
 from iris_core.tracing import RankTrace, Tracer, chrome_trace, events, plot, write_chrome_trace
 from iris_core.tracing.buffers import EVENT_DTYPE, HEADER_BYTES
@@ -303,15 +304,12 @@ def context_ops(context_ptr, x_ptr, flag_ptr, W: tl.constexpr, TRACING: tl.const
     ctx.tracing.record_event_end(h)
 
 
-OWN_BASE = tl.constexpr(own_base_offset(0))  # the rank's own base, at this word + W
-
-
 @triton.jit
 def free_function_ops(context_ptr, x_ptr, flag_ptr, W: tl.constexpr, TRACING: tl.constexpr):
     words = context_ptr.to(tl.pointer_type(tl.uint64), bitcast=True)
     rank = tl.load(words).to(tl.int32)
     bases = words + 3  # after [rank, world_size, heap_size]
-    bound = rma.bound_of(tl.load(words + OWN_BASE + W))  # the guard's bound, read once, as Context.initialize does
+    bound = rma.bound_of(tl.load(words + OWN_BASE_WORD + W))  # the guard's bound, read once, as Context.initialize does
     offs = tl.arange(0, 64)
     peer = (rank + 1) % W
     rma.store(x_ptr + offs, rma.load(x_ptr + offs, peer, rank, bases, mask=offs < 40, bound=bound), peer, rank,

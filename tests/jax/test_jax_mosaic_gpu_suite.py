@@ -6,10 +6,9 @@ as for the other JAX suites: tests/jax/jax_suite.py), every test of every case, 
 
 JAX skips the first and third unless on an sm90 GPU; here the environment answers as one
 (`jtu.is_device_cuda`, the compute-capability checks, and the file's `cuda_versions.cuda_supports_multicast`),
-nothing in the files is changed. CPU devices report core_count 2 (the interpreter runs a device's
-blocks one after another). The tests that do not pass are listed in `NOT_YET` with why, and run as
-strict xfails: one that starts passing fails the suite until the list is updated; `NOT_RUN` lists
-those skipped because running them can leave JAX's interpreter blocked for the tests after them. JAX's own skips
+nothing in the files is changed. CPU devices report core_count 2 (a grid of up to 2 blocks runs
+resident). The tests that do not pass are listed in `NOT_YET` with why, and run as
+strict xfails: one that starts passing fails the suite until the list is updated. JAX's own skips
 stay skips (mgpu_collective_matmul_test.py's "Test fails under pytest in CI", the interpret file's
 configurations with nothing sharded). Needs jax 0.12 (the Mosaic GPU interpreter): on older JAX the
 suite skips saying so. docs/testing.md lists the outcome.
@@ -38,9 +37,6 @@ NOT_YET = {
     "interpreter runs (JAX's interpret mode refuses it: inline_mgpu='error')",
 }
 
-# test -> why it is not run at all: it can leave JAX's interpreter blocked for the tests after it
-NOT_RUN: dict[str, str] = {}
-
 
 def _modules():
     if REASON is not None:
@@ -56,8 +52,8 @@ TESTS = {f"{name[:-3]}::{case.__name__}.{test_name}": test
          for test_name, test in jax_suite.tests_of(case).items()}
 
 
-def _why(name: str, table: dict) -> str | None:
-    return next((why for pattern, why in table.items() if re.search(pattern + r"\d*$", name)), None)
+def _why_not_yet(name: str) -> str | None:
+    return next((why for pattern, why in NOT_YET.items() if re.search(pattern + r"\d*$", name)), None)
 
 
 def _skip_reason() -> str | None:
@@ -74,9 +70,7 @@ def test_jax_mosaic_gpu_test(name, monkeypatch):
     from jax._src import test_util as jtu
 
     test = TESTS[name]
-    if _why(name, NOT_RUN) is not None:
-        pytest.skip(f"not run: {_why(name, NOT_RUN)}")
-    why = _why(name, NOT_YET)
+    why = _why_not_yet(name)
     monkeypatch.setattr(jtu, "is_device_cuda", lambda: True)
     monkeypatch.setattr(jtu, "is_device_rocm", lambda: False)
     monkeypatch.setattr(jtu, "is_cuda_compute_capability_at_least", lambda *a: True)
