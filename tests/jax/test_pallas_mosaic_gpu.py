@@ -460,7 +460,7 @@ def test_seeded_races_are_named(detecting, n, bug):
     with pytest.raises(Exception) as caught:
         run(mesh_1d(n), handshake_ring(bug), rows(n, 1), P("x"), P("x"))
     text = str(caught.value)
-    assert "RaceError: data race on device " in text and "'s GMEM buffer" in text, text
+    assert re.search(r"RaceError: data race on device \d+'s output 0 \(GMEM buffer \d+\)", text), text
     lines = re.findall(r"(load|store) by device (\d+), block 0, warpgroup 0 at \S*test_pallas_mosaic_gpu.py:(\d+)", text)
     assert len(lines) == 2 and lines[0][1] != lines[1][1], text  # two devices' accesses, each with its line
     assert "pl.semaphore_signal after its access" in text, text
@@ -482,6 +482,61 @@ def test_correct_kernels_report_no_race(detecting, n):
     np.testing.assert_array_equal(run(mesh_1d(n), scatter, z, P("x"), P("x")), expected)
 
 
+def ring_on_a_kept_semaphore(bug):
+    """A ring whose semaphore outlives the launch (plgpu.alloc_semaphore), run twice: each device stores into
+    the next device's output, signals it, waits for its own store and doubles what arrived. With the bug the
+    wait leaves its count, so the second launch's wait returns at once, before the store it waits for."""
+
+    def kernel(arrived, x_ref, o_ref):
+        nxt = lax.rem(lax.axis_index("x") + 1, lax.axis_size("x"))
+        plgpu.remote_ref(o_ref, {"x": nxt})[...] = x_ref[...]
+        pl.semaphore_signal(arrived, 1, device_id={"x": nxt})
+        pl.semaphore_wait(arrived, 1, decrement=bug is None)  # BUG (decrement=False): the count stays
+        o_ref[...] = o_ref[...] * 2
+
+    call = plgpu.kernel(kernel, out_type=jax.ShapeDtypeStruct((1, L), jnp.float32))
+
+    def twice(x):
+        arrived = plgpu.alloc_semaphore(())
+        return call(arrived, call(arrived, x))
+
+    return twice
+
+
+@needs_interpreter
+@pytest.mark.parametrize("n", [2, 4])
+def test_a_semaphore_reused_across_two_launches_is_named(detecting, n):
+    with pytest.raises(Exception) as caught:
+        run(mesh_1d(n), ring_on_a_kept_semaphore("decrement=False"), rows(n, 1), P("x"), P("x"))
+    text = str(caught.value)
+    assert re.search(r"RaceError: data race on device \d+'s output 0 \(GMEM buffer \d+\)", text), text
+    assert re.search(r"device \d+'s semaphore_wait at \S*test_pallas_mosaic_gpu.py:\d+:\d+ \(\S+\) returned on a count "
+                     r"of 1 left by an earlier launch", text), text
+
+
+@needs_interpreter
+@pytest.mark.parametrize("n", [2, 4])
+def test_a_semaphore_kept_across_launches_holds_its_count(detecting, n):
+    """The correct ring on a kept semaphore reports nothing and gives the ring's values; a semaphore from
+    plgpu.alloc_semaphore keeps its count from one launch to the next, as on a GPU."""
+    x = rows(n, 1)
+    out = run(mesh_1d(n), ring_on_a_kept_semaphore(None), x, P("x"), P("x"))
+    np.testing.assert_array_equal(out, 4 * np.roll(x, 2, axis=0))
+
+    def count(sem, o_ref):
+        pl.semaphore_signal(sem, 3)
+        o_ref[0] = pl.semaphore_read(sem)
+
+    counted = plgpu.kernel(count, out_type=jax.ShapeDtypeStruct((1,), jnp.int32))
+
+    def two_launches(v):
+        sem = plgpu.alloc_semaphore(())
+        return jnp.concatenate([counted(sem), counted(sem), v[:1]])
+
+    out = run(mesh_1d(n), two_launches, np.zeros(n, np.int32), P("x"), P("x"))
+    np.testing.assert_array_equal(out, np.tile([3, 6, 0], n))
+
+
 def atomic_without_handshake(x_ref, o_ref, done):
     """Each device stores its own output while the previous device atomically adds into it: nothing orders
     the plain store and the atomic."""
@@ -493,16 +548,30 @@ def atomic_without_handshake(x_ref, o_ref, done):
 
 
 @needs_interpreter
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="hole: plgpu.atomic_* stores are not checked "
-                   "(JAX's race detector knows no atomic access)")
-def test_hole_an_atomic_racing_a_plain_store(detecting):
-    try:
-        run(mesh_1d(2), kernel_call(atomic_without_handshake, (1, L)), rows(2, 1), P("x"), P("x"))
-    except Exception as e:
-        if "RaceError" not in str(e):
-            raise  # anything but the race report fails the test (the xfail takes only the AssertionError below)
-        return
-    raise AssertionError("the race between the atomic and the plain store was not reported")
+@pytest.mark.parametrize("n", [2, 4])
+def test_an_atomic_racing_a_plain_store_is_named(detecting, n):
+    with pytest.raises(Exception) as caught:
+        run(mesh_1d(n), kernel_call(atomic_without_handshake, (1, L)), rows(n, 1), P("x"), P("x"))
+    text = str(caught.value)
+    assert "RaceError: data race on device " in text, text
+    kinds = re.findall(r"(atomic|store) by device (\d+), block 0, warpgroup 0 at \S*test_pallas_mosaic_gpu.py:\d+", text)
+    assert sorted(kind for kind, _ in kinds) == ["atomic", "store"] and kinds[0][1] != kinds[1][1], text
+
+
+@needs_interpreter
+@pytest.mark.parametrize("n", [2, 4])
+def test_atomics_among_themselves_report_no_race(detecting, n):
+    """Every device's atomics into device 0's rows are unordered with each other, as on a GPU that is fine;
+    device 0's zeroing comes before its signal and its read after its wait."""
+    kernel = plgpu.kernel(
+        atomic_sum_into_device_0,
+        out_type=(jax.ShapeDtypeStruct((2, L), jnp.float32), jax.ShapeDtypeStruct((1,), jnp.int32)),
+        scratch_types=[plgpu.SemaphoreType.REGULAR, plgpu.SemaphoreType.REGULAR],
+    )
+    mesh, x = mesh_1d(n), rows(n, 1)
+    g = jax.jit(jax.shard_map(kernel, mesh=mesh, in_specs=P("x"), out_specs=(P("x"), P("x")), check_vma=False))
+    out, _ = map(np.asarray, g(jax.device_put(x, NamedSharding(mesh, P("x")))))
+    np.testing.assert_array_equal(out[:2], np.stack([x.sum(axis=0), x.max(axis=0)]))
 
 
 # (h) older JAX

@@ -8,21 +8,25 @@ allocations in the same order, so a buffer's key on a peer differs from ours onl
 
 The seam: a JaxprInterpreter subclass with a rule table for the multi-device primitives (remote
 refs, semaphores, multimem, pl.get_global), delegating every other equation to JAX's own
-interpreter, and nine small patches of JAX's interpreter (install()). A remote access is the local
+interpreter, and ten small patches of JAX's interpreter (install()). A remote access is the local
 key with its device field replaced, read and written through JAX's own callbacks; a semaphore is an
-int32 word in GMEM, zero at launch. A grid of at most core_count blocks runs resident, its blocks as
+int32 word in GMEM, zero at launch (one from plgpu.alloc_semaphore keeps its count between launches,
+as on a GPU). A grid of at most core_count blocks runs resident, its blocks as
 threads at once, as a persistent grid does on a GPU (_resident).
 
 Races (`simulate(detect_races=True)`): JAX's detector keeps a vector clock per thread of every
 device and checks each buffer's reads and writes; a remote access goes through it as the calling
 thread's access of the peer's buffer, so it is checked against the peer's own accesses. A semaphore
-signal releases (the signaller's clock goes with the semaphore) and a wait that returns acquires
-(joins it); multimem stores and loads are a write and a read of every device's buffer. Reports
-take iris's form (`_RaceState`): both accesses, their devices and source lines, and the remedy.
+signal releases (its clock goes with the count it added) and a wait that returns acquires the clocks
+of the earliest signals that make up the count it waited for; multimem stores and loads are a write
+and a read of every device's buffer, a plgpu atomic a read-modify-write that no other atomic races
+with. Reports take iris's form (`_RaceState`): the buffer's name, both accesses with their devices
+and source lines, and the remedy.
 """
 
 from __future__ import annotations
 
+import collections
 import copy
 import dataclasses
 import functools
@@ -38,6 +42,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax._src import config as jax_config
 from jax._src import core as jax_core
 from jax._src import dispatch, source_info_util
 from jax._src.interpreters import mlir
@@ -60,6 +65,7 @@ from jax._src.state import indexing
 from jax._src.state import primitives as state_primitives
 from jax._src.state import types as state_types
 from jax.experimental import io_callback
+from jax.experimental.pallas import mosaic_gpu as plgpu_module
 
 from iris_core.errors import PeerTimeoutError, RaceError, RaceWarning, RankMismatchError
 
@@ -212,23 +218,27 @@ _ATOMIC_OPS = {"add": np.add, "min": np.minimum, "max": np.maximum, "and": np.bi
 
 
 @gpu_callbacks.fail_on_exception
-def _atomic(token, key_array, transforms, value, *, op: str):
-    """Combines `value` into the buffer element by element, atomically (plgpu.atomic_*)."""
+def _atomic(token, key_array, transforms, value, thread, *, op: str, source_info=None):
+    """Combines `value` into the buffer element by element, atomically (plgpu.atomic_*); the race detector
+    sees a read-modify-write that races with plain accesses, never with another atomic."""
     memory = gpu_callbacks._get_shared_memory()
+    key = _key(key_array)
     with memory.lock:
-        view = _view(memory, _key(key_array), transforms)
+        view = _view(memory, key, transforms)
         view[...] = _ATOMIC_OPS[op](view, np.asarray(value, view.dtype))
+    _checked(memory, thread, [key], transforms, "atomic", source_info)
     return token
 
 
-def _checked(memory, thread, keys, transforms, write: bool, source_info) -> None:
-    """The race detector's check of one access by `thread` of each buffer in `keys` (detection on)."""
+def _checked(memory, thread, keys, transforms, kind: str, source_info) -> None:
+    """The race detector's check of one access ("load", "store" or "atomic") by `thread` of each buffer in
+    `keys` (detection on)."""
     if not memory.detect_races:
         return
     clock = memory.incr_clock(thread)
     races = gpu_callbacks.get_races()
+    check = {"load": races.check_read, "store": races.check_write, "atomic": races.check_atomic}[kind]
     for key in keys:
-        check = races.check_write if write else races.check_read
         check(thread, clock.generic_clock, key, _access(memory, key, transforms), source_info=source_info)
 
 
@@ -241,7 +251,7 @@ def _store_everywhere(token, key_array, transforms, value, thread, *, num_device
     with memory.lock:
         for each in keys:
             _view(memory, each, transforms)[...] = value
-    _checked(memory, thread, keys, transforms, True, source_info)
+    _checked(memory, thread, keys, transforms, "store", source_info)
     return token
 
 
@@ -264,7 +274,7 @@ def _load_reduced(token, key_array, transforms, thread, *, num_devices: int, red
     keys = [dataclasses.replace(key, device_id=d) for d in range(num_devices)]
     with memory.lock:
         reduced = functools.reduce(_REDUCTIONS[reduction], [_view(memory, k, transforms) for k in keys]).astype(dtype)
-    _checked(memory, thread, keys, transforms, False, source_info)
+    _checked(memory, thread, keys, transforms, "load", source_info)
     return token, reduced
 
 
@@ -279,9 +289,16 @@ def _semaphore(memory: Any, key: gpu_memory.HostAllocationKey, shape: tuple[int,
     return memory.mem[key].content
 
 
-def _released(memory) -> dict:
-    """Per semaphore (its key), the join of the clocks its signals released (the race detector's)."""
-    return memory.__dict__.setdefault("_iris_released", {})
+def _pending(memory, key, view: np.ndarray, count_before: int) -> collections.deque:
+    """The race detector's record of what one semaphore word holds: [count, clock] entries in signal order,
+    each signal's clock (what it released); the first entry's clock is None where the word came into this
+    launch with a count (a semaphore from plgpu.alloc_semaphore keeps its count between launches)."""
+    base = memory.mem[key].content
+    slot = (key, view.__array_interface__["data"][0] - base.__array_interface__["data"][0])
+    pending = memory.__dict__.setdefault("_iris_pending", {})
+    if slot not in pending:
+        pending[slot] = collections.deque([[count_before, None]] if count_before > 0 else [])
+    return pending[slot]
 
 
 @gpu_callbacks.fail_on_exception
@@ -292,14 +309,11 @@ def _signal(token, key_array, transforms, increment, thread, *, shape: tuple[int
     with _SIGNALLED:
         with memory.lock:
             _semaphore(memory, key, shape)
-            _view(memory, key, transforms)[...] += int(increment)
+            view = _view(memory, key, transforms)
             if memory.detect_races:
-                clock = memory.incr_clock(thread, take_lock=False)
-                released = _released(memory)
-                if key in released:
-                    released[key].update(clock)
-                else:
-                    released[key] = clock
+                entries = _pending(memory, key, view, int(view.flat[0]))
+                entries.append([int(increment), memory.incr_clock(thread, take_lock=False)])
+            view[...] += int(increment)
         _SIGNALLED.notify_all()
     return token
 
@@ -340,15 +354,41 @@ def _wait(
                 view = _view(memory, key, transforms)
                 count = int(view)
                 if count >= value:
+                    if memory.detect_races:
+                        _acquire(memory, thread, _pending(memory, key, view, count), value, decrement, site, device)
                     if decrement:
                         view[...] -= value
-                    released = _released(memory).get(key) if memory.detect_races else None
-                    if released is not None:  # acquires what the signals released
-                        memory.clocks[thread].update(released)
                     return token
             if time.monotonic() >= deadline:
                 raise PeerTimeoutError(_wait_timeout_message(site, int(device), count, value, timeout_s))
             _SIGNALLED.wait(_POLL_S)
+
+
+def _acquire(memory, thread, entries: collections.deque, value: int, decrement: bool, site: _Site, device) -> None:
+    """A wait that returned acquires what the signals that satisfied it released: the earliest ones, `value`
+    of their count (taken off with `decrement`). A count that came from an earlier launch orders nothing in
+    this one; the thread keeps a note of it for a race report."""
+    taken, carried = 0, 0
+    for entry in list(entries):
+        if taken >= value:
+            break
+        count, clock = entry
+        used = min(count, value - taken)
+        taken += used
+        if clock is None:
+            carried += used
+        else:
+            memory.clocks[thread].update(clock)
+        if decrement:
+            entry[0] -= used
+            if entry[0] == 0:
+                entries.popleft()
+    if carried:
+        memory.__dict__.setdefault("_iris_carried", {})[thread] = (
+            f"device {int(device)}'s semaphore_wait at {site.line} returned on a count of {carried} left by an earlier "
+            "launch, which orders nothing in this one: a semaphore that outlives a launch (plgpu.alloc_semaphore) "
+            "must end each launch at zero (wait with decrement=True for every signal)"
+        )
 
 
 def _wait_timeout_message(site: _Site, device: int, count: int, value: int, timeout_s: float) -> str:
@@ -383,38 +423,59 @@ class _RaceState(gpu_races.GPURaceDetectionState):
     clock), reporting in iris's form: the buffer, both accesses with their devices, threads and
     source lines, and what would order them; RaceError, or RaceWarning where on_race is "warn"."""
 
+    # which earlier accesses an access races with where nothing orders them: a load with stores and atomics,
+    # a store with every access, an atomic with plain loads and stores (atomics among themselves are ordered
+    # by the hardware)
+    _RACES_WITH = {"load": ("store", "atomic"), "store": ("store", "load", "atomic"), "atomic": ("store", "load")}
+
     def check_read(self, thread, clock, buffer_key, rnge, source_info=None):
-        self._check(thread, clock, buffer_key, rnge.range, source_info, write=False)
+        self._check(thread, clock, buffer_key, rnge.range, source_info, "load")
         self._check_ref_union(thread, clock, buffer_key, False, source_info)
 
     def check_write(self, thread, clock, buffer_key, rnge, source_info=None):
-        self._check(thread, clock, buffer_key, rnge.range, source_info, write=True)
+        self._check(thread, clock, buffer_key, rnge.range, source_info, "store")
         self._check_ref_union(thread, clock, buffer_key, True, source_info)
 
-    def _check(self, thread, clock, key, rnge, source_info, *, write: bool) -> None:
+    def check_atomic(self, thread, clock, buffer_key, rnge, source_info=None):
+        """A plgpu atomic's read-modify-write (JAX's detector knows none)."""
+        self._check(thread, clock, buffer_key, rnge.range, source_info, "atomic")
+
+    def _records(self, kind: str, key) -> list:
+        if kind == "store":
+            return self.writes[key]
+        if kind == "load":
+            return self.reads[key]
+        return self.__dict__.setdefault("_iris_atomics", collections.defaultdict(list))[key]
+
+    def _check(self, thread, clock, key, rnge, source_info, kind: str) -> None:
         line = source_info_util.summarize(source_info) if source_info is not None else "pallas_call"
         with self.lock:  # the records made before this one (the lists only grow: read below without the lock)
-            writes, reads = self.writes[key], self.reads[key]
-            # a read races with earlier writes only, a write with earlier reads too
-            earlier = [("store", writes, len(writes)), ("load", reads, len(reads) if write else 0)]
-            (writes if write else reads).append((thread, clock, rnge, line))
-        for kind, records, count in earlier:
+            earlier = [(other, self._records(other, key)) for other in self._RACES_WITH[kind]]
+            earlier = [(other, records, len(records)) for other, records in earlier]
+            self._records(kind, key).append((thread, clock, rnge, line))
+        for other_kind, records, count in earlier:
             for other, other_clock, other_range, other_line in itertools.islice(records, count):
                 if other_clock.ordered(clock) or not generic_races._ranges_overlap(rnge, other_range):
                     continue
                 with self.lock:
                     self.races_found = True
-                self._report(key, rnge, ("store" if write else "load", thread, line), (kind, other, other_line))
+                self._report(key, rnge, (kind, thread, line), (other_kind, other, other_line))
                 return
 
     def _report(self, key, rnge, this, other) -> None:
+        memory = gpu_callbacks._get_shared_memory()
         where = f"{_SPACES.get(key.memory_space_id, 'memory space ' + str(key.memory_space_id))} buffer {key.buffer_id}"
+        name = memory.__dict__.get("_iris_names", {}).get(key)
+        carried = memory.__dict__.get("_iris_carried", {})
+        notes = "".join(f"\n    {carried[t]}" for t in dict.fromkeys((other[1], this[1])) if t in carried)
         text = (
-            f"data race on device {key.device_id}'s {where}, elements {_shown_range(rnge)}:\n"
+            f"data race on device {key.device_id}'s {f'{name} ({where})' if name else where}, elements "
+            f"{_shown_range(rnge)}:\n"
             f"    {other[0]} by {_thread_shown(other[1])} at {other[2]}\n"
             f"    {this[0]} by {_thread_shown(this[1])} at {this[2]}\n"
             "    nothing orders them: the writer must pl.semaphore_signal after its access and the other side "
             "pl.semaphore_wait on that semaphore before its own (a release, then an acquire), or a barrier between."
+            + notes
         )
         if self.on_race == "raise":
             raise RaceError(text)
@@ -616,14 +677,14 @@ def _swap(self, eqn, token, invals):
 @_rule(gpu_primitives.atomic_store_p)
 def _atomic_store(self, eqn, token, invals):
     """plgpu.atomic_add / min / max / and / or / xor, into this device's ref or a peer's (remote_ref); JAX's
-    interpreter has no rule for them. Not seen by the race detector (docs/pallas.md)."""
+    interpreter has no rule for them; the race detector sees a read-modify-write."""
     ref, transforms, value, *mask = jax.tree.unflatten(eqn.params["args_tree"], invals)
     if mask and mask[0] is not None:
         raise NotImplementedError("a masked plgpu atomic store is not simulated")
     op = eqn.params["atomic_type"].value
     token, key_array, transforms = self.split_peer(token, ref, transforms or (), f"plgpu.atomic_{op}", eqn)
-    atomic = functools.partial(_atomic, op=op)
-    return io_callback(atomic, _TOKEN, token, key_array, transforms, value), []
+    atomic = functools.partial(_atomic, op=op, source_info=eqn.source_info)
+    return io_callback(atomic, _TOKEN, token, key_array, transforms, value, self.thread), []
 
 
 _REMOTE = (gpu_core.PeerMemRef, gpu_core.MulticastRef)
@@ -806,7 +867,7 @@ def _get_global(self, eqn, token, invals):
 
 
 # ------------------------------------------------------------------------------------------------
-# Installing: nine patches of JAX's GPU interpreter, once per process
+# Installing: ten patches of JAX's GPU interpreter, once per process
 
 _INSTALL_LOCK = threading.Lock()
 _ORIGINALS: dict[str, Any] = {}
@@ -956,6 +1017,97 @@ def _with_gmem_scratch(original):
     return get_kernel_buffers
 
 
+def _for_iris(original):
+    """JAX's collection of a kernel's buffers, then what iris keeps of them: a semaphore from
+    plgpu.alloc_semaphore takes the count it ended its last launch with (_adopt_semaphores) and, with race
+    detection, each buffer's name for the reports (_name_buffers)."""
+
+    @functools.wraps(original)
+    def get_kernel_buffers(token, device, num_threads, grid_mapping, invars, *rest):
+        token, keys = original(token, device, num_threads, grid_mapping, invars, *rest)
+        semaphores = [keys[i] for i in range(grid_mapping.num_inputs)
+                      if jnp.issubdtype(invars[i].aval.dtype, pallas_core.semaphore_dtype)]
+        if semaphores:
+            token = io_callback(_adopt_semaphores, _TOKEN, token, jnp.stack(semaphores))
+        if rest[-1].detect_races and keys:  # JAX's InterpretGPUParams
+            names = _buffer_names(getattr(_LAUNCH, "arg_names", None), grid_mapping, len(keys))
+            token = io_callback(functools.partial(_name_buffers, names=names), _TOKEN, token, jnp.stack(keys))
+        return token, keys
+
+    return get_kernel_buffers
+
+
+def _buffer_names(arg_names, grid_mapping, count: int) -> tuple[str, ...]:
+    """Each kernel buffer's name: the kernel's parameter, or its place (plgpu.kernel's body takes *refs)."""
+    names = []
+    for i in range(count):
+        given = arg_names[i] if arg_names and i < len(arg_names) else None
+        if given and given.isidentifier():
+            names.append(given)
+        elif i < grid_mapping.num_inputs:
+            names.append(f"input {i}")
+        elif i < grid_mapping.num_inputs + grid_mapping.num_outputs:
+            names.append(f"output {i - grid_mapping.num_inputs}")
+        else:
+            names.append(f"scratch {i - grid_mapping.num_inputs - grid_mapping.num_outputs}")
+    return tuple(names)
+
+
+@gpu_callbacks.fail_on_exception
+def _name_buffers(token, keys, *, names: tuple[str, ...]):
+    memory = gpu_callbacks._get_shared_memory()
+    with memory.lock:
+        found = memory.__dict__.setdefault("_iris_names", {})
+        for key, name in zip(np.asarray(keys), names):
+            found[_key(key)] = name
+    return token
+
+
+# plgpu.alloc_semaphore's semaphores, by handle: each keeps its count between launches, as its GMEM words do
+# on a GPU (JAX's interpreter copies a kernel's inputs in and drops them after)
+_SEMAPHORES: dict[int, np.ndarray] = {}
+_SEMAPHORES_LOCK = threading.Lock()
+_HANDLES = itertools.count(1 << 24)  # far from any count a kernel reaches
+
+
+def _new_semaphore(*, shape: tuple[int, ...]):
+    with _SEMAPHORES_LOCK:
+        handle = next(_HANDLES)
+        _SEMAPHORES[handle] = np.zeros(shape, np.int32)
+    return np.int32(handle)
+
+
+def _simulated_alloc_semaphore(original):
+    """plgpu.alloc_semaphore under GPU interpret mode: the semaphore's words hold a handle to a zeroed
+    array that every launch given it works on (_adopt_semaphores), made anew each time the program runs."""
+
+    @functools.wraps(original)
+    def alloc_semaphore(shape: tuple[int, ...] = ()):
+        if not isinstance(jax_config.pallas_tpu_interpret_mode_context_manager.value, gpu_params.InterpretGPUParams):
+            return original(shape)
+        shape = tuple(shape)
+        handle = io_callback(functools.partial(_new_semaphore, shape=shape), jax.ShapeDtypeStruct((), jnp.int32))
+        words = jax.lax.convert_element_type(jnp.full(shape, handle, jnp.int32), pallas_core.Semaphore())
+        return jax_core.new_ref(words, memory_space=gpu_core.MemorySpace.GMEM)
+
+    return alloc_semaphore
+
+
+@gpu_callbacks.fail_on_exception
+def _adopt_semaphores(token, keys):
+    """Each semaphore input that holds a handle works on that handle's array from now on."""
+    memory = gpu_callbacks._get_shared_memory()
+    with memory.lock, _SEMAPHORES_LOCK:
+        for key in map(_key, np.asarray(keys)):
+            buffer = memory.mem[key]
+            words = buffer.content.reshape(-1)
+            kept = _SEMAPHORES.get(int(words[0])) if words.size else None
+            if kept is not None and kept.shape == buffer.content.shape and (words == words[0]).all():
+                memory.mem[key] = generic_memory.Buffer(kept, ref_count=buffer._ref_count,
+                                                        logical_shape=buffer.logical_shape)
+    return token
+
+
 _COMMUNICATING = (gpu_primitives.semaphore_signal_parallel_p, gpu_primitives.semaphore_signal_multicast_p,
                   gpu_primitives.multimem_store_p, gpu_primitives.multimem_load_reduce_p)
 
@@ -1015,13 +1167,15 @@ def _launching(original):
     @functools.wraps(original)
     def interpret_pallas_call(*args, **params):
         _refuse_permuted_mesh(params["jaxpr"])
-        previous = getattr(_LAUNCH, "name", None), getattr(_LAUNCH, "blocks", None)
+        previous = _LAUNCH.__dict__.copy()
         _LAUNCH.name = params.get("name")
+        _LAUNCH.arg_names = getattr(params["jaxpr"].debug_info, "arg_names", None)
         params["mesh"], _LAUNCH.blocks = _resident(params.get("mesh"), jaxpr_interpret.DeviceInfo().num_devices)
         try:
             return original(*args, **params)
         finally:
-            _LAUNCH.name, _LAUNCH.blocks = previous
+            _LAUNCH.__dict__.clear()
+            _LAUNCH.__dict__.update(previous)
 
     return interpret_pallas_call
 
@@ -1041,13 +1195,17 @@ def install() -> None:
             lowering=pallas_call_module._pallas_call_lowering,
             races=gpu_callbacks.GPURaceDetectionState,
             run_jaxpr=thread_map._run_jaxpr,
+            alloc_semaphore=gpu_core.alloc_semaphore,
         )
         jaxpr_interpret.get_uninitialized_array = _zeroed_semaphores(_ORIGINALS["get_uninitialized_array"])
         jaxpr_interpret.JaxprInterpreter = IrisJaxprInterpreter  # looked up when each kernel is interpreted
         gpu_callbacks._update_clocks_for_device_barrier = _with_device_barrier(_ORIGINALS["update_clocks"])
         gpu_callbacks.cluster_finished = _keeping_other_devices_state(_ORIGINALS["cluster_finished"])
         gpu_interpret_call.interpret_pallas_call = _launching(_ORIGINALS["interpret_pallas_call"])
-        gpu_interpret_call._get_kernel_buffers = _with_gmem_scratch(_ORIGINALS["kernel_buffers"])
+        gpu_interpret_call._get_kernel_buffers = _for_iris(_with_gmem_scratch(_ORIGINALS["kernel_buffers"]))
+        # looked up by attribute when a user's program allocates one (plgpu.alloc_semaphore)
+        gpu_core.alloc_semaphore = plgpu_module.alloc_semaphore = _simulated_alloc_semaphore(
+            _ORIGINALS["alloc_semaphore"])
         # the lowering is found by name (plgpu.kernel's mpmd_map) and through pallas_call_p's rule
         pallas_call_module._pallas_call_lowering = _recording_the_mesh(_ORIGINALS["lowering"])
         mlir.register_lowering(pallas_call_module.pallas_call_p, pallas_call_module._pallas_call_lowering)
@@ -1111,3 +1269,5 @@ def reset_state() -> None:
     """Clears JAX's interpreter state and the failed launch's ordered-effect tokens (which would re-raise its error)."""
     gpu_callbacks.reset_gpu_interpret_mode_state()
     dispatch.runtime_tokens.clear()
+    with _SEMAPHORES_LOCK:
+        _SEMAPHORES.clear()
