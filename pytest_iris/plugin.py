@@ -10,7 +10,8 @@ once; JAX and iris are imported only when a marked test is collected. For marked
   new one over the first N CPU devices (or GPUs, `--iris-gpu`), race detection on unless the
   marker turns it off, iris's collectives and the simulated ranks bounded by the marker's
   `timeout_s`; shut down after the test, whatever it did;
-- `processes=True` runs the test body as N processes instead (pytest_iris.processes).
+- `processes=True` runs the test body as N processes instead (pytest_iris.processes), on the
+  simulator or, with `--iris-gpu`, on the GPUs (several processes sharing one where there are fewer).
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ def pytest_configure(config):
     config.addinivalue_line("markers", MARKER)
     if config.getoption("iris_no_races", False):
         os.environ[NO_RACES] = "1"
+    if config.getoption("iris_gpu", False):  # before JAX starts: in-process tests and launched ranks share the GPUs
+        os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 
 def _worlds(definition) -> list[Settings] | None:
@@ -205,7 +208,5 @@ def pytest_pyfunc_call(pyfuncitem):
     settings = _settings_of(pyfuncitem)
     if settings is None or not settings.processes or processes.in_rank():
         return None
-    if pyfuncitem.config.getoption("iris_gpu"):
-        pytest.fail("processes=True runs on the simulator only (one process per GPU under --iris-gpu: not yet)")
-    processes.run(pyfuncitem, settings)
+    processes.run(pyfuncitem, settings, gpu=pyfuncitem.config.getoption("iris_gpu"))
     return True

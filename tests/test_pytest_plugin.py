@@ -207,6 +207,17 @@ def test_it_runs_under_pytest_xdist(user):
     result.assert_outcomes(passed=5)
 
 
+def test_iris_gpu_without_a_gpu_skips_saying_so(user):
+    """`pytest --iris-gpu` on a machine without GPUs: each marked test is skipped with its reason (the
+    in-process ones: too few GPUs; processes=True: no GPU for its processes), none fails or hangs."""
+    for name in ("ring.py", "test_ring.py", "conftest.py"):
+        shutil.copy(EXAMPLE / name, user.path / name)
+    result = _run(user, "--iris-gpu", "-rs")
+    result.assert_outcomes(skipped=5)
+    result.stdout.fnmatch_lines(["*needs 2 GPUs (--iris-gpu); this machine has 0*",
+                                 "*processes=True under --iris-gpu needs a GPU; this machine's CUDA driver sees none*"])
+
+
 def test_faults_on_demand_are_named_as_real_ones(user):
     """iris_faults: a rank that dies at its second call (the call fails within the marker's
     timeout, naming the rank), a rank whose call differs (RankMismatchError naming both calls), a

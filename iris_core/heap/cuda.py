@@ -50,6 +50,19 @@ def _driver():
     return ctypes.CDLL("libcuda.so.1")
 
 
+def gpu_count() -> int:
+    """GPUs visible to this process, counted through the CUDA driver without creating a context (so no
+    framework's memory preallocation happens); 0 where there is no driver."""
+    try:
+        driver = _driver()
+        count = ctypes.c_int(0)
+        if driver.cuInit(0) != 0 or driver.cuDeviceGetCount(ctypes.byref(count)) != 0:
+            return 0
+        return count.value
+    except OSError:  # no libcuda: no GPU
+        return 0
+
+
 def _check_driver(status: int, what: str) -> None:
     if status != 0:
         raise IrisError(f"{what} failed: CUresult {status}")

@@ -25,24 +25,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from iris_core.heap.cuda import gpu_count  # noqa: F401 - the GPU suite counts GPUs through it
+
 SCRIPT = Path(__file__).with_name("mp_script.py")
 ROOT = SCRIPT.parent.parent.parent
 REPORT = re.compile(r"^process (\d+): scenario (\S+) (OK|FAIL)\b(.*)$")
 SUMMARY: list[Result] = []  # every run of this pytest session (tests/gpu/conftest.py prints their timings)
-
-
-def gpu_count() -> int:
-    """GPUs visible to this process, counted through the CUDA driver without creating a context
-    (so JAX's preallocation in this process does not happen here); 0 when there is no driver."""
-    try:
-        from cuda.bindings import driver
-
-        if int(driver.cuInit(0)[0]) != 0:
-            return 0
-        err, count = driver.cuDeviceGetCount()
-        return int(count) if int(err) == 0 else 0
-    except Exception:  # noqa: BLE001 - no driver, no bindings: no GPU
-        return 0
 
 
 def _free_port() -> int:
