@@ -359,6 +359,48 @@ def test_jax_collective_matmul(n):
     assert error < 1e-2, done.stdout  # bfloat16 outputs: a unit in the last place is 2**-8 of the value
 
 
+@needs_interpreter
+def test_threads_waiting_in_xla_to_start_are_named(monkeypatch):
+    """XLA runs at most 32 computations of one CPU device at once; a thread whose computation waits for a
+    slot is counted, and a wait's timeout then names that instead of a missing signal."""
+    import threading
+
+    from jax._src.pallas.mosaic.interpret import thread_map
+    from jax.experimental import io_callback
+
+    from iris_jax.pallas.mosaic_gpu import interpreter
+
+    interpreter.install()
+    monkeypatch.setattr(interpreter, "_PER_DEVICE", 64)  # every thread's computation on CPU device 0
+    release, entered, lock = threading.Event(), [0], threading.Lock()
+
+    def block(x):
+        with lock:
+            entered[0] += 1
+        release.wait(60)
+        return x
+
+    closed = jax.make_jaxpr(lambda x: io_callback(block, jax.ShapeDtypeStruct((), jnp.int32), x))(np.int32(0))
+    threads = [threading.Thread(target=thread_map._run_jaxpr, args=(closed.jaxpr, closed.consts, np.int32(i)))
+               for i in range(34)]
+    for t in threads:
+        t.start()
+    try:
+        for _ in range(600):
+            if entered[0] >= 32 - 1 and interpreter._unstarted_threads() >= 2:
+                break
+            release.wait(0.05)
+        unstarted = interpreter._unstarted_threads()
+        site = interpreter._Site("'k'", "k.py:1")
+        message = interpreter._wait_timeout_message(site, 0, 0, 1, 1.0)
+    finally:
+        release.set()
+        for t in threads:
+            t.join(60)
+    assert unstarted >= 2, (unstarted, entered)
+    assert f"{unstarted} of the kernel's threads are still waiting inside XLA to start" in message, message
+
+
 # (g) device ids outside the mesh, and the GPU path's own checks
 
 

@@ -33,6 +33,7 @@ import functools
 import itertools
 import math
 import os
+import sys
 import threading
 import time
 import warnings
@@ -392,13 +393,30 @@ def _acquire(memory, thread, entries: collections.deque, value: int, decrement: 
 
 
 def _wait_timeout_message(site: _Site, device: int, count: int, value: int, timeout_s: float) -> str:
+    unstarted = _unstarted_threads()
+    why = (f"{unstarted} of the kernel's threads are still waiting inside XLA to start: its CPU runtime runs at "
+           "most 32 computations of one device at once, and threads that wait hold theirs; run fewer threads at "
+           "once (simulate(core_count=...))" if unstarted else
+           "No device signalled it enough: a semaphore_signal (with this device's id) is missing, or the signalling "
+           "block cannot run while this one waits" + (f" ({site.blocks})" if site.blocks else ""))
     return (
         f"semaphore_wait in Mosaic GPU kernel {site} on device {device} timed out after {timeout_s:g} s: the "
-        f"semaphore's count is {count}, waiting for {value}. No device signalled it enough: a semaphore_signal "
-        "(with this device's id) is missing, or the signalling block cannot run while this one waits"
-        + (f" ({site.blocks})" if site.blocks else "") + ". Set the time with "
+        f"semaphore's count is {count}, waiting for {value}. {why}. Set the time with "
         "iris_jax.pallas.mosaic_gpu.simulate(timeout_s=...)."
     )
+
+
+_EXECUTE = os.path.join("interpreters", "pxla.py")  # where JAX hands a computation to XLA
+
+
+def _unstarted_threads() -> int:
+    """How many of the interpreter's threads sit in XLA's execute call with no frame of theirs running on
+    top (no callback of their computation has started): waiting for a slot of XLA's per-device limit."""
+    frames = sys._current_frames()
+    with _ON_DEVICE_LOCK:
+        idents = list(_RUNNING)
+    return sum(1 for ident in idents
+               if ident in frames and frames[ident].f_code.co_filename.endswith(_EXECUTE))
 
 
 @gpu_callbacks.fail_on_exception
@@ -962,6 +980,7 @@ def _resident(mesh, num_devices: int):
 
 _PER_DEVICE = 24  # threads' computations on one CPU device: XLA lets 32 run at once, the rest wait in line
 _ON_DEVICE: list[int] = []  # how many run on each CPU device now
+_RUNNING: set[int] = set()  # the Python threads that run one now
 _ON_DEVICE_LOCK = threading.Lock()
 
 
@@ -979,12 +998,14 @@ def _spread(original):
             index = next((i for i, n in enumerate(_ON_DEVICE) if n < _PER_DEVICE),
                          min(range(len(devices)), key=_ON_DEVICE.__getitem__))
             _ON_DEVICE[index] += 1
+            _RUNNING.add(threading.get_ident())
         try:
             with jax.default_device(devices[index]):
                 return original(jaxpr, consts, *args)
         finally:
             with _ON_DEVICE_LOCK:
                 _ON_DEVICE[index] -= 1
+                _RUNNING.discard(threading.get_ident())
 
     return run_jaxpr
 
