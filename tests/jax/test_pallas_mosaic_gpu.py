@@ -502,7 +502,7 @@ def test_seeded_races_are_named(detecting, n, bug):
     with pytest.raises(Exception) as caught:
         run(mesh_1d(n), handshake_ring(bug), rows(n, 1), P("x"), P("x"))
     text = str(caught.value)
-    assert re.search(r"RaceError: data race on device \d+'s output 0 \(GMEM buffer \d+\)", text), text
+    assert re.search(r"RaceError: data race on device \d+'s o_ref \(GMEM buffer \d+\)", text), text
     lines = re.findall(r"(load|store) by device (\d+), block 0, warpgroup 0 at \S*test_pallas_mosaic_gpu.py:(\d+)", text)
     assert len(lines) == 2 and lines[0][1] != lines[1][1], text  # two devices' accesses, each with its line
     assert "pl.semaphore_signal after its access" in text, text
@@ -551,7 +551,7 @@ def test_a_semaphore_reused_across_two_launches_is_named(detecting, n):
     with pytest.raises(Exception) as caught:
         run(mesh_1d(n), ring_on_a_kept_semaphore("decrement=False"), rows(n, 1), P("x"), P("x"))
     text = str(caught.value)
-    assert re.search(r"RaceError: data race on device \d+'s output 0 \(GMEM buffer \d+\)", text), text
+    assert re.search(r"RaceError: data race on device \d+'s o_ref \(GMEM buffer \d+\)", text), text
     assert re.search(r"device \d+'s semaphore_wait at \S*test_pallas_mosaic_gpu.py:\d+:\d+ \(\S+\) returned on a count "
                      r"of 1 left by an earlier launch", text), text
 

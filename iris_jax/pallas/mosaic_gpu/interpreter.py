@@ -30,6 +30,7 @@ import collections
 import copy
 import dataclasses
 import functools
+import inspect
 import itertools
 import math
 import os
@@ -1058,6 +1059,35 @@ def _for_iris(original):
     return get_kernel_buffers
 
 
+def _kernel_params(jaxpr) -> tuple[str, ...] | None:
+    """The kernel body's parameter names: the jaxpr's own, or where plgpu.kernel's wrapper took them as
+    `*refs`, those of the body function that the first of its equations came from (its code object)."""
+    names = getattr(jaxpr.debug_info, "arg_names", None)
+    if names and all(name.isidentifier() for name in names):
+        return tuple(names)
+    body = getattr(jaxpr.debug_info, "func_name", None)
+    for eqn in _equations(jaxpr):
+        try:
+            codes, _ = eqn.source_info.traceback.raw_frames()
+        except AttributeError:  # no traceback kept
+            continue
+        for code in codes:
+            if code.co_name == body and not code.co_flags & inspect.CO_VARARGS:
+                return tuple(code.co_varnames[: code.co_argcount])
+    return None
+
+
+def _equations(jaxpr, depth: int = 3):
+    """The jaxpr's equations, then those of the jaxprs in their parameters (run_scoped's body), to `depth`."""
+    yield from jaxpr.eqns
+    if depth:
+        for eqn in jaxpr.eqns:
+            for value in eqn.params.values():
+                inner = getattr(value, "jaxpr", value)
+                if isinstance(inner, jax_core.Jaxpr):
+                    yield from _equations(inner, depth - 1)
+
+
 def _buffer_names(arg_names, grid_mapping, count: int) -> tuple[str, ...]:
     """Each kernel buffer's name: the kernel's parameter, or its place (plgpu.kernel's body takes *refs)."""
     names = []
@@ -1190,7 +1220,7 @@ def _launching(original):
         _refuse_permuted_mesh(params["jaxpr"])
         previous = _LAUNCH.__dict__.copy()
         _LAUNCH.name = params.get("name")
-        _LAUNCH.arg_names = getattr(params["jaxpr"].debug_info, "arg_names", None)
+        _LAUNCH.arg_names = _kernel_params(params["jaxpr"])
         params["mesh"], _LAUNCH.blocks = _resident(params.get("mesh"), jaxpr_interpret.DeviceInfo().num_devices)
         try:
             return original(*args, **params)
