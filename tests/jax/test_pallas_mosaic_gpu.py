@@ -404,6 +404,17 @@ def test_threads_waiting_in_xla_to_start_are_named(monkeypatch):
 # (g) device ids outside the mesh, and the GPU path's own checks
 
 
+@needs_interpreter
+def test_a_partially_manual_shard_map_is_refused_naming_the_kernel(simulated):
+    mesh = jax.make_mesh((2, 2), ("x", "y"), devices=jax.devices()[:4],
+                         axis_types=(jax.sharding.AxisType.Explicit,) * 2)
+    f = jax.jit(jax.shard_map(kernel_call(ring, (1, L)), mesh=mesh, in_specs=P("x"), out_specs=P("x"),
+                              axis_names={"x"}, check_vma=False))
+    with pytest.raises(NotImplementedError, match=r"kernel 'ring' is in a partially manual shard_map \(manual axes "
+                       r"\['x'\], automatic \['y'\] of the mesh \{'x': 2, 'y': 2\}\)"):
+        f(jax.device_put(rows(2, 1), NamedSharding(mesh, P("x"))))
+
+
 def store_to(device_id):
     def kernel(x_ref, o_ref):
         o_ref[...] = x_ref[...]

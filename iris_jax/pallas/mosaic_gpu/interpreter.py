@@ -1191,13 +1191,32 @@ def _recording_the_mesh(original):
 
     @functools.wraps(original)
     def lowering(ctx, *args, **params):
-        previous, _MESH.mesh = getattr(_MESH, "mesh", None), getattr(ctx.module_context.axis_context, "mesh", None)
+        axis_context = ctx.module_context.axis_context
+        if isinstance(params.get("interpret"), gpu_params.InterpretGPUParams):
+            _refuse_partially_manual(axis_context, params)
+        previous, _MESH.mesh = getattr(_MESH, "mesh", None), getattr(axis_context, "mesh", None)
         try:
             return original(ctx, *args, **params)
         finally:
             _MESH.mesh = previous
 
     return lowering
+
+
+def _refuse_partially_manual(axis_context, params) -> None:
+    """A kernel in a shard_map that leaves some mesh axes automatic: XLA runs no callback there (and so no
+    interpreted kernel), and what a GPU does with such a kernel is not yet known here; say so, before
+    anything runs, instead of XLA's message."""
+    manual, mesh = getattr(axis_context, "manual_axes", None), getattr(axis_context, "mesh", None)
+    if not manual or mesh is None or set(manual) == set(mesh.axis_names):
+        return
+    automatic = [name for name in mesh.axis_names if name not in manual]
+    shown = ", ".join(f"{name!r}: {size}" for name, size in mesh.shape.items())
+    raise NotImplementedError(
+        f"iris's Mosaic GPU simulator: kernel {params.get('name')!r} is in a partially manual shard_map (manual "
+        f"axes {sorted(manual)}, automatic {automatic} of the mesh {{{shown}}}), which it does not run yet: make "
+        "every mesh axis manual (jax.shard_map without axis_names, or naming them all) around the kernel."
+    )
 
 
 def _refuse_permuted_mesh(jaxpr) -> None:
