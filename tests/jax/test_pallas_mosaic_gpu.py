@@ -91,7 +91,7 @@ def test_ring_through_pallas_call_with_mosaic_gpu_params(simulated):
 
 
 @needs_interpreter
-@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("n", [2, 4, 8])
 def test_ring_through_pallas_call_with_a_semaphore_in_scratch_shapes(simulated, n):
     call = pl.pallas_call(
         ring,
@@ -280,7 +280,7 @@ def atomic_sum_into_device_0(x_ref, o_ref, count_ref, ready, done):
 
 
 @needs_interpreter
-@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("n", [2, 4, 8])
 def test_atomics_into_a_peers_ref_and_semaphore_read(simulated, n):
     kernel = plgpu.kernel(
         atomic_sum_into_device_0,
@@ -507,7 +507,7 @@ def handshake_ring(bug):
 
 
 @needs_interpreter
-@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("n", [2, 4, 8])
 @pytest.mark.parametrize("bug", ["read_before_wait", "write_before_free"])
 def test_seeded_races_are_named(detecting, n, bug):
     with pytest.raises(Exception) as caught:
@@ -557,7 +557,7 @@ def ring_on_a_kept_semaphore(bug):
 
 
 @needs_interpreter
-@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("n", [2, 4, 8])
 def test_a_semaphore_reused_across_two_launches_is_named(detecting, n):
     with pytest.raises(Exception) as caught:
         run(mesh_1d(n), ring_on_a_kept_semaphore("decrement=False"), rows(n, 1), P("x"), P("x"))
@@ -568,7 +568,7 @@ def test_a_semaphore_reused_across_two_launches_is_named(detecting, n):
 
 
 @needs_interpreter
-@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("n", [2, 4, 8])
 def test_a_semaphore_kept_across_launches_holds_its_count(detecting, n):
     """The correct ring on a kept semaphore reports nothing and gives the ring's values; a semaphore from
     plgpu.alloc_semaphore keeps its count from one launch to the next, as on a GPU."""
@@ -601,7 +601,7 @@ def atomic_without_handshake(x_ref, o_ref, done):
 
 
 @needs_interpreter
-@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("n", [2, 4, 8])
 def test_an_atomic_racing_a_plain_store_is_named(detecting, n):
     with pytest.raises(Exception) as caught:
         run(mesh_1d(n), kernel_call(atomic_without_handshake, (1, L)), rows(n, 1), P("x"), P("x"))
@@ -612,7 +612,7 @@ def test_an_atomic_racing_a_plain_store_is_named(detecting, n):
 
 
 @needs_interpreter
-@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("n", [2, 4, 8])
 def test_atomics_among_themselves_report_no_race(detecting, n):
     """Every device's atomics into device 0's rows are unordered with each other, as on a GPU that is fine;
     device 0's zeroing comes before its signal and its read after its wait."""
