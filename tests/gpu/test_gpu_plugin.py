@@ -4,7 +4,6 @@ The processes=True test runs its 2 ranks as 2 processes, on GPUs 0 and 1 or, on 
 GPU, both on GPU 0; the in-process tests run where there are as many GPUs as they ask for.
 """
 
-import importlib.metadata
 import os
 import re
 import subprocess
@@ -12,6 +11,7 @@ import sys
 
 import pytest
 
+from pytest_iris.rank_main import plugin_args
 from tests.gpu import launcher
 
 pytestmark = pytest.mark.gpu
@@ -22,11 +22,8 @@ def test_example_project_under_iris_gpu():
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env.pop("JAX_PLATFORMS", None)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (os.path.abspath(ROOT), env.get("PYTHONPATH", "")) if p)
-    # where iris-jax is not installed (the GPU machine runs the checkout), the plugin is named by hand
-    installed = any(e.name == "iris" for e in importlib.metadata.entry_points(group="pytest11"))
-    plugin = [] if installed else ["-p", "pytest_iris.plugin"]
     result = subprocess.run([sys.executable, "-m", "pytest", "-v", "-rs", "-p", "no:cacheprovider", "-o", "addopts=",
-                             *plugin, "--iris-gpu", "examples/testing"], cwd=ROOT, env=env, text=True,
+                             *plugin_args(), "--iris-gpu", "examples/testing"], cwd=ROOT, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=400)
     assert result.returncode == 0, result.stdout[-6000:]
     assert re.search(r"test_shift_with_one_process_per_rank PASSED", result.stdout), result.stdout[-6000:]

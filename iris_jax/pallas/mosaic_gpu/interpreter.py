@@ -527,7 +527,7 @@ def _shown_range(rnge) -> str:
 # Trace side: the interpreter and its rules, run once while the kernel is lowered
 
 _ONE_EQUATION = jax_core.DebugInfo("iris_mosaic_gpu", "one equation of a Mosaic GPU kernel", None, None)
-_LAUNCH = threading.local()  # the kernel being interpreted (its name, how its blocks run), on the lowering thread
+_LAUNCH = threading.local()  # the kernel being interpreted (name, jaxpr, how its blocks run), on the lowering thread
 _GLOBAL_IDS = itertools.count()
 
 
@@ -1052,7 +1052,7 @@ def _for_iris(original):
         if semaphores:
             token = io_callback(_adopt_semaphores, _TOKEN, token, jnp.stack(semaphores))
         if rest[-1].detect_races and keys:  # JAX's InterpretGPUParams
-            names = _buffer_names(getattr(_LAUNCH, "arg_names", None), grid_mapping, len(keys))
+            names = _buffer_names(_kernel_params(_LAUNCH.jaxpr), grid_mapping, len(keys))
             token = io_callback(functools.partial(_name_buffers, names=names), _TOKEN, token, jnp.stack(keys))
         return token, keys
 
@@ -1092,9 +1092,8 @@ def _buffer_names(arg_names, grid_mapping, count: int) -> tuple[str, ...]:
     """Each kernel buffer's name: the kernel's parameter, or its place (plgpu.kernel's body takes *refs)."""
     names = []
     for i in range(count):
-        given = arg_names[i] if arg_names and i < len(arg_names) else None
-        if given and given.isidentifier():
-            names.append(given)
+        if arg_names and i < len(arg_names):
+            names.append(arg_names[i])
         elif i < grid_mapping.num_inputs:
             names.append(f"input {i}")
         elif i < grid_mapping.num_inputs + grid_mapping.num_outputs:
@@ -1239,7 +1238,7 @@ def _launching(original):
         _refuse_permuted_mesh(params["jaxpr"])
         previous = _LAUNCH.__dict__.copy()
         _LAUNCH.name = params.get("name")
-        _LAUNCH.arg_names = _kernel_params(params["jaxpr"])
+        _LAUNCH.jaxpr = params["jaxpr"]  # its parameters name the buffers in race reports (_for_iris)
         params["mesh"], _LAUNCH.blocks = _resident(params.get("mesh"), jaxpr_interpret.DeviceInfo().num_devices)
         try:
             return original(*args, **params)
