@@ -76,6 +76,15 @@ def check_access(bad, offset, rank, rank_ok, from_base, from_rank, heap_size, ac
         _check_allocation(offset, access, from_base, me, _values(rank), op_name, int(_values(element)[0]))
 
 
+def _clear_for_all(bad, *rest) -> bool:
+    """check_access for several ranks' lanes at once (iris_core.sim.batched): True when it would
+    pass for each of them (no lane refused, and checked mode off)."""
+    return not CHECKED and not _values(bad).any()
+
+
+check_access.clear_for_all = _clear_for_all
+
+
 def _check_allocation(offset, access, from_base, me, ranks, op_name, element) -> None:
     heap = heap_at(int(_values(from_base)[0]))
     if heap is None:

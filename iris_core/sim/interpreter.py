@@ -23,7 +23,7 @@ import ml_dtypes
 import numpy as np
 
 from iris_core.errors import IrisError
-from iris_core.sim import language, positions, races, replay
+from iris_core.sim import batched, language, positions, races, replay
 from iris_core.sim.checks import running_kernel
 
 
@@ -59,15 +59,21 @@ def as_interpreted(kernel):
 
     if isinstance(kernel, InterpretedFunction):
         return kernel
-    fn = getattr(kernel, "fn", None)
-    while fn is not None and not inspect.isfunction(fn):  # autotuner / heuristics wrappers
-        fn = getattr(fn, "fn", None)
-    if fn is None:
-        raise TypeError(f"expected a @triton.jit kernel, got {type(kernel).__name__}")
+    fn = kernel_function(kernel)
     cache = _INTERPRETED
     if fn not in cache:
         cache[fn] = InterpretedFunction(fn)
     return cache[fn]
+
+
+def kernel_function(kernel):
+    """The Python function of a @triton.jit kernel (through autotuner and heuristics wrappers)."""
+    fn = getattr(kernel, "fn", None)
+    while fn is not None and not inspect.isfunction(fn):
+        fn = getattr(fn, "fn", None)
+    if fn is None:
+        raise TypeError(f"expected a @triton.jit kernel, got {type(kernel).__name__}")
+    return fn
 
 
 _INTERPRETED: dict = {}
@@ -88,24 +94,9 @@ def run_kernel(kernel, grid: Sequence[int], args: Sequence, constexprs: dict | N
 
     kernel = as_interpreted(kernel)
     fn = kernel.rewrite()
-    constexprs = dict(constexprs or {})
-    sig, names, is_constexpr = _parameters(kernel.fn)
-    positional = names[:len(args)]
-    if is_constexpr & set(positional):
-        raise TypeError(
-            f"kernel {kernel.fn.__name__}: constexpr parameters {sorted(is_constexpr & set(positional))} come "
-            "before array or scalar parameters; put them last (jax-triton passes arrays, scalars and "
-            "outputs positionally, constexprs by name)")
-    bound = dict(zip(names, args))
-    bound.update(constexprs)
-    for name, param in sig.parameters.items():
-        if name not in bound:
-            if param.default is inspect.Parameter.empty:
-                raise TypeError(f"kernel {kernel.fn.__name__} is missing argument {name!r}")
-            bound[name] = param.default
-    call_args = {n: v if n in is_constexpr else _as_tensor(v, ti) for n, v in bound.items()}
-    grid = tuple(int(g) for g in grid) + (1,) * (3 - len(grid))
-    _patch_interpreter(ti)
+    call_args = _bind(kernel.fn, args, constexprs, ti)
+    grid = _grid(grid)
+    patch_interpreter(ti)
     key = _replay_key(kernel.fn, call_args) if replay.ENABLED and detector is None and not debug else None
     program = _PROGRAMS.get(key) if key is not None else None
     if program is not None:
@@ -161,6 +152,158 @@ def run_kernel(kernel, grid: Sequence[int], args: Sequence, constexprs: dict | N
             patch_scope.restore()
         found = detector.end() if detector is not None else []
     return found
+
+
+def _bind(fn, args: Sequence, constexprs: dict | None, ti) -> dict:
+    """The arguments of the kernel function `fn` by name, as the interpreter takes them (tensors and constexprs)."""
+    sig, names, is_constexpr = _parameters(fn)
+    positional = names[:len(args)]
+    if is_constexpr & set(positional):
+        raise TypeError(
+            f"kernel {fn.__name__}: constexpr parameters {sorted(is_constexpr & set(positional))} come "
+            "before array or scalar parameters; put them last (jax-triton passes arrays, scalars and "
+            "outputs positionally, constexprs by name)")
+    bound = dict(zip(names, args))
+    bound.update(constexprs or {})
+    for name, param in sig.parameters.items():
+        if name not in bound:
+            if param.default is inspect.Parameter.empty:
+                raise TypeError(f"kernel {fn.__name__} is missing argument {name!r}")
+            bound[name] = param.default
+    return {n: v if n in is_constexpr else _as_tensor(v, ti) for n, v in bound.items()}
+
+
+def _grid(grid: Sequence[int]) -> tuple[int, int, int]:
+    return tuple(int(g) for g in grid) + (1,) * (3 - len(grid))
+
+
+def batched_form(kernel, args: Sequence, constexprs: dict | None = None) -> batched.BatchedProgram | None:
+    """The batched form (iris_core.sim.batched) of the program this process kept for the kernel
+    launched with `args`, or None: not recorded yet, not kept, or without one."""
+    from triton.runtime import interpreter as ti
+
+    fn = as_interpreted(kernel).fn
+    key = _replay_key(fn, _bind(fn, args, constexprs, ti)) if replay.ENABLED else None
+    program = _PROGRAMS.get(key) if key is not None else None
+    form = program.batched() if isinstance(program, replay.Program) else None
+    return form if isinstance(form, batched.BatchedProgram) else None
+
+
+def run_kernel_batch(kernel, grid: Sequence[int], launches: Sequence[Sequence],
+                     constexprs: dict | None = None) -> list[BaseException | None]:
+    """Runs one kernel's launches of several ranks (each one's arguments, as run_kernel takes them)
+    as one replay where this process kept its program and it has a batched form; else one launch
+    after another (so only for kernels that wait for no other launch). Returns each launch's error, or None."""
+    form = batched_form(kernel, launches[0], constexprs)
+    errors = run_batched(form, kernel, grid, launches) if form is not None else None
+    if errors is not None:
+        return errors
+    errors = []
+    for args in launches:
+        try:
+            run_kernel(kernel, grid, args, constexprs)
+            errors.append(None)
+        except Exception as e:  # noqa: BLE001  (that launch's error, raised for its rank)
+            errors.append(e)
+    return errors
+
+
+def run_batched(form: batched.BatchedProgram, kernel, grid: Sequence[int],
+                launches: Sequence[Sequence]) -> list[BaseException | None] | None:
+    """Runs several ranks' launches of `kernel` (each one's arguments, as run_kernel takes them) as
+    one replay of its batched program `form`, in this thread (not thread-safe). The kernel's front end
+    does not run: this process need not be interpreting. Returns each launch's error or None; None
+    where the launches' argument types differ (each would have another program)."""
+    from triton.runtime import interpreter as ti
+
+    patch_interpreter(ti)
+    fn = kernel_function(kernel)
+    inputs = _stacked_inputs(fn, form, launches, ti)
+    if inputs is None:
+        return None
+    grid = _grid(grid)
+    builder = ti.interpreter_builder
+    options = builder.options
+    builder.options = _no_debug(options)
+    checked = ti.TensorHandle.__post_init__
+    ti.TensorHandle.__post_init__ = _unchecked  # (as in _replay)
+    errors: list = [None] * len(launches)
+    running = list(range(len(launches)))  # the launches whose rows `inputs` holds
+    try:
+        with running_kernel(fn.__name__):
+            builder.set_grid_dim(*grid)
+            for x in range(grid[0]):
+                for y in range(grid[1]):
+                    for z in range(grid[2]):
+                        if any(errors[i] is not None for i in running):  # a failed launch stopped
+                            keep = [j for j, i in enumerate(running) if errors[i] is None]
+                            running = [running[j] for j in keep]
+                            if not running:
+                                return errors
+                            inputs = [ti.TensorHandle(h.data[keep], h.dtype) for h in inputs]
+                        builder.set_grid_idx(x, y, z)
+                        found = form.run(builder, inputs, _TENSOR, ti.TensorHandle)
+                        for i, e in zip(running, found):
+                            if e is not None:
+                                errors[i] = _iris_cause(e) or e
+    finally:
+        builder.options = options
+        ti.TensorHandle.__post_init__ = checked
+    return errors
+
+
+def _stacked_inputs(fn, form, launches: Sequence[Sequence], ti) -> list | None:
+    """The batched program's inputs for every launch: each argument's values with the ranks'
+    axis first; None where a launch's argument has another type than the recording's, or another
+    value where the recording holds it as one (its program would be another)."""
+    sig, names, _ = _parameters(fn)
+    position = {name: i for i, name in enumerate(names)}
+    baked = [i for i, name in enumerate(names[:len(launches[0])]) if name not in form.inputs]
+    for args in launches[1:]:  # arguments the recording holds as values (Python floats): the same for all
+        if any(type(args[i]) is not type(launches[0][i]) or args[i] != launches[0][i] for i in baked):
+            return None
+    inputs = []
+    for name, (kind, handle_type) in zip(form.inputs, form.input_types):
+        i = position[name]
+        column = []
+        for args in launches:
+            value = args[i] if i < len(args) else sig.parameters[name].default
+            if isinstance(value, Pointer) and value.dtype in _POINTER_TYPES:
+                if _pointer_type_name(value.dtype) != kind:
+                    return None
+                column.append(np.array([value.address], np.uint64))
+                continue
+            found = _scalar(value, ti)
+            if found[0] != kind:
+                return None
+            column.append(found[1])
+        inputs.append(ti.TensorHandle(np.stack(column), handle_type))
+    return inputs
+
+
+@functools.cache
+def _pointer_type_name(dtype: str) -> str:
+    return str(_pointer_type(dtype))
+
+
+def _scalar(value, ti) -> tuple[str, np.ndarray]:
+    """A scalar argument's type name and value as the interpreter holds it (remembered: a
+    launch's scalars repeat, and the interpreter's conversion makes a language tensor)."""
+    key = (type(value), value)
+    try:
+        found = _SCALARS.get(key)
+    except TypeError:  # unhashable
+        tensor = _as_tensor(value, ti)
+        return str(tensor.type), tensor.handle.data
+    if found is None:
+        if len(_SCALARS) > 4096:
+            _SCALARS.clear()
+        tensor = _as_tensor(value, ti)
+        found = _SCALARS[key] = (str(tensor.type), tensor.handle.data)
+    return found
+
+
+_SCALARS: dict = {}
 
 
 def _replay_key(fn, call_args: dict):
@@ -260,7 +403,7 @@ class _NoPatches:
         pass
 
 
-def _patch_interpreter(ti) -> None:
+def patch_interpreter(ti) -> None:
     """Wraps the interpreter's language patching (once per process) for two reasons.
 
     Scalars: the interpreter holds them as 1-element arrays and converts them with int(),
@@ -423,7 +566,7 @@ def _patch_builder(ti) -> None:
         if element_bytes == 1:
             return ti.TensorHandle(np.add(offset.data, ptr.data, dtype=np.uint64, casting="unsafe"), ptr.dtype)
         address = np.multiply(offset.data, element_bytes, dtype=np.uint64, casting="unsafe")
-        if address.size >= ptr.data.size:
+        if address.shape == ptr.data.shape or (ptr.data.size == 1 and address.ndim >= ptr.data.ndim):
             return ti.TensorHandle(np.add(address, ptr.data, out=address), ptr.dtype)
         return ti.TensorHandle(address + ptr.data, ptr.dtype)
 
@@ -518,7 +661,7 @@ class _Launch(threading.local):
 
 
 _LAUNCH = _Launch()
-_TENSOR = None  # triton.language.core.tensor (set by _patch_interpreter)
+_TENSOR = None  # triton.language.core.tensor (set by patch_interpreter)
 _LANGS: list = []
 _FAST_LANGUAGE: list = []  # (object, name, value) set during a launch (iris_core.sim.language)
 _LANGS_OF: dict = {}  # function -> ids of the language modules in its globals

@@ -63,50 +63,74 @@ class _Sequence:
         self.kind, self.items = kind, items
 
 
+class Source:
+    """Writes a recorded program as the source of one Python function: its operands by name
+    (slots as locals, everything else as the function's globals)."""
+
+    def __init__(self, constants: dict):
+        self.constants = constants
+        self.names: dict = {}  # id -> (name, object): the function's globals (functions, constant operands)
+
+    def global_name(self, obj) -> str:
+        if id(obj) not in self.names:
+            self.names[id(obj)] = (f"g{len(self.names)}", obj)
+        return self.names[id(obj)][0]
+
+    def operand(self, x) -> str:
+        cls = x.__class__
+        if cls is _Slot:
+            return self.global_name(self.constants[x.index]) if x.index in self.constants else f"v{x.index}"
+        if cls is _Tensor:
+            return f"T({self.operand(_Slot(x.index))}, {self.global_name(x.type)})"
+        if cls is _Sequence:
+            items = "".join(f"{self.operand(item)}, " for item in x.items)
+            return f"[{items}]" if x.kind is list else f"({items})"
+        return self.global_name(x)
+
+    @staticmethod
+    def assign(call: str, result) -> list[str]:
+        """The lines that make `call`'s result (and its items) the slots of `result`."""
+        if result is None:
+            return [f"    {call}"]
+        slot, items = result
+        return [f"    v{slot} = {call}"] + [f"    v{slot + j} = v{slot}[{j - 1}]" for j in range(1, items + 1)]
+
+    def compile(self, lines: list[str]) -> tuple[str, object]:
+        lines.append("    return None")
+        source = "\n".join(lines)
+        scope = {name: obj for name, obj in self.names.values()}
+        exec(compile(source, "<iris_core.sim.replay>", "exec"), scope)
+        return source, scope["run"]
+
+
 class Program:
     """A kernel's recorded tile operations, made into one Python function (a call per
     operation) and replayed per program of a launch."""
 
-    def __init__(self, inputs: list[str], steps: list, constants: dict):
+    def __init__(self, inputs: list[str], steps: list, constants: dict, input_types: list):
         self.inputs = inputs  # the kernel arguments whose values fill slots 0..len-1
         self.steps = len(steps)
-        names: dict = {}  # id -> (name, object): the function's globals (functions, constant operands)
-
-        def global_name(obj) -> str:
-            if id(obj) not in names:
-                names[id(obj)] = (f"g{len(names)}", obj)
-            return names[id(obj)][0]
-
-        def operand(x) -> str:
-            cls = x.__class__
-            if cls is _Slot:
-                return global_name(constants[x.index]) if x.index in constants else f"v{x.index}"
-            if cls is _Tensor:
-                return f"T({operand(_Slot(x.index))}, {global_name(x.type)})"
-            if cls is _Sequence:
-                items = "".join(f"{operand(item)}, " for item in x.items)
-                return f"[{items}]" if x.kind is list else f"({items})"
-            return global_name(x)
-
+        source = Source(constants)
         lines = [f"def run(b, T, {''.join(f'v{i}, ' for i in range(len(inputs)))}):"]
-        for fn, operands, keywords, result, host in steps:
-            args = ([] if host else ["b"]) + [operand(x) for x in operands]
-            args += [f"{k}={operand(x)}" for k, x in keywords.items()]
-            call = f"{global_name(fn)}({', '.join(args)})"
-            if result is None:
-                lines.append(f"    {call}")
-                continue
-            slot, items = result
-            lines.append(f"    v{slot} = {call}")
-            lines += [f"    v{slot + j} = v{slot}[{j - 1}]" for j in range(1, items + 1)]
-        lines.append("    return None")
-        scope = {name: obj for name, obj in names.values()}
-        self.source = "\n".join(lines)
-        exec(compile(self.source, "<iris_core.sim.replay>", "exec"), scope)
-        self._run = scope["run"]
+        for fn, operands, keywords, result, host, _ in steps:
+            args = ([] if host else ["b"]) + [source.operand(x) for x in operands]
+            args += [f"{k}={source.operand(x)}" for k, x in keywords.items()]
+            lines += source.assign(f"{source.global_name(fn)}({', '.join(args)})", result)
+        self.source, self._run = source.compile(lines)
+        self._recording = (steps, constants, input_types)  # for the batched form, made when first asked for
+        self._batched = None
 
     def run(self, builder, arguments: dict, tensor) -> None:
         self._run(builder, tensor, *[arguments[name].handle for name in self.inputs])
+
+    def batched(self):
+        """The program run once for several ranks' launches (iris_core.sim.batched), or a str:
+        why it cannot be."""
+        if self._batched is None:
+            from iris_core.sim import batched
+
+            self._batched = batched.compile_batched(self.inputs, *self._recording)
+        return self._batched
 
 
 class _NotKept(Exception):
@@ -124,12 +148,14 @@ class Recorder:
         self.steps: list = []
         self.constants: dict = {}  # slot -> the value of an operation computed once, at the recording
         self.inputs: list[str] = []
+        self.input_types: list = []  # each input's (type name, handle's type): what a batched run checks
         self.depth = 0  # >0: inside a recorded step (its inner builder calls are its own)
         self.why: str | None = None
         for name, value in arguments.items():
             handle = getattr(value, "handle", None)
             if handle is not None:
                 self.inputs.append(name)
+                self.input_types.append((str(value.type), handle.dtype))
                 self._keep(handle)
 
     # -- recording -------------------------------------------------------------
@@ -154,13 +180,13 @@ class Recorder:
                 return _Sequence(cls, items)
         return x
 
-    def _record(self, fn, args, kwargs, out, host: bool, pure: bool = False):
+    def _record(self, fn, args, kwargs, out, host: bool, pure: bool = False, name: str | None = None):
         if len(self.steps) >= _MAX_STEPS:
             raise _NotKept(f"more than {_MAX_STEPS} operations")
         operands = [self._operand(x, host) for x in args]
         keywords = {k: self._operand(x, host) for k, x in kwargs.items()}
         if out is None:
-            self.steps.append((fn, operands, keywords, None, host))
+            self.steps.append((fn, operands, keywords, None, host, name))
             return
         items = list(out) if out.__class__ is tuple or out.__class__ is list else []
         slot = self._keep(out)
@@ -174,7 +200,7 @@ class Recorder:
                 if data is not None and hasattr(data, "flags"):
                     data.flags.writeable = False  # (shared by every replay: an operation that wrote to it would fail)
             return
-        self.steps.append((fn, operands, keywords, (slot, len(items)), host))
+        self.steps.append((fn, operands, keywords, (slot, len(items)), host, name))
 
     def _varies(self, x) -> bool:
         cls = x.__class__
@@ -196,7 +222,7 @@ class Recorder:
                 out = fn(builder, *args, **kwargs)
             finally:
                 recorder.depth -= 1
-            recorder.guard(lambda: recorder._record(fn, args, kwargs, out, False, pure))
+            recorder.guard(lambda: recorder._record(fn, args, kwargs, out, False, pure, name))
             return out
 
         return step
@@ -290,7 +316,7 @@ class Recorder:
     def program(self) -> Program | None:
         if self.why is not None:
             return None
-        return Program(self.inputs, self.steps, self.constants)
+        return Program(self.inputs, self.steps, self.constants, self.input_types)
 
 
 class _Recording(threading.local):

@@ -68,9 +68,20 @@ def _serve(rank: int, world_size: int, conn) -> None:
             fn, args = pickling.loads(message)
             reply = pickling.dumps(("ok", fn(state, *args)))
         except BaseException as e:  # report everything, including KeyboardInterrupt
-            reply = pickling.dumps(("err", f"{type(e).__name__}: {e}", traceback.format_exc(),
-                                    type(e) if isinstance(e, IrisError) else None))
+            reply = pickling.dumps(("err", *error_reply(e)))
         conn.send_bytes(reply)
+
+
+def error_reply(error: BaseException) -> tuple:
+    """What a worker says of an error it raised: (type and message, traceback, iris error type or None)."""
+    return (f"{type(error).__name__}: {error}", "".join(traceback.format_exception(error)),
+            type(error) if isinstance(error, IrisError) else None)
+
+
+def rank_failure(rank: int, reply: tuple) -> SimulatedRankError:
+    """The error a call on `rank` raises for the worker's error_reply (of the rank's own iris error type too)."""
+    message, trace, kind = reply
+    return _rank_error(kind)(f"simulated rank {rank} raised {message}\n--- rank {rank} traceback ---\n{trace}")
 
 
 class _Worker:
@@ -314,8 +325,7 @@ class SimWorld:
         if reply[0] == "err":
             if pending:  # peers may be blocked waiting for this rank: restart everything
                 self.restart(f"rank {rank} raised while running {what}")
-            raise _rank_error(reply[3] if len(reply) > 3 else None)(
-                f"simulated rank {rank} raised {reply[1]}\n--- rank {rank} traceback ---\n{reply[2]}")
+            raise rank_failure(rank, (*reply[1:3], reply[3] if len(reply) > 3 else None))
         return reply[1]
 
     def _fail(self, workers, rank: int, ranks: list[int], reason: str) -> None:

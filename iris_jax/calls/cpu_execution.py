@@ -11,6 +11,9 @@ Calls of the collective kernel whose ranks are all in this process skip the inte
 init(sim_collectives="kernels"), the race detector or device tracing asks for it): the ranks
 meet in this process and combine with numpy (iris_core.sim.host_collectives), on XLA's buffers.
 
+The ranks' launches of another kernel (a user's) may meet and run as one batched replay
+(iris_jax.calls.kernel_batches).
+
 Either way a group kernel's call is first checked against the heap (symmetric operands) and
 recorded in the call table, and after it (or when it timed out) compared with the other
 members' records (iris_core.sim.call_table).
@@ -34,9 +37,10 @@ from iris_core.collectives import kernels as collective_kernels
 from iris_core.errors import IrisError, NotOnHeapError, PeerTimeoutError, RankDivergenceWarning, RankMismatchError
 from iris_core.heap.context_layout import TRACE_WORDS, context_words, trace_offset
 from iris_core.heap.shared_memory import SHM_DIR
-from iris_core.sim import call_table, host_collectives, races
-from iris_core.sim.interpreter import Pointer, run_kernel
+from iris_core.sim import call_table, host_collectives, races, world
+from iris_core.sim.interpreter import Pointer, batched_form, run_batched, run_kernel
 from iris_jax import _runtime as runtime_lib
+from iris_jax.calls import kernel_batches
 from iris_jax.calls.triton_call import kernel_arguments
 
 _interpreter_lock = threading.Lock()
@@ -67,6 +71,7 @@ class KernelSpec:
     what: str = ""  # ... and how the call is named to the user
     site: tuple = ()  # ... and where the user's program made it: its frames, innermost first ("file.py:12")
     host: host_collectives.Collective | None = None  # a collective the host can run in the kernel's place
+    ranks: tuple = ()  # the ranks of the computation, all launching this call (kernel_batches)
 
     @property
     def group(self) -> bool:
@@ -190,7 +195,9 @@ def _execute(rt, spec: KernelSpec, ins: list[int], outs: list[int]) -> None:
     members = group and group.members
     try:
         if rt.backend.host_kernels == "worker":
-            found = execute_in_worker(rt, rank, spec, row_ptr, group_ptr, operand_ptrs, outs)
+            found = execute_batched(rt, rank, spec, row_ptr, operand_ptrs, outs)
+            if found is None:
+                found = execute_in_worker(rt, rank, spec, row_ptr, group_ptr, operand_ptrs, outs)
         else:
             found = execute_here(spec, row_ptr, group_ptr, operand_ptrs, outs, race_detector(rt, rank))
     except PeerTimeoutError as e:  # a mismatch can also make the kernels wait for each other
@@ -306,6 +313,40 @@ def execute_here(spec, row_ptr, group_ptr, operand_ptrs, outs, detector=None) ->
                           debug=spec.debug, detector=detector)
 
 
+def _batch(rt, spec: KernelSpec, rank: int) -> kernel_batches.KernelBatch | None:
+    """The call site's meetings, where its launches may meet (kernel_batches): a kernel of a
+    computation over several ranks, not a collective's, without debug or the race detector."""
+    if len(spec.ranks) < 2 or rank not in spec.ranks or spec.group or spec.debug or rt.detect_races:
+        return None
+    return rt.service("kernel_batches", lambda _: kernel_batches.KernelBatches()).of(spec)
+
+
+def execute_batched(rt, rank, spec, row_ptr, operand_ptrs, outs) -> list[str] | None:
+    """Runs the launch with the other ranks' launches of the call site, as one batched replay here
+    (kernel_batches); None where it runs alone."""
+    batch = _batch(rt, spec, rank)
+    if batch is None or batch.form is None:
+        return None
+    for i in spec.zeroed:
+        ctypes.memset(outs[i], 0, spec.result_nbytes[i])
+    operands = [Pointer(p, d) for p, d in zip(operand_ptrs, spec.operand_dtypes)]
+    results = [Pointer(p, d) for p, d in zip(outs, spec.result_dtypes)]
+    args = _kernel_args(spec, Pointer(row_ptr, np.int32), None, operands, results)
+    form = batch.form
+
+    def run(launches: list) -> list:
+        with _interpreter_lock:
+            errors = run_batched(form, spec.kernel, spec.grid, launches)
+        return [kernel_batches.ALONE] * len(launches) if errors is None else errors
+
+    error = batch.launch(rank, args, run)
+    if error is kernel_batches.ALONE:
+        return None
+    if error is not None:
+        raise world.rank_failure(rank, world.error_reply(error))
+    return []
+
+
 def execute_in_worker(rt, rank, spec, row_ptr, group_ptr, operand_ptrs, outs) -> list[str]:
     """Runs the kernel in rank's worker process, XLA's buffers staged through shared memory;
     returns the races found."""
@@ -342,9 +383,12 @@ def execute_in_worker(rt, rank, spec, row_ptr, group_ptr, operand_ptrs, outs) ->
         for i in spec.zeroed:
             ctypes.memset(area.address + results[i][1], 0, spec.result_nbytes[i])
         args = _kernel_args(spec, ("context", trace_words), group, operands, results)
-        found = rt.sim_world.call(rank, _run_in_worker, rt.heap.session, area.path, area.size, spec.kernel,
-                                  spec.grid, args, spec.constexprs, rank, spec.debug, rt.detect_races,
-                                  what=f"kernel {spec.kernel_name}")
+        batch = _batch(rt, spec, rank)
+        found, form = rt.sim_world.call(rank, _run_in_worker, rt.heap.session, rank, area.path, area.size, args,
+                                        spec.kernel, spec.grid, spec.constexprs, spec.debug, rt.detect_races,
+                                        batch is not None and batch.asks, what=f"kernel {spec.kernel_name}")
+        if batch is not None:
+            batch.learn(form)
         for desc, ptr, nbytes in zip(results, outs, spec.result_nbytes):
             if nbytes:
                 _copy(ptr, area.address + desc[1], nbytes)
@@ -368,8 +412,22 @@ def _trace_words(row_ptr: int, world_size: int) -> tuple[int, ...]:
     return tuple(words[trace_offset(world_size):trace_offset(world_size) + TRACE_WORDS])
 
 
-def _run_in_worker(state, session, area_path, area_size, kernel, grid, args, constexprs, rank, debug=False,
-                   detect_races=None):
+def _run_in_worker(state, session, rank, area_path, area_size, args, kernel, grid, constexprs, debug=False,
+                   detect_races=None, ask=False):
+    """One rank's launch; returns the races found and, when `ask`, the batched form of the kernel's
+    program (iris_core.sim.batched; None: it has none, kernel_batches)."""
+    heap = state.heaps[session]
+    args = _resolved(state, session, rank, area_path, area_size, args)
+    detector = None
+    if detect_races:
+        detector = races.detector(session, heap.world_size, heap.heap_size, heap.heap_bases, rank)
+        detector.allocations, detector.names = heap.allocation_table, heap.allocation_names
+    found = run_kernel(kernel, grid, args, constexprs, debug=debug, detector=detector)
+    return found, batched_form(kernel, args, constexprs) if ask else None
+
+
+def _resolved(state, session, rank, area_path, area_size, args) -> list:
+    """A launch's arguments as pointers of this worker: the staging area's, the heaps', the context's."""
     heap = state.heaps[session]
     areas = state.cache.setdefault("staging", {})
     if areas.get(rank, (None,))[0] != area_path:
@@ -397,11 +455,7 @@ def _run_in_worker(state, session, area_path, area_size, kernel, grid, args, con
             return Pointer(heap.address(arg[1], arg[2]), arg[3])
         return Pointer(base + arg[1], arg[2])
 
-    detector = None
-    if detect_races:
-        detector = races.detector(session, heap.world_size, heap.heap_size, heap.heap_bases, rank)
-        detector.allocations, detector.names = heap.allocation_table, heap.allocation_names
-    return run_kernel(kernel, grid, [resolve(a) for a in args], constexprs, debug=debug, detector=detector)
+    return [resolve(a) for a in args]
 
 
 class _Area:

@@ -30,7 +30,7 @@ from iris_jax.calls import cpu_execution, host_meeting
 from iris_jax.calls._ffi import register_cpu_target
 from iris_jax.calls.autotune import resolve_call
 from iris_jax.calls.cpu_execution import KernelSpec
-from iris_jax.calls.operands import partition_operands, pick_rows
+from iris_jax.calls.operands import devices_of, partition_operands, pick_rows
 from iris_jax.calls.triton_call import aval_nbytes, iris_triton_call_p, normalize_grid
 
 _CALL_PARAMS = {"name", "custom_call_target_name", "num_warps", "num_stages", "num_ctas",
@@ -60,7 +60,8 @@ def _lower(ctx, operands, avals_in, *, pass_context, fn, scalar_args, out_shapes
         result_dtypes=tuple(np.dtype(s.dtype) for s in out_shapes),
         result_nbytes=tuple(aval_nbytes(s) for s in out_shapes),
         zeroed=tuple(zeroed), result_params=result_params, symmetric=tuple(symmetric), pass_context=pass_context,
-        runtime=weakref.ref(runtime_lib.runtime()), debug=bool(debug))
+        runtime=weakref.ref(runtime_lib.runtime()), debug=bool(debug),
+        ranks=tuple(runtime_lib.runtime().rank_of(d) for d in devices_of(ctx)))
     if group_axes:
         spec = dataclasses.replace(spec, group_nbytes=row_bytes[1], site=_site(ctx),
                                    host=cpu_execution.host_collective(launch.kernel, launch.constexprs,

@@ -89,6 +89,17 @@ def store_to_next(context_ptr, buf_ptr, out_ptr, W: tl.constexpr):
 
 
 @triton.jit
+def store_at_shift(context_ptr, buf_ptr, shift_ptr, out_ptr, W: tl.constexpr):
+    """Stores rank + 1 at buf + shift (shift in bytes, loaded: the run does not depend on it) on the
+    next rank."""
+    ctx = Context.initialize(context_ptr, W)
+    shift = tl.load(shift_ptr)
+    target = (buf_ptr.to(tl.pointer_type(tl.int8)) + shift).to(tl.pointer_type(tl.float32))
+    ctx.store(target, (ctx.rank + 1).to(tl.float32), to_rank=(ctx.rank + 1) % W)
+    tl.store(out_ptr, shift)
+
+
+@triton.jit
 def write_peer_through(context_ptr, sym_ptr, heap_ptr, out_ptr, W: tl.constexpr):
     """Writes 42 into the next rank's heap_ptr[0]; sym_ptr is the argument declared symmetric."""
     ctx = Context.initialize(context_ptr, W)
