@@ -132,7 +132,6 @@ def _table(opts, ranks: list[int], mode: str, detect_races: bool = False) -> dic
 
     import iris_jax
 
-    rt = iris_jax.init(detect_races=detect_races, sim_collectives=mode)
     dtype = jnp.dtype(opts.dtype)
     tolerance = 1e-5 if dtype.itemsize >= 4 else 2e-2
     sizes = opts.sizes.split(",")
@@ -142,7 +141,9 @@ def _table(opts, ranks: list[int], mode: str, detect_races: bool = False) -> dic
     print(f"{'op':<18}{'ranks':>6}" + "".join(f"{s:>26}" for s in sizes))
     table = {}
     for W in ranks:
-        mesh = jax.make_mesh((W,), ("i",), devices=rt.devices[:W])
+        # a runtime of W ranks: a kernel's Context is decoded for the runtime's world size
+        rt = iris_jax.init(devices=jax.devices()[:W], detect_races=detect_races, sim_collectives=mode)
+        mesh = jax.make_mesh((W,), ("i",), devices=rt.devices)
         ops = _ops("i", W)
         for name in opts.ops.split(","):
             iris_op, lax_op = ops[name]
@@ -170,7 +171,7 @@ def _table(opts, ranks: list[int], mode: str, detect_races: bool = False) -> dic
                 cells.append(f"{a * 1e3:9.2f} |{b * 1e3:7.2f} |{a / b:5.1f}x")
             print(f"{name:<18}{W:>6}" + "".join(f"{c:>26}" for c in cells), flush=True)
             table[name, W] = times
-    iris_jax.shutdown()
+        iris_jax.shutdown()
     return table
 
 
@@ -189,7 +190,9 @@ def _compile_table(opts, ranks: list[int], mode: str) -> None:
     print(f"\nsimulator ({mode}), {os.cpu_count()} cores, {dtype.name}: ms to lower and compile a program of "
           f"one call, median of {opts.reps} shapes (iris | lax | iris / lax)")
     for W in ranks:
-        mesh = jax.make_mesh((W,), ("i",), devices=rt.devices[:W])
+        # a runtime of W ranks: a kernel's Context is decoded for the runtime's world size
+        rt = iris_jax.init(devices=jax.devices()[:W], detect_races=detect_races, sim_collectives=mode)
+        mesh = jax.make_mesh((W,), ("i",), devices=rt.devices)
         for name, (iris_op, lax_op) in _ops("i", W).items():
             if name not in opts.ops.split(",") or iris_op is None:
                 continue

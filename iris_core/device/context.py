@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from iris_core import flag_protocol
-from iris_core.compat import aggregate
+from iris_core.compat import aggregate, interpreting
 from iris_core.device import rma
 from iris_core.device import tile_collectives as tiles  # Context's tile-level collectives
 from iris_core.device.rma import ACQ_REL, NO_MODIFIER, SYSTEM
@@ -45,6 +45,22 @@ _TILE_TIMEOUT_NS = flag_protocol.timeout_ns(flag_protocol.DEFAULT_TIMEOUT_S)  # 
 
 HEADER_WORDS = tl.constexpr(context_layout.HEADER_WORDS)  # [rank, world_size, heap_size] before the bases
 OWN_BASE_WORD = tl.constexpr(context_layout.own_base_offset(0))  # the rank's own base, at this + world_size
+
+
+if interpreting():
+
+    def _check_world_size(words, world_size):
+        """Simulator: a context decoded for another world size than the runtime's reads the heap bases
+        and the guard's bound from the wrong words (a crash); refused, naming both sizes."""
+        from iris_core.sim import checks, replay  # lazy: the simulator's modules load only when a kernel runs under it
+
+        replay.host_step(checks.check_world_size, tl.load(words + 1), world_size)
+
+else:
+
+    @triton.jit
+    def _check_world_size(words, world_size: tl.constexpr):
+        pass  # (GPUs: the kernel is compiled for the runtime's world size; a wrong one faults there too)
 
 
 @aggregate
@@ -95,6 +111,7 @@ class Context:
           The `Context`.
         """
         words = context_ptr.to(tl.pointer_type(tl.uint64), bitcast=True)
+        _check_world_size(words, world_size)
         rank = tl.load(words).to(tl.int32)
         heap_bases = words + HEADER_WORDS
         # the guard's bound, once per kernel: read at every op, a load that depends on the heap base and

@@ -22,7 +22,7 @@ import threading
 
 import numpy as np
 
-from iris_core.errors import NotOnHeapError
+from iris_core.errors import IrisError, NotOnHeapError
 from iris_core.heap import status
 from iris_core.heap.shared_memory import heap_at
 
@@ -74,6 +74,19 @@ def check_access(bad, offset, rank, rank_ok, from_base, from_rank, heap_size, ac
         raise NotOnHeapError(status.describe(info, me, size, kernel_name(), heap.heap_size if heap else None))
     if CHECKED:
         _check_allocation(offset, access, from_base, me, _values(rank), op_name, int(_values(element)[0]))
+
+
+def check_world_size(stored, world_size) -> None:
+    """Raises IrisError when a kernel decodes its context (Context.initialize) for another world
+    size than the runtime's, before any heap base is read from the wrong word."""
+    runtime_size = int(_values(stored)[0])
+    given = int(getattr(world_size, "value", world_size))
+    if given != runtime_size:
+        raise IrisError(
+            f"kernel {kernel_name() or '?'}: Context.initialize(context_ptr, {given}) in a world of {runtime_size} "
+            f"ranks. The context holds every rank's heap base; pass the runtime's world size "
+            f"(iris_jax.runtime().world_size), whatever the mesh of the call, and give a ring over a smaller "
+            "mesh its size as another constexpr. Nothing was accessed.")
 
 
 def _clear_for_all(bad, *rest) -> bool:

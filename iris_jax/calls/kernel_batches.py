@@ -15,9 +15,11 @@ is one of the orders in which the ranks' kernels may run.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
+ENABLED = os.environ.get("IRIS_SIM_BATCH", "1") != "0"  # IRIS_SIM_BATCH=0: every launch in its rank's worker
 GATHER_S = 1.0  # how long the ranks that came wait for one that does not (then: per rank, for good)
 ALONE = object()  # a launch's result that says: run it alone, in its rank's worker
 
