@@ -378,8 +378,8 @@ def _read_exactly(fd: int, n: int) -> bytes:
 def _rank_error(kind: type | None) -> type:
     """SimulatedRankError, also of the rank's own iris error type (e.g. NotOnHeapError), so
     callers can catch either."""
-    if kind is None or issubclass(kind, SimulatedRankError):
-        return SimulatedRankError
+    if kind is None or issubclass(kind, SimulatedRankError) or issubclass(SimulatedRankError, kind):
+        return SimulatedRankError  # (a plain IrisError: SimulatedRankError is one)
     if kind not in _RANK_ERRORS:
         _RANK_ERRORS[kind] = type(f"Simulated{kind.__name__}", (kind, SimulatedRankError), {})
     return _RANK_ERRORS[kind]

@@ -256,3 +256,19 @@ def test_a_kernel_in_main_uses_the_simulators_intrinsics(tmp_path):
     result = run_python([str(script)], timeout=300, XLA_FLAGS="--xla_force_host_platform_device_count=2")
     assert result.returncode == 0, result.stdout[-3000:]
     assert "got [10, 11]" in result.stdout, result.stdout[-3000:]
+
+
+def test_a_context_decoded_for_another_world_size_is_refused(world):
+    """Context.initialize(context_ptr, W) with a W other than the runtime's would read the heap
+    bases from the wrong words: the simulator names both sizes before any access."""
+    rt, mesh, rows = world
+    W = rt.world_size
+    buf = iris_jax.full((W * N,), -1.0, jnp.float32, sharding=rows)
+    x = jax.device_put(jnp.arange(W * N, dtype=jnp.float32), rows)
+    f = lambda b, x: iris_jax.triton_call(b, x, N, kernel=kernels.ring_store, grid=(1,), W=2 * W, BLOCK=BLOCK,
+                                          HINT=None, out_shape=jax.ShapeDtypeStruct((N,), jnp.float32),
+                                          symmetric=(0,))
+    with pytest.raises(Exception, match=rf"Context.initialize\(context_ptr, {2 * W}\) in a world of {W} ranks"):
+        np.asarray(smap(mesh, f, (P("i"), P("i")), P("i"))(buf, x))
+    for r in range(W):  # nothing was written
+        np.testing.assert_array_equal(read_heap(buf, r, (N,), np.float32), np.full(N, -1.0, np.float32))
