@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
 import tempfile
@@ -85,13 +84,12 @@ def _launch_on_gpus(ranks: int, argv: list[str], env: dict[str, str], root: str,
     exit code, or 124 past limit_s, or 0; their output, each line prefixed with its rank). A failing rank
     stops the others."""
     from iris_core.heap.cuda import gpu_count
+    from iris_core.sim.launcher import free_port
 
     gpus = gpu_count()
     if gpus == 0:
         pytest.skip("processes=True under --iris-gpu needs a GPU; this machine's CUDA driver sees none")
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        coordinator = f"localhost:{s.getsockname()[1]}"
+    coordinator = f"localhost:{free_port()}"
     env = dict(env, JAX_COORDINATOR_ADDRESS=coordinator, JAX_NUM_PROCESSES=str(ranks), PYTHONUNBUFFERED="1",
                XLA_PYTHON_CLIENT_PREALLOCATE="false")  # processes that share a GPU take memory as they need it
     env.pop("JAX_PLATFORMS", None)

@@ -34,7 +34,8 @@ RANK_PROCESS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank_pr
 JAX_CLUSTER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "jax_cluster.py")
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A free TCP port on localhost (for a jax.distributed coordinator)."""
     with socket.socket() as s:
         s.bind(("localhost", 0))
         return s.getsockname()[1]
@@ -52,7 +53,7 @@ def launch_script(argv: list[str], world_size: int, timeout_s: float | None = No
     remove_stale_segments()
     session = new_session()
     store = tempfile.mkdtemp(prefix=f"iris-{session}-")
-    coordinator = f"localhost:{_free_port()}"
+    coordinator = f"localhost:{free_port()}"
     procs, pumps = [], []
     try:
         for rank in range(world_size):

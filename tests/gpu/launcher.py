@@ -18,7 +18,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,17 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from iris_core.heap.cuda import gpu_count  # noqa: F401 - the GPU suite counts GPUs through it
+from iris_core.sim.launcher import free_port
 
 SCRIPT = Path(__file__).with_name("mp_script.py")
 ROOT = SCRIPT.parent.parent.parent
 REPORT = re.compile(r"^process (\d+): scenario (\S+) (OK|FAIL)\b(.*)$")
 SUMMARY: list[Result] = []  # every run of this pytest session (tests/gpu/conftest.py prints their timings)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -112,7 +106,7 @@ class Run:
                  heap_mib: int = 768, env: dict[str, str] | None = None):
         self.world_size, self.shared, self.limit_s = world_size, shared, limit_s
         log_dir.mkdir(parents=True, exist_ok=True)
-        port = _free_port()
+        port = free_port()
         base = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
         base.pop("JAX_PLATFORMS", None)
         if shared:
