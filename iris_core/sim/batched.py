@@ -19,7 +19,10 @@ ranks go on.
 
 from __future__ import annotations
 
+import copyreg
+
 import numpy as np
+import triton.language as tl
 
 from iris_core.sim.replay import Source, _Sequence, _Slot, _Tensor
 
@@ -45,10 +48,11 @@ class State:
     """What one batched run knows besides the values: the ranks' count, which of them still run,
     and the error each stopped with."""
 
-    __slots__ = ("n", "alive", "errors", "everyone", "tensor_handle")
+    __slots__ = ("n", "alive", "errors", "everyone", "tensor_handle", "host_array", "np_dtype")
 
-    def __init__(self, n: int, tensor_handle):
+    def __init__(self, n: int, tensor_handle, host_array, np_dtype):
         self.n = n
+        self.host_array, self.np_dtype = host_array, np_dtype  # the interpreter's (BatchedProgram.prepare)
         self.alive = np.ones(n, bool)
         self.everyone = True
         self.errors: list = [None] * n
@@ -121,8 +125,6 @@ _NP_DTYPES: dict = {}
 def _dense(S: State, name: str, args):
     """A load or store whose every lane is accessed and whose rows are each one run of consecutive
     elements (the common tile): copied a row at a time as slices, with no per-rank handles."""
-    from iris_core.sim.interpreter import _host_array
-
     ptrs = args[0]
     mask = args[1] if name == "create_masked_load" else args[2] if name == "create_masked_store" else None
     if mask is not None and not mask.data.all():
@@ -130,9 +132,7 @@ def _dense(S: State, name: str, args):
     element = ptrs.get_element_ty()
     dtype = _NP_DTYPES.get(element.name)
     if dtype is None:
-        from triton.runtime import interpreter as ti
-
-        dtype = _NP_DTYPES[element.name] = np.dtype(ti._get_np_dtype(element))
+        dtype = _NP_DTYPES[element.name] = np.dtype(S.np_dtype(element))
     rows = ptrs.data.reshape(S.n, -1)
     if not (np.diff(rows, axis=1) == dtype.itemsize).all():
         return _NOT_DENSE
@@ -141,14 +141,14 @@ def _dense(S: State, name: str, args):
     if name in ("create_load", "create_masked_load"):
         out = np.empty((S.n, count), dtype)
         for i, start in enumerate(starts):
-            out[i] = _host_array(start, count, dtype)
+            out[i] = S.host_array(start, count, dtype)
         return S.tensor_handle(out.reshape(ptrs.data.shape), element)
     values = args[1].data
     if values.dtype.itemsize != dtype.itemsize:
         return _NOT_DENSE
     values = values.reshape(S.n, count)
     for i, start in enumerate(starts):
-        _host_array(start, count, values.dtype)[:] = values[i]
+        S.host_array(start, count, values.dtype)[:] = values[i]
     return None
 
 
@@ -232,26 +232,37 @@ def _host(S: State, T, fn, operands) -> None:
 
 
 class BatchedProgram:
-    """A kept program run once for the launches of several ranks (`run`). It pickles as its
-    recording, with the builder's operations by name, so a worker that recorded it can hand it
-    to the process that holds every rank's buffers; it is compiled again there."""
+    """A kept program (iris_core.sim.replay) run once for the launches of several ranks (`run`).
+    It pickles as its recording, with the builder's operations by name, so a worker that recorded
+    it can hand it to the process that holds every rank's buffers; `prepare` compiles it there."""
 
     def __init__(self, inputs: list[str], steps: list, constants: dict, input_types: list):
         self.inputs = inputs
         self.input_types = input_types  # each input's (type name, the type of its values' handle)
-        self._recording = (inputs, steps, constants, input_types)
-        constants = {slot: _canonical(value) for slot, value in constants.items()}
-        self.source, self._run = _compile(inputs, steps, constants)
+        # the recording, with the builder's operations by name (functions pickle by reference only)
+        self._recording = (inputs, [(step[5] if not step[4] else step[0], *step[1:]) for step in steps],
+                           constants, input_types)
+        self.source = self._run = self._helpers = None
 
     def __reduce__(self):
         _picklable_types()
-        return BatchedProgram, self._recording
+        return _unpickled, self._recording
 
-    def run(self, builder, inputs: list, tensor, tensor_handle) -> list:
+    def prepare(self, builder, tensor_handle, host_array, np_dtype) -> BatchedProgram:
+        """Compiles the program (once) against the interpreter's `builder` class, whose operations
+        are those this process patched, and its helpers. Raises NoRule for an operation without a rule."""
+        if self._run is None:
+            inputs, steps, constants, _ = self._recording
+            constants = {slot: _canonical(value) for slot, value in constants.items()}
+            self.source, self._run = _compile(inputs, steps, constants, builder)
+            self._helpers = (tensor_handle, host_array, np_dtype)
+        return self
+
+    def run(self, builder, inputs: list, tensor) -> list:
         """Runs one program of the grid (the builder's grid index) for several ranks: `inputs`, the
         values of the kernel arguments named by `self.inputs`, each with the ranks' axis first.
         Returns each rank's error, or None."""
-        S = State(inputs[0].data.shape[0], tensor_handle)
+        S = State(inputs[0].data.shape[0], *self._helpers)
         try:
             self._run(builder, tensor, S, *inputs)
         except _AllStopped:
@@ -262,28 +273,21 @@ class BatchedProgram:
         return S.errors
 
 
-def compile_batched(inputs: list[str], steps: list, constants: dict, input_types: list) -> BatchedProgram | str:
-    """The batched form of a recorded program (iris_core.sim.replay's steps), or why it has none
-    (an operation without a rule)."""
-    portable = [(step[5] if not step[4] else step[0], *step[1:]) for step in steps]  # builder operations by name
-    try:
-        return BatchedProgram(inputs, portable, constants, input_types)
-    except _NoRule as e:
-        return f"no batched form for {e}"
+def _unpickled(inputs, steps, constants, input_types) -> BatchedProgram:
+    program = BatchedProgram.__new__(BatchedProgram)
+    program.inputs, program.input_types = inputs, input_types
+    program._recording = (inputs, steps, constants, input_types)
+    program.source = program._run = program._helpers = None
+    return program
 
 
-def _compile(inputs: list[str], steps: list, constants: dict):
-    from triton.runtime import interpreter as ti
-
-    from iris_core.sim import interpreter
-
-    interpreter.patch_interpreter(ti)  # the builder's operations as the recording saw them
+def _compile(inputs: list[str], steps: list, constants: dict, builder):
     source = Source(constants)
     lift = source.global_name(_lift)
 
     def operand(x, lifted: bool) -> str:
         if x.__class__ is _Sequence:
-            raise _NoRule("a list of values as an operand")
+            raise NoRule("a list of values as an operand")
         text = source.operand(x)
         if lifted and x.__class__ is _Slot and x.index in constants:
             return f"{lift}(S, {text})"
@@ -303,19 +307,19 @@ def _compile(inputs: list[str], steps: list, constants: dict):
                     specs.append(f"(2, {operand(x, False)}, None)")
             call = f"{source.global_name(_host)}(S, T, {source.global_name(fn)}, ({''.join(s + ', ' for s in specs)}))"
         elif keywords:
-            raise _NoRule(f"{name} with keyword operands")
+            raise NoRule(f"{name} with keyword operands")
         else:
-            fn = getattr(ti.InterpreterBuilder, name)
-            if name in _ELEMENTWISE or name.startswith(("create_icmp", "create_fcmp", "get_")):
-                call = f"{source.global_name(fn)}(b, {''.join(operand(x, False) + ', ' for x in operands)})"
-            elif name in _MEMORY:
+            op = getattr(builder, fn)  # (`fn`: the operation's name)
+            if fn in _ELEMENTWISE or fn.startswith(("create_icmp", "create_fcmp", "get_")):
+                call = f"{source.global_name(op)}(b, {''.join(operand(x, False) + ', ' for x in operands)})"
+            elif fn in _MEMORY:
                 args = "".join(operand(x, True) + ", " for x in operands)
-                call = f"{source.global_name(_memory)}(S, b, {source.global_name(fn)}, {name!r}, {args})"
-            elif name in _SHAPE:
+                call = f"{source.global_name(_memory)}(S, b, {source.global_name(op)}, {fn!r}, {args})"
+            elif fn in _SHAPE:
                 args = "".join(operand(x, True) + ", " for x in operands)
-                call = f"{source.global_name(_SHAPE[name])}(S, b, {source.global_name(fn)}, {args})"
+                call = f"{source.global_name(_SHAPE[fn])}(S, b, {source.global_name(op)}, {args})"
             else:
-                raise _NoRule(name)
+                raise NoRule(fn)
         lines += source.assign(call, result)
     return source.compile(lines)
 
@@ -335,15 +339,11 @@ def _canonical(value):
 def _picklable_types() -> None:
     """Has pickle take Triton's block types by element type and shape (their shape holds
     language tuples, which do not unpickle)."""
-    import copyreg
-
-    import triton.language as tl
-
     copyreg.pickle(tl.block_type, lambda t: (tl.block_type, (t.element_ty, [int(d) for d in t.shape])))
 
 
-class _NoRule(Exception):
-    pass
+class NoRule(Exception):
+    """An operation of the recording without a batched form (its name)."""
 
 
 class _AllStopped(Exception):

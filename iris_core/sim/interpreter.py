@@ -185,8 +185,20 @@ def batched_form(kernel, args: Sequence, constexprs: dict | None = None) -> batc
     fn = as_interpreted(kernel).fn
     key = _replay_key(fn, _bind(fn, args, constexprs, ti)) if replay.ENABLED else None
     program = _PROGRAMS.get(key) if key is not None else None
-    form = program.batched() if isinstance(program, replay.Program) else None
-    return form if isinstance(form, batched.BatchedProgram) else None
+    if not isinstance(program, replay.Program):
+        return None
+    if program.batched is None:  # made once per program: the form, or why it has none
+        try:
+            program.batched = _prepared(ti, batched.BatchedProgram(*program.recording))
+        except batched.NoRule as e:
+            program.batched = f"no batched form for {e}"
+    return program.batched if isinstance(program.batched, batched.BatchedProgram) else None
+
+
+def _prepared(ti, form: batched.BatchedProgram) -> batched.BatchedProgram:
+    """`form` compiled against this process's builder (patched as the recording's was) and helpers."""
+    patch_interpreter(ti)
+    return form.prepare(ti.InterpreterBuilder, ti.TensorHandle, _host_array, ti._get_np_dtype)
 
 
 def run_kernel_batch(kernel, grid: Sequence[int], launches: Sequence[Sequence],
@@ -216,7 +228,7 @@ def run_batched(form: batched.BatchedProgram, kernel, grid: Sequence[int],
     where the launches' argument types differ (each would have another program)."""
     from triton.runtime import interpreter as ti
 
-    patch_interpreter(ti)
+    _prepared(ti, form)
     fn = kernel_function(kernel)
     inputs = _stacked_inputs(fn, form, launches, ti)
     if inputs is None:
@@ -242,7 +254,7 @@ def run_batched(form: batched.BatchedProgram, kernel, grid: Sequence[int],
                                 return errors
                             inputs = [ti.TensorHandle(h.data[keep], h.dtype) for h in inputs]
                         builder.set_grid_idx(x, y, z)
-                        found = form.run(builder, inputs, _TENSOR, ti.TensorHandle)
+                        found = form.run(builder, inputs, _TENSOR)
                         for i, e in zip(running, found):
                             if e is not None:
                                 errors[i] = _iris_cause(e) or e

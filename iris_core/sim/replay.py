@@ -117,20 +117,12 @@ class Program:
             args += [f"{k}={source.operand(x)}" for k, x in keywords.items()]
             lines += source.assign(f"{source.global_name(fn)}({', '.join(args)})", result)
         self.source, self._run = source.compile(lines)
-        self._recording = (steps, constants, input_types)  # for the batched form, made when first asked for
-        self._batched = None
+        # what iris_core.sim.batched makes its batched form of (the interpreter, when first asked), and that form
+        self.recording = (inputs, steps, constants, input_types)
+        self.batched = None
 
     def run(self, builder, arguments: dict, tensor) -> None:
         self._run(builder, tensor, *[arguments[name].handle for name in self.inputs])
-
-    def batched(self):
-        """The program run once for several ranks' launches (iris_core.sim.batched), or a str:
-        why it cannot be."""
-        if self._batched is None:
-            from iris_core.sim import batched
-
-            self._batched = batched.compile_batched(self.inputs, *self._recording)
-        return self._batched
 
 
 class _NotKept(Exception):

@@ -326,7 +326,7 @@ def execute_batched(rt, rank, spec, row_ptr, operand_ptrs, outs) -> list[str] | 
     """Runs the launch with the other ranks' launches of the call site, as one batched replay here
     (kernel_batches); None where it runs alone."""
     batch = _batch(rt, spec, rank)
-    if batch is None or batch.form is None:
+    if batch is None or not batch.meets:
         return None
     for i in spec.zeroed:
         ctypes.memset(outs[i], 0, spec.result_nbytes[i])

@@ -5,12 +5,13 @@ kernel's recorded program (iris_core.sim.replay): at 8 ranks, eight replays of t
 and eight round trips. For kernels whose program has a batched form (iris_core.sim.batched: no
 waits, every operation with a rule), the ranks of the call site meet here instead, and one replay
 runs them all, here, on XLA's buffers: the worker that recorded the program hands over its
-batched form, which runs without Triton's front end. Launches still run one per rank:
-while the call site's first launches say whether their program has a batched form; without the
-race detector or debug only (replays run without them); and after a meeting that a rank missed
-(a rank that skipped the call under lax.cond, say): the ranks that came waited `GATHER_S`, and the
-call site runs per rank from then on. Whether launches meet changes no result: one batched replay
-is one of the orders in which the ranks' kernels may run.
+batched form, which runs without Triton's front end. Launches run one per rank, in their workers,
+where they do not meet: the call site's first launches (they ask their workers for the form); with
+the race detector or debug (replays run without them); a kernel without a batched form; and a
+launch that comes after its meeting ran without it (a rank late by more than `GATHER_S`, or one
+that skipped the call under lax.cond). After `MISSES` missed meetings the call site runs per rank
+for good. Whether launches meet changes no result: one batched replay is one of the orders in which
+the ranks' kernels may run.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ import threading
 import time
 
 ENABLED = os.environ.get("IRIS_SIM_BATCH", "1") != "0"  # IRIS_SIM_BATCH=0: every launch in its rank's worker
-GATHER_S = 1.0  # how long the ranks that came wait for one that does not (then: per rank, for good)
+GATHER_S = 1.0  # how long the ranks that came wait for one that has not
+MISSES = 3  # meetings a rank may miss before the call site runs per rank for good
 ALONE = object()  # a launch's result that says: run it alone, in its rank's worker
 
 
@@ -31,10 +33,16 @@ class KernelBatch:
         self.ranks = ranks
         self.form = None  # the kernel's batched program (iris_core.sim.batched), once a worker handed it over
         self.asks = True  # not known yet: the launches run per rank and ask their workers for it
-        self.runs = 0  # batched replays run (for tests and benchmarks)
+        self.off = False  # ranks missed MISSES meetings: every launch runs alone
+        self.runs = self.misses = 0  # batched replays run, meetings missed (for tests and benchmarks)
         self._cond = threading.Condition()
         self._count = dict.fromkeys(ranks, 0)
         self._open: dict[int, _Gathering] = {}
+        self._missed: dict[int, set] = {}  # generation -> the ranks that have not come to its meeting yet
+
+    @property
+    def meets(self) -> bool:
+        return self.form is not None and not self.off
 
     def learn(self, form) -> None:
         """What a worker said of the kernel's program: its batched form, or None (it has none)."""
@@ -44,20 +52,29 @@ class KernelBatch:
 
     def launch(self, rank: int, launch, run):
         """Rank's `launch` in its meeting; the last to come runs them all, `run(launches)` giving each
-        one's error or None, or ALONE. Returns this launch's, or ALONE where it missed its meeting."""
+        one's error or None, or ALONE. Returns this launch's result, or ALONE where it came after its
+        meeting ran without it (late, or the meetings are off)."""
         with self._cond:
-            if self.form is None:  # (a meeting was missed since this launch looked)
+            if not self.meets:
                 return ALONE
             generation = self._count[rank]
             self._count[rank] += 1
+            missed = self._missed.get(generation)
+            if missed is not None:  # late: the others ran without this launch
+                missed.discard(rank)
+                if not missed:
+                    del self._missed[generation]
+                return ALONE
             gathering = self._open.setdefault(generation, _Gathering())
             gathering.launches[rank] = launch
             if len(gathering.launches) < len(self.ranks):
                 deadline = time.monotonic() + GATHER_S
                 while not gathering.closed:
                     left = deadline - time.monotonic()
-                    if left <= 0:  # a rank missed it: the ones here run, and the call site runs per rank from now on
-                        self.form = None
+                    if left <= 0:  # a rank is late, or skipped the call (lax.cond): the ones here run
+                        self._missed[generation] = set(self.ranks) - set(gathering.launches)
+                        self.misses += 1
+                        self.off = self.misses >= MISSES  # a rank that keeps missing them: per rank from now on
                         break
                     self._cond.wait(left)
                 if gathering.closed:  # another launch runs them

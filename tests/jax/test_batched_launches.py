@@ -49,9 +49,10 @@ def test_a_ring_put_runs_batched_with_lax_answer(W):
     assert max(ran) >= 2, ran  # at least the last two steps ran as one replay
 
 
-def test_a_rank_that_skips_the_call_leaves_the_others_to_run_alone():
-    """Under lax.cond only the even ranks launch: they wait for the others once (kernel_batches.GATHER_S),
-    run, and the call site runs per rank from then on; the answers are the same."""
+def test_ranks_that_skip_the_call_leave_the_others_to_run_without_them():
+    """Under lax.cond only the even ranks launch: at each meeting they wait for the others
+    (kernel_batches.GATHER_S) and run without them; after MISSES meetings the call site runs per
+    rank. The answers are the same throughout."""
     W = 4
     rt, mesh, rows = _world(W)
     buf = iris_jax.zeros((W * N,), jnp.float32, sharding=rows)
@@ -64,15 +65,15 @@ def test_a_rank_that_skips_the_call_leaves_the_others_to_run_alone():
 
     f = smap(mesh, body, (P("i"), P("i")), P("i"))
     xs = np.arange(W * N, dtype=np.float32).reshape(W, N)
-    for step in range(3):
+    for step in range(kernel_batches.MISSES + 2):  # the first step asks for the form; then the misses
         out = np.asarray(f(buf, jax.device_put(xs.reshape(-1) + step, rows))).reshape(W, N)
         even = np.arange(W) % 2 == 0
         np.testing.assert_array_equal(out[even], (xs[even] + step) * 2 + np.arange(W)[even, None])
         np.testing.assert_array_equal(out[~even], -(xs[~even] + step))
         for r in range(1, W, 2):  # the odd ranks' bufs hold what their even predecessors put
             np.testing.assert_array_equal(read_heap(buf, r, (N,), np.float32), xs[r - 1] + step)
-    site = next(s for s in _sites(rt) if s.ranks == tuple(range(W)) and not s.asks and s.form is None and s.runs)
-    assert site.runs >= 1
+    site = next(s for s in _sites(rt) if s.ranks == tuple(range(W)) and s.misses)
+    assert site.off and site.misses == kernel_batches.MISSES and site.runs == kernel_batches.MISSES
 
 
 def test_a_ranks_refused_put_names_that_rank():
