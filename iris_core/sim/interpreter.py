@@ -299,14 +299,13 @@ def _pointer_type_name(dtype: str) -> str:
 
 
 def _scalar(value, ti) -> tuple[str, np.ndarray]:
-    """A scalar argument's type name and value as the interpreter holds it (remembered: a
+    """A scalar argument's type name and value as the interpreter holds it (an int's remembered: a
     launch's scalars repeat, and the interpreter's conversion makes a language tensor)."""
-    key = (type(value), value)
-    try:
-        found = _SCALARS.get(key)
-    except TypeError:  # unhashable
+    if type(value) is not int:  # (floats: -0.0 == 0.0 would share an entry)
         tensor = _as_tensor(value, ti)
         return str(tensor.type), tensor.handle.data
+    key = value
+    found = _SCALARS.get(key)
     if found is None:
         if len(_SCALARS) > 4096:
             _SCALARS.clear()
