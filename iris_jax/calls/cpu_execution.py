@@ -315,9 +315,10 @@ def execute_here(spec, row_ptr, group_ptr, operand_ptrs, outs, detector=None) ->
 
 def _batch(rt, spec: KernelSpec, rank: int) -> kernel_batches.KernelBatch | None:
     """The call site's meetings, where its launches may meet (kernel_batches): a kernel of a
-    computation over several ranks, not a collective's, without debug or the race detector."""
+    computation over several ranks, not a collective's, without debug or the race detector, on
+    operands and results of at most kernel_batches.MAX_BYTES per rank."""
     if (not kernel_batches.ENABLED or len(spec.ranks) < 2 or rank not in spec.ranks or spec.group or spec.debug
-            or rt.detect_races):
+            or rt.detect_races or sum(spec.operand_nbytes) + sum(spec.result_nbytes) > kernel_batches.MAX_BYTES):
         return None
     return rt.service("kernel_batches", lambda _: kernel_batches.KernelBatches()).of(spec)
 

@@ -7,7 +7,8 @@ waits, every operation with a rule), the ranks of the call site meet here instea
 runs them all, here, on XLA's buffers: the worker that recorded the program hands over its
 batched form, which runs without Triton's front end. Launches run one per rank, in their workers,
 where they do not meet: the call site's first launches (they ask their workers for the form); with
-the race detector or debug (replays run without them); a kernel without a batched form; and a
+the race detector or debug (replays run without them); a kernel without a batched form; launches
+of more than `MAX_BYTES` of operands and results per rank; and a
 launch that comes after its meeting ran without it (a rank late by more than `GATHER_S`, or one
 that skipped the call under lax.cond). After `MISSES` missed meetings the call site runs per rank
 for good. Whether launches meet changes no result: one batched replay is one of the orders in which
@@ -21,6 +22,9 @@ import threading
 import time
 
 ENABLED = os.environ.get("IRIS_SIM_BATCH", "1") != "0"  # IRIS_SIM_BATCH=0: every launch in its rank's worker
+# launches whose operands and results exceed this per rank run per rank: their numpy work is most of
+# their time, and the workers do it on every core where one batched replay does it on one (RESULTS.md)
+MAX_BYTES = 1 << 19
 GATHER_S = 1.0  # how long the ranks that came wait for one that has not
 MISSES = 3  # meetings a rank may miss before the call site runs per rank for good
 ALONE = object()  # a launch's result that says: run it alone, in its rank's worker
