@@ -89,13 +89,21 @@ def check_world_size(stored, world_size) -> None:
             "mesh its size as another constexpr. Nothing was accessed.")
 
 
-def _clear_for_all(bad, *rest) -> bool:
+def _world_size_clear_for_all(stored, world_size) -> bool:
+    """check_world_size for several ranks at once (iris_core.sim.batched): True when each passes."""
+    return bool((_values(stored) == int(getattr(world_size, "value", world_size))).all())
+
+
+check_world_size.clear_for_all = _world_size_clear_for_all
+
+
+def _access_clear_for_all(bad, *rest) -> bool:
     """check_access for several ranks' lanes at once (iris_core.sim.batched): True when it would
     pass for each of them (no lane refused, and checked mode off)."""
     return not CHECKED and not _values(bad).any()
 
 
-check_access.clear_for_all = _clear_for_all
+check_access.clear_for_all = _access_clear_for_all
 
 
 def _check_allocation(offset, access, from_base, me, ranks, op_name, element) -> None:
