@@ -3,16 +3,18 @@
 Each rank's launch of a user's kernel goes to its rank's worker, where the interpreter replays the
 kernel's recorded program (iris_core.sim.replay): at 8 ranks, eight replays of the same operations
 and eight round trips. For kernels whose program has a batched form (iris_core.sim.batched: no
-waits, every operation with a rule), the ranks of the call site meet here instead, and one replay
-runs them all, here, on XLA's buffers: the worker that recorded the program hands over its
-batched form, which runs without Triton's front end. Launches run one per rank, in their workers,
-where they do not meet: the call site's first launches (they ask their workers for the form); with
-the race detector or debug (replays run without them); a kernel without a batched form; launches
-of more than `MAX_BYTES` of operands and results per rank; and a
-launch that comes after its meeting ran without it (a rank late by more than `GATHER_S`, or one
-that skipped the call under lax.cond). After `MISSES` missed meetings the call site runs per rank
-for good. Whether launches meet changes no result: one batched replay is one of the orders in which
-the ranks' kernels may run.
+waits, every operation with a rule), the ranks of the call site meet here instead, and the last to
+come runs them all as one replay, on XLA's buffers: the worker that recorded the program hands its
+batched form over, and it runs without Triton's front end. Whether launches meet changes no result:
+one batched replay is one of the orders in which the ranks' kernels may run.
+
+Launches run one per rank, in their workers, where they do not meet:
+* the call site's first launches (they ask their workers for the form);
+* with the race detector or debug (replays run without them), or for a kernel without a batched form;
+* launches of more than `MAX_BYTES` of operands and results per rank;
+* a launch that comes after its meeting ran without it: a rank late by more than `GATHER_S`, or one
+  that skipped the call under lax.cond. After `MISSES` missed meetings the call site runs per rank
+  for good.
 """
 
 from __future__ import annotations
