@@ -64,10 +64,6 @@ class State:
         self.everyone = False
 
 
-def _handle(S: State, data, dtype):
-    return S.tensor_handle(data, dtype)
-
-
 def _lift(S: State, value):
     """A constant of the recording (one rank's shape) given the ranks' axis."""
     if isinstance(value, tuple):
@@ -75,7 +71,7 @@ def _lift(S: State, value):
     data = getattr(value, "data", None)
     if data is None:
         return value
-    return _handle(S, np.broadcast_to(data, (S.n, *data.shape)), value.dtype)
+    return S.tensor_handle(np.broadcast_to(data, (S.n, *data.shape)), value.dtype)
 
 
 def _fit(S: State, value, shape):
@@ -86,7 +82,7 @@ def _fit(S: State, value, shape):
     data = value.data
     if data.shape == shape and data.flags.c_contiguous:
         return value
-    return _handle(S, np.ascontiguousarray(np.broadcast_to(data, shape)), value.dtype)
+    return S.tensor_handle(np.ascontiguousarray(np.broadcast_to(data, shape)), value.dtype)
 
 
 def _memory(S: State, b, fn, name: str, *args):
@@ -155,7 +151,7 @@ def _dense(S: State, name: str, args):
 def _lift_result(S: State, b, fn, *args):
     """An operation whose value is every rank's (the program id, the grid)."""
     out = fn(b, *args)
-    return _handle(S, np.ascontiguousarray(np.broadcast_to(out.data, (S.n, *out.data.shape))), out.dtype)
+    return S.tensor_handle(np.ascontiguousarray(np.broadcast_to(out.data, (S.n, *out.data.shape))), out.dtype)
 
 
 def _axis(axis: int) -> int:
@@ -166,15 +162,15 @@ def _splat(S: State, b, fn, ret_ty, arg):
     # a read-only view, as the simulator's own splat makes (every operation makes a new array)
     shape = tuple(int(s) for s in ret_ty.shape)
     data = arg.data.reshape((S.n,) + (1,) * len(shape))
-    return _handle(S, np.broadcast_to(data, (S.n, *shape)), arg.dtype.scalar)
+    return S.tensor_handle(np.broadcast_to(data, (S.n, *shape)), arg.dtype.scalar)
 
 
 def _unsplat(S: State, b, fn, arg):
-    return _handle(S, arg.data.reshape(S.n, -1)[:, :1].copy(), arg.dtype.scalar)
+    return S.tensor_handle(arg.data.reshape(S.n, -1)[:, :1].copy(), arg.dtype.scalar)
 
 
 def _cat(S: State, b, fn, lhs, rhs):
-    return _handle(S, np.concatenate([lhs.data, rhs.data], axis=1), lhs.dtype.scalar)
+    return S.tensor_handle(np.concatenate([lhs.data, rhs.data], axis=1), lhs.dtype.scalar)
 
 
 def _join(S: State, b, fn, lhs, rhs):

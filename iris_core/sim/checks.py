@@ -80,7 +80,7 @@ def check_world_size(stored, world_size) -> None:
     """Raises IrisError when a kernel decodes its context (Context.initialize) for another world
     size than the runtime's, before any heap base is read from the wrong word."""
     runtime_size = int(_values(stored)[0])
-    given = int(getattr(world_size, "value", world_size))
+    given = _constant(world_size)
     if given != runtime_size:
         raise IrisError(
             f"kernel {kernel_name() or '?'}: Context.initialize(context_ptr, {given}) in a world of {runtime_size} "
@@ -91,7 +91,12 @@ def check_world_size(stored, world_size) -> None:
 
 def _world_size_clear_for_all(stored, world_size) -> bool:
     """check_world_size for several ranks at once (iris_core.sim.batched): True when each passes."""
-    return bool((_values(stored) == int(getattr(world_size, "value", world_size))).all())
+    return bool((_values(stored) == _constant(world_size)).all())
+
+
+def _constant(value) -> int:
+    """A constexpr argument (or a plain int) as an int."""
+    return int(getattr(value, "value", value))
 
 
 check_world_size.clear_for_all = _world_size_clear_for_all

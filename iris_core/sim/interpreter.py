@@ -9,10 +9,12 @@ releases supported (3.6 to 3.9; the patches below handle where they differ).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import functools
 import inspect
+import itertools
 import math
 import os
 import sys
@@ -234,33 +236,20 @@ def run_batched(form: batched.BatchedProgram, kernel, grid: Sequence[int],
     if inputs is None:
         return None
     grid = _grid(grid)
-    builder = ti.interpreter_builder
-    options = builder.options
-    builder.options = _no_debug(options)
-    checked = ti.TensorHandle.__post_init__
-    ti.TensorHandle.__post_init__ = _unchecked  # (as in _replay)
     errors: list = [None] * len(launches)
     running = list(range(len(launches)))  # the launches whose rows `inputs` holds
-    try:
-        with running_kernel(fn.__name__):
-            builder.set_grid_dim(*grid)
-            for x in range(grid[0]):
-                for y in range(grid[1]):
-                    for z in range(grid[2]):
-                        if any(errors[i] is not None for i in running):  # a failed launch stopped
-                            keep = [j for j, i in enumerate(running) if errors[i] is None]
-                            running = [running[j] for j in keep]
-                            if not running:
-                                return errors
-                            inputs = [ti.TensorHandle(h.data[keep], h.dtype) for h in inputs]
-                        builder.set_grid_idx(x, y, z)
-                        found = form.run(builder, inputs, _TENSOR)
-                        for i, e in zip(running, found):
-                            if e is not None:
-                                errors[i] = _iris_cause(e) or e
-    finally:
-        builder.options = options
-        ti.TensorHandle.__post_init__ = checked
+    with _replaying(ti, fn.__name__, grid) as builder:
+        for index in itertools.product(*map(range, grid)):
+            if any(errors[i] is not None for i in running):  # a failed launch stopped
+                keep = [j for j, i in enumerate(running) if errors[i] is None]
+                running = [running[j] for j in keep]
+                if not running:
+                    break
+                inputs = [ti.TensorHandle(h.data[keep], h.dtype) for h in inputs]
+            builder.set_grid_idx(*index)
+            for i, e in zip(running, form.run(builder, inputs, _TENSOR)):
+                if e is not None:
+                    errors[i] = _iris_cause(e) or e
     return errors
 
 
@@ -330,23 +319,30 @@ def _replay_key(fn, call_args: dict):
 
 def _replay(ti, kernel, program: replay.Program, grid: tuple, call_args: dict) -> None:
     """Runs a launch from its kernel's recorded program (iris_core.sim.replay)."""
+    try:
+        with _replaying(ti, kernel.fn.__name__, grid) as builder:
+            for index in itertools.product(*map(range, grid)):
+                builder.set_grid_idx(*index)
+                program.run(builder, call_args, _TENSOR)
+    except Exception as e:
+        raise _iris_cause(e) or e  # noqa: B904
+
+
+@contextlib.contextmanager
+def _replaying(ti, name: str, grid: tuple):
+    """The interpreter's builder set up for replays of kernel `name`'s recorded program over `grid`:
+    debug off, and no check of each value's array against its type, which passed when the program
+    was recorded (the same operations on the same types make the same arrays; a fifth of a small
+    replay's time)."""
     builder = ti.interpreter_builder
     options = builder.options
     builder.options = _no_debug(options)
-    # each value's check that its array fits its type passed when the program was recorded: the
-    # same operations on the same types make the same arrays (a fifth of a small replay's time)
     checked = ti.TensorHandle.__post_init__
     ti.TensorHandle.__post_init__ = _unchecked
     try:
-        with running_kernel(kernel.fn.__name__):
+        with running_kernel(name):
             builder.set_grid_dim(*grid)
-            for x in range(grid[0]):
-                for y in range(grid[1]):
-                    for z in range(grid[2]):
-                        builder.set_grid_idx(x, y, z)
-                        program.run(builder, call_args, _TENSOR)
-    except Exception as e:
-        raise _iris_cause(e) or e  # noqa: B904
+            yield builder
     finally:
         builder.options = options
         ti.TensorHandle.__post_init__ = checked

@@ -195,9 +195,10 @@ def _execute(rt, spec: KernelSpec, ins: list[int], outs: list[int]) -> None:
     members = group and group.members
     try:
         if rt.backend.host_kernels == "worker":
-            found = execute_batched(rt, rank, spec, row_ptr, operand_ptrs, outs)
+            batch = _batch(rt, spec, rank)
+            found = execute_batched(batch, rank, spec, row_ptr, operand_ptrs, outs) if batch is not None else None
             if found is None:
-                found = execute_in_worker(rt, rank, spec, row_ptr, group_ptr, operand_ptrs, outs)
+                found = execute_in_worker(rt, rank, spec, row_ptr, group_ptr, operand_ptrs, outs, batch)
         else:
             found = execute_here(spec, row_ptr, group_ptr, operand_ptrs, outs, race_detector(rt, rank))
     except PeerTimeoutError as e:  # a mismatch can also make the kernels wait for each other
@@ -323,11 +324,10 @@ def _batch(rt, spec: KernelSpec, rank: int) -> kernel_batches.KernelBatch | None
     return rt.service("kernel_batches", lambda _: kernel_batches.KernelBatches()).of(spec)
 
 
-def execute_batched(rt, rank, spec, row_ptr, operand_ptrs, outs) -> list[str] | None:
-    """Runs the launch with the other ranks' launches of the call site, as one batched replay here
-    (kernel_batches); None where it runs alone."""
-    batch = _batch(rt, spec, rank)
-    if batch is None or not batch.meets:
+def execute_batched(batch: kernel_batches.KernelBatch, rank, spec, row_ptr, operand_ptrs, outs) -> list[str] | None:
+    """Runs the launch with the other ranks' launches of the call site (`batch`'s meetings), as one
+    batched replay here; None where it runs alone."""
+    if not batch.meets:
         return None
     for i in spec.zeroed:
         ctypes.memset(outs[i], 0, spec.result_nbytes[i])
@@ -349,9 +349,10 @@ def execute_batched(rt, rank, spec, row_ptr, operand_ptrs, outs) -> list[str] | 
     return []
 
 
-def execute_in_worker(rt, rank, spec, row_ptr, group_ptr, operand_ptrs, outs) -> list[str]:
+def execute_in_worker(rt, rank, spec, row_ptr, group_ptr, operand_ptrs, outs, batch=None) -> list[str]:
     """Runs the kernel in rank's worker process, XLA's buffers staged through shared memory;
-    returns the races found."""
+    returns the races found. `batch`: the call site's meetings, told the kernel's batched form
+    while they ask for it."""
     trace_words = _trace_words(row_ptr, rt.world_size)
     staging = rt.service("cpu_staging", lambda _: StagingAreas()).for_rank(rank)
     with staging.lock:
@@ -385,7 +386,6 @@ def execute_in_worker(rt, rank, spec, row_ptr, group_ptr, operand_ptrs, outs) ->
         for i in spec.zeroed:
             ctypes.memset(area.address + results[i][1], 0, spec.result_nbytes[i])
         args = _kernel_args(spec, ("context", trace_words), group, operands, results)
-        batch = _batch(rt, spec, rank)
         found, form = rt.sim_world.call(rank, _run_in_worker, rt.heap.session, rank, area.path, area.size, args,
                                         spec.kernel, spec.grid, spec.constexprs, spec.debug, rt.detect_races,
                                         batch is not None and batch.asks, what=f"kernel {spec.kernel_name}")
